@@ -1,0 +1,82 @@
+// Host-side helpers of the byte contract: validated construction of
+// KVCacheFormat and PoolLayout, the named formats of SPEC §2, and resolution
+// of a format from a byte width.
+#ifndef KVCACHED_KERNELS_FORMAT_HOST_H_
+#define KVCACHED_KERNELS_FORMAT_HOST_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kernels/format.h"
+
+namespace kvcache {
+
+// The supported formats; names are part of the API ("V41", "BF16(512)").
+enum class FormatId : uint8_t {
+  kV41 = 0,             // main / SWA: e4m3 x 512, group 32, ue8m0, 528 B
+  kV41Fp4 = 1,          // main: e2m1 x 512, group 16, e4m3 scale, 288 B
+  kFp4Index = 2,        // index: e2m1 x 128, group 32, ue8m0, 68 B
+  kFp8Fp32SfIndex = 3,  // index: e4m3 x 128, group 128, fp32, 132 B
+  kMxfp8Index = 4,      // index: e4m3 x 128, group 32, ue8m0, 132 B
+  kBf16 = 5,            // BF16(N): N even >= 2, 2N B
+};
+
+inline constexpr FormatId kAllFormatIds[] = {
+    FormatId::kV41,        FormatId::kV41Fp4,
+    FormatId::kFp4Index,   FormatId::kFp8Fp32SfIndex,
+    FormatId::kMxfp8Index, FormatId::kBf16};
+
+// Validates the field rules of SPEC §2; the message names the failing rule.
+absl::Status ValidateFormat(const KVCacheFormat& format);
+
+// Builds a format from its fields, or fails with ValidateFormat's error.
+absl::StatusOr<KVCacheFormat> MakeFormat(QuantDtype dtype,
+                                         int32_t quantized_elements,
+                                         int32_t elements_per_sf,
+                                         int32_t bf16_elements, bool do_cast,
+                                         ScaleFormat sf_format,
+                                         bool token_interleaved);
+
+// A named format. bf16_elements is required for kBf16 (even, >= 2) and must
+// be 0 otherwise.
+absl::StatusOr<KVCacheFormat> NamedFormat(FormatId id,
+                                          int32_t bf16_elements = 0);
+
+// Parses "V41", "V41_FP4", "FP4_INDEX", "FP8_FP32SF_INDEX", "MXFP8_INDEX" or
+// "BF16(N)" (case-insensitive).
+absl::StatusOr<KVCacheFormat> FormatFromName(absl::string_view name);
+
+// The name of a format ("BF16(N)" for BF16) or an error if it is not one of
+// the supported formats.
+absl::StatusOr<std::string> FormatName(const KVCacheFormat& format);
+std::optional<FormatId> IdentifyFormat(const KVCacheFormat& format);
+
+absl::string_view ScaleFormatName(ScaleFormat f);
+absl::string_view QuantDtypeName(QuantDtype d);
+absl::StatusOr<ScaleFormat> ScaleFormatFromName(absl::string_view name);
+
+// Resolves a supported format from its bytes_per_token and an optional
+// sf_format hint. BF16 records of width w resolve to BF16(w / 2) only when no
+// quantized format matches. Ambiguity is INVALID_ARGUMENT naming every
+// candidate; no match is NOT_FOUND listing the supported widths.
+absl::StatusOr<KVCacheFormat> ResolveFormat(
+    int64_t bytes_per_token, std::optional<ScaleFormat> sf_hint = std::nullopt);
+
+// Validated layout: block_size, num_blocks, num_layers > 0 and every size
+// fits in int64 (pools beyond 4 GiB are fine).
+absl::StatusOr<PoolLayout> MakePoolLayout(const KVCacheFormat& format,
+                                          int64_t block_size,
+                                          int64_t num_blocks,
+                                          int64_t num_layers);
+
+// Multi-line human-readable description of a layout (for CLIs and logs).
+std::string DescribeLayout(const PoolLayout& layout);
+
+}  // namespace kvcache
+
+#endif  // KVCACHED_KERNELS_FORMAT_HOST_H_
