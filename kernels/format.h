@@ -115,10 +115,14 @@ struct KVCacheFormat {
     return token_interleaved ? Lcm(kBlockAlignment, bytes_per_token())
                              : kBlockAlignment;
   }
-  // Alignment guaranteed for every token's data start (vector width).
+  // Alignment guaranteed for every token's data start (vector width):
+  // gcd(32, bytes_per_token) interleaved, else gcd(32, data_bytes). SPEC §2
+  // says 32 for block-split layouts; that holds for the index formats (data
+  // rows of 64 or 128 bytes) but not for BF16(N) with 2N not a multiple of
+  // 32 (BF16(2) rows are 4 bytes apart), hence the gcd.
   KV_HD constexpr int64_t token_stride_alignment() const {
     return token_interleaved ? Gcd(kBlockAlignment, bytes_per_token())
-                             : kBlockAlignment;
+                             : Gcd(kBlockAlignment, data_bytes());
   }
 
   friend constexpr bool operator==(const KVCacheFormat&,
