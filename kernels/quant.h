@@ -26,7 +26,8 @@ inline constexpr float kAmaxFloor = 1e-4f;
 inline constexpr float kFp4SfAmaxFloor = 0.001953125f * 6.0f;
 // The fp32 value nearest 1/6 (bits 0x3E2AAAAB).
 inline constexpr float kOneSixth = 0.16666667163372039794921875f;
-inline constexpr uint8_t kE4M3NaN = 0x7F;
+inline constexpr uint8_t kE4M3NaN = 0x7F;  // canonical: NaN of either sign
+inline constexpr uint16_t kBf16NaN = 0x7FC0;
 inline constexpr uint8_t kE4M3MaxCode = 0x7E;
 inline constexpr uint8_t kE2M1MaxCode = 0x7;
 
@@ -50,12 +51,13 @@ KV_HD inline float Bf16ToFloat(uint16_t h) {
   return BitsToFloat(static_cast<uint32_t>(h) << 16);
 }
 
-// Round-to-nearest-even fp32 -> bf16; NaN stays a (quiet) NaN of its sign.
+// Round-to-nearest-even fp32 -> bf16; every NaN becomes the canonical
+// kBf16NaN. NaNs are canonical everywhere in this file because a GPU's
+// arithmetic returns a canonical NaN (sign and payload lost) where x86
+// keeps them: sign-preserving NaNs would break CPU/GPU bit-exactness.
 KV_HD inline uint16_t FloatToBf16(float f) {
   const uint32_t u = FloatBits(f);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) {
-    return static_cast<uint16_t>((u >> 16) | 0x0040u);
-  }
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return kBf16NaN;
   const uint32_t rounding = 0x7FFFu + ((u >> 16) & 1u);
   return static_cast<uint16_t>((u + rounding) >> 16);
 }
@@ -76,12 +78,12 @@ KV_HD inline uint32_t RoundMantissa(uint32_t a, int mbits) {
   return (a + ((1u << (shift - 1)) - 1u) + lsb) >> shift;
 }
 
-// fp32 -> e4m3 (fn), saturating at ±448; NaN -> 0x7F with the input's sign.
+// fp32 -> e4m3 (fn), saturating at ±448; NaN of either sign -> 0x7F.
 KV_HD inline uint8_t EncodeE4M3(float x) {
   const uint32_t u = FloatBits(x);
   const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
   const uint32_t a = u & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return sign | kE4M3NaN;
+  if (a > 0x7F800000u) return kE4M3NaN;
   const float m = BitsToFloat(a);
   if (m >= kE4M3Max) return sign | kE4M3MaxCode;  // saturate (Inf included)
   if (m < 0.015625f) {  // below 2^-6: subnormal grid m = k * 2^-9, k <= 8

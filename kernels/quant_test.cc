@@ -60,7 +60,7 @@ int SlowNearest(float x, int max_code, int sign_bit, Decode decode) {
 }
 
 int SlowEncodeE4M3(float x) {
-  if (std::isnan(x)) return (std::signbit(x) ? 0x80 : 0) | 0x7F;
+  if (std::isnan(x)) return 0x7F;  // canonical NaN, sign dropped
   // Inf and everything beyond 448 saturate; the nearest search does too.
   return SlowNearest(x, 0x7E, 0x80, SlowDecodeE4M3);
 }
@@ -82,7 +82,7 @@ double BitsAsDouble(uint32_t u) {
 
 uint16_t SlowFloatToBf16(float f) {
   const uint32_t u = FloatBits(f);
-  if (std::isnan(f)) return static_cast<uint16_t>((u >> 16) | 0x40);
+  if (std::isnan(f)) return 0x7FC0;  // canonical NaN
   const uint32_t lo = u & 0xFFFF0000u;
   const uint32_t hi = lo + 0x10000u;  // next magnitude (may be Inf's bits)
   const double x = BitsAsDouble(u);
@@ -165,7 +165,7 @@ TEST(QuantE4M3Test, SpecialValues) {
   EXPECT_EQ(EncodeE4M3(1e30f), 0x7E);
   EXPECT_EQ(EncodeE4M3(464.0f), 0x7E);  // would be 480 without saturation
   EXPECT_EQ(EncodeE4M3(nan), 0x7F);
-  EXPECT_EQ(EncodeE4M3(-nan), 0xFF);
+  EXPECT_EQ(EncodeE4M3(-nan), 0x7F);  // decision: canonical NaN (GPU parity)
   EXPECT_EQ(EncodeE4M3(0.0f), 0x00);
   EXPECT_EQ(EncodeE4M3(-0.0f), 0x80);
   EXPECT_EQ(EncodeE4M3(-1e-6f), 0x80);         // negative, rounds to zero
@@ -227,7 +227,7 @@ TEST(QuantBf16Test, RoundToNearestEven) {
   EXPECT_EQ(FloatToBf16(BitsToFloat(0x3F808000u)), 0x3F80);  // tie, even
   EXPECT_EQ(FloatToBf16(BitsToFloat(0x3F818000u)), 0x3F82);  // tie, up
   EXPECT_EQ(FloatToBf16(BitsToFloat(0x7F7F8000u)), 0x7F80);  // -> Inf
-  EXPECT_EQ(FloatToBf16(BitsToFloat(0xFFC00001u)), 0xFFC0);  // NaN keeps sign
+  EXPECT_EQ(FloatToBf16(BitsToFloat(0xFFC00001u)), 0x7FC0);  // canonical NaN
   EXPECT_EQ(FloatToBf16(BitsToFloat(0x7F800001u)), 0x7FC0);  // quieted
 }
 
