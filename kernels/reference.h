@@ -24,12 +24,18 @@ enum class InputDtype : uint8_t {
 };
 
 // Bytes per output row of a segment load.
-//   do_cast formats: data = BF16 [elements] (2 * elements bytes), no scales.
+//   do_cast formats: data = BF16 [elements] (2 * elements bytes), no scales
+//                    (BF16(N) records are copied as they are).
 //   index formats:   data = raw [quantized_bytes];
 //                    scales = UE8M0/e4m3 bytes packed four per int32 (row of
 //                    sf_bytes rounded up to 4, zero padded) or one fp32.
 int64_t LoadDataRowBytes(const KVCacheFormat& format);
 int64_t LoadScaleRowBytes(const KVCacheFormat& format);
+
+// OK when `format` is valid (ValidateFormat) and its quantized_dtype /
+// sf_format pair is one SPEC §3 defines math for: e4m3+ue8m0, e2m1+ue8m0,
+// e2m1+e4m3, e4m3+fp32 (or no quantization). Other pairs are UNIMPLEMENTED.
+absl::Status ValidateQuantization(const KVCacheFormat& format);
 
 // Checks slot_mapping against the layout: every slot in [-1, num_slots) and
 // no non-(-1) slot twice.
@@ -38,15 +44,18 @@ absl::Status ValidateSlotMapping(const PoolLayout& layout,
 
 // Quantizes kv[n, elements] (n = slot_mapping.size()) and writes each token
 // into its slot of one pool layer. -1 slots are skipped; n = 0 is a no-op.
-// REQUIRES: `layer` points at layout.layer_bytes bytes; kv holds
-// n * layout.format.elements() values of `dtype`.
-absl::Status Store(const PoolLayout& layout, uint8_t* layer,
-                   const void* kv, InputDtype dtype,
-                   absl::Span<const int32_t> slot_mapping);
+// slot_mapping: [n]; slot = block_id * block_size + offset, -1 = skip.
+// The layout must be one MakePoolLayout builds and the format must pass
+// ValidateQuantization. REQUIRES: `layer` points at layout.layer_bytes bytes;
+// kv holds n * layout.format.elements() values of `dtype` (any alignment).
+absl::Status Store(const PoolLayout& layout, uint8_t* layer, const void* kv,
+                   InputDtype dtype, absl::Span<const int32_t> slot_mapping);
 
 // Checks a plan: segments is [S][4] int32 {src_block_id, src_begin, src_end,
 // dst_offset} flattened (size divisible by 4), total_k >= 0, every field in
-// range, destination ranges inside [0, total_k) and pairwise disjoint.
+// range, destination ranges inside [0, total_k) and pairwise disjoint. An
+// empty segment (src_begin == src_end) overlaps nothing; its dst_offset may
+// be anything in [0, total_k].
 absl::Status ValidateSegments(const PoolLayout& layout,
                               absl::Span<const int32_t> segments,
                               int64_t total_k);
@@ -62,6 +71,8 @@ absl::Status LoadSegments(const PoolLayout& layout, const uint8_t* layer,
 // One token through the quantization of its format: fp32 input of
 // format.elements() values -> data bytes (data_bytes()) and scale bytes
 // (sf_bytes()), exactly as Store writes them. Used by tools and tests.
+// REQUIRES: ValidateQuantization(format) is OK; otherwise nothing is
+// written (same for DecodeToken).
 void EncodeToken(const KVCacheFormat& format, const float* x, uint8_t* data,
                  uint8_t* scales);
 

@@ -1,0 +1,383 @@
+// The CPU reference of store (SPEC §4) and segment load (SPEC §5).
+//
+// The format is dispatched once per call into a template instantiation
+// (Dispatch below); inside, a token is a loop over contiguous groups using
+// quant.h's primitives, the same the CUDA kernels use, so both produce the
+// same bits. Nothing allocates per token. Inputs and outputs are read and
+// written through memcpy, so no pointer needs more than byte alignment.
+//
+// Load outputs (one row per destination token):
+//   do_cast, quantized:  BF16 [elements]            (bf16_rne(q * scale))
+//   not quantized:       the record's BF16 bytes     (a copy)
+//   index formats:       data  [quantized_bytes]     (a copy)
+//                        scales [round_up(sf_bytes, 4)] (a copy, zero padded:
+//                        UE8M0 bytes packed four per little-endian int32,
+//                        fp32 scales one float per row)
+#include "kernels/reference.h"
+
+#include <array>
+#include <bit>
+#include <cstdint>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "kernels/format.h"
+#include "kernels/format_host.h"
+#include "kernels/quant.h"
+#include "kernels/reference_internal.h"
+
+namespace kvcache {
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "the byte contract is little-endian");
+
+using Q = QuantDtype;
+using S = ScaleFormat;
+
+// fp32 values of the 256 e4m3 codes, built once from DecodeE4M3.
+const std::array<float, 256> kE4M3Values = [] {
+  std::array<float, 256> t{};
+  for (int c = 0; c < 256; ++c) t[c] = DecodeE4M3(static_cast<uint8_t>(c));
+  return t;
+}();
+
+template <typename In>
+inline float LoadIn(const uint8_t* p, int64_t i) {
+  In v;
+  memcpy(&v, p + i * static_cast<int64_t>(sizeof(In)), sizeof(In));
+  if constexpr (sizeof(In) == 2) {
+    return Bf16ToFloat(v);
+  } else {
+    return v;
+  }
+}
+
+template <Q D, S F>
+inline GroupScale ScaleOf(float amax) {
+  if constexpr (F == S::kUE8M0) {
+    return Ue8m0Scale(amax, D == Q::kE4M3 ? kE4M3Max : kE2M1Max);
+  } else if constexpr (F == S::kE4M3) {
+    static_assert(D == Q::kE2M1);
+    return E4m3Scale(amax);
+  } else {
+    static_assert(D == Q::kE4M3 && F == S::kFP32);
+    return Fp32Scale(amax);
+  }
+}
+
+template <S F>
+inline float ScaleValue(const uint8_t* scales, int g) {
+  if constexpr (F == S::kUE8M0) {
+    return Ue8m0ToFloat(scales[g]);
+  } else if constexpr (F == S::kE4M3) {
+    return kE4M3Values[scales[g]];
+  } else {
+    float s;
+    memcpy(&s, scales + 4 * g, 4);
+    return s;
+  }
+}
+
+// One token: elements values of type In at `x` -> data and scale bytes.
+template <Q D, S F, typename In>
+void EncodeQuantized(int elements, int group, const uint8_t* x, uint8_t* data,
+                     uint8_t* scales) {
+  const int groups = elements / group;
+  for (int g = 0; g < groups; ++g) {
+    const uint8_t* xg = x + static_cast<int64_t>(g) * group * sizeof(In);
+    float amax = 0.0f;
+    for (int i = 0; i < group; ++i) amax = AmaxUpdate(amax, LoadIn<In>(xg, i));
+    const GroupScale gs = ScaleOf<D, F>(amax);
+    if constexpr (F == S::kFP32) {
+      memcpy(scales + 4 * g, &gs.stored, 4);
+    } else {
+      scales[g] = static_cast<uint8_t>(gs.stored);
+    }
+    const float m = gs.multiplier;
+    if constexpr (D == Q::kE4M3) {
+      uint8_t* d = data + static_cast<int64_t>(g) * group;
+      for (int i = 0; i < group; ++i) d[i] = EncodeE4M3(LoadIn<In>(xg, i) * m);
+    } else {
+      uint8_t* d = data + static_cast<int64_t>(g) * group / 2;
+      for (int i = 0; i < group / 2; ++i) {
+        const uint8_t lo = EncodeE2M1(LoadIn<In>(xg, 2 * i) * m);
+        const uint8_t hi = EncodeE2M1(LoadIn<In>(xg, 2 * i + 1) * m);
+        d[i] = static_cast<uint8_t>(lo | (hi << 4));
+      }
+    }
+  }
+}
+
+// BF16 records: BF16 input is copied, fp32 input rounded (RNE).
+template <typename In>
+void EncodeBf16(int elements, const uint8_t* x, uint8_t* data) {
+  if constexpr (sizeof(In) == 2) {
+    memcpy(data, x, 2 * static_cast<size_t>(elements));
+  } else {
+    for (int i = 0; i < elements; ++i) {
+      const uint16_t h = FloatToBf16(LoadIn<float>(x, i));
+      memcpy(data + 2 * i, &h, 2);
+    }
+  }
+}
+
+// One record -> dequantized values; Out is uint16_t (BF16 bits) or float.
+template <Q D, S F, typename Out>
+void DecodeQuantized(int elements, int group, const uint8_t* data,
+                     const uint8_t* scales, uint8_t* out) {
+  const int groups = elements / group;
+  auto put = [out](int64_t i, float v) {
+    if constexpr (sizeof(Out) == 2) {
+      const uint16_t h = FloatToBf16(v);
+      memcpy(out + 2 * i, &h, 2);
+    } else {
+      memcpy(out + 4 * i, &v, 4);
+    }
+  };
+  for (int g = 0; g < groups; ++g) {
+    const float sc = ScaleValue<F>(scales, g);
+    const int64_t base = static_cast<int64_t>(g) * group;
+    if constexpr (D == Q::kE4M3) {
+      const uint8_t* d = data + base;
+      for (int i = 0; i < group; ++i) put(base + i, kE4M3Values[d[i]] * sc);
+    } else {
+      const uint8_t* d = data + base / 2;
+      for (int i = 0; i < group / 2; ++i) {
+        put(base + 2 * i, DecodeE2M1(d[i] & 0xF) * sc);
+        put(base + 2 * i + 1, DecodeE2M1(d[i] >> 4) * sc);
+      }
+    }
+  }
+}
+
+// The quantization schemes SPEC §3 defines.
+enum class Scheme { kE4m3Ue8m0, kE2m1Ue8m0, kE2m1E4m3, kE4m3Fp32, kNone };
+
+Scheme SchemeOf(const KVCacheFormat& f) {
+  if (!f.quantized()) return Scheme::kNone;
+  if (f.quantized_dtype == Q::kE4M3 && f.sf_format == S::kUE8M0) {
+    return Scheme::kE4m3Ue8m0;
+  }
+  if (f.quantized_dtype == Q::kE2M1 && f.sf_format == S::kUE8M0) {
+    return Scheme::kE2m1Ue8m0;
+  }
+  if (f.quantized_dtype == Q::kE2M1 && f.sf_format == S::kE4M3) {
+    return Scheme::kE2m1E4m3;
+  }
+  if (f.quantized_dtype == Q::kE4M3 && f.sf_format == S::kFP32) {
+    return Scheme::kE4m3Fp32;
+  }
+  return Scheme::kNone;  // unsupported combination; see ValidateQuantization
+}
+
+}  // namespace
+
+absl::Status ValidateQuantization(const KVCacheFormat& f) {
+  if (absl::Status s = ValidateFormat(f); !s.ok()) return s;
+  if (f.quantized() && SchemeOf(f) == Scheme::kNone) {
+    return absl::UnimplementedError(absl::StrCat(
+        "no quantization math for ", QuantDtypeName(f.quantized_dtype),
+        " data with ", ScaleFormatName(f.sf_format),
+        " scales (SPEC §3 defines e4m3+ue8m0, e2m1+ue8m0, e2m1+e4m3, "
+        "e4m3+fp32)"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Calls fn.template operator()<D, F>() for the format's scheme, once.
+template <typename Fn>
+void Dispatch(const KVCacheFormat& f, Fn&& fn) {
+  switch (SchemeOf(f)) {
+    case Scheme::kE4m3Ue8m0:
+      return fn.template operator()<Q::kE4M3, S::kUE8M0>();
+    case Scheme::kE2m1Ue8m0:
+      return fn.template operator()<Q::kE2M1, S::kUE8M0>();
+    case Scheme::kE2m1E4m3:
+      return fn.template operator()<Q::kE2M1, S::kE4M3>();
+    case Scheme::kE4m3Fp32:
+      return fn.template operator()<Q::kE4M3, S::kFP32>();
+    case Scheme::kNone:
+      return fn.template operator()<Q::kNone, S::kNone>();
+  }
+}
+
+template <Q D, S F, typename In>
+void StoreAll(const PoolLayout& layout, uint8_t* layer, const uint8_t* kv,
+              absl::Span<const int32_t> slots) {
+  const KVCacheFormat& f = layout.format;
+  const int elements = f.elements();
+  const int64_t row = static_cast<int64_t>(elements) * sizeof(In);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i] < 0) continue;
+    const uint8_t* x = kv + static_cast<int64_t>(i) * row;
+    uint8_t* data = layer + layout.slot_data_offset(slots[i]);
+    if constexpr (D == Q::kNone) {
+      EncodeBf16<In>(elements, x, data);
+    } else {
+      uint8_t* scales = layer + layout.slot_scale_offset(slots[i]);
+      EncodeQuantized<D, F, In>(elements, f.elements_per_sf, x, data, scales);
+    }
+  }
+}
+
+// Copies one segment's raw rows (data and padded scales) or zero rows.
+void LoadRawSegment(const PoolLayout& layout, const uint8_t* layer,
+                    const int32_t* seg, uint8_t* data, uint8_t* scales) {
+  const KVCacheFormat& f = layout.format;
+  const int64_t data_row = f.data_bytes();
+  const int64_t scale_row = LoadScaleRowBytes(f);
+  const int64_t sf = f.sf_bytes();
+  const int64_t len = seg[2] - seg[1];
+  uint8_t* d = data + seg[3] * data_row;
+  uint8_t* s = scales == nullptr ? nullptr : scales + seg[3] * scale_row;
+  if (seg[0] < 0) {
+    memset(d, 0, len * data_row);
+    if (s != nullptr) memset(s, 0, len * scale_row);
+    return;
+  }
+  if (!f.token_interleaved) {  // a segment is contiguous in the block
+    memcpy(d, layer + layout.data_offset(seg[0], seg[1]), len * data_row);
+    if (s != nullptr && scale_row == sf) {
+      memcpy(s, layer + layout.scale_offset(seg[0], seg[1]), len * sf);
+      return;
+    }
+  } else {
+    for (int64_t t = 0; t < len; ++t) {
+      memcpy(d + t * data_row, layer + layout.data_offset(seg[0], seg[1] + t),
+             data_row);
+    }
+  }
+  if (s == nullptr) return;
+  for (int64_t t = 0; t < len; ++t) {
+    memcpy(s + t * scale_row, layer + layout.scale_offset(seg[0], seg[1] + t),
+           sf);
+    memset(s + t * scale_row + sf, 0, scale_row - sf);
+  }
+}
+
+template <Q D, S F>
+void LoadCastSegment(const PoolLayout& layout, const uint8_t* layer,
+                     const int32_t* seg, uint8_t* data) {
+  const KVCacheFormat& f = layout.format;
+  const int64_t row = LoadDataRowBytes(f);
+  const int64_t len = seg[2] - seg[1];
+  uint8_t* d = data + seg[3] * row;
+  if (seg[0] < 0) {
+    memset(d, 0, len * row);
+    return;
+  }
+  for (int64_t t = 0; t < len; ++t) {
+    DecodeQuantized<D, F, uint16_t>(
+        f.elements(), f.elements_per_sf,
+        layer + layout.data_offset(seg[0], seg[1] + t),
+        layer + layout.scale_offset(seg[0], seg[1] + t), d + t * row);
+  }
+}
+
+}  // namespace
+
+absl::Status Store(const PoolLayout& layout, uint8_t* layer, const void* kv,
+                   InputDtype dtype, absl::Span<const int32_t> slot_mapping) {
+  if (absl::Status s = internal::ValidateLayout(layout); !s.ok()) return s;
+  if (absl::Status s = ValidateQuantization(layout.format); !s.ok()) return s;
+  if (dtype != InputDtype::kBF16 && dtype != InputDtype::kFP32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dtype = ", static_cast<int>(dtype),
+                     " is neither BF16 (0) nor FP32 (1)"));
+  }
+  if (absl::Status s = ValidateSlotMapping(layout, slot_mapping); !s.ok()) {
+    return s;
+  }
+  if (slot_mapping.empty()) return absl::OkStatus();
+  if (layer == nullptr || kv == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(layer == nullptr ? "layer" : "kv",
+                     " is null with n = ", slot_mapping.size(), " tokens"));
+  }
+  const auto* in = static_cast<const uint8_t*>(kv);
+  Dispatch(layout.format, [&]<Q D, S F>() {
+    if (dtype == InputDtype::kBF16) {
+      StoreAll<D, F, uint16_t>(layout, layer, in, slot_mapping);
+    } else {
+      StoreAll<D, F, float>(layout, layer, in, slot_mapping);
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status LoadSegments(const PoolLayout& layout, const uint8_t* layer,
+                          absl::Span<const int32_t> segments, int64_t total_k,
+                          void* data, void* scales) {
+  if (absl::Status s = internal::ValidateLayout(layout); !s.ok()) return s;
+  const KVCacheFormat& f = layout.format;
+  const bool cast = f.do_cast && f.quantized();
+  if (cast) {
+    if (absl::Status s = ValidateQuantization(f); !s.ok()) return s;
+  }
+  if (absl::Status s = ValidateSegments(layout, segments, total_k); !s.ok()) {
+    return s;
+  }
+  if (segments.empty() || total_k == 0) return absl::OkStatus();
+  if (layer == nullptr || data == nullptr ||
+      (scales == nullptr && LoadScaleRowBytes(f) > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        layer == nullptr ? "layer" : (data == nullptr ? "data" : "scales"),
+        " is null with total_k = ", total_k));
+  }
+  auto* out = static_cast<uint8_t*>(data);
+  auto* out_scales =
+      LoadScaleRowBytes(f) > 0 ? static_cast<uint8_t*>(scales) : nullptr;
+  const size_t num_segments = segments.size() / 4;
+  if (!cast) {
+    for (size_t s = 0; s < num_segments; ++s) {
+      LoadRawSegment(layout, layer, segments.data() + 4 * s, out, out_scales);
+    }
+    return absl::OkStatus();
+  }
+  Dispatch(f, [&]<Q D, S F>() {
+    if constexpr (D != Q::kNone) {
+      for (size_t s = 0; s < num_segments; ++s) {
+        LoadCastSegment<D, F>(layout, layer, segments.data() + 4 * s, out);
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+void EncodeToken(const KVCacheFormat& format, const float* x, uint8_t* data,
+                 uint8_t* scales) {
+  if (!ValidateQuantization(format).ok()) return;
+  const auto* in = reinterpret_cast<const uint8_t*>(x);
+  Dispatch(format, [&]<Q D, S F>() {
+    if constexpr (D == Q::kNone) {
+      EncodeBf16<float>(format.elements(), in, data);
+    } else {
+      EncodeQuantized<D, F, float>(format.elements(), format.elements_per_sf,
+                                   in, data, scales);
+    }
+  });
+}
+
+void DecodeToken(const KVCacheFormat& format, const uint8_t* data,
+                 const uint8_t* scales, float* out) {
+  if (!ValidateQuantization(format).ok()) return;
+  auto* o = reinterpret_cast<uint8_t*>(out);
+  Dispatch(format, [&]<Q D, S F>() {
+    if constexpr (D == Q::kNone) {
+      for (int i = 0; i < format.elements(); ++i) {
+        const float v = LoadIn<uint16_t>(data, i);
+        memcpy(o + 4 * i, &v, 4);
+      }
+    } else {
+      DecodeQuantized<D, F, float>(format.elements(), format.elements_per_sf,
+                                   data, scales, o);
+    }
+  });
+}
+
+}  // namespace kvcache
