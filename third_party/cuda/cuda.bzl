@@ -2,7 +2,9 @@
 
 When no CUDA toolkit was found (see cuda_configure.bzl) the macro defines
 nothing, so CPU-only builds skip CUDA targets cleanly. BUILD files that
-depend on a cuda_library guard those targets with CUDA_AVAILABLE.
+depend on a cuda_library guard those targets with CUDA_AVAILABLE, most
+simply through cuda_only(cc_test, name = ..., ...), since BUILD files may not
+use top-level if statements.
 
 Each .cu becomes one object built with:
   -gencode arch=compute_90a,code=sm_90a   (Hopper SASS)
@@ -69,3 +71,13 @@ def cuda_library(name, srcs, hdrs = [], cuda_hdrs = [], deps = [], copts = [], v
         visibility = visibility,
         testonly = testonly,
     )
+
+def cuda_only(rule, **kwargs):
+    """Instantiates `rule(**kwargs)` only when a CUDA toolkit was found.
+
+    Args:
+      rule: a rule or macro, e.g. cc_library, cc_test, cc_binary.
+      **kwargs: its attributes.
+    """
+    if CUDA_AVAILABLE:
+        rule(**kwargs)

@@ -1,0 +1,30 @@
+// Test and benchmark hooks of the CUDA kernels: the empty-kernel launch
+// baseline and the exhaustive encoder check.
+#ifndef KVCACHED_KERNELS_CUDA_DIAGNOSTICS_H_
+#define KVCACHED_KERNELS_CUDA_DIAGNOSTICS_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/cuda/kernels.h"
+
+namespace kvcache::gpu {
+
+// Launches a kernel that does nothing (one warp), with options' stream/PDL.
+absl::Status LaunchEmptyKernel(const LaunchOptions& options = {});
+
+struct EncoderCheck {
+  uint64_t e4m3_mismatches = 0;       // hardware cvt vs EncodeE4M3
+  uint64_t e2m1_mismatches = 0;       // threshold encoder vs EncodeE2M1
+  uint32_t first_e4m3 = 0xFFFFFFFFu;  // smallest mismatching fp32 bits
+  uint32_t first_e2m1 = 0xFFFFFFFFu;
+};
+
+// Runs the device encoders and quant.h's over all 2^32 fp32 bit patterns on
+// the current device (synchronous, about a second).
+absl::StatusOr<EncoderCheck> CheckEncoders();
+
+}  // namespace kvcache::gpu
+
+#endif  // KVCACHED_KERNELS_CUDA_DIAGNOSTICS_H_

@@ -1,0 +1,225 @@
+#include "kernels/cuda/kernels.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/launch_internal.h"
+#include "kernels/format_host.h"
+
+namespace kvcache::gpu {
+namespace {
+
+using internal::Kind;
+
+internal::Launch ToLaunch(const LaunchOptions& options) {
+  return {static_cast<cudaStream_t>(options.stream), options.pdl};
+}
+
+absl::StatusOr<Kind> KindOf(const KVCacheFormat& format) {
+  const std::optional<FormatId> id = IdentifyFormat(format);
+  if (!id.has_value()) {
+    return absl::InvalidArgumentError(
+        "format is not one of the supported formats (SPEC §2)");
+  }
+  return static_cast<Kind>(*id);  // the enums share their values
+}
+
+absl::Status CheckLayout(const PoolLayout& layout) {
+  if (layout.block_size <= 0 || layout.num_blocks <= 0 ||
+      layout.num_slots() > INT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layout: block_size = ", layout.block_size, ", num_blocks = ",
+        layout.num_blocks, " must be positive with slots fitting int32"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPointer(const void* p, absl::string_view name,
+                          uintptr_t alignment) {
+  if (p == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(name, " is null"));
+  }
+  if (reinterpret_cast<uintptr_t>(p) % alignment != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " is not ", alignment, "-byte aligned"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckCount(int64_t n, absl::string_view name) {
+  if (n < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " = ", n, " is negative"));
+  }
+  return absl::OkStatus();
+}
+
+#define KV_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    const absl::Status kv_status_ = (expr);  \
+    if (!kv_status_.ok()) return kv_status_; \
+  } while (false)
+
+static_assert(
+    static_cast<int>(Kind::kV41) == static_cast<int>(FormatId::kV41) &&
+    static_cast<int>(Kind::kV41Fp4) == static_cast<int>(FormatId::kV41Fp4) &&
+    static_cast<int>(Kind::kFp4Index) ==
+        static_cast<int>(FormatId::kFp4Index) &&
+    static_cast<int>(Kind::kFp8Fp32Sf) ==
+        static_cast<int>(FormatId::kFp8Fp32SfIndex) &&
+    static_cast<int>(Kind::kMxfp8Index) ==
+        static_cast<int>(FormatId::kMxfp8Index) &&
+    static_cast<int>(Kind::kBf16) == static_cast<int>(FormatId::kBf16));
+
+}  // namespace
+
+absl::Status ValidateStore(const PoolLayout& layout,
+                           absl::Span<const int32_t> slot_mapping) {
+  return ValidateSlotMapping(layout, slot_mapping);
+}
+
+absl::Status ValidateLoad(const PoolLayout& layout,
+                          absl::Span<const int32_t> segments, int64_t total_k) {
+  return ValidateSegments(layout, segments, total_k);
+}
+
+absl::Status Store(const PoolLayout& layout, void* layer, const void* kv,
+                   InputDtype dtype, const int32_t* slot_mapping,
+                   int64_t num_tokens, const LaunchOptions& options) {
+  const absl::StatusOr<Kind> kind = KindOf(layout.format);
+  if (!kind.ok()) return kind.status();
+  KV_RETURN_IF_ERROR(CheckLayout(layout));
+  KV_RETURN_IF_ERROR(CheckCount(num_tokens, "num_tokens"));
+  if (num_tokens == 0) return absl::OkStatus();
+  KV_RETURN_IF_ERROR(CheckPointer(layer, "layer", 16));
+  KV_RETURN_IF_ERROR(CheckPointer(kv, "kv", 16));
+  KV_RETURN_IF_ERROR(CheckPointer(slot_mapping, "slot_mapping", 4));
+  RETURN_IF_CUDA_ERROR(
+      internal::LaunchStore(*kind, layout, static_cast<uint8_t*>(layer), kv,
+                            dtype == InputDtype::kFP32, slot_mapping,
+                            num_tokens, options.hw_e4m3, ToLaunch(options)),
+      "launching the store kernel");
+  return absl::OkStatus();
+}
+
+absl::Status LoadSegments(const PoolLayout& layout, const void* layer,
+                          const int32_t* segments, int64_t num_segments,
+                          void* data, void* scales,
+                          const LaunchOptions& options) {
+  const absl::StatusOr<Kind> kind = KindOf(layout.format);
+  if (!kind.ok()) return kind.status();
+  KV_RETURN_IF_ERROR(CheckLayout(layout));
+  KV_RETURN_IF_ERROR(CheckCount(num_segments, "num_segments"));
+  if (num_segments == 0) return absl::OkStatus();
+  if (num_segments > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_segments = ", num_segments, " exceeds ", INT32_MAX));
+  }
+  KV_RETURN_IF_ERROR(CheckPointer(layer, "layer", 16));
+  KV_RETURN_IF_ERROR(CheckPointer(segments, "segments", 4));
+  KV_RETURN_IF_ERROR(CheckPointer(data, "data", 16));
+  if (!layout.format.do_cast) {
+    KV_RETURN_IF_ERROR(CheckPointer(scales, "scales", 4));
+  }
+  RETURN_IF_CUDA_ERROR(
+      internal::LaunchLoad(*kind, layout, static_cast<const uint8_t*>(layer),
+                           segments, num_segments, data, scales,
+                           ToLaunch(options)),
+      "launching the segment-load kernel");
+  return absl::OkStatus();
+}
+
+absl::Status ConvertTopk(int32_t* topk, int64_t num_seqs, int32_t k,
+                         const int32_t* valid_count, const int32_t* num_tokens,
+                         const int32_t* block_table, const int32_t* row_lens,
+                         int32_t num_cols, int64_t row_stride,
+                         int32_t block_size, int32_t num_blocks,
+                         unsigned long long* invalid_count,
+                         const LaunchOptions& options) {
+  KV_RETURN_IF_ERROR(CheckCount(num_seqs, "num_seqs"));
+  KV_RETURN_IF_ERROR(CheckCount(k, "k"));
+  if (block_size <= 0 || num_blocks <= 0 || num_cols < 0 ||
+      row_stride < num_cols) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block_size = ", block_size, ", num_blocks = ", num_blocks,
+                     ", num_cols = ", num_cols, ", row_stride = ", row_stride,
+                     ": need positive sizes and row_stride >= num_cols"));
+  }
+  if (num_seqs == 0 || k == 0) return absl::OkStatus();
+  KV_RETURN_IF_ERROR(CheckPointer(topk, "topk", 4));
+  KV_RETURN_IF_ERROR(CheckPointer(valid_count, "valid_count", 4));
+  KV_RETURN_IF_ERROR(CheckPointer(num_tokens, "num_tokens", 4));
+  if (num_cols > 0) {
+    KV_RETURN_IF_ERROR(CheckPointer(block_table, "block_table", 4));
+  }
+  RETURN_IF_CUDA_ERROR(
+      internal::LaunchConvertTopk(topk, num_seqs, k, valid_count, num_tokens,
+                                  block_table, row_lens, num_cols, row_stride,
+                                  block_size, num_blocks, invalid_count,
+                                  ToLaunch(options)),
+      "launching convert_topk");
+  return absl::OkStatus();
+}
+
+absl::Status SwaDecodeIndex(const int32_t* state_ids, const int32_t* starts,
+                            const int32_t* valid_lens, int64_t n,
+                            int32_t window, int32_t ring_size, int32_t* out,
+                            const LaunchOptions& options) {
+  KV_RETURN_IF_ERROR(CheckCount(n, "n"));
+  if (window <= 0 || ring_size < window) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("window = ", window, ", ring_size = ", ring_size,
+                     ": need 0 < window <= ring_size"));
+  }
+  if (n == 0) return absl::OkStatus();
+  KV_RETURN_IF_ERROR(CheckPointer(state_ids, "state_ids", 4));
+  KV_RETURN_IF_ERROR(CheckPointer(starts, "starts", 4));
+  KV_RETURN_IF_ERROR(CheckPointer(valid_lens, "valid_lens", 4));
+  KV_RETURN_IF_ERROR(CheckPointer(out, "out", 4));
+  RETURN_IF_CUDA_ERROR(
+      internal::LaunchSwaDecodeIndex(state_ids, starts, valid_lens, n, window,
+                                     ring_size, out, ToLaunch(options)),
+      "launching the SWA decode index");
+  return absl::OkStatus();
+}
+
+absl::Status ExpandSwaIndex(const int32_t* pivots, int64_t rows, int32_t width,
+                            int32_t* out, const LaunchOptions& options) {
+  KV_RETURN_IF_ERROR(CheckCount(rows, "rows"));
+  KV_RETURN_IF_ERROR(CheckCount(width, "width"));
+  if (rows == 0 || width == 0) return absl::OkStatus();
+  KV_RETURN_IF_ERROR(CheckPointer(pivots, "pivots", 16));
+  KV_RETURN_IF_ERROR(CheckPointer(out, "out", 4));
+  RETURN_IF_CUDA_ERROR(internal::LaunchExpandSwaIndex(pivots, rows, width, out,
+                                                      ToLaunch(options)),
+                       "launching expand_swa_index");
+  return absl::OkStatus();
+}
+
+absl::Status KvIndexCat(const int32_t* swa, int32_t swa_width,
+                        const int32_t* compressed, int32_t compressed_width,
+                        int64_t rows, int32_t main_kv_offset, int32_t* out,
+                        const LaunchOptions& options) {
+  KV_RETURN_IF_ERROR(CheckCount(rows, "rows"));
+  KV_RETURN_IF_ERROR(CheckCount(swa_width, "swa_width"));
+  KV_RETURN_IF_ERROR(CheckCount(compressed_width, "compressed_width"));
+  if (rows == 0 || swa_width + compressed_width == 0) {
+    return absl::OkStatus();
+  }
+  if (swa_width > 0) KV_RETURN_IF_ERROR(CheckPointer(swa, "swa", 4));
+  if (compressed_width > 0) {
+    KV_RETURN_IF_ERROR(CheckPointer(compressed, "compressed", 4));
+  }
+  KV_RETURN_IF_ERROR(CheckPointer(out, "out", 4));
+  RETURN_IF_CUDA_ERROR(
+      internal::LaunchKvIndexCat(swa, swa_width, compressed, compressed_width,
+                                 rows, main_kv_offset, out, ToLaunch(options)),
+      "launching kv_index_cat");
+  return absl::OkStatus();
+}
+
+}  // namespace kvcache::gpu

@@ -1,0 +1,78 @@
+// The boundary between the host launchers (kernels.cc, plain C++ with absl)
+// and the CUDA translation units (*.cu, compiled by nvcc without absl). The
+// launchers validate and dispatch; the functions declared here only size the
+// grid and launch, and return the launch's cudaError_t.
+#ifndef KVCACHED_KERNELS_CUDA_LAUNCH_INTERNAL_H_
+#define KVCACHED_KERNELS_CUDA_LAUNCH_INTERNAL_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/format.h"
+
+namespace kvcache::gpu::internal {
+
+// The kernel family of a format; chosen once per call on the host.
+enum class Kind : uint8_t {
+  kV41 = 0,         // e4m3 x 512, group 32, ue8m0, interleaved
+  kV41Fp4 = 1,      // e2m1 x 512, group 16, e4m3 scale, interleaved
+  kFp4Index = 2,    // e2m1 x 128, group 32, ue8m0, block-split
+  kFp8Fp32Sf = 3,   // e4m3 x 128, group 128, fp32, block-split
+  kMxfp8Index = 4,  // e4m3 x 128, group 32, ue8m0, block-split
+  kBf16 = 5,        // BF16(N)
+};
+
+struct Launch {
+  cudaStream_t stream = nullptr;
+  bool pdl = false;  // Programmatic Dependent Launch attribute
+};
+
+// kv: [n][elements] BF16 bits (fp32_input false) or float; slots: [n],
+// -1 = skip. REQUIRES: validated slots, n > 0, 16-byte aligned pointers.
+cudaError_t LaunchStore(Kind kind, const PoolLayout& layout, uint8_t* layer,
+                        const void* kv, bool fp32_input, const int32_t* slots,
+                        int64_t n, bool hw_cvt, const Launch& launch);
+
+// segments: [S][4] {src_block_id, src_begin, src_end, dst_offset}, -1 block =
+// zero rows. data: [total_k][row bytes]; scales: [total_k] int32 (index
+// formats only). REQUIRES: validated plan, S > 0, 16-byte aligned pointers.
+cudaError_t LaunchLoad(Kind kind, const PoolLayout& layout,
+                       const uint8_t* layer, const int32_t* segments,
+                       int64_t num_segments, void* data, void* scales,
+                       const Launch& launch);
+
+// An empty kernel (benchmarks measure launch overhead with it).
+cudaError_t LaunchEmpty(const Launch& launch);
+
+// The exhaustive conversion check of the tests: runs the fast device e4m3 /
+// e2m1 encoders and quant.h's over all 2^32 fp32 bit patterns and counts
+// mismatches. mismatches: [2] device counters (e4m3, e2m1); first: [2] the
+// smallest mismatching bit pattern of each (init 0xFFFFFFFF).
+cudaError_t LaunchEncodeCheck(unsigned long long* mismatches, uint32_t* first,
+                              const Launch& launch);
+
+// Index operations (SPEC §7); shapes and semantics as in kernels.h.
+cudaError_t LaunchConvertTopk(
+    int32_t* topk, int64_t num_seqs, int32_t k, const int32_t* valid_count,
+    const int32_t* num_tokens, const int32_t* block_table,
+    const int32_t* row_lens, int32_t num_cols, int64_t row_stride,
+    int32_t block_size, int32_t num_blocks, unsigned long long* invalid_count,
+    const Launch& launch);
+cudaError_t LaunchSwaDecodeIndex(const int32_t* state_ids,
+                                 const int32_t* starts,
+                                 const int32_t* valid_lens, int64_t n,
+                                 int32_t window, int32_t ring_size,
+                                 int32_t* out, const Launch& launch);
+cudaError_t LaunchExpandSwaIndex(const int32_t* pivots, int64_t rows,
+                                 int32_t width, int32_t* out,
+                                 const Launch& launch);
+cudaError_t LaunchKvIndexCat(const int32_t* swa, int32_t swa_width,
+                             const int32_t* compressed,
+                             int32_t compressed_width, int64_t rows,
+                             int32_t main_kv_offset, int32_t* out,
+                             const Launch& launch);
+
+}  // namespace kvcache::gpu::internal
+
+#endif  // KVCACHED_KERNELS_CUDA_LAUNCH_INTERNAL_H_

@@ -1,0 +1,252 @@
+// Segment-load kernels (SPEC §5). Grid: x = segment, y = token tiles of the
+// segment (grid-stride, so any block size fits). A segment
+// {src_block_id, src_begin, src_end, dst_offset} copies tokens
+// [src_begin, src_end) of the block to rows dst_offset...; block -1 writes
+// zero rows. Rows no segment covers are never touched.
+//
+// Outputs per row:
+//   V41, V41_FP4: BF16[512], 16 elements (32 bytes) per lane, 32 lanes/token.
+//   index formats: raw data (4 or 8 lanes of 16 bytes) + one int32 of scales
+//                  (four UE8M0 bytes, or the fp32 bits), written by lane 0.
+//   BF16(N): one thread per chunk of 4, 8 or 16 bytes of the row.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda/device_bytes.cuh"
+#include "kernels/cuda/device_quant.cuh"
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/launch_internal.h"
+#include "kernels/format.h"
+#include "kernels/quant.h"
+
+namespace kvcache::gpu::internal {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kTileIters = 4;  // CTA rounds per y tile (sizes grid.y)
+constexpr unsigned kMaxGridY = 65535;
+
+struct Segment {
+  int32_t block, begin, len, dst;
+};
+
+__device__ __forceinline__ Segment ReadSegment(const int32_t* segments) {
+  const int32_t* s = segments + 4 * static_cast<int64_t>(blockIdx.x);
+  return {__ldg(s), __ldg(s + 1), __ldg(s + 2) - __ldg(s + 1), __ldg(s + 3)};
+}
+
+__device__ __forceinline__ uint8_t LoadByte(const uint8_t* p) {
+  return __ldg(p);
+}
+
+// Dequantizes 16 codes of one lane with one scale into 16 BF16 (8 words).
+template <class F>
+__device__ __forceinline__ void Dequant16(uint4 q, float scale,
+                                          uint32_t (&out)[8]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    uint32_t c0, c1;
+    if constexpr (F::kDtype == QuantDtype::kE4M3) {
+      const uint32_t w = (&q.x)[i / 2];
+      c0 = (w >> (16 * (i % 2))) & 0xFFu;
+      c1 = (w >> (16 * (i % 2) + 8)) & 0xFFu;
+    } else {
+      const uint32_t w = (&q.x)[i / 4];
+      c0 = (w >> (8 * (i % 4))) & 0xFu;
+      c1 = (w >> (8 * (i % 4) + 4)) & 0xFu;
+    }
+    float v0, v1;
+    if constexpr (F::kDtype == QuantDtype::kE4M3) {
+      v0 = DecodeE4M3(static_cast<uint8_t>(c0));
+      v1 = DecodeE4M3(static_cast<uint8_t>(c1));
+    } else {
+      v0 = DecodeE2M1(static_cast<uint8_t>(c0));
+      v1 = DecodeE2M1(static_cast<uint8_t>(c1));
+    }
+    out[i] = FloatToBf16(v0 * scale) |
+             (static_cast<uint32_t>(FloatToBf16(v1 * scale)) << 16);
+  }
+}
+
+template <class F>
+__global__ void __launch_bounds__(kThreads)
+    LoadCastKernel(PoolLayout layout, const uint8_t* layer,
+                   const int32_t* segments,  // [S][4]; block -1 = zero rows
+                   uint16_t* out) {          // [total_k][F::kElems] BF16
+  PdlWait();
+  PdlLaunchDependents();
+  constexpr int kLpt = F::kLanesPerToken;
+  constexpr int kTokensPerCta = kThreads / kLpt;
+  const Segment seg = ReadSegment(segments);
+  const int sub = threadIdx.x % kLpt;
+  for (int32_t i = blockIdx.y * kTokensPerCta + threadIdx.x / kLpt; i < seg.len;
+       i += gridDim.y * kTokensPerCta) {
+    uint32_t w[8];
+    if (seg.block < 0) {
+      ZeroWords<32>(w);
+    } else {
+      const uint8_t* src = layer +
+                           layout.data_offset(seg.block, seg.begin + i) +
+                           sub * F::kDataBytesPerLane;
+      uint4 q;
+      if constexpr (F::kDataBytesPerLane == 16) {
+        q = LoadStream16(src);
+      } else {
+        const uint2 h = LoadStream8(src);
+        q = make_uint4(h.x, h.y, 0, 0);
+      }
+      const uint8_t sf =
+          LoadByte(layer + layout.scale_offset(seg.block, seg.begin + i) +
+                   sub / F::kLanesPerGroup);
+      const float scale =
+          F::kSf == ScaleFormat::kUE8M0 ? Ue8m0ToFloat(sf) : DecodeE4M3(sf);
+      Dequant16<F>(q, scale, w);
+    }
+    StoreWords<32>(
+        out + (static_cast<int64_t>(seg.dst) + i) * F::kElems + sub * 16, w);
+  }
+}
+
+template <class F>
+__global__ void __launch_bounds__(kThreads)
+    LoadIndexKernel(PoolLayout layout, const uint8_t* layer,
+                    const int32_t* segments,  // [S][4]; block -1 = zero rows
+                    uint8_t* data,            // [total_k][data bytes]
+                    uint32_t* scales) {       // [total_k] packed scales
+  PdlWait();
+  PdlLaunchDependents();
+  constexpr int kRowBytes =
+      F::kElems * (F::kDtype == QuantDtype::kE2M1 ? 4 : 8) / 8;
+  constexpr int kLpt = kRowBytes / 16;
+  constexpr int kTokensPerCta = kThreads / kLpt;
+  const Segment seg = ReadSegment(segments);
+  const int sub = threadIdx.x % kLpt;
+  for (int32_t i = blockIdx.y * kTokensPerCta + threadIdx.x / kLpt; i < seg.len;
+       i += gridDim.y * kTokensPerCta) {
+    uint4 v = make_uint4(0, 0, 0, 0);
+    uint32_t sf = 0;
+    if (seg.block >= 0) {
+      v = LoadStream16(layer + layout.data_offset(seg.block, seg.begin + i) +
+                       sub * 16);
+      if (sub == 0) {
+        sf = __ldg(reinterpret_cast<const unsigned int*>(
+            layer + layout.scale_offset(seg.block, seg.begin + i)));
+      }
+    }
+    const int64_t row = static_cast<int64_t>(seg.dst) + i;
+    StoreStream16(data + row * kRowBytes + sub * 16, v);
+    if (sub == 0) StoreStream4(scales + row, sf);
+  }
+}
+
+template <int kVec>
+__global__ void __launch_bounds__(kThreads)
+    LoadBf16Kernel(PoolLayout layout, const uint8_t* layer,
+                   const int32_t* segments,  // [S][4]; block -1 = zero rows
+                   uint8_t* out,             // [total_k][2N]
+                   int32_t chunks_per_row) {
+  PdlWait();
+  PdlLaunchDependents();
+  const Segment seg = ReadSegment(segments);
+  const int64_t items = static_cast<int64_t>(seg.len) * chunks_per_row;
+  const int64_t row_bytes = static_cast<int64_t>(chunks_per_row) * kVec;
+  for (int64_t item = static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x;
+       item < items; item += static_cast<int64_t>(gridDim.y) * kThreads) {
+    const int32_t i = static_cast<int32_t>(item / chunks_per_row);
+    const int32_t chunk =
+        static_cast<int32_t>(item - int64_t{i} * chunks_per_row);
+    uint32_t w[kVec / 4];
+    if (seg.block < 0) {
+      ZeroWords<kVec>(w);
+    } else {
+      LoadWords<kVec>(
+          layer + layout.data_offset(seg.block, seg.begin + i) + chunk * kVec,
+          w);
+    }
+    StoreWords<kVec>(
+        out + (static_cast<int64_t>(seg.dst) + i) * row_bytes + chunk * kVec,
+        w);
+  }
+}
+
+unsigned GridY(int64_t work_per_segment, int64_t work_per_round) {
+  const int64_t per_tile = work_per_round * kTileIters;
+  const int64_t tiles = (work_per_segment + per_tile - 1) / per_tile;
+  return static_cast<unsigned>(std::clamp<int64_t>(tiles, 1, kMaxGridY));
+}
+
+template <class F>
+cudaError_t LoadCast(const PoolLayout& layout, const uint8_t* layer,
+                     const int32_t* segments, int64_t s, void* data,
+                     const Launch& launch) {
+  const dim3 grid(static_cast<unsigned>(s),
+                  GridY(layout.block_size, kThreads / F::kLanesPerToken));
+  return LaunchKernel(LoadCastKernel<F>, grid, dim3(kThreads), launch, layout,
+                      layer, segments, static_cast<uint16_t*>(data));
+}
+
+template <class F>
+cudaError_t LoadIndex(const PoolLayout& layout, const uint8_t* layer,
+                      const int32_t* segments, int64_t s, void* data,
+                      void* scales, const Launch& launch) {
+  const int lpt = layout.format.data_bytes() / 16;
+  const dim3 grid(static_cast<unsigned>(s),
+                  GridY(layout.block_size, kThreads / lpt));
+  return LaunchKernel(LoadIndexKernel<F>, grid, dim3(kThreads), launch, layout,
+                      layer, segments, static_cast<uint8_t*>(data),
+                      static_cast<uint32_t*>(scales));
+}
+
+cudaError_t LoadBf16(const PoolLayout& layout, const uint8_t* layer,
+                     const int32_t* segments, int64_t s, void* data,
+                     const Launch& launch) {
+  const int32_t row_bytes = layout.format.data_bytes();
+  const int vec = row_bytes % 16 == 0 ? 16 : (row_bytes % 8 == 0 ? 8 : 4);
+  const int32_t chunks = row_bytes / vec;
+  const dim3 grid(static_cast<unsigned>(s),
+                  GridY(layout.block_size * chunks, kThreads));
+  uint8_t* out = static_cast<uint8_t*>(data);
+  switch (vec) {
+    case 16:
+      return LaunchKernel(LoadBf16Kernel<16>, grid, dim3(kThreads), launch,
+                          layout, layer, segments, out, chunks);
+    case 8:
+      return LaunchKernel(LoadBf16Kernel<8>, grid, dim3(kThreads), launch,
+                          layout, layer, segments, out, chunks);
+    default:
+      return LaunchKernel(LoadBf16Kernel<4>, grid, dim3(kThreads), launch,
+                          layout, layer, segments, out, chunks);
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchLoad(Kind kind, const PoolLayout& layout,
+                       const uint8_t* layer, const int32_t* segments,
+                       int64_t num_segments, void* data, void* scales,
+                       const Launch& launch) {
+  switch (kind) {
+    case Kind::kV41:
+      return LoadCast<V41Format>(layout, layer, segments, num_segments, data,
+                                 launch);
+    case Kind::kV41Fp4:
+      return LoadCast<V41Fp4Format>(layout, layer, segments, num_segments, data,
+                                    launch);
+    case Kind::kFp4Index:
+      return LoadIndex<Fp4IndexFormat>(layout, layer, segments, num_segments,
+                                       data, scales, launch);
+    case Kind::kFp8Fp32Sf:
+      return LoadIndex<Fp8Fp32SfFormat>(layout, layer, segments, num_segments,
+                                        data, scales, launch);
+    case Kind::kMxfp8Index:
+      return LoadIndex<Mxfp8IndexFormat>(layout, layer, segments, num_segments,
+                                         data, scales, launch);
+    case Kind::kBf16:
+      return LoadBf16(layout, layer, segments, num_segments, data, launch);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace kvcache::gpu::internal

@@ -1,0 +1,60 @@
+// The empty kernel (launch-overhead baseline of the benchmark) and the
+// exhaustive encoder check of the tests: every fp32 bit pattern through the
+// fast device encoders (device_quant.cuh) and through quant.h.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/device_quant.cuh"
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/launch_internal.h"
+#include "kernels/quant.h"
+
+namespace kvcache::gpu::internal {
+namespace {
+
+__global__ void EmptyKernel() {
+  PdlWait();
+  PdlLaunchDependents();
+}
+
+constexpr int kCheckThreads = 256;
+constexpr int kCheckBlocks = 4096;
+
+__global__ void __launch_bounds__(kCheckThreads)
+    EncodeCheckKernel(unsigned long long* mismatches,  // [2]
+                      uint32_t* first) {               // [2]
+  const uint64_t stride = static_cast<uint64_t>(kCheckBlocks) * kCheckThreads;
+  unsigned long long bad_e4m3 = 0, bad_e2m1 = 0;
+  for (uint64_t i =
+           static_cast<uint64_t>(blockIdx.x) * kCheckThreads + threadIdx.x;
+       i < (uint64_t{1} << 32); i += stride) {
+    const uint32_t u = static_cast<uint32_t>(i);
+    const float x = BitsToFloat(u);
+    if ((HwE4M3x2(x, 0.0f) & 0xFFu) != EncodeE4M3(x) ||
+        (HwE4M3x2(0.0f, x) >> 8) != EncodeE4M3(x)) {
+      ++bad_e4m3;
+      atomicMin(first, u);
+    }
+    if (FastE2M1(x) != EncodeE2M1(x)) {
+      ++bad_e2m1;
+      atomicMin(first + 1, u);
+    }
+  }
+  if (bad_e4m3 != 0) atomicAdd(mismatches, bad_e4m3);
+  if (bad_e2m1 != 0) atomicAdd(mismatches + 1, bad_e2m1);
+}
+
+}  // namespace
+
+cudaError_t LaunchEmpty(const Launch& launch) {
+  return LaunchKernel(EmptyKernel, dim3(1), dim3(32), launch);
+}
+
+cudaError_t LaunchEncodeCheck(unsigned long long* mismatches, uint32_t* first,
+                              const Launch& launch) {
+  return LaunchKernel(EncodeCheckKernel, dim3(kCheckBlocks),
+                      dim3(kCheckThreads), launch, mismatches, first);
+}
+
+}  // namespace kvcache::gpu::internal
