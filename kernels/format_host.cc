@@ -1,5 +1,6 @@
 #include "kernels/format_host.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "absl/strings/ascii.h"
@@ -154,8 +155,14 @@ absl::StatusOr<KVCacheFormat> FormatFromName(absl::string_view name) {
   absl::string_view rest = upper;
   if (rest.size() > 6 && rest.substr(0, 5) == "BF16(" && rest.back() == ')') {
     rest = rest.substr(5, rest.size() - 6);
+    // Digits only: SimpleAtoi alone would also take "+4" and " 4".
+    const bool digits =
+        !rest.empty() && rest.size() <= 9 &&
+        std::all_of(rest.begin(), rest.end(), absl::ascii_isdigit);
     int32_t n = 0;
-    if (absl::SimpleAtoi(rest, &n)) return NamedFormat(FormatId::kBf16, n);
+    if (digits && absl::SimpleAtoi(rest, &n)) {
+      return NamedFormat(FormatId::kBf16, n);
+    }
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown format \"", name,
