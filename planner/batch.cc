@@ -1,0 +1,103 @@
+#include "planner/batch.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace kvcache {
+
+absl::Status CheckSize(absl::string_view name, size_t actual,
+                       int64_t expected) {
+  if (static_cast<int64_t>(actual) != expected) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " has ", actual, " entries, expected ", expected));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BlockTableView::Validate(int64_t min_rows) const {
+  if (num_rows < min_rows) {
+    return absl::InvalidArgumentError(absl::StrCat("block_table has ", num_rows,
+                                                   " rows, fewer than the ",
+                                                   min_rows, " sequences"));
+  }
+  if (num_cols < 0 || row_stride < num_cols) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block_table num_cols = ", num_cols,
+                     " is outside [0, row_stride = ", row_stride, "]"));
+  }
+  if (num_rows > 0) {
+    const int64_t needed = (num_rows - 1) * row_stride + num_cols;
+    if (static_cast<int64_t>(data.size()) < needed) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "block_table data holds ", data.size(), " entries, fewer than the ",
+          needed, " that ", num_rows, " rows of stride ", row_stride, " need"));
+    }
+  }
+  if (!row_lens.empty()) {
+    absl::Status size =
+        CheckSize("block_table row_lens", row_lens.size(), num_rows);
+    if (!size.ok()) return size;
+    for (int64_t b = 0; b < num_rows; ++b) {
+      if (row_lens[b] < 0 || row_lens[b] > num_cols) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("block_table row_lens[", b, "] = ", row_lens[b],
+                         " is outside [0, ", num_cols, "]"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateLengths(const SequenceBatch& batch) {
+  const int64_t n = batch.num_seqs();
+  absl::Status size = CheckSize("seqlen_q", batch.seqlen_q.size(), n);
+  if (!size.ok()) return size;
+  for (int64_t b = 0; b < n; ++b) {
+    const int32_t k = batch.seqlen_k[b];
+    const int32_t q = batch.seqlen_q[b];
+    if (k < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("seqlen_k[", b, "] = ", k, " is negative"));
+    }
+    if (q < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("seqlen_q[", b, "] = ", q, " is negative"));
+    }
+    if (q > k) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "seqlen_q[", b, "] = ", q, " exceeds seqlen_k[", b, "] = ", k));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateValidStart(const SequenceBatch& batch) {
+  if (batch.swa_valid_start.empty()) return absl::OkStatus();
+  const int64_t n = batch.num_seqs();
+  absl::Status size =
+      CheckSize("swa_valid_start", batch.swa_valid_start.size(), n);
+  if (!size.ok()) return size;
+  for (int64_t b = 0; b < n; ++b) {
+    if (batch.swa_valid_start[b] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("swa_valid_start[", b, "] = ", batch.swa_valid_start[b],
+                       " is negative"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateSwaInputs(const SequenceBatch& batch, int32_t num_states) {
+  const int64_t n = batch.num_seqs();
+  absl::Status s = CheckSize("state_ids", batch.state_ids.size(), n);
+  if (!s.ok()) return s;
+  for (int64_t b = 0; b < n; ++b) {
+    const int32_t id = batch.state_ids[b];
+    if (id < 0 || id >= num_states) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "state_ids[", b, "] = ", id, " is outside [0, ", num_states, ")"));
+    }
+  }
+  return ValidateValidStart(batch);
+}
+
+}  // namespace kvcache
