@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Builds the GPU test and benchmark binaries listed in tools/gpu/manifest.txt
+# and gathers them, with the non-system shared libraries they load, into the
+# git-ignored folder gpu_bundle/ (at most 64 MiB), together with the driver
+# gpu_bundle/run_all.sh OUTDIR that runs them on the GPU host (GPU_HOST.md).
+#
+# Usage: tools/gpu_bundle.sh [--output_base=DIR]   (default: bazel's own)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bazel_cmd=(bazel)
+if [[ $# -gt 0 && "$1" == --output_base=* ]]; then
+  bazel_cmd=(bazel "$1")
+  shift
+fi
+# No convenience symlinks: other people's bazel-bin stays theirs.
+build_flags=(--symlink_prefix=/)
+
+manifest=tools/gpu/manifest.txt
+mapfile -t entries < <(grep -Ev '^\s*(#|$)' "$manifest")
+labels=()
+for e in "${entries[@]}"; do
+  read -r _ label _ <<<"$e"
+  labels+=("$label")
+done
+
+"${bazel_cmd[@]}" build "${build_flags[@]}" "${labels[@]}"
+bin_root=$("${bazel_cmd[@]}" info "${build_flags[@]}" bazel-bin 2>/dev/null)
+
+bundle=gpu_bundle
+rm -rf "$bundle"
+mkdir -p "$bundle/bin" "$bundle/lib"
+
+# The host's own libc, libm, libstdc++, libgcc_s and loader are newer: never ship.
+is_system_lib() {
+  case "$(basename "$1")" in
+    linux-vdso.so* | ld-linux*.so* | libc.so* | libm.so* | libstdc++.so* | \
+      libgcc_s.so* | libpthread.so* | libdl.so* | librt.so* | libcuda.so*)
+      return 0 ;;
+  esac
+  return 1
+}
+
+: >"$bundle/manifest.txt"
+for e in "${entries[@]}"; do
+  read -r kind label extra <<<"$e"
+  pkg=${label#//}
+  pkg=${pkg%%:*}
+  name=${label##*:}
+  cp -L "$bin_root/$pkg/$name" "$bundle/bin/$name"
+  chmod u+w "$bundle/bin/$name"
+  strip --strip-debug "$bundle/bin/$name"
+  echo "$kind $name ${extra:-}" >>"$bundle/manifest.txt"
+  while read -r lib; do
+    [[ -z "$lib" ]] && continue
+    is_system_lib "$lib" && continue
+    cp -L -n "$lib" "$bundle/lib/" 2>/dev/null || true
+  done < <(ldd "$bundle/bin/$name" | awk '/=> \// {print $3}')
+done
+cp tools/gpu/run_all.sh "$bundle/run_all.sh"
+chmod +x "$bundle/run_all.sh"
+
+size_kib=$(du -sk "$bundle" | cut -f1)
+echo "gpu_bundle: $(ls "$bundle/bin" | wc -l) binaries, $(ls "$bundle/lib" | wc -l) libraries, ${size_kib} KiB"
+if ((size_kib > 64 * 1024)); then
+  echo "gpu_bundle: larger than 64 MiB" >&2
+  exit 1
+fi
