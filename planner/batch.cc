@@ -1,5 +1,7 @@
 #include "planner/batch.h"
 
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 
 namespace kvcache {
@@ -45,6 +47,65 @@ absl::Status BlockTableView::Validate(int64_t min_rows) const {
     }
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+// The length rules of sequence b.
+absl::Status CheckLengths(const SequenceBatch& batch, int64_t b) {
+  const int32_t k = batch.seqlen_k[b];
+  const int32_t q = batch.seqlen_q[b];
+  if (k < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("seqlen_k[", b, "] = ", k, " is negative"));
+  }
+  if (q < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("seqlen_q[", b, "] = ", q, " is negative"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "seqlen_q[", b, "] = ", q, " exceeds seqlen_k[", b, "] = ", k));
+}
+
+}  // namespace
+
+absl::StatusOr<int32_t> ValidateSwaBatch(const SequenceBatch& batch,
+                                         int32_t num_states) {
+  const int64_t n = batch.num_seqs();
+  absl::Status s = CheckSize("seqlen_q", batch.seqlen_q.size(), n);
+  if (!s.ok()) return s;
+  s = CheckSize("state_ids", batch.state_ids.size(), n);
+  if (!s.ok()) return s;
+  const bool has_start = !batch.swa_valid_start.empty();
+  if (has_start) {
+    s = CheckSize("swa_valid_start", batch.swa_valid_start.size(), n);
+    if (!s.ok()) return s;
+  }
+  int64_t total_q = 0;
+  for (int64_t b = 0; b < n; ++b) {
+    const int32_t k = batch.seqlen_k[b];
+    const int32_t q = batch.seqlen_q[b];
+    // One unsigned compare covers q < 0 and q > k (k < 0 fails it too).
+    if (static_cast<uint32_t>(q) > static_cast<uint32_t>(k) || k < 0) {
+      return CheckLengths(batch, b);
+    }
+    total_q += q;
+    const int32_t id = batch.state_ids[b];
+    if (static_cast<uint32_t>(id) >= static_cast<uint32_t>(num_states)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "state_ids[", b, "] = ", id, " is outside [0, ", num_states, ")"));
+    }
+    if (has_start && batch.swa_valid_start[b] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("swa_valid_start[", b, "] = ", batch.swa_valid_start[b],
+                       " is negative"));
+    }
+  }
+  if (total_q > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sum of seqlen_q = ", total_q, " exceeds the int32 row limit"));
+  }
+  return static_cast<int32_t>(total_q);
 }
 
 absl::Status ValidateLengths(const SequenceBatch& batch) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
@@ -65,6 +66,11 @@ absl::Status ValidateValidStart(const SequenceBatch& batch);
 // Checks the SWA inputs: state_ids has num_seqs entries, each in
 // [0, num_states); swa_valid_start is empty or num_seqs entries >= 0.
 absl::Status ValidateSwaInputs(const SequenceBatch& batch, int32_t num_states);
+
+// ValidateLengths and ValidateSwaInputs in one pass over the batch; returns
+// the sum of seqlen_q, checked to fit int32.
+absl::StatusOr<int32_t> ValidateSwaBatch(const SequenceBatch& batch,
+                                         int32_t num_states);
 
 // Checks that `span` (named `name`) holds exactly `expected` elements.
 absl::Status CheckSize(absl::string_view name, size_t actual, int64_t expected);

@@ -10,9 +10,9 @@ namespace {
 
 // Writes one SWA decode row: `len` ring slots from position `start`, then
 // -1 up to the window.
-void WriteRingRow(int32_t base, int64_t start, int32_t len, int32_t ring,
+void WriteRingRow(int32_t base, int32_t start, int32_t len, int32_t ring,
                   int32_t window, int32_t* row) {
-  int32_t offset = static_cast<int32_t>(start % ring);
+  int32_t offset = start % ring;
   for (int32_t i = 0; i < len; ++i) {
     row[i] = base + offset;
     if (++offset == ring) offset = 0;
@@ -130,11 +130,7 @@ absl::StatusOr<int32_t> ValidateDecodeBatch(const SequenceBatch& batch,
                                             const SwaParams& params) {
   absl::Status s = ValidateSwaParams(params);
   if (!s.ok()) return s;
-  s = ValidateLengths(batch);
-  if (!s.ok()) return s;
-  s = ValidateSwaInputs(batch, params.num_states);
-  if (!s.ok()) return s;
-  absl::StatusOr<int32_t> total_q = TotalQueries(batch);
+  absl::StatusOr<int32_t> total_q = ValidateSwaBatch(batch, params.num_states);
   if (!total_q.ok()) return total_q.status();
   const int32_t w = params.window;
   for (int64_t b = 0; b < batch.num_seqs(); ++b) {

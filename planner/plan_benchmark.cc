@@ -7,6 +7,8 @@
 //                      context: compressed + SWA plans
 //   BM_PrefillAll      the same plus layout, SWA store slots and pivots
 //   BM_CompressedPlan  the compressed plan alone
+//   BM_PlanCopyBaseline  std::copy of a built plan of the same size (the
+//                      baseline the ratios in docs/BENCHMARKS.md use)
 // Counters: ns_per_segment (time / segments emitted), us_per_1k_seqs (time
 // per 1024 sequences), ns_per_index (time / top-k entries),
 // ns_per_query_row (time / prefill query rows). Google Benchmark prints
@@ -189,6 +191,31 @@ void BM_CompressedPlan(benchmark::State& state) {
   state.counters["ns_per_segment"] = TimePer(builder.num_segments() * 1e-9);
 }
 BENCHMARK(BM_CompressedPlan)->Arg(4096)->Arg(32768)->Arg(131072);
+
+// Baseline for the ratios in docs/BENCHMARKS.md: copying an already built
+// plan of the same size (16 bytes per segment) with std::copy.
+void BM_PlanCopyBaseline(benchmark::State& state) {
+  const int64_t n = 8;
+  const Batch batch(n, static_cast<int32_t>(state.range(0)), 1024);
+  const CompressedParams compressed{
+      .block_size = kBlockSize, .ratio = kRatio, .num_blocks = kNumBlocks};
+  BlockLoadPlanBuilder builder(1, 1);
+  std::vector<int32_t> cu(n + 1);
+  if (!BuildCompressedPlan(batch.view(), compressed, &builder,
+                           absl::MakeSpan(cu))
+           .ok()) {
+    state.SkipWithError("plan failed");
+    return;
+  }
+  const absl::Span<const int32_t> plan = builder.Finish();
+  std::vector<int32_t> copy(plan.size());
+  for (auto _ : state) {
+    std::copy(plan.begin(), plan.end(), copy.begin());
+    benchmark::ClobberMemory();
+  }
+  state.counters["ns_per_segment"] = TimePer(builder.num_segments() * 1e-9);
+}
+BENCHMARK(BM_PlanCopyBaseline)->Arg(4096)->Arg(32768)->Arg(131072);
 
 }  // namespace
 }  // namespace kvcache

@@ -132,10 +132,8 @@ absl::Status BuildSwaPlan(const SequenceBatch& batch, const SwaParams& params,
                           BlockLoadPlanBuilder* builder) {
   absl::Status s = ValidateSwaParams(params);
   if (!s.ok()) return s;
-  s = ValidateLengths(batch);
-  if (!s.ok()) return s;
-  s = ValidateSwaInputs(batch, params.num_states);
-  if (!s.ok()) return s;
+  absl::StatusOr<int32_t> total_q = ValidateSwaBatch(batch, params.num_states);
+  if (!total_q.ok()) return total_q.status();
   const int64_t n = batch.num_seqs();
   const int32_t w = params.window;
   if (n * w > kInt32Max) {
@@ -165,11 +163,7 @@ absl::Status BuildSwaStoreSlots(const SequenceBatch& batch,
                                 absl::Span<int32_t> slots) {
   absl::Status s = ValidateSwaParams(params);
   if (!s.ok()) return s;
-  s = ValidateLengths(batch);
-  if (!s.ok()) return s;
-  s = ValidateSwaInputs(batch, params.num_states);
-  if (!s.ok()) return s;
-  absl::StatusOr<int32_t> total_q = TotalQueries(batch);
+  absl::StatusOr<int32_t> total_q = ValidateSwaBatch(batch, params.num_states);
   if (!total_q.ok()) return total_q.status();
   s = CheckSize("slots", slots.size(), *total_q);
   if (!s.ok()) return s;
@@ -182,8 +176,8 @@ absl::Status BuildSwaStoreSlots(const SequenceBatch& batch,
     // Tokens j < q - ring are overwritten by later tokens of the chunk.
     const int32_t skipped = std::max(q - ring, 0);
     std::fill(out, out + skipped, -1);
-    int32_t offset = static_cast<int32_t>(
-        (static_cast<int64_t>(batch.seqlen_k[b]) - q + skipped) % ring);
+    // seqlen_k - q + skipped is in [0, seqlen_k]: 32-bit arithmetic.
+    int32_t offset = (batch.seqlen_k[b] - q + skipped) % ring;
     for (int32_t j = skipped; j < q; ++j) {
       out[j] = base + offset;
       if (++offset == ring) offset = 0;
