@@ -16,6 +16,10 @@ absl::Status CheckSize(absl::string_view name, size_t actual,
 }
 
 absl::Status BlockTableView::Validate(int64_t min_rows) const {
+  if (num_rows < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block_table num_rows = ", num_rows, " is negative"));
+  }
   if (num_rows < min_rows) {
     return absl::InvalidArgumentError(absl::StrCat("block_table has ", num_rows,
                                                    " rows, fewer than the ",

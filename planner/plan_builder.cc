@@ -54,6 +54,7 @@ void BlockLoadPlanBuilder::Reset(int32_t source_block_size,
 }
 
 void BlockLoadPlanBuilder::Reserve(int64_t num_segments) {
+  if (num_segments <= 0) return;
   segments_.reserve(static_cast<size_t>(num_segments) * kSegmentFields);
 }
 

@@ -273,6 +273,10 @@ TEST(ValidationTest, BlockTableShape) {
   EXPECT_TRUE(view.Validate(2).ok());
   EXPECT_THAT(view.Validate(3).message(),
               HasSubstr("block_table has 2 rows, fewer than the 3 sequences"));
+  view.num_rows = -1;
+  EXPECT_EQ(view.Validate(0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(view.Validate(0).message(),
+              HasSubstr("block_table num_rows = -1 is negative"));
 }
 
 }  // namespace
