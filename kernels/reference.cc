@@ -3,7 +3,10 @@
 // The format is dispatched once per call into a template instantiation
 // (Dispatch below); inside, a token is a loop over contiguous groups using
 // quant.h's primitives, the same the CUDA kernels use, so both produce the
-// same bits. Nothing allocates per token. Inputs and outputs are read and
+// same bits (lookup tables built from quant.h's decoders, and the
+// branch-free encoders of quant_fast.h, tested equal to quant.h's). A store
+// allocates one scratch token per call (widened to fp32 so that the group
+// loops vectorize), nothing per token. Inputs and outputs are read and
 // written through memcpy, so no pointer needs more than byte alignment.
 //
 // Load outputs (one row per destination token):
@@ -19,6 +22,7 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -26,6 +30,7 @@
 #include "kernels/format.h"
 #include "kernels/format_host.h"
 #include "kernels/quant.h"
+#include "kernels/quant_fast.h"
 #include "kernels/reference_internal.h"
 
 namespace kvcache {
@@ -41,6 +46,16 @@ using S = ScaleFormat;
 const std::array<float, 256> kE4M3Values = [] {
   std::array<float, 256> t{};
   for (int c = 0; c < 256; ++c) t[c] = DecodeE4M3(static_cast<uint8_t>(c));
+  return t;
+}();
+
+// fp32 values of the two e2m1 elements of each byte (low nibble first).
+const std::array<std::array<float, 2>, 256> kE2M1PairValues = [] {
+  std::array<std::array<float, 2>, 256> t{};
+  for (int b = 0; b < 256; ++b) {
+    t[b] = {DecodeE2M1(static_cast<uint8_t>(b & 0xF)),
+            DecodeE2M1(static_cast<uint8_t>(b >> 4))};
+  }
   return t;
 }();
 
@@ -81,15 +96,26 @@ inline float ScaleValue(const uint8_t* scales, int g) {
   }
 }
 
-// One token: elements values of type In at `x` -> data and scale bytes.
+// Per-call scratch of EncodeQuantized: one token as fp32, then its codes.
+struct Scratch {
+  explicit Scratch(int elements) : values(elements), codes(elements) {}
+  std::vector<float> values;
+  std::vector<uint8_t> codes;
+};
+
+// One token: elements values of type In at `x` -> data and scale bytes. The
+// token is first widened to fp32 in `scratch`, so that the group loops below
+// are plain loops over contiguous floats that the compiler vectorizes.
 template <Q D, S F, typename In>
 void EncodeQuantized(int elements, int group, const uint8_t* x, uint8_t* data,
-                     uint8_t* scales) {
+                     uint8_t* scales, Scratch& scratch) {
+  float* xs = scratch.values.data();
+  uint8_t* codes = scratch.codes.data();
+  for (int i = 0; i < elements; ++i) xs[i] = LoadIn<In>(x, i);
   const int groups = elements / group;
   for (int g = 0; g < groups; ++g) {
-    const uint8_t* xg = x + static_cast<int64_t>(g) * group * sizeof(In);
-    float amax = 0.0f;
-    for (int i = 0; i < group; ++i) amax = AmaxUpdate(amax, LoadIn<In>(xg, i));
+    const float* xg = xs + static_cast<int64_t>(g) * group;
+    const float amax = GroupAmaxFast(xg, group);
     const GroupScale gs = ScaleOf<D, F>(amax);
     if constexpr (F == S::kFP32) {
       memcpy(scales + 4 * g, &gs.stored, 4);
@@ -99,13 +125,12 @@ void EncodeQuantized(int elements, int group, const uint8_t* x, uint8_t* data,
     const float m = gs.multiplier;
     if constexpr (D == Q::kE4M3) {
       uint8_t* d = data + static_cast<int64_t>(g) * group;
-      for (int i = 0; i < group; ++i) d[i] = EncodeE4M3(LoadIn<In>(xg, i) * m);
+      for (int k = 0; k < group; ++k) d[k] = EncodeE4M3Fast(xg[k] * m);
     } else {
+      for (int k = 0; k < group; ++k) codes[k] = EncodeE2M1Fast(xg[k] * m);
       uint8_t* d = data + static_cast<int64_t>(g) * group / 2;
-      for (int i = 0; i < group / 2; ++i) {
-        const uint8_t lo = EncodeE2M1(LoadIn<In>(xg, 2 * i) * m);
-        const uint8_t hi = EncodeE2M1(LoadIn<In>(xg, 2 * i + 1) * m);
-        d[i] = static_cast<uint8_t>(lo | (hi << 4));
+      for (int j = 0; j < group / 2; ++j) {
+        d[j] = static_cast<uint8_t>(codes[2 * j] | (codes[2 * j + 1] << 4));
       }
     }
   }
@@ -146,8 +171,9 @@ void DecodeQuantized(int elements, int group, const uint8_t* data,
     } else {
       const uint8_t* d = data + base / 2;
       for (int i = 0; i < group / 2; ++i) {
-        put(base + 2 * i, DecodeE2M1(d[i] & 0xF) * sc);
-        put(base + 2 * i + 1, DecodeE2M1(d[i] >> 4) * sc);
+        const std::array<float, 2>& v = kE2M1PairValues[d[i]];
+        put(base + 2 * i, v[0] * sc);
+        put(base + 2 * i + 1, v[1] * sc);
       }
     }
   }
@@ -212,6 +238,7 @@ void StoreAll(const PoolLayout& layout, uint8_t* layer, const uint8_t* kv,
   const KVCacheFormat& f = layout.format;
   const int elements = f.elements();
   const int64_t row = static_cast<int64_t>(elements) * sizeof(In);
+  Scratch scratch(D == Q::kNone ? 0 : elements);
   for (size_t i = 0; i < slots.size(); ++i) {
     if (slots[i] < 0) continue;
     const uint8_t* x = kv + static_cast<int64_t>(i) * row;
@@ -220,7 +247,8 @@ void StoreAll(const PoolLayout& layout, uint8_t* layer, const uint8_t* kv,
       EncodeBf16<In>(elements, x, data);
     } else {
       uint8_t* scales = layer + layout.slot_scale_offset(slots[i]);
-      EncodeQuantized<D, F, In>(elements, f.elements_per_sf, x, data, scales);
+      EncodeQuantized<D, F, In>(elements, f.elements_per_sf, x, data, scales,
+                                scratch);
     }
   }
 }
@@ -357,8 +385,9 @@ void EncodeToken(const KVCacheFormat& format, const float* x, uint8_t* data,
     if constexpr (D == Q::kNone) {
       EncodeBf16<float>(format.elements(), in, data);
     } else {
+      Scratch scratch(format.elements());
       EncodeQuantized<D, F, float>(format.elements(), format.elements_per_sf,
-                                   in, data, scales);
+                                   in, data, scales, scratch);
     }
   });
 }
