@@ -1,0 +1,252 @@
+#include "client/kvcache_client.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/default_address.h"
+
+namespace kvcache {
+namespace {
+
+using Stub = v1::KVCache::Stub;
+
+template <typename Req, typename Resp>
+using Method = grpc::Status (Stub::*)(grpc::ClientContext*, const Req&, Resp*);
+
+}  // namespace
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      status.error_message());
+}
+
+// One unary call with the client's deadline.
+template <typename Req, typename Resp>
+static absl::StatusOr<Resp> Call(Stub* stub, Method<Req, Resp> method,
+                                 const Req& request, absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   absl::ToChronoMilliseconds(timeout));
+  Resp response;
+  grpc::Status status = (stub->*method)(&ctx, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+KVCacheClient::KVCacheClient(const ClientOptions& options, std::string target,
+                             std::shared_ptr<grpc::Channel> channel)
+    : options_(options),
+      target_(std::move(target)),
+      channel_(std::move(channel)),
+      stub_(v1::KVCache::NewStub(channel_)) {}
+
+absl::StatusOr<std::unique_ptr<KVCacheClient>> KVCacheClient::Connect(
+    const ClientOptions& options) {
+  const std::string target = ResolveTarget(options.address);
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(
+      std::min<int64_t>(options.max_message_bytes, INT32_MAX)));
+  args.SetMaxSendMessageSize(static_cast<int>(
+      std::min<int64_t>(options.max_message_bytes, INT32_MAX)));
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
+      target, grpc::InsecureChannelCredentials(), args);
+  if (!channel->WaitForConnected(
+          std::chrono::system_clock::now() +
+          absl::ToChronoMilliseconds(options.connect_timeout))) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot connect to kvcached at \"", target, "\" within ",
+                     absl::FormatDuration(options.connect_timeout)));
+  }
+  std::unique_ptr<KVCacheClient> client(
+      new KVCacheClient(options, target, std::move(channel)));
+  if (options.open_session) {
+    v1::OpenSessionRequest r;
+    r.set_client_name(options.client_name);
+    r.set_lease_ms(absl::ToInt64Milliseconds(options.lease));
+    absl::StatusOr<v1::OpenSessionResponse> s =
+        Call(client->stub_.get(), &Stub::OpenSession, r, options.timeout);
+    if (!s.ok()) return s.status();
+    client->session_id_ = s->session_id();
+    if (options.keep_alive) {
+      const absl::Duration period = absl::Milliseconds(s->lease_ms()) / 3;
+      KVCacheClient* c = client.get();
+      client->keep_alive_ =
+          std::thread([c, period] { c->KeepAliveLoop(period); });
+    }
+  }
+  return client;
+}
+
+void KVCacheClient::KeepAliveLoop(absl::Duration period) {
+  absl::MutexLock lock(&mu_);
+  while (!stopping_) {
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_), period);
+    if (stopping_) break;
+    mu_.Unlock();
+    (void)KeepAlive();  // a failure shows up on the next real call
+    mu_.Lock();
+  }
+}
+
+KVCacheClient::~KVCacheClient() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (keep_alive_.joinable()) keep_alive_.join();
+  if (!session_id_.empty()) {
+    v1::CloseSessionRequest r;
+    r.set_session_id(session_id_);
+    (void)Call(stub_.get(), &Stub::CloseSession, r, absl::Seconds(2));
+  }
+}
+
+absl::StatusOr<v1::PoolInfo> KVCacheClient::CreatePool(
+    const v1::CreatePoolRequest& r) {
+  return Call(stub_.get(), &Stub::CreatePool, r, options_.timeout);
+}
+
+absl::StatusOr<v1::PoolInfo> KVCacheClient::CreateOrGetPool(
+    const v1::CreatePoolRequest& r) {
+  absl::StatusOr<v1::PoolInfo> created = CreatePool(r);
+  if (created.ok() ||
+      created.status().code() != absl::StatusCode::kAlreadyExists) {
+    return created;
+  }
+  absl::StatusOr<v1::PoolInfo> existing = GetPool(r.name());
+  if (!existing.ok()) return existing.status();
+  const v1::PoolLayout& l = existing->layout();
+  const bool same_format =
+      l.format() == r.format() ||
+      l.format() == absl::StrCat("BF16(", r.elements(), ")");
+  if (!same_format || l.block_size() != r.block_size() ||
+      l.num_blocks() != r.num_blocks() || l.num_layers() != r.num_layers()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "pool \"", r.name(), "\" exists with another layout (", l.format(),
+        ", block_size ", l.block_size(), ", num_blocks ", l.num_blocks(),
+        ", num_layers ", l.num_layers(), ")"));
+  }
+  return existing;
+}
+
+absl::StatusOr<v1::PoolInfo> KVCacheClient::GetPool(const std::string& name) {
+  v1::GetPoolRequest r;
+  r.set_name(name);
+  return Call(stub_.get(), &Stub::GetPool, r, options_.timeout);
+}
+
+absl::StatusOr<v1::ListPoolsResponse> KVCacheClient::ListPools() {
+  return Call(stub_.get(), &Stub::ListPools, v1::ListPoolsRequest(),
+              options_.timeout);
+}
+
+absl::Status KVCacheClient::DeletePool(const std::string& name) {
+  v1::DeletePoolRequest r;
+  r.set_name(name);
+  return Call(stub_.get(), &Stub::DeletePool, r, options_.timeout).status();
+}
+
+absl::StatusOr<const PoolMapping*> KVCacheClient::MapPool(
+    const std::string& name) {
+  absl::StatusOr<v1::PoolInfo> info = GetPool(name);
+  if (!info.ok()) return info.status();
+  const std::string key = info->handle().shm_name();
+  absl::MutexLock lock(&mu_);
+  auto it = pools_.find(key);
+  if (it != pools_.end()) return it->second.get();
+  absl::StatusOr<PoolMapping> mapping = PoolMapping::Open(*info);
+  if (!mapping.ok()) return mapping.status();
+  auto owned = std::make_unique<PoolMapping>(*std::move(mapping));
+  const PoolMapping* p = owned.get();
+  pools_.emplace(key, std::move(owned));
+  return p;
+}
+
+absl::StatusOr<BufferMapping> KVCacheClient::AllocateBuffer(int64_t size) {
+  v1::AllocateBufferRequest r;
+  r.set_session_id(session_id_);
+  r.set_size(size);
+  absl::StatusOr<v1::BufferInfo> info =
+      Call(stub_.get(), &Stub::AllocateBuffer, r, options_.timeout);
+  if (!info.ok()) return info.status();
+  return BufferMapping::Open(*info);
+}
+
+absl::StatusOr<v1::BufferInfo> KVCacheClient::ImportBuffer(
+    const ShmRegion& region) {
+  v1::ImportBufferRequest r;
+  r.set_session_id(session_id_);
+  v1::SharedHandle* h = r.mutable_handle();
+  h->set_shm_name(region.name());
+  h->set_size(region.size());
+  h->set_device_ordinal(-1);
+  return Call(stub_.get(), &Stub::ImportBuffer, r, options_.timeout);
+}
+
+absl::StatusOr<v1::BufferInfo> KVCacheClient::ImportBuffer(
+    v1::ImportBufferRequest r) {
+  if (r.session_id().empty()) r.set_session_id(session_id_);
+  return Call(stub_.get(), &Stub::ImportBuffer, r, options_.timeout);
+}
+
+absl::Status KVCacheClient::ReleaseBuffer(uint64_t buffer_id) {
+  v1::ReleaseBufferRequest r;
+  r.set_session_id(session_id_);
+  r.set_buffer_id(buffer_id);
+  return Call(stub_.get(), &Stub::ReleaseBuffer, r, options_.timeout).status();
+}
+
+absl::StatusOr<v1::StoreResponse> KVCacheClient::Store(v1::StoreRequest r) {
+  if (r.session_id().empty()) r.set_session_id(session_id_);
+  return Call(stub_.get(), &Stub::Store, r, options_.timeout);
+}
+
+absl::StatusOr<v1::LoadResponse> KVCacheClient::Load(v1::LoadRequest r) {
+  if (r.session_id().empty()) r.set_session_id(session_id_);
+  return Call(stub_.get(), &Stub::Load, r, options_.timeout);
+}
+
+absl::StatusOr<v1::BuildPlanResponse> KVCacheClient::BuildPlan(
+    const v1::BuildPlanRequest& r) {
+  return Call(stub_.get(), &Stub::BuildPlan, r, options_.timeout);
+}
+
+absl::StatusOr<v1::PrefillLoadResponse> KVCacheClient::PrefillLoad(
+    v1::PrefillLoadRequest r) {
+  if (r.session_id().empty()) r.set_session_id(session_id_);
+  return Call(stub_.get(), &Stub::PrefillLoad, r, options_.timeout);
+}
+
+absl::StatusOr<v1::ConvertTopkResponse> KVCacheClient::ConvertTopk(
+    const v1::ConvertTopkRequest& r) {
+  return Call(stub_.get(), &Stub::ConvertTopk, r, options_.timeout);
+}
+
+absl::StatusOr<v1::SwaDecodeIndexResponse> KVCacheClient::SwaDecodeIndex(
+    const v1::SwaDecodeIndexRequest& r) {
+  return Call(stub_.get(), &Stub::SwaDecodeIndex, r, options_.timeout);
+}
+
+absl::StatusOr<v1::PrefillIndexResponse> KVCacheClient::PrefillIndex(
+    const v1::PrefillIndexRequest& r) {
+  return Call(stub_.get(), &Stub::PrefillIndex, r, options_.timeout);
+}
+
+absl::StatusOr<v1::StatsResponse> KVCacheClient::Stats() {
+  return Call(stub_.get(), &Stub::Stats, v1::StatsRequest(), options_.timeout);
+}
+
+absl::Status KVCacheClient::Ping() {
+  return Call(stub_.get(), &Stub::Ping, v1::PingRequest(), options_.timeout)
+      .status();
+}
+
+absl::Status KVCacheClient::KeepAlive() {
+  v1::KeepAliveRequest r;
+  r.set_session_id(session_id_);
+  return Call(stub_.get(), &Stub::KeepAlive, r, options_.timeout).status();
+}
+
+}  // namespace kvcache

@@ -1,0 +1,120 @@
+// The C++ client of kvcached. Connects (default: the daemon's default Unix
+// socket), opens a session kept alive by a background thread, wraps every
+// RPC as absl::StatusOr, and maps pools and buffers into the caller (opened
+// once and cached per pool).
+//
+//   absl::StatusOr<std::unique_ptr<KVCacheClient>> c =
+//   KVCacheClient::Connect({}); absl::StatusOr<const PoolMapping*> pool =
+//   (*c)->MapPool("main"); absl::StatusOr<BufferMapping> buf =
+//   (*c)->AllocateBuffer(1 << 20);
+//   ... write K/V into buf->data(), then (*c)->Store(request) ...
+#ifndef KVCACHED_CLIENT_KVCACHE_CLIENT_H_
+#define KVCACHED_CLIENT_KVCACHE_CLIENT_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/mappings.h"
+#include "kvcache/v1/kvcache.grpc.pb.h"
+
+namespace kvcache {
+
+struct ClientOptions {
+  // "" = the default Unix socket; "/path", "unix:/path" or "host:port".
+  std::string address;
+  std::string client_name = "kvcache_client";
+  // Open a session (needed for buffers); 0 lease = the daemon's default.
+  bool open_session = true;
+  absl::Duration lease = absl::ZeroDuration();
+  // Renew the lease from a background thread every lease / 3.
+  bool keep_alive = true;
+  // Per-call deadline.
+  absl::Duration timeout = absl::Seconds(30);
+  // How long Connect waits for the daemon.
+  absl::Duration connect_timeout = absl::Seconds(10);
+  int64_t max_message_bytes = int64_t{64} << 20;
+};
+
+class KVCacheClient {
+ public:
+  static absl::StatusOr<std::unique_ptr<KVCacheClient>> Connect(
+      const ClientOptions& options);
+
+  KVCacheClient(const KVCacheClient&) = delete;
+  KVCacheClient& operator=(const KVCacheClient&) = delete;
+  // Stops the keep-alive thread and closes the session (best effort).
+  ~KVCacheClient();
+
+  const std::string& target() const { return target_; }
+  const std::string& session_id() const { return session_id_; }
+  v1::KVCache::Stub* stub() const { return stub_.get(); }
+
+  // Pools.
+  absl::StatusOr<v1::PoolInfo> CreatePool(const v1::CreatePoolRequest& r);
+  // Creates the pool, or returns the existing one when its layout matches
+  // (FAILED_PRECONDITION when it does not).
+  absl::StatusOr<v1::PoolInfo> CreateOrGetPool(const v1::CreatePoolRequest& r);
+  absl::StatusOr<v1::PoolInfo> GetPool(const std::string& name);
+  absl::StatusOr<v1::ListPoolsResponse> ListPools();
+  absl::Status DeletePool(const std::string& name);
+  // Maps a pool (GetPool + shm mmap), once: later calls return the cached
+  // mapping, valid until the client is destroyed.
+  absl::StatusOr<const PoolMapping*> MapPool(const std::string& name);
+
+  // Buffers of this session, mapped.
+  absl::StatusOr<BufferMapping> AllocateBuffer(int64_t size);
+  // Registers a client-owned shm region with the daemon.
+  absl::StatusOr<v1::BufferInfo> ImportBuffer(const ShmRegion& region);
+  // Any import (e.g. a CUDA IPC handle); session_id filled in when empty.
+  absl::StatusOr<v1::BufferInfo> ImportBuffer(v1::ImportBufferRequest r);
+  absl::Status ReleaseBuffer(uint64_t buffer_id);
+
+  // Cache operations; session_id is filled in when empty.
+  absl::StatusOr<v1::StoreResponse> Store(v1::StoreRequest r);
+  absl::StatusOr<v1::LoadResponse> Load(v1::LoadRequest r);
+  absl::StatusOr<v1::BuildPlanResponse> BuildPlan(
+      const v1::BuildPlanRequest& r);
+  absl::StatusOr<v1::PrefillLoadResponse> PrefillLoad(v1::PrefillLoadRequest r);
+  absl::StatusOr<v1::ConvertTopkResponse> ConvertTopk(
+      const v1::ConvertTopkRequest& r);
+  absl::StatusOr<v1::SwaDecodeIndexResponse> SwaDecodeIndex(
+      const v1::SwaDecodeIndexRequest& r);
+  absl::StatusOr<v1::PrefillIndexResponse> PrefillIndex(
+      const v1::PrefillIndexRequest& r);
+  absl::StatusOr<v1::StatsResponse> Stats();
+  absl::Status Ping();
+  absl::Status KeepAlive();
+
+ private:
+  KVCacheClient(const ClientOptions& options, std::string target,
+                std::shared_ptr<grpc::Channel> channel);
+  void KeepAliveLoop(absl::Duration period);
+
+  const ClientOptions options_;
+  const std::string target_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::KVCache::Stub> stub_;
+  std::string session_id_;
+
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<PoolMapping>> pools_
+      ABSL_GUARDED_BY(mu_);  // key: shm name
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread keep_alive_;
+};
+
+// grpc -> absl status (the codes share their numbering).
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+}  // namespace kvcache
+
+#endif  // KVCACHED_CLIENT_KVCACHE_CLIENT_H_

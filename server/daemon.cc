@@ -1,0 +1,193 @@
+#include "server/daemon.h"
+
+#include <google/protobuf/text_format.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "client/default_address.h"
+#include "spdlog/spdlog.h"
+
+namespace kvcache {
+namespace {
+
+// OK when nothing listens on `path` (a stale file is removed);
+// FAILED_PRECONDITION when a live daemon answers there.
+absl::Status ClaimSocketPath(const std::string& path) {
+  struct sockaddr_un addr;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--listen: socket path \"", path, "\" is longer than ",
+                     sizeof(addr.sun_path) - 1, " bytes"));
+  }
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0) return absl::OkStatus();
+  if (!S_ISSOCK(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--listen: \"", path, "\" exists and is not a socket"));
+  }
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  if (fd < 0) return absl::InternalError("socket(AF_UNIX) failed");
+  std::memset(&addr, 0, sizeof(addr));
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  const int rc =
+      connect(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr));
+  close(fd);
+  if (rc == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--listen: another daemon is serving on \"", path, "\""));
+  }
+  spdlog::warn("removing stale socket {}", path);
+  unlink(path.c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Daemon::Daemon(const DaemonOptions& options) : options_(options) {}
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
+    const DaemonOptions& options) {
+  std::unique_ptr<Daemon> daemon(new Daemon(options));
+  if (absl::Status s = daemon->Init(); !s.ok()) return s;
+  return daemon;
+}
+
+absl::Status Daemon::ApplyConfig() {
+  if (options_.config_path.empty()) return absl::OkStatus();
+  std::ifstream in(options_.config_path);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("--config: cannot read \"", options_.config_path, "\""));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  v1::DaemonConfig config;
+  if (!google::protobuf::TextFormat::ParseFromString(text.str(), &config)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--config: \"", options_.config_path,
+                     "\" is not a valid textproto DaemonConfig"));
+  }
+  for (int i = 0; i < config.pools_size(); ++i) {
+    absl::StatusOr<std::shared_ptr<Pool>> pool =
+        pools_->Create(config.pools(i));
+    if (!pool.ok()) {
+      return absl::Status(
+          pool.status().code(),
+          absl::StrCat("--config pools[", i, "]: ", pool.status().message()));
+    }
+    spdlog::info("rpc=config pool={} status=OK bytes={}", (*pool)->name,
+                 (*pool)->layout.total_bytes);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::Init() {
+  BackendOptions backend_options;
+  backend_options.shm_mode = options_.shm_mode;
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      MakeBackend(options_.backend, backend_options);
+  if (!backend.ok()) return backend.status();
+  backend_ = *std::move(backend);
+  pools_ =
+      std::make_unique<PoolRegistry>(backend_.get(), options_.max_pool_bytes);
+  sessions_ = std::make_unique<SessionManager>(options_.sessions);
+  service_ = std::make_unique<KVCacheService>(
+      backend_.get(), pools_.get(), sessions_.get(), options_.service);
+  if (absl::Status s = ApplyConfig(); !s.ok()) return s;
+
+  target_ = ResolveTarget(options_.listen);
+  socket_path_ = UnixSocketPathOf(target_);
+  if (!socket_path_.empty()) {
+    if (absl::Status s = ClaimSocketPath(socket_path_); !s.ok()) return s;
+  }
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(target_, grpc::InsecureServerCredentials(),
+                           socket_path_.empty() ? &port : nullptr);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(
+      std::min<int64_t>(options_.max_message_bytes, INT32_MAX)));
+  builder.SetMaxSendMessageSize(static_cast<int>(
+      std::min<int64_t>(options_.max_message_bytes, INT32_MAX)));
+  builder.RegisterService(service_.get());
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on \"", target_, "\""));
+  }
+  if (!socket_path_.empty()) {
+    if (chmod(socket_path_.c_str(), 0660) != 0) {
+      spdlog::warn("chmod 0660 {}: {}", socket_path_, std::strerror(errno));
+    }
+  } else {
+    const size_t colon = target_.rfind(':');
+    if (colon != std::string::npos) {
+      target_ = absl::StrCat(target_.substr(0, colon), ":", port);
+    }
+  }
+  server_->GetHealthCheckService()->SetServingStatus(true);
+  reaper_ = std::thread([this] { ReapLoop(); });
+  spdlog::info("kvcached serving on {} backend={}", target_,
+               std::string(backend_->name()));
+  return absl::OkStatus();
+}
+
+void Daemon::ReapLoop() {
+  absl::MutexLock lock(&mu_);
+  while (!stopping_) {
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.reap_interval);
+    if (stopping_) break;
+    mu_.Unlock();
+    const int64_t n = sessions_->Reap(absl::Now());
+    if (n > 0) spdlog::info("rpc=reap status=OK sessions_released={}", n);
+    mu_.Lock();
+  }
+}
+
+void Daemon::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      mu_.Await(absl::Condition(&stopped_));
+      return;
+    }
+    stopping_ = true;
+  }
+  spdlog::info("kvcached draining");
+  if (service_ != nullptr) service_->StartDraining();
+  if (server_ != nullptr) {
+    server_->GetHealthCheckService()->SetServingStatus(false);
+    const absl::Time deadline = absl::Now() + options_.drain_timeout;
+    while (service_->in_flight() > 0 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    absl::SleepFor(std::min(options_.drain_grace, deadline - absl::Now()));
+    server_->Shutdown(absl::ToChronoTime(deadline));
+    server_->Wait();
+  }
+  if (reaper_.joinable()) reaper_.join();
+  if (sessions_ != nullptr) sessions_->Clear();
+  if (pools_ != nullptr) pools_->Clear();
+  if (!socket_path_.empty() && server_ != nullptr) unlink(socket_path_.c_str());
+  spdlog::info("kvcached stopped");
+  absl::MutexLock lock(&mu_);
+  stopped_ = true;
+}
+
+Daemon::~Daemon() { Shutdown(); }
+
+}  // namespace kvcache

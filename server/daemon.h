@@ -1,0 +1,87 @@
+// The daemon as a library: the gRPC server with the KVCache service, health
+// (grpc.health.v1), reflection, the session reaper and graceful drain. The
+// kvcached binary is a thin main around it; tests start it in-process too.
+#ifndef KVCACHED_SERVER_DAEMON_H_
+#define KVCACHED_SERVER_DAEMON_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/backend.h"
+#include "server/pools.h"
+#include "server/service.h"
+#include "server/sessions.h"
+
+namespace kvcache {
+
+struct DaemonOptions {
+  // "" = the default Unix socket (client/default_address.h); "/path" or
+  // "unix:/path" = that socket (mode 0660); "host:port" = TCP (port 0 picks
+  // a free one).
+  std::string listen;
+  std::string backend = "auto";  // auto | cpu | cuda
+  std::string config_path;       // textproto DaemonConfig, or ""
+  mode_t shm_mode = 0600;        // 0660 with --shm_group_access
+  int64_t max_message_bytes = int64_t{64} << 20;
+  int64_t max_pool_bytes = int64_t{1} << 40;
+  absl::Duration reap_interval = absl::Milliseconds(500);
+  absl::Duration drain_timeout = absl::Seconds(30);
+  // After the in-flight calls finish, how long new calls keep getting
+  // UNAVAILABLE from the service (so clients learn of the drain) before the
+  // listener closes.
+  absl::Duration drain_grace = absl::Milliseconds(200);
+  SessionLimits sessions;
+  ServiceOptions service;
+};
+
+class Daemon {
+ public:
+  // Builds the backend, creates the configured pools and starts serving.
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(
+      const DaemonOptions& options);
+
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+  ~Daemon();  // Shutdown()
+
+  // What clients dial: "unix:/path" or "host:port" (with the bound port).
+  const std::string& target() const { return target_; }
+
+  // Graceful drain, idempotent: health NOT_SERVING and new calls get
+  // UNAVAILABLE; in-flight calls finish (cancelled after drain_timeout);
+  // after drain_grace the listener closes, then sessions and pools are
+  // released (shm unlinked) and the socket file removed.
+  void Shutdown();
+
+ private:
+  explicit Daemon(const DaemonOptions& options);
+  absl::Status Init();
+  absl::Status ApplyConfig();
+  void ReapLoop();
+
+  const DaemonOptions options_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<PoolRegistry> pools_;
+  std::unique_ptr<SessionManager> sessions_;
+  std::unique_ptr<KVCacheService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string target_;
+  std::string socket_path_;  // "" for TCP
+
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread reaper_;
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHED_SERVER_DAEMON_H_

@@ -1,0 +1,93 @@
+// kvcached: parses flags, sets up logging, starts the daemon library and
+// drains it on SIGTERM or SIGINT (exit 0).
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/time/time.h"
+#include "server/daemon.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, listen, "",
+          "Listen address: empty = Unix socket $XDG_RUNTIME_DIR/kvcached.sock "
+          "or /tmp/kvcached-$UID.sock; /path or unix:/path = that socket; "
+          "host:port = TCP (opt-in, no authentication).");
+ABSL_FLAG(std::string, backend, "auto",
+          "auto (CUDA when a GPU is visible, else CPU), cpu or cuda.");
+ABSL_FLAG(std::string, config, "",
+          "Optional textproto kvcache.v1.DaemonConfig (pools to create).");
+ABSL_FLAG(std::string, log_level, "info",
+          "trace, debug (one line per data RPC), info, warn, error.");
+ABSL_FLAG(bool, shm_group_access, false,
+          "Create shared-memory pools and buffers with mode 0660, not 0600.");
+ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20,
+          "Largest gRPC message received or sent.");
+ABSL_FLAG(int64_t, max_pool_bytes, int64_t{1} << 40, "Largest pool.");
+ABSL_FLAG(int64_t, max_buffer_bytes, int64_t{16} << 30,
+          "Largest AllocateBuffer.");
+ABSL_FLAG(int64_t, lease_ms, 10000, "Default session lease.");
+ABSL_FLAG(int64_t, max_lease_ms, 600000, "Longest session lease granted.");
+ABSL_FLAG(int64_t, reap_interval_ms, 500,
+          "How often expired sessions are released.");
+ABSL_FLAG(int64_t, drain_grace_ms, 200,
+          "On SIGTERM, how long new calls keep getting UNAVAILABLE after the "
+          "in-flight ones finished, before the socket closes.");
+ABSL_FLAG(int64_t, drain_timeout_s, 30,
+          "On SIGTERM, how long in-flight calls may run before cancellation.");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "kvcached: the KV-cache daemon. See docs/DAEMON.md.");
+  absl::ParseCommandLine(argc, argv);
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%f %l kvcached %v");
+  spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
+
+  // Block the drain signals in every thread; this one waits for them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // A client vanishing mid-write must not kill the daemon.
+  signal(SIGPIPE, SIG_IGN);
+
+  kvcache::DaemonOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.backend = absl::GetFlag(FLAGS_backend);
+  options.config_path = absl::GetFlag(FLAGS_config);
+  options.shm_mode = absl::GetFlag(FLAGS_shm_group_access) ? 0660 : 0600;
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.max_pool_bytes = absl::GetFlag(FLAGS_max_pool_bytes);
+  options.service.max_buffer_bytes = absl::GetFlag(FLAGS_max_buffer_bytes);
+  options.service.max_inline_bytes = options.max_message_bytes;
+  options.sessions.default_lease =
+      absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));
+  options.sessions.max_lease =
+      absl::Milliseconds(absl::GetFlag(FLAGS_max_lease_ms));
+  options.sessions.max_buffer_bytes = options.service.max_buffer_bytes;
+  options.reap_interval =
+      absl::Milliseconds(absl::GetFlag(FLAGS_reap_interval_ms));
+  options.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
+  options.drain_grace = absl::Milliseconds(absl::GetFlag(FLAGS_drain_grace_ms));
+  if (options.sessions.default_lease <= absl::ZeroDuration() ||
+      options.reap_interval <= absl::ZeroDuration()) {
+    spdlog::error("--lease_ms and --reap_interval_ms must be > 0");
+    return 2;
+  }
+
+  absl::StatusOr<std::unique_ptr<kvcache::Daemon>> daemon =
+      kvcache::Daemon::Start(options);
+  if (!daemon.ok()) {
+    spdlog::error("cannot start: {}", daemon.status().ToString());
+    return 1;
+  }
+  int sig = 0;
+  sigwait(&signals, &sig);
+  spdlog::info("signal {} received", sig);
+  (*daemon)->Shutdown();
+  return 0;
+}

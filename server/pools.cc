@@ -1,0 +1,185 @@
+#include "server/pools.h"
+
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/format_host.h"
+#include "kernels/reference.h"
+
+namespace kvcache {
+namespace {
+constexpr size_t kMaxPoolNameChars = 64;
+}  // namespace
+
+absl::Status ValidatePoolName(absl::string_view field, absl::string_view name) {
+  if (name.empty() || name.size() > kMaxPoolNameChars) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " = \"", name, "\" must have 1..",
+                     kMaxPoolNameChars, " characters"));
+  }
+  for (size_t i = 0; i < name.size(); ++i) {
+    const char c = name[i];
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' &&
+        c != '.' && c != '-') {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " = \"", name, "\": character ", i,
+                       " is not in [A-Za-z0-9_.-]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void LayoutToProto(const PoolLayout& l, v1::PoolLayout* out) {
+  const KVCacheFormat& f = l.format;
+  absl::StatusOr<std::string> name = FormatName(f);
+  out->set_format(name.ok() ? *name : "custom");
+  out->set_quantized_dtype(std::string(QuantDtypeName(f.quantized_dtype)));
+  out->set_elements(f.elements());
+  out->set_elements_per_sf(f.elements_per_sf);
+  out->set_sf_format(std::string(ScaleFormatName(f.sf_format)));
+  out->set_do_cast(f.do_cast);
+  out->set_token_interleaved(f.token_interleaved);
+  out->set_data_bytes(f.data_bytes());
+  out->set_sf_bytes(f.sf_bytes());
+  out->set_bytes_per_token(f.bytes_per_token());
+  out->set_block_size(l.block_size);
+  out->set_num_blocks(l.num_blocks);
+  out->set_num_layers(l.num_layers);
+  out->set_block_stride(l.block_stride);
+  out->set_layer_bytes(l.layer_bytes);
+  out->set_layer_stride(l.layer_stride);
+  out->set_total_bytes(l.total_bytes);
+  out->set_load_data_row_bytes(LoadDataRowBytes(f));
+  out->set_load_scale_row_bytes(f.do_cast ? 0 : LoadScaleRowBytes(f));
+}
+
+void Pool::ToProto(v1::PoolInfo* info) const {
+  info->set_name(name);
+  info->set_device(device);
+  LayoutToProto(layout, info->mutable_layout());
+  // memory is set once at creation and never reassigned: reading the
+  // pointer (not the bytes) needs no lock.
+  memory.get()->FillHandle(info->mutable_handle());
+}
+
+absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(
+    const v1::CreatePoolRequest& r) {
+  if (absl::Status s = ValidatePoolName("name", r.name()); !s.ok()) return s;
+  absl::StatusOr<std::string> device = backend_->ResolveDevice(r.device());
+  if (!device.ok()) return device.status();
+  // "BF16" + elements, or any full name ("V41", "BF16(512)").
+  std::string format_name = r.format();
+  if (absl::EqualsIgnoreCase(format_name, "BF16")) {
+    format_name = absl::StrCat("BF16(", r.elements(), ")");
+  } else if (r.elements() != 0 &&
+             !absl::StartsWithIgnoreCase(format_name, "BF16")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "elements = ", r.elements(), " is only allowed with format BF16"));
+  }
+  absl::StatusOr<KVCacheFormat> format = FormatFromName(format_name);
+  if (!format.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "format = \"", r.format(), "\": ", format.status().message()));
+  }
+  if (r.block_size() <= 0 || r.block_size() > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block_size = ", r.block_size(), " is outside [1, 2^31)"));
+  }
+  if (r.num_blocks() <= 0 || r.num_blocks() > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_blocks = ", r.num_blocks(), " is outside [1, 2^31)"));
+  }
+  if (r.num_layers() <= 0 || r.num_layers() > 65536) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_layers = ", r.num_layers(), " is outside [1, 65536]"));
+  }
+  absl::StatusOr<PoolLayout> layout =
+      MakePoolLayout(*format, r.block_size(), r.num_blocks(), r.num_layers());
+  if (!layout.ok()) {
+    return absl::InvalidArgumentError(layout.status().message());
+  }
+  if (layout->num_slots() > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block_size * num_blocks = ", layout->num_slots(),
+                     " slots do not fit the int32 slot mapping"));
+  }
+  if (layout->total_bytes > max_pool_bytes_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("pool \"", r.name(), "\" needs ", layout->total_bytes,
+                     " bytes, more than --max_pool_bytes = ", max_pool_bytes_));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (pools_.contains(r.name())) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("pool \"", r.name(), "\" already exists"));
+    }
+  }
+  absl::StatusOr<std::unique_ptr<Memory>> memory =
+      backend_->Allocate(layout->total_bytes, *device);
+  if (!memory.ok()) return memory.status();
+  auto pool = std::make_shared<Pool>();
+  pool->name = r.name();
+  pool->device = *device;
+  pool->layout = *layout;
+  {
+    absl::MutexLock pool_lock(&pool->mu);
+    pool->memory = *std::move(memory);
+  }
+  absl::MutexLock lock(&mu_);
+  auto [it, inserted] = pools_.emplace(r.name(), pool);
+  if (!inserted) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("pool \"", r.name(), "\" already exists"));
+  }
+  return pool;
+}
+
+absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Get(
+    absl::string_view field, absl::string_view name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = pools_.find(name);
+  if (it == pools_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat(field, " = \"", name, "\": no such pool"));
+  }
+  return it->second;
+}
+
+std::vector<std::shared_ptr<Pool>> PoolRegistry::List() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<Pool>> out;
+  out.reserve(pools_.size());
+  for (const auto& [name, pool] : pools_) out.push_back(pool);
+  return out;
+}
+
+absl::Status PoolRegistry::Delete(absl::string_view name) {
+  std::shared_ptr<Pool> dropped;  // freed outside the lock
+  absl::MutexLock lock(&mu_);
+  auto it = pools_.find(name);
+  if (it == pools_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("name = \"", name, "\": no such pool"));
+  }
+  dropped = std::move(it->second);
+  pools_.erase(it);
+  return absl::OkStatus();
+}
+
+void PoolRegistry::Clear() {
+  absl::btree_map<std::string, std::shared_ptr<Pool>> dropped;
+  absl::MutexLock lock(&mu_);
+  dropped.swap(pools_);
+}
+
+int64_t PoolRegistry::total_bytes() const {
+  absl::MutexLock lock(&mu_);
+  int64_t total = 0;
+  for (const auto& [name, pool] : pools_) total += pool->layout.total_bytes;
+  return total;
+}
+
+}  // namespace kvcache

@@ -1,0 +1,68 @@
+// The daemon's pools: name -> layout + backend memory. The registry lock
+// guards the map only; each pool has its own lock for its contents (stores
+// take it exclusively, loads shared), so requests on different pools never
+// wait on each other. A deleted pool stays alive until the requests that
+// hold it finish.
+#ifndef KVCACHED_SERVER_POOLS_H_
+#define KVCACHED_SERVER_POOLS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/btree_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/format.h"
+#include "kvcache/v1/kvcache.pb.h"
+#include "server/backend.h"
+
+namespace kvcache {
+
+struct Pool {
+  std::string name;
+  std::string device;
+  PoolLayout layout;
+  absl::Mutex mu;  // guards the pool's bytes (not the fields above)
+  std::unique_ptr<Memory> memory ABSL_PT_GUARDED_BY(mu);
+
+  // Layout, device and handle as the wire reply.
+  void ToProto(v1::PoolInfo* info) const;
+};
+
+// Fills the wire layout (format name and every size/stride).
+void LayoutToProto(const PoolLayout& layout, v1::PoolLayout* out);
+
+class PoolRegistry {
+ public:
+  PoolRegistry(Backend* backend, int64_t max_pool_bytes)
+      : backend_(backend), max_pool_bytes_(max_pool_bytes) {}
+
+  // Validates the request (name, device, format, sizes) and allocates the
+  // pool. ALREADY_EXISTS for a taken name.
+  absl::StatusOr<std::shared_ptr<Pool>> Create(
+      const v1::CreatePoolRequest& request);
+  // NOT_FOUND naming `field` when there is no such pool.
+  absl::StatusOr<std::shared_ptr<Pool>> Get(absl::string_view field,
+                                            absl::string_view name) const;
+  std::vector<std::shared_ptr<Pool>> List() const;  // sorted by name
+  absl::Status Delete(absl::string_view name);
+  void Clear();
+  int64_t total_bytes() const;
+
+ private:
+  Backend* const backend_;
+  const int64_t max_pool_bytes_;
+  mutable absl::Mutex mu_;
+  absl::btree_map<std::string, std::shared_ptr<Pool>> pools_
+      ABSL_GUARDED_BY(mu_);
+};
+
+// Checks a pool name: 1..64 characters of [A-Za-z0-9_.-].
+absl::Status ValidatePoolName(absl::string_view field, absl::string_view name);
+
+}  // namespace kvcache
+
+#endif  // KVCACHED_SERVER_POOLS_H_

@@ -1,0 +1,315 @@
+#include "server/service.h"
+
+#include <chrono>
+#include <string_view>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+namespace kvcache {
+namespace {
+
+constexpr const char* kRpcNames[] = {
+    "OpenSession",  "KeepAlive",     "CloseSession", "CreatePool",
+    "GetPool",      "ListPools",     "DeletePool",   "AllocateBuffer",
+    "ImportBuffer", "ReleaseBuffer", "Store",        "Load",
+    "BuildPlan",    "PrefillLoad",   "ConvertTopk",  "SwaDecodeIndex",
+    "PrefillIndex", "Stats",         "Ping",
+};
+static_assert(sizeof(kRpcNames) / sizeof(kRpcNames[0]) ==
+              static_cast<size_t>(Rpc::kCount));
+
+// Administrative calls log at info on success; data-path calls at debug.
+bool IsAdmin(Rpc rpc) {
+  switch (rpc) {
+    case Rpc::kOpenSession:
+    case Rpc::kCloseSession:
+    case Rpc::kCreatePool:
+    case Rpc::kDeletePool:
+    case Rpc::kAllocateBuffer:
+    case Rpc::kImportBuffer:
+    case Rpc::kReleaseBuffer:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// fmt cannot format Debian's absl::string_view (not std::string_view).
+std::string_view Sv(absl::string_view s) { return {s.data(), s.size()}; }
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+absl::Status CheckAlive(const grpc::ServerContext* ctx) {
+  if (ctx == nullptr) return absl::OkStatus();
+  if (ctx->IsCancelled()) return absl::CancelledError("the call was cancelled");
+  if (ctx->deadline() <= std::chrono::system_clock::now()) {
+    return absl::DeadlineExceededError(
+        "the deadline passed before the work started");
+  }
+  return absl::OkStatus();
+}
+
+KVCacheService::KVCacheService(Backend* backend, PoolRegistry* pools,
+                               SessionManager* sessions,
+                               const ServiceOptions& options)
+    : backend_(backend),
+      pools_(pools),
+      sessions_(sessions),
+      options_(options),
+      start_time_(absl::Now()) {}
+
+template <typename Body>
+grpc::Status KVCacheService::Run(Rpc rpc, Ctx* ctx, absl::string_view pool,
+                                 Body&& body) {
+  const absl::Time start = absl::Now();
+  in_flight_.fetch_add(1);
+  absl::Status status;
+  if (draining_.load(std::memory_order_relaxed)) {
+    status = absl::UnavailableError(
+        "kvcached is draining (shutting down); retry on another daemon");
+  } else {
+    status = CheckAlive(ctx);
+    if (status.ok()) status = body();
+  }
+  in_flight_.fetch_sub(1);
+  const int64_t latency_us = absl::ToInt64Microseconds(absl::Now() - start);
+  Counters& c = counters_[static_cast<int>(rpc)];
+  c.calls.fetch_add(1, std::memory_order_relaxed);
+  c.latency_us.fetch_add(latency_us, std::memory_order_relaxed);
+  const char* name = kRpcNames[static_cast<int>(rpc)];
+  if (!status.ok()) {
+    c.errors.fetch_add(1, std::memory_order_relaxed);
+    spdlog::info("rpc={} pool={} status={} latency_us={} error=\"{}\"", name,
+                 Sv(pool), absl::StatusCodeToString(status.code()), latency_us,
+                 Sv(status.message()));
+  } else if (IsAdmin(rpc)) {
+    spdlog::info("rpc={} pool={} status=OK latency_us={}", name, Sv(pool),
+                 latency_us);
+  } else {
+    spdlog::debug("rpc={} pool={} status=OK latency_us={}", name, Sv(pool),
+                  latency_us);
+  }
+  return ToGrpcStatus(status);
+}
+
+absl::Status KVCacheService::TouchSession(absl::string_view session_id) {
+  if (session_id.empty()) return absl::OkStatus();
+  return sessions_->Touch(session_id, absl::Now()).status();
+}
+
+grpc::Status KVCacheService::OpenSession(Ctx* ctx,
+                                         const v1::OpenSessionRequest* r,
+                                         v1::OpenSessionResponse* out) {
+  return Run(Rpc::kOpenSession, ctx, "", [&]() -> absl::Status {
+    absl::Duration granted;
+    absl::StatusOr<std::string> id =
+        sessions_->Open(r->client_name(), absl::Milliseconds(r->lease_ms()),
+                        absl::Now(), &granted);
+    if (!id.ok()) return id.status();
+    out->set_session_id(*id);
+    out->set_lease_ms(absl::ToInt64Milliseconds(granted));
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status KVCacheService::KeepAlive(Ctx* ctx, const v1::KeepAliveRequest* r,
+                                       v1::KeepAliveResponse* out) {
+  return Run(Rpc::kKeepAlive, ctx, "", [&]() -> absl::Status {
+    absl::StatusOr<absl::Duration> lease =
+        sessions_->Touch(r->session_id(), absl::Now());
+    if (!lease.ok()) return lease.status();
+    out->set_lease_ms(absl::ToInt64Milliseconds(*lease));
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status KVCacheService::CloseSession(Ctx* ctx,
+                                          const v1::CloseSessionRequest* r,
+                                          v1::CloseSessionResponse* out) {
+  return Run(Rpc::kCloseSession, ctx, "", [&]() -> absl::Status {
+    absl::StatusOr<int64_t> n = sessions_->Close(r->session_id());
+    if (!n.ok()) return n.status();
+    out->set_buffers_released(*n);
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status KVCacheService::CreatePool(Ctx* ctx,
+                                        const v1::CreatePoolRequest* r,
+                                        v1::PoolInfo* out) {
+  return Run(Rpc::kCreatePool, ctx, r->name(), [&]() -> absl::Status {
+    absl::StatusOr<std::shared_ptr<Pool>> pool = pools_->Create(*r);
+    if (!pool.ok()) return pool.status();
+    (*pool)->ToProto(out);
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status KVCacheService::GetPool(Ctx* ctx, const v1::GetPoolRequest* r,
+                                     v1::PoolInfo* out) {
+  return Run(Rpc::kGetPool, ctx, r->name(), [&]() -> absl::Status {
+    absl::StatusOr<std::shared_ptr<Pool>> pool = pools_->Get("name", r->name());
+    if (!pool.ok()) return pool.status();
+    (*pool)->ToProto(out);
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status KVCacheService::ListPools(Ctx* ctx,
+                                       const v1::ListPoolsRequest* /*r*/,
+                                       v1::ListPoolsResponse* out) {
+  return Run(Rpc::kListPools, ctx, "", [&]() -> absl::Status {
+    for (const std::shared_ptr<Pool>& pool : pools_->List()) {
+      pool->ToProto(out->add_pools());
+    }
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status KVCacheService::DeletePool(Ctx* ctx,
+                                        const v1::DeletePoolRequest* r,
+                                        v1::DeletePoolResponse* /*out*/) {
+  return Run(Rpc::kDeletePool, ctx, r->name(),
+             [&]() -> absl::Status { return pools_->Delete(r->name()); });
+}
+
+grpc::Status KVCacheService::AllocateBuffer(Ctx* ctx,
+                                            const v1::AllocateBufferRequest* r,
+                                            v1::BufferInfo* out) {
+  return Run(Rpc::kAllocateBuffer, ctx, "", [&]() -> absl::Status {
+    if (r->size() <= 0 || r->size() > options_.max_buffer_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("size = ", r->size(), " is outside [1, ",
+                       options_.max_buffer_bytes, "] (--max_buffer_bytes)"));
+    }
+    if (absl::Status s = TouchSession(r->session_id()); !s.ok()) return s;
+    if (r->session_id().empty()) {
+      return absl::InvalidArgumentError(
+          "session_id is required: buffers belong to a session");
+    }
+    absl::StatusOr<std::unique_ptr<Memory>> memory =
+        backend_->Allocate(r->size(), "");
+    if (!memory.ok()) return memory.status();
+    absl::StatusOr<std::shared_ptr<Buffer>> buffer =
+        sessions_->AddBuffer(r->session_id(), *std::move(memory), absl::Now());
+    if (!buffer.ok()) return buffer.status();
+    out->set_buffer_id((*buffer)->id);
+    out->set_size((*buffer)->memory->size());
+    (*buffer)->memory->FillHandle(out->mutable_handle());
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status KVCacheService::ImportBuffer(Ctx* ctx,
+                                          const v1::ImportBufferRequest* r,
+                                          v1::BufferInfo* out) {
+  return Run(Rpc::kImportBuffer, ctx, "", [&]() -> absl::Status {
+    if (r->session_id().empty()) {
+      return absl::InvalidArgumentError(
+          "session_id is required: buffers belong to a session");
+    }
+    if (absl::Status s = TouchSession(r->session_id()); !s.ok()) return s;
+    absl::StatusOr<std::unique_ptr<Memory>> memory =
+        backend_->Import(r->handle());
+    if (!memory.ok()) return memory.status();
+    absl::StatusOr<std::shared_ptr<Buffer>> buffer =
+        sessions_->AddBuffer(r->session_id(), *std::move(memory), absl::Now());
+    if (!buffer.ok()) return buffer.status();
+    out->set_buffer_id((*buffer)->id);
+    out->set_size((*buffer)->memory->size());
+    *out->mutable_handle() = r->handle();
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status KVCacheService::ReleaseBuffer(Ctx* ctx,
+                                           const v1::ReleaseBufferRequest* r,
+                                           v1::ReleaseBufferResponse* /*out*/) {
+  return Run(Rpc::kReleaseBuffer, ctx, "", [&]() -> absl::Status {
+    return sessions_->ReleaseBuffer(r->session_id(), r->buffer_id());
+  });
+}
+
+grpc::Status KVCacheService::Store(Ctx* ctx, const v1::StoreRequest* r,
+                                   v1::StoreResponse* out) {
+  return Run(Rpc::kStore, ctx, r->pool(),
+             [&]() { return DoStore(ctx, *r, out); });
+}
+
+grpc::Status KVCacheService::Load(Ctx* ctx, const v1::LoadRequest* r,
+                                  v1::LoadResponse* out) {
+  return Run(Rpc::kLoad, ctx, r->pool(),
+             [&]() { return DoLoad(ctx, *r, out); });
+}
+
+grpc::Status KVCacheService::BuildPlan(Ctx* ctx, const v1::BuildPlanRequest* r,
+                                       v1::BuildPlanResponse* out) {
+  return Run(Rpc::kBuildPlan, ctx, r->pool(),
+             [&]() { return DoBuildPlan(*r, out); });
+}
+
+grpc::Status KVCacheService::PrefillLoad(Ctx* ctx,
+                                         const v1::PrefillLoadRequest* r,
+                                         v1::PrefillLoadResponse* out) {
+  return Run(Rpc::kPrefillLoad, ctx, r->main_pool(),
+             [&]() { return DoPrefillLoad(ctx, *r, out); });
+}
+
+grpc::Status KVCacheService::ConvertTopk(Ctx* ctx,
+                                         const v1::ConvertTopkRequest* r,
+                                         v1::ConvertTopkResponse* out) {
+  return Run(Rpc::kConvertTopk, ctx, r->pool(),
+             [&]() { return DoConvertTopk(*r, out); });
+}
+
+grpc::Status KVCacheService::SwaDecodeIndex(Ctx* ctx,
+                                            const v1::SwaDecodeIndexRequest* r,
+                                            v1::SwaDecodeIndexResponse* out) {
+  return Run(Rpc::kSwaDecodeIndex, ctx, r->pool(),
+             [&]() { return DoSwaDecodeIndex(*r, out); });
+}
+
+grpc::Status KVCacheService::PrefillIndex(Ctx* ctx,
+                                          const v1::PrefillIndexRequest* r,
+                                          v1::PrefillIndexResponse* out) {
+  return Run(Rpc::kPrefillIndex, ctx, "",
+             [&]() { return DoPrefillIndex(*r, out); });
+}
+
+grpc::Status KVCacheService::Stats(Ctx* ctx, const v1::StatsRequest* /*r*/,
+                                   v1::StatsResponse* out) {
+  return Run(Rpc::kStats, ctx, "", [&]() -> absl::Status {
+    const SessionStats s = sessions_->Stats();
+    out->set_pools(static_cast<int64_t>(pools_->List().size()));
+    out->set_pool_bytes(pools_->total_bytes());
+    out->set_sessions(s.sessions);
+    out->set_buffers(s.buffers);
+    out->set_buffer_bytes(s.buffer_bytes);
+    out->set_backend(std::string(backend_->name()));
+    out->set_uptime_s(absl::ToInt64Seconds(absl::Now() - start_time_));
+    for (int i = 0; i < static_cast<int>(Rpc::kCount); ++i) {
+      v1::RpcStats* rs = out->add_rpcs();
+      rs->set_rpc(kRpcNames[i]);
+      rs->set_calls(counters_[i].calls.load(std::memory_order_relaxed));
+      rs->set_errors(counters_[i].errors.load(std::memory_order_relaxed));
+      rs->set_total_latency_us(
+          counters_[i].latency_us.load(std::memory_order_relaxed));
+    }
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status KVCacheService::Ping(Ctx* ctx, const v1::PingRequest* /*r*/,
+                                  v1::PingResponse* /*out*/) {
+  return Run(Rpc::kPing, ctx, "", []() { return absl::OkStatus(); });
+}
+
+}  // namespace kvcache

@@ -1,0 +1,149 @@
+// The kvcache.v1.KVCache gRPC service: validates every request in full,
+// then runs it on the backend. Errors are absl::Status inside and become
+// grpc::Status once, in Run(). Every call logs one structured line
+// (rpc, pool, status, latency_us) and updates the per-RPC counters.
+#ifndef KVCACHED_SERVER_SERVICE_H_
+#define KVCACHED_SERVER_SERVICE_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "kvcache/v1/kvcache.grpc.pb.h"
+#include "server/backend.h"
+#include "server/pools.h"
+#include "server/sessions.h"
+
+namespace kvcache {
+
+struct ServiceOptions {
+  int64_t max_array_elements = int64_t{1} << 24;  // per packed int32 field
+  int64_t max_inline_bytes = int64_t{64} << 20;   // inline reply data
+  int64_t max_buffer_bytes = int64_t{16} << 30;   // AllocateBuffer size
+};
+
+enum class Rpc : int {
+  kOpenSession,
+  kKeepAlive,
+  kCloseSession,
+  kCreatePool,
+  kGetPool,
+  kListPools,
+  kDeletePool,
+  kAllocateBuffer,
+  kImportBuffer,
+  kReleaseBuffer,
+  kStore,
+  kLoad,
+  kBuildPlan,
+  kPrefillLoad,
+  kConvertTopk,
+  kSwaDecodeIndex,
+  kPrefillIndex,
+  kStats,
+  kPing,
+  kCount,
+};
+
+class KVCacheService final : public v1::KVCache::Service {
+ public:
+  KVCacheService(Backend* backend, PoolRegistry* pools,
+                 SessionManager* sessions, const ServiceOptions& options);
+
+  // From now on every new call fails with UNAVAILABLE (graceful drain).
+  void StartDraining() { draining_.store(true); }
+  // Calls running now (in Run).
+  int64_t in_flight() const { return in_flight_.load(); }
+
+  using Ctx = grpc::ServerContext;
+  grpc::Status OpenSession(Ctx*, const v1::OpenSessionRequest*,
+                           v1::OpenSessionResponse*) override;
+  grpc::Status KeepAlive(Ctx*, const v1::KeepAliveRequest*,
+                         v1::KeepAliveResponse*) override;
+  grpc::Status CloseSession(Ctx*, const v1::CloseSessionRequest*,
+                            v1::CloseSessionResponse*) override;
+  grpc::Status CreatePool(Ctx*, const v1::CreatePoolRequest*,
+                          v1::PoolInfo*) override;
+  grpc::Status GetPool(Ctx*, const v1::GetPoolRequest*, v1::PoolInfo*) override;
+  grpc::Status ListPools(Ctx*, const v1::ListPoolsRequest*,
+                         v1::ListPoolsResponse*) override;
+  grpc::Status DeletePool(Ctx*, const v1::DeletePoolRequest*,
+                          v1::DeletePoolResponse*) override;
+  grpc::Status AllocateBuffer(Ctx*, const v1::AllocateBufferRequest*,
+                              v1::BufferInfo*) override;
+  grpc::Status ImportBuffer(Ctx*, const v1::ImportBufferRequest*,
+                            v1::BufferInfo*) override;
+  grpc::Status ReleaseBuffer(Ctx*, const v1::ReleaseBufferRequest*,
+                             v1::ReleaseBufferResponse*) override;
+  grpc::Status Store(Ctx*, const v1::StoreRequest*,
+                     v1::StoreResponse*) override;
+  grpc::Status Load(Ctx*, const v1::LoadRequest*, v1::LoadResponse*) override;
+  grpc::Status BuildPlan(Ctx*, const v1::BuildPlanRequest*,
+                         v1::BuildPlanResponse*) override;
+  grpc::Status PrefillLoad(Ctx*, const v1::PrefillLoadRequest*,
+                           v1::PrefillLoadResponse*) override;
+  grpc::Status ConvertTopk(Ctx*, const v1::ConvertTopkRequest*,
+                           v1::ConvertTopkResponse*) override;
+  grpc::Status SwaDecodeIndex(Ctx*, const v1::SwaDecodeIndexRequest*,
+                              v1::SwaDecodeIndexResponse*) override;
+  grpc::Status PrefillIndex(Ctx*, const v1::PrefillIndexRequest*,
+                            v1::PrefillIndexResponse*) override;
+  grpc::Status Stats(Ctx*, const v1::StatsRequest*,
+                     v1::StatsResponse*) override;
+  grpc::Status Ping(Ctx*, const v1::PingRequest*, v1::PingResponse*) override;
+
+ private:
+  struct Counters {
+    std::atomic<int64_t> calls{0};
+    std::atomic<int64_t> errors{0};
+    std::atomic<int64_t> latency_us{0};
+  };
+
+  // Refuses while draining or past the deadline, runs `body`, logs, counts
+  // and converts the status.
+  template <typename Body>
+  grpc::Status Run(Rpc rpc, Ctx* ctx, absl::string_view pool, Body&& body);
+
+  // Renews the lease of `session_id` when it is not empty.
+  absl::Status TouchSession(absl::string_view session_id);
+
+  // The handlers (service_data.cc, service_index.cc).
+  absl::Status DoStore(Ctx* ctx, const v1::StoreRequest& r,
+                       v1::StoreResponse* out);
+  absl::Status DoLoad(Ctx* ctx, const v1::LoadRequest& r,
+                      v1::LoadResponse* out);
+  absl::Status DoBuildPlan(const v1::BuildPlanRequest& r,
+                           v1::BuildPlanResponse* out);
+  absl::Status DoPrefillLoad(Ctx* ctx, const v1::PrefillLoadRequest& r,
+                             v1::PrefillLoadResponse* out);
+  absl::Status DoConvertTopk(const v1::ConvertTopkRequest& r,
+                             v1::ConvertTopkResponse* out);
+  absl::Status DoSwaDecodeIndex(const v1::SwaDecodeIndexRequest& r,
+                                v1::SwaDecodeIndexResponse* out);
+  absl::Status DoPrefillIndex(const v1::PrefillIndexRequest& r,
+                              v1::PrefillIndexResponse* out);
+
+  Backend* const backend_;
+  PoolRegistry* const pools_;
+  SessionManager* const sessions_;
+  const ServiceOptions options_;
+  const absl::Time start_time_;
+  std::atomic<bool> draining_{false};
+  std::atomic<int64_t> in_flight_{0};
+  std::array<Counters, static_cast<int>(Rpc::kCount)> counters_;
+};
+
+// Not OK when the client cancelled or the deadline passed: checked before
+// heavy work.
+absl::Status CheckAlive(const grpc::ServerContext* ctx);
+
+// absl -> grpc status (the codes share their numbering).
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+}  // namespace kvcache
+
+#endif  // KVCACHED_SERVER_SERVICE_H_

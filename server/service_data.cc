@@ -1,0 +1,183 @@
+// Store, Load, BuildPlan and PrefillLoad: validation of the whole request,
+// then the backend call under the pool lock.
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/quant.h"
+#include "planner/prefill_layout.h"
+#include "proto/wire.h"
+#include "server/data_refs.h"
+#include "server/request_checks.h"
+#include "server/service.h"
+
+namespace kvcache {
+namespace {
+
+// Per-thread scratch: decoded arrays and plan builders keep their capacity
+// across requests, so steady-state requests do not allocate for them.
+struct Scratch {
+  std::vector<int32_t> slots;
+  std::vector<int32_t> segments;
+  std::vector<int32_t> cu_rows;
+  std::vector<int32_t> seqlen_q;
+  std::vector<int32_t> state_ids;
+  std::vector<int32_t> valid_start;
+  std::vector<float> token;
+  std::vector<uint8_t> record;
+  DecodedSequences seqs;
+  BlockLoadPlanBuilder builder{1, 1};
+  BlockLoadPlanBuilder swa_builder{1, 1};
+};
+
+Scratch& ThreadScratch() {
+  thread_local Scratch scratch;
+  return scratch;
+}
+
+}  // namespace
+
+absl::Status KVCacheService::DoStore(Ctx* ctx, const v1::StoreRequest& r,
+                                     v1::StoreResponse* out) {
+  if (absl::Status s = TouchSession(r.session_id()); !s.ok()) return s;
+  absl::StatusOr<std::shared_ptr<Pool>> pool = pools_->Get("pool", r.pool());
+  if (!pool.ok()) return pool.status();
+  const PoolLayout& layout = (*pool)->layout;
+  if (absl::Status s = CheckLayer("layer", r.layer(), layout); !s.ok()) {
+    return s;
+  }
+  int64_t dtype_bytes = 0;
+  absl::StatusOr<InputDtype> dtype =
+      ToInputDtype("dtype", r.dtype(), &dtype_bytes);
+  if (!dtype.ok()) return dtype.status();
+  Scratch& sc = ThreadScratch();
+  if (absl::Status s =
+          DecodeInt32s("slot_mapping", r.slot_mapping(), "num_tokens",
+                       r.num_tokens(), options_.max_array_elements, &sc.slots);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = ValidateSlotMapping(layout, sc.slots); !s.ok()) return s;
+  absl::StatusOr<ByteRange> kv =
+      ResolveInput(*sessions_, "kv", r.kv(),
+                   r.num_tokens() * layout.format.elements() * dtype_bytes);
+  if (!kv.ok()) return kv.status();
+  int64_t written = 0;
+  for (int32_t slot : sc.slots) written += slot >= 0 ? 1 : 0;
+  out->set_tokens_written(written);
+  if (r.num_tokens() == 0) return absl::OkStatus();
+  if (absl::Status s = CheckAlive(ctx); !s.ok()) return s;
+  absl::MutexLock lock(&(*pool)->mu);
+  return backend_->Store(layout, *(*pool)->memory, r.layer(), kv->data, *dtype,
+                         sc.slots);
+}
+
+absl::Status KVCacheService::DoLoad(Ctx* ctx, const v1::LoadRequest& r,
+                                    v1::LoadResponse* out) {
+  if (absl::Status s = TouchSession(r.session_id()); !s.ok()) return s;
+  absl::StatusOr<std::shared_ptr<Pool>> pool = pools_->Get("pool", r.pool());
+  if (!pool.ok()) return pool.status();
+  const PoolLayout& layout = (*pool)->layout;
+  if (absl::Status s = CheckLayer("layer", r.layer(), layout); !s.ok()) {
+    return s;
+  }
+  Scratch& sc = ThreadScratch();
+  absl::Span<const int32_t> segments;
+  int64_t total_k = 0;
+  switch (r.plan_case()) {
+    case v1::LoadRequest::kSegments: {
+      const v1::Segments& p = r.segments();
+      if (p.num_segments() > options_.max_array_elements / 4) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("segments.num_segments = ", p.num_segments(),
+                         " exceeds ", options_.max_array_elements / 4));
+      }
+      if (absl::Status s = DecodeInt32s(
+              "segments.segments", p.segments(), "4 * segments.num_segments",
+              4 * p.num_segments(), options_.max_array_elements, &sc.segments);
+          !s.ok()) {
+        return s;
+      }
+      if (p.total_k() < 0 || p.total_k() > INT32_MAX) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "segments.total_k = ", p.total_k(), " is outside [0, 2^31)"));
+      }
+      segments = sc.segments;
+      total_k = p.total_k();
+      break;
+    }
+    case v1::LoadRequest::kSequences: {
+      if (absl::Status s =
+              DecodeSequencePlan("sequences", r.sequences(), layout,
+                                 options_.max_array_elements, &sc.seqs);
+          !s.ok()) {
+        return s;
+      }
+      if (absl::Status s =
+              BuildSequenceLoadPlan(sc.seqs, &sc.builder, &sc.cu_rows);
+          !s.ok()) {
+        return s;
+      }
+      segments = sc.builder.Finish();
+      total_k = sc.builder.total_k();
+      EncodeInt32s(sc.cu_rows, out->mutable_cu_rows());
+      break;
+    }
+    default:
+      return absl::InvalidArgumentError("plan: set segments or sequences");
+  }
+  if (absl::Status s = ValidateSegments(layout, segments, total_k); !s.ok()) {
+    return s;
+  }
+  const KVCacheFormat& f = layout.format;
+  const int64_t scale_row = f.do_cast ? 0 : LoadScaleRowBytes(f);
+  if (f.do_cast && r.has_scales() &&
+      r.scales().kind_case() != v1::DataRef::KIND_NOT_SET) {
+    return absl::InvalidArgumentError(
+        "scales must be unset: a do_cast format loads BF16 rows only");
+  }
+  absl::StatusOr<ByteRange> data =
+      ResolveOutput(*sessions_, "data", r.data(), total_k * LoadDataRowBytes(f),
+                    options_.max_inline_bytes, out->mutable_data());
+  if (!data.ok()) return data.status();
+  absl::StatusOr<ByteRange> scales =
+      ResolveOutput(*sessions_, "scales", r.scales(), total_k * scale_row,
+                    options_.max_inline_bytes, out->mutable_scales());
+  if (!scales.ok()) return scales.status();
+  if (absl::Status s = CheckDisjoint("data", *data, "scales", *scales);
+      !s.ok()) {
+    return s;
+  }
+  out->set_total_k(total_k);
+  if (segments.empty()) return absl::OkStatus();
+  if (absl::Status s = CheckAlive(ctx); !s.ok()) return s;
+  absl::ReaderMutexLock lock(&(*pool)->mu);
+  return backend_->Load(layout, *(*pool)->memory, r.layer(), segments, total_k,
+                        data->data, f.do_cast ? nullptr : scales->data);
+}
+
+absl::Status KVCacheService::DoBuildPlan(const v1::BuildPlanRequest& r,
+                                         v1::BuildPlanResponse* out) {
+  absl::StatusOr<std::shared_ptr<Pool>> pool = pools_->Get("pool", r.pool());
+  if (!pool.ok()) return pool.status();
+  Scratch& sc = ThreadScratch();
+  if (absl::Status s =
+          DecodeSequencePlan("sequences", r.sequences(), (*pool)->layout,
+                             options_.max_array_elements, &sc.seqs);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = BuildSequenceLoadPlan(sc.seqs, &sc.builder, &sc.cu_rows);
+      !s.ok()) {
+    return s;
+  }
+  absl::Span<const int32_t> segments = sc.builder.Finish();
+  v1::Segments* plan = out->mutable_plan();
+  plan->set_num_segments(static_cast<int64_t>(segments.size()) / 4);
+  plan->set_total_k(sc.builder.total_k());
+  EncodeInt32s(segments, plan->mutable_segments());
+  EncodeInt32s(sc.cu_rows, out->mutable_cu_rows());
+  return absl::OkStatus();
+}
+
+}  // namespace kvcache

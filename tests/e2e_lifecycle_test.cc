@@ -1,0 +1,212 @@
+// End to end, process lifecycle: health and reflection are served; a client
+// killed with SIGKILL has its buffers released once its lease runs out (the
+// shm objects disappear from /dev/shm); SIGTERM drains (in-flight calls
+// finish, later ones get UNAVAILABLE, exit code 0, socket and pool shm
+// removed).
+#include <grpcpp/generic/generic_stub.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+#include "tests/daemon_process.h"
+#include "tests/e2e_util.h"
+
+namespace kvcache::testing {
+namespace {
+
+bool ShmExists(const std::string& name) {
+  struct stat st;
+  return stat(absl::StrCat("/dev/shm", name).c_str(), &st) == 0;
+}
+
+// Waits until `done()` holds or the deadline passes; returns done().
+template <typename F>
+bool WaitFor(F done, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!done()) {
+    if (absl::Now() > deadline) return done();
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
+// Reads lines from `fd` until one equals "ready" (or the deadline passes).
+std::vector<std::string> ReadUntilReady(int fd, absl::Duration timeout) {
+  std::string text;
+  const absl::Time deadline = absl::Now() + timeout;
+  while (text.find("ready\n") == std::string::npos && absl::Now() < deadline) {
+    struct pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    char buf[256];
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n <= 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  return absl::StrSplit(text, '\n', absl::SkipEmpty());
+}
+
+int64_t Calls(KVCacheClient& c, const std::string& rpc) {
+  absl::StatusOr<v1::StatsResponse> s = c.Stats();
+  if (!s.ok()) return -1;
+  for (const v1::RpcStats& r : s->rpcs()) {
+    if (r.rpc() == rpc) return r.calls();
+  }
+  return -1;
+}
+
+// grpc.health.v1.Health/Check with an empty request (service ""): the reply
+// is HealthCheckResponse, field 1 = status (1 = SERVING, 2 = NOT_SERVING).
+absl::StatusOr<std::string> HealthCheck(const std::string& socket) {
+  auto channel = grpc::CreateChannel(absl::StrCat("unix:", socket),
+                                     grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::ByteBuffer request, response;
+  grpc::Slice empty("");
+  request = grpc::ByteBuffer(&empty, 1);
+  absl::Notification done;
+  grpc::Status status;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(),
+                 &request, &response, [&](grpc::Status s) {
+                   status = std::move(s);
+                   done.Notify();
+                 });
+  done.WaitForNotification();
+  if (!status.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                        status.error_message());
+  }
+  std::vector<grpc::Slice> slices;
+  (void)response.Dump(&slices);
+  std::string bytes;
+  for (const grpc::Slice& s : slices) {
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return bytes;
+}
+
+TEST(LifecycleTest, HealthIsServing) {
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> d = DaemonProcess::Start();
+  ASSERT_TRUE(d.ok()) << d.status();
+  absl::StatusOr<std::string> health = HealthCheck((*d)->socket_path());
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_EQ(*health, std::string("\x08\x01", 2));  // status: SERVING
+  // The socket is group-accessible, not world-accessible.
+  struct stat st;
+  ASSERT_EQ(stat((*d)->socket_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660);
+}
+
+TEST(LifecycleTest, KilledClientLeavesNothingBehind) {
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> d =
+      DaemonProcess::Start({"--reap_interval_ms=50"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  int out_fd = -1;
+  absl::StatusOr<pid_t> child =
+      Spawn({"tests/lease_client", (*d)->socket_path(), "600"}, &out_fd);
+  ASSERT_TRUE(child.ok()) << child.status();
+  const std::vector<std::string> lines =
+      ReadUntilReady(out_fd, absl::Seconds(60));
+  close(out_fd);
+  ASSERT_EQ(lines.size(), 3u);
+  ASSERT_EQ(lines[2], "ready");
+  const std::vector<std::string> names(lines.begin(), lines.begin() + 2);
+  for (const std::string& n : names) ASSERT_TRUE(ShmExists(n)) << n;
+  std::unique_ptr<KVCacheClient> observer = ConnectOrDie((*d)->socket_path());
+  ASSERT_NE(observer, nullptr);
+
+  // A live client keeps its buffers across several leases: wait until it
+  // has renewed at least 4 times (each renewal is lease / 3 apart).
+  ASSERT_TRUE(WaitFor([&] { return Calls(*observer, "KeepAlive") >= 4; },
+                      absl::Seconds(30)));
+  for (const std::string& n : names) EXPECT_TRUE(ShmExists(n)) << n;
+
+  kill(*child, SIGKILL);
+  absl::StatusOr<int> code = WaitForExit(*child, absl::Seconds(10));
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 128 + SIGKILL);
+  EXPECT_TRUE(
+      WaitFor([&] { return !ShmExists(names[0]) && !ShmExists(names[1]); },
+              absl::Seconds(30)));
+  absl::StatusOr<v1::StatsResponse> stats = observer->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->buffers(), 0);
+  EXPECT_EQ(stats->sessions(), 1);  // the observer's
+}
+
+TEST(LifecycleTest, SigtermDrainsAndExitsZero) {
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> d = DaemonProcess::Start();
+  ASSERT_TRUE(d.ok()) << d.status();
+  const std::string socket = (*d)->socket_path();
+  std::unique_ptr<KVCacheClient> admin = ConnectOrDie(socket);
+  ASSERT_NE(admin, nullptr);
+  absl::StatusOr<v1::PoolInfo> pool =
+      admin->CreatePool(PoolRequest("big", "V41", 0, 64, 256, 1));
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  const std::string pool_shm = pool->handle().shm_name();
+  ASSERT_TRUE(ShmExists(pool_shm));
+  const int32_t rows = 64 * 256;
+  std::vector<int32_t> segs;
+  for (int32_t b = 0; b < 256; ++b) segs.insert(segs.end(), {b, 0, 64, b * 64});
+
+  constexpr int kThreads = 3;
+  std::atomic<int> completed{0};
+  std::atomic<int> unexpected{0};
+  std::vector<std::thread> threads;
+  std::vector<std::unique_ptr<KVCacheClient>> clients;
+  for (int i = 0; i < kThreads; ++i) {
+    clients.push_back(ConnectOrDie(socket));
+    ASSERT_NE(clients.back(), nullptr);
+  }
+  std::vector<std::unique_ptr<BufferMapping>> outs;
+  for (int i = 0; i < kThreads; ++i) {
+    absl::StatusOr<BufferMapping> b =
+        clients[i]->AllocateBuffer(int64_t{rows} * 1024);
+    ASSERT_TRUE(b.ok()) << b.status();
+    outs.push_back(std::make_unique<BufferMapping>(*std::move(b)));
+  }
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      while (true) {
+        v1::LoadRequest r;
+        r.set_pool("big");
+        *r.mutable_segments() = SegmentsProto(segs, rows);
+        *r.mutable_data() = outs[i]->Slice(0, int64_t{rows} * 1024);
+        absl::StatusOr<v1::LoadResponse> s = clients[i]->Load(r);
+        if (s.ok()) {
+          completed.fetch_add(1);
+          continue;
+        }
+        if (s.status().code() != absl::StatusCode::kUnavailable) {
+          ADD_FAILURE() << s.status();
+          unexpected.fetch_add(1);
+        }
+        return;
+      }
+    });
+  }
+  ASSERT_TRUE(WaitFor([&] { return completed.load() >= 2 * kThreads; },
+                      absl::Seconds(60)));
+  absl::StatusOr<int> code = (*d)->Signal(SIGTERM, absl::Seconds(60));
+  for (std::thread& t : threads) t.join();
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0);
+  EXPECT_EQ(unexpected.load(), 0);
+  struct stat st;
+  EXPECT_NE(stat(socket.c_str(), &st), 0) << "socket file left behind";
+  EXPECT_FALSE(ShmExists(pool_shm)) << "pool shm left behind";
+  EXPECT_EQ(admin->Ping().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace kvcache::testing
