@@ -87,6 +87,21 @@ TEST(FormatLayoutTest, TokenStrideAlignment) {
   EXPECT_EQ(FormatFromName("V41_FP4")->block_alignment(), 288);
 }
 
+TEST(FormatLayoutTest, BlockStridesOfDocsFormatsMd) {
+  struct Row {
+    const char* name;
+    int64_t bs64, bs133;
+  };
+  for (const Row& r :
+       {Row{"V41", 33792, 70752}, Row{"V41_FP4", 18432, 38304},
+        Row{"FP4_INDEX", 4352, 9056}, Row{"FP8_FP32SF_INDEX", 8448, 17568},
+        Row{"MXFP8_INDEX", 8448, 17568}, Row{"BF16(512)", 65536, 136192}}) {
+    const KVCacheFormat f = *FormatFromName(r.name);
+    EXPECT_EQ(MakePoolLayout(f, 64, 1, 1)->block_stride, r.bs64) << r.name;
+    EXPECT_EQ(MakePoolLayout(f, 133, 1, 1)->block_stride, r.bs133) << r.name;
+  }
+}
+
 TEST(FormatLayoutTest, OffsetsBeyondFourGiB) {
   // V41, block_size 64: block_stride = 64 * 528 = 33792 (a multiple of
   // 1056). 200000 blocks: layer_bytes = 6,758,400,000 (> 4 GiB), already a
