@@ -40,8 +40,10 @@ double CpuSeconds() {
          1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-// Seconds per memcpy that reads and writes `traffic` bytes in total; the
-// best of five batches of at least 5 ms each, cached per size.
+// Seconds per memcpy that reads and writes `traffic` bytes in total: the
+// best of five batches, each doubling its repetitions until it lasts at
+// least 5 ms of CPU time (the clock is read once per batch pass, not per
+// copy). Cached per size.
 double MemcpySeconds(int64_t traffic) {
   static std::map<int64_t, double> cache;
   auto it = cache.find(traffic);
@@ -50,16 +52,18 @@ double MemcpySeconds(int64_t traffic) {
   std::vector<uint8_t> src(half, 0x5A), dst(half, 0);
   double best = 1e30;
   for (int batch = 0; batch < 5; ++batch) {
-    int64_t reps = 0;
-    const double t0 = CpuSeconds();
-    double elapsed = 0;
-    do {
-      memcpy(dst.data(), src.data(), half);
-      benchmark::ClobberMemory();
-      ++reps;
-      elapsed = CpuSeconds() - t0;
-    } while (elapsed < 0.005);
-    best = std::min(best, elapsed / reps);
+    for (int64_t reps = 1;; reps *= 2) {
+      const double t0 = CpuSeconds();
+      for (int64_t r = 0; r < reps; ++r) {
+        memcpy(dst.data(), src.data(), half);
+        benchmark::ClobberMemory();
+      }
+      const double elapsed = CpuSeconds() - t0;
+      if (elapsed >= 0.005) {
+        best = std::min(best, elapsed / static_cast<double>(reps));
+        break;
+      }
+    }
   }
   benchmark::DoNotOptimize(dst.data());
   cache[traffic] = best;
