@@ -57,8 +57,34 @@ struct Bench {
   DeviceBuffer flush;  // > L2: rewritten before each timed launch
   std::vector<std::string> json;
 
-  // Mean time of one launch in seconds, L2 flushed before each.
+  // Mean GPU time of one launch in seconds with a cold L2: graph replays
+  // of `iters` x (rewrite the flush buffer, launch) minus those of the
+  // rewrites alone.
   double ColdSeconds(const Launcher& f, int iters) {
+    auto replay = [&](bool with_kernel) {
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+      for (int i = 0; i < iters; ++i) {
+        CHECK_CUDA(
+            cudaMemsetAsync(flush.get(), i & 0xFF, flush.bytes(), stream));
+        if (with_kernel) CHECK_OK(f(stream));
+      }
+      CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+      CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+      CHECK_CUDA(cudaGraphLaunch(exec, stream));  // warm-up
+      const double s = TimeReplays(exec, 3);
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      return s;
+    };
+    const double with = replay(true);
+    const double without = replay(false);
+    return (with - without) / iters;
+  }
+
+  // Mean time of one stream launch between two events, L2 flushed before.
+  double EventSeconds(const Launcher& f, int iters) {
     cudaEvent_t a, b;
     CHECK_CUDA(cudaEventCreate(&a));
     CHECK_CUDA(cudaEventCreate(&b));
@@ -79,6 +105,22 @@ struct Bench {
     return total / iters;
   }
 
+  // Seconds per replay of an instantiated graph.
+  double TimeReplays(cudaGraphExec_t exec, int replays) {
+    cudaEvent_t a, b;
+    CHECK_CUDA(cudaEventCreate(&a));
+    CHECK_CUDA(cudaEventCreate(&b));
+    CHECK_CUDA(cudaEventRecord(a, stream));
+    for (int r = 0; r < replays; ++r) CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    CHECK_CUDA(cudaEventRecord(b, stream));
+    CHECK_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return ms * 1e-3 / replays;
+  }
+
   // Mean GPU time per launch over graph replays of `launches` launches.
   double GraphSeconds(const Launcher& f, int launches) {
     cudaGraph_t graph;
@@ -88,28 +130,16 @@ struct Bench {
     CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
     CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
     CHECK_CUDA(cudaGraphLaunch(exec, stream));  // warm-up
-    cudaEvent_t a, b;
-    CHECK_CUDA(cudaEventCreate(&a));
-    CHECK_CUDA(cudaEventCreate(&b));
-    constexpr int kReplays = 5;
-    CHECK_CUDA(cudaEventRecord(a, stream));
-    for (int r = 0; r < kReplays; ++r)
-      CHECK_CUDA(cudaGraphLaunch(exec, stream));
-    CHECK_CUDA(cudaEventRecord(b, stream));
-    CHECK_CUDA(cudaEventSynchronize(b));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
+    const double s = TimeReplays(exec, 5);
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
-    return ms * 1e-3 / (kReplays * launches);
+    return s / launches;
   }
 };
 
 struct Workload {
   PoolLayout layout;
-  DeviceBuffer pool, kv, slots, segments, data, scales;
+  DeviceBuffer pool, kv, slots, random_slots, segments, data, scales;
   int64_t n = 0;
   int64_t num_segments = 0;
   double store_bytes = 0, load_bytes = 0;
@@ -128,14 +158,22 @@ Workload MakeWorkload(const std::string& name, int64_t n) {
       RandomKv(rng, n, f.elements(), InputDtype::kBF16);
   w.kv = *DeviceBuffer::Open(kv.size());
   CHECK_OK(w.kv.CopyFrom(kv.data(), kv.size()));
-  const std::vector<int32_t> slots =
-      RandomSlots(rng, n, w.layout.num_slots(), 0);
-  w.slots = *DeviceBuffer::Open(slots.size() * 4);
-  CHECK_OK(w.slots.CopyFrom(slots.data(), slots.size() * 4));
-  // Load plan: whole blocks in random order (a paged range).
+  // Store slots as a prefill writes them: token t goes to offset t % bs of
+  // the (t / bs)-th block of a shuffled block list; the load plan reads the
+  // same paged range back. random_slots scatters tokens over all slots.
   std::vector<int32_t> blocks(w.layout.num_blocks);
   std::iota(blocks.begin(), blocks.end(), 0);
   std::shuffle(blocks.begin(), blocks.end(), rng);
+  std::vector<int32_t> slots(n);
+  for (int64_t t = 0; t < n; ++t) {
+    slots[t] = static_cast<int32_t>(blocks[t / bs] * bs + t % bs);
+  }
+  w.slots = *DeviceBuffer::Open(slots.size() * 4);
+  CHECK_OK(w.slots.CopyFrom(slots.data(), slots.size() * 4));
+  const std::vector<int32_t> random =
+      RandomSlots(rng, n, w.layout.num_slots(), 0);
+  w.random_slots = *DeviceBuffer::Open(random.size() * 4);
+  CHECK_OK(w.random_slots.CopyFrom(random.data(), random.size() * 4));
   std::vector<int32_t> seg;
   for (int64_t t = 0; t < n; t += bs) {
     const int32_t len = static_cast<int32_t>(std::min<int64_t>(bs, n - t));
@@ -156,13 +194,14 @@ Workload MakeWorkload(const std::string& name, int64_t n) {
   return w;
 }
 
-Launcher StoreOf(Workload& w, bool hw) {
-  return [&w, hw](cudaStream_t s) {
+Launcher StoreOf(Workload& w, bool hw, bool random_slots = false) {
+  return [&w, hw, random_slots](cudaStream_t s) {
     LaunchOptions o;
     o.stream = s;
     o.hw_e4m3 = hw;
     return Store(w.layout, w.pool.get(), w.kv.get(), InputDtype::kBF16,
-                 w.slots.as<int32_t>(), w.n, o);
+                 (random_slots ? w.random_slots : w.slots).as<int32_t>(), w.n,
+                 o);
   };
 }
 
@@ -194,7 +233,9 @@ int Main() {
   DeviceBuffer src = *DeviceBuffer::Open(copy_bytes);
   DeviceBuffer dst = *DeviceBuffer::Open(copy_bytes);
   CHECK_CUDA(cudaMemset(src.get(), 1, copy_bytes));
-  const double copy_s = bench.ColdSeconds(
+  // Timed on the stream with events (a graph memcpy node may run on a copy
+  // engine, slower than the stream's device-to-device copy).
+  const double copy_s = bench.EventSeconds(
       [&](cudaStream_t s) {
         return ToStatus(cudaMemcpyAsync(dst.get(), src.get(), copy_bytes,
                                         cudaMemcpyDeviceToDevice, s),
@@ -212,7 +253,7 @@ int Main() {
   const std::vector<std::string> formats = {"V41",         "V41_FP4",
                                             "FP4_INDEX",   "FP8_FP32SF_INDEX",
                                             "MXFP8_INDEX", "BF16(512)"};
-  std::printf("%-18s %-14s %9s %10s %9s\n", "format", "kernel", "tokens",
+  std::printf("%-18s %-16s %9s %10s %9s\n", "format", "kernel", "tokens",
               "GB/s", "of copy");
   std::vector<std::string> bw_rows;
   for (const std::string& name : formats) {
@@ -228,10 +269,11 @@ int Main() {
       if (name == "V41" || name == "MXFP8_INDEX") {
         ks.push_back({"store_int_e4m3", StoreOf(w, false), w.store_bytes});
       }
+      ks.push_back({"store_rand_slots", StoreOf(w, true, true), w.store_bytes});
       for (const K& k : ks) {
         const double t = bench.ColdSeconds(k.f, iters);
         const double bw = k.bytes / t;
-        std::printf("%-18s %-14s %9lld %10.1f %8.1f%%\n", name.c_str(),
+        std::printf("%-18s %-16s %9lld %10.1f %8.1f%%\n", name.c_str(),
                     k.kernel, static_cast<long long>(n), bw / 1e9,
                     100.0 * bw / copy_bw);
         bw_rows.push_back(absl::StrFormat(

@@ -7,6 +7,7 @@
 #ifndef KVCACHED_KERNELS_CUDA_DEVICE_QUANT_CUH_
 #define KVCACHED_KERNELS_CUDA_DEVICE_QUANT_CUH_
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -41,36 +42,67 @@ using Fp8Fp32SfFormat =
 using Mxfp8IndexFormat =
     QFormat<QuantDtype::kE4M3, 128, 32, ScaleFormat::kUE8M0>;
 
-// Two fp32 -> two e4m3 codes (lo in bits 0-7) by the hardware; NaN inputs
-// are forced to EncodeE4M3's canonical 0x7F.
+// Two fp32 -> two e4m3 codes (lo in bits 0-7) by the hardware. satfinite
+// never yields 0x7F/0xFF for a number, so a NaN result of either sign is
+// made quant.h's canonical 0x7F by clearing the sign of such bytes.
+__device__ __forceinline__ uint32_t FixE4M3NaNs(uint32_t w) {
+  const uint32_t nan = ((w & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u;
+  return w & ~nan;
+}
+
 __device__ __forceinline__ uint32_t HwE4M3x2(float lo, float hi) {
   uint16_t r;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-  uint32_t v = r;
-  if (IsNan(lo)) v = (v & 0xFF00u) | kE4M3NaN;
-  if (IsNan(hi)) v = (v & 0x00FFu) | (uint32_t{kE4M3NaN} << 8);
-  return v;
+  return FixE4M3NaNs(r);
 }
 
 template <bool kHw>
 __device__ __forceinline__ uint32_t E4M3x2(float lo, float hi) {
   if constexpr (kHw) {
-    return HwE4M3x2(lo, hi);
+    uint16_t r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;  // NaN bytes are fixed per word by the caller
   } else {
     return EncodeE4M3(lo) | (static_cast<uint32_t>(EncodeE4M3(hi)) << 8);
   }
 }
 
-// fp32 -> e2m1 nibble, equal to EncodeE2M1: the RNE boundaries of the grid
-// 0 .5 1 1.5 2 3 4 6 are .25 .75 1.25 1.75 2.5 3.5 5, ties go to the even
-// code, so the comparison is strict below an even code and >= above it.
+// Two fp32 -> one byte of two e2m1 codes (lo in the low nibble), equal to
+// EncodeE2M1 for each. The RNE boundaries of the grid 0 .5 1 1.5 2 3 4 6 are
+// .25 .75 1.25 1.75 2.5 3.5 5 and ties go to the even code, so the code is
+// the number of boundaries |x| passes: strictly below an even code, >= below
+// an odd one. The compares run on f16x2 pairs: |x| > t holds iff
+// round-up-to-f16(|x|) > t, and |x| >= t iff round-to-zero(|x|) >= t, since
+// every t is an f16. NaN fails every compare (code 0, sign dropped).
+__device__ __forceinline__ uint32_t FastE2M1x2(float lo, float hi) {
+  const float alo = fabsf(lo), ahi = fabsf(hi);
+  uint16_t ulo, uhi;
+  uint32_t dn;
+  asm("cvt.rp.f16.f32 %0, %1;" : "=h"(ulo) : "f"(alo));
+  asm("cvt.rp.f16.f32 %0, %1;" : "=h"(uhi) : "f"(ahi));
+  asm("cvt.rz.f16x2.f32 %0, %1, %2;" : "=r"(dn) : "f"(ahi), "f"(alo));
+  const uint32_t up = ulo | (static_cast<uint32_t>(uhi) << 16);
+  uint32_t acc = 0x64006400u;  // f16 1024 per half: 1024 + code is exact
+  uint32_t hit;
+#define KV_E2M1_STEP(op, v, t)                                            \
+  asm("set." op ".f16x2.f16x2 %0, %1, %2;" : "=r"(hit) : "r"(v), "r"(t)); \
+  asm("add.rn.f16x2 %0, %0, %1;" : "+r"(acc) : "r"(hit));
+  KV_E2M1_STEP("gt", up, 0x34003400u)  // 0.25
+  KV_E2M1_STEP("ge", dn, 0x3A003A00u)  // 0.75
+  KV_E2M1_STEP("gt", up, 0x3D003D00u)  // 1.25
+  KV_E2M1_STEP("ge", dn, 0x3F003F00u)  // 1.75
+  KV_E2M1_STEP("gt", up, 0x41004100u)  // 2.5
+  KV_E2M1_STEP("ge", dn, 0x43004300u)  // 3.5
+  KV_E2M1_STEP("gt", up, 0x45004500u)  // 5
+#undef KV_E2M1_STEP
+  const uint32_t slo = alo == alo ? (FloatBits(lo) >> 28) & 0x8u : 0u;
+  const uint32_t shi = ahi == ahi ? (FloatBits(hi) >> 24) & 0x80u : 0u;
+  return (acc & 0x7u) | slo | ((acc >> 12) & 0x70u) | shi;
+}
+
+// Single-value form (tests).
 __device__ __forceinline__ uint32_t FastE2M1(float x) {
-  const uint32_t u = FloatBits(x);
-  const float a = BitsToFloat(u & 0x7FFFFFFFu);
-  const uint32_t code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) +
-                        (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
-  const uint32_t sign = (a == a) ? (u >> 28) & 0x8u : 0u;  // NaN encodes 0
-  return code | sign;
+  return FastE2M1x2(x, 0.0f) & 0xFu;
 }
 
 // 16 input elements of one lane -> fp32.
@@ -120,13 +152,35 @@ __device__ __forceinline__ uint4 Encode16(const float (&x)[16], float mult) {
       const uint32_t pair = E4M3x2<kHw>(x[2 * i] * mult, x[2 * i + 1] * mult);
       w[i / 2] |= pair << (16 * (i % 2));
     }
+    if constexpr (kHw) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) w[i] = FixE4M3NaNs(w[i]);
+    }
   } else {
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      w[i / 8] |= FastE2M1(x[i] * mult) << (4 * (i % 8));
+    for (int i = 0; i < 8; ++i) {
+      w[i / 4] |= FastE2M1x2(x[2 * i] * mult, x[2 * i + 1] * mult)
+                  << (8 * (i % 4));
     }
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// BF16 pair (lo in bits 0-15) of two fp32 by the hardware (RNE, like
+// FloatToBf16 for every number; the caller handles NaN).
+__device__ __forceinline__ uint32_t HwBf16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// Two e4m3 codes (lo in bits 0-7) -> two exact fp32 by the hardware.
+__device__ __forceinline__ float2 HwE4M3x2ToFloat2(uint32_t codes) {
+  uint32_t h;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;"
+      : "=r"(h)
+      : "h"(static_cast<uint16_t>(codes)));
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
 }
 
 }  // namespace kvcache::gpu::internal

@@ -1,7 +1,7 @@
 // Index kernels (SPEC §7): one thread per output entry, coalesced int32
-// reads and writes. Semantics are the planner's CPU versions
-// (planner/decode_index.h, planner/index_ops.h), which the GPU tests compare
-// against entry by entry.
+// reads and writes; grid x = row, y = 256-column tile (no divisions). Semantics
+// are the planner's CPU versions (planner/decode_index.h, planner/index_ops.h),
+// which the GPU tests compare against entry by entry.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -14,8 +14,9 @@ namespace {
 
 constexpr int kThreads = 256;
 
-dim3 GridFor(int64_t items) {
-  return dim3(static_cast<unsigned>((items + kThreads - 1) / kThreads));
+dim3 GridFor(int64_t rows, int64_t width) {
+  return dim3(static_cast<unsigned>(rows),
+              static_cast<unsigned>((width + kThreads - 1) / kThreads));
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -30,17 +31,19 @@ __global__ void __launch_bounds__(kThreads)
                       unsigned long long* invalid_count) {  // may be null
   PdlWait();
   PdlLaunchDependents();
-  const int64_t item =
-      static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t b = blockIdx.x;
+  const int32_t c = static_cast<int32_t>(blockIdx.y) * kThreads + threadIdx.x;
+  const int64_t item = b * k + c;
   bool invalid = false;
-  if (item < num_seqs * k) {
-    const int64_t b = item / k;
-    const int32_t c = static_cast<int32_t>(item - b * k);
+  if (c < k) {
+    // The independent loads first; only the table lookup depends on x.
+    const int32_t x = topk[item];
+    const int32_t count = __ldg(valid_count + b);
+    const int32_t tokens = __ldg(num_tokens + b);
+    const int32_t len = row_lens != nullptr ? __ldg(row_lens + b) : num_cols;
     int32_t out = -1;
-    if (c < __ldg(valid_count + b)) {
-      const int32_t x = topk[item];
-      const int32_t len = row_lens != nullptr ? __ldg(row_lens + b) : num_cols;
-      const int64_t limit = min(static_cast<int64_t>(__ldg(num_tokens + b)),
+    if (c < count) {
+      const int64_t limit = min(static_cast<int64_t>(tokens),
                                 static_cast<int64_t>(len) * block_size);
       if (x < 0 || x >= limit) {
         invalid = true;
@@ -70,11 +73,10 @@ __global__ void __launch_bounds__(kThreads)
                          int32_t* out) {  // [n][window]; -1 past valid_len
   PdlWait();
   PdlLaunchDependents();
-  const int64_t item =
-      static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (item >= n * window) return;
-  const int64_t i = item / window;
-  const int32_t c = static_cast<int32_t>(item - i * window);
+  const int64_t i = blockIdx.x;
+  const int32_t c = static_cast<int32_t>(blockIdx.y) * kThreads + threadIdx.x;
+  if (c >= window) return;
+  const int64_t item = i * window + c;
   int32_t v = -1;
   if (c < __ldg(valid_lens + i)) {
     const int64_t pos = static_cast<int64_t>(__ldg(starts + i)) + c;
@@ -90,11 +92,10 @@ __global__ void __launch_bounds__(kThreads) ExpandSwaIndexKernel(
     int32_t* out) {  // [rows][width]; -1 after len1+len2
   PdlWait();
   PdlLaunchDependents();
-  const int64_t item =
-      static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (item >= rows * width) return;
-  const int64_t r = item / width;
-  const int32_t c = static_cast<int32_t>(item - r * width);
+  const int64_t r = blockIdx.x;
+  const int32_t c = static_cast<int32_t>(blockIdx.y) * kThreads + threadIdx.x;
+  if (c >= width) return;
+  const int64_t item = r * width + c;
   const int4 p = __ldg(reinterpret_cast<const int4*>(pivots) + r);
   int32_t v = -1;
   if (c < p.y) {
@@ -115,11 +116,10 @@ __global__ void __launch_bounds__(kThreads)
   PdlWait();
   PdlLaunchDependents();
   const int32_t width = swa_width + compressed_width;
-  const int64_t item =
-      static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (item >= rows * width) return;
-  const int64_t r = item / width;
-  const int32_t c = static_cast<int32_t>(item - r * width);
+  const int64_t r = blockIdx.x;
+  const int32_t c = static_cast<int32_t>(blockIdx.y) * kThreads + threadIdx.x;
+  if (c >= width) return;
+  const int64_t item = r * width + c;
   int32_t v;
   if (c < swa_width) {
     v = __ldg(swa + r * swa_width + c);
@@ -138,7 +138,7 @@ cudaError_t LaunchConvertTopk(
     const int32_t* row_lens, int32_t num_cols, int64_t row_stride,
     int32_t block_size, int32_t num_blocks, unsigned long long* invalid_count,
     const Launch& launch) {
-  return LaunchKernel(ConvertTopkKernel, GridFor(num_seqs * k), dim3(kThreads),
+  return LaunchKernel(ConvertTopkKernel, GridFor(num_seqs, k), dim3(kThreads),
                       launch, topk, num_seqs, k, valid_count, num_tokens,
                       block_table, row_lens, num_cols, row_stride, block_size,
                       num_blocks, invalid_count);
@@ -149,7 +149,7 @@ cudaError_t LaunchSwaDecodeIndex(const int32_t* state_ids,
                                  const int32_t* valid_lens, int64_t n,
                                  int32_t window, int32_t ring_size,
                                  int32_t* out, const Launch& launch) {
-  return LaunchKernel(SwaDecodeIndexKernel, GridFor(n * window), dim3(kThreads),
+  return LaunchKernel(SwaDecodeIndexKernel, GridFor(n, window), dim3(kThreads),
                       launch, state_ids, starts, valid_lens, n, window,
                       ring_size, out);
 }
@@ -157,7 +157,7 @@ cudaError_t LaunchSwaDecodeIndex(const int32_t* state_ids,
 cudaError_t LaunchExpandSwaIndex(const int32_t* pivots, int64_t rows,
                                  int32_t width, int32_t* out,
                                  const Launch& launch) {
-  return LaunchKernel(ExpandSwaIndexKernel, GridFor(rows * width),
+  return LaunchKernel(ExpandSwaIndexKernel, GridFor(rows, width),
                       dim3(kThreads), launch, pivots, rows, width, out);
 }
 
@@ -167,7 +167,7 @@ cudaError_t LaunchKvIndexCat(const int32_t* swa, int32_t swa_width,
                              int32_t main_kv_offset, int32_t* out,
                              const Launch& launch) {
   return LaunchKernel(KvIndexCatKernel,
-                      GridFor(rows * (swa_width + compressed_width)),
+                      GridFor(rows, swa_width + compressed_width),
                       dim3(kThreads), launch, swa, swa_width, compressed,
                       compressed_width, rows, main_kv_offset, out);
 }

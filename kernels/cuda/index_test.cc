@@ -162,7 +162,8 @@ TEST(IndexOpsTest, RejectsBadShapes) {
   s = gpu::ConvertTopk(&x, 1, 4, &x, &x, &x, nullptr, 5, 3, 16, 10, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("row_stride >= num_cols"));
-  s = gpu::ExpandSwaIndex(&x + 1, 1, 4, &x);
+  alignas(16) int32_t pivots[8] = {};
+  s = gpu::ExpandSwaIndex(pivots + 1, 1, 4, &x);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("pivots is not 16-byte aligned"));
   s = gpu::KvIndexCat(&x, -1, &x, 2, 1, 0, &x);

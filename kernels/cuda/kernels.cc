@@ -58,6 +58,17 @@ absl::Status CheckCount(int64_t n, absl::string_view name) {
   return absl::OkStatus();
 }
 
+// Index kernels run one CTA row per output row and 256-column tiles.
+absl::Status CheckGrid(int64_t rows, int64_t width, absl::string_view what) {
+  if (rows > INT32_MAX || width > int64_t{65535} * 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", rows, " rows of width ", width,
+                     " exceed the launch limits (", INT32_MAX, " rows, ",
+                     int64_t{65535} * 256, " columns)"));
+  }
+  return absl::OkStatus();
+}
+
 #define KV_RETURN_IF_ERROR(expr)             \
   do {                                       \
     const absl::Status kv_status_ = (expr);  \
@@ -150,6 +161,7 @@ absl::Status ConvertTopk(int32_t* topk, int64_t num_seqs, int32_t k,
                      ": need positive sizes and row_stride >= num_cols"));
   }
   if (num_seqs == 0 || k == 0) return absl::OkStatus();
+  KV_RETURN_IF_ERROR(CheckGrid(num_seqs, k, "convert_topk"));
   KV_RETURN_IF_ERROR(CheckPointer(topk, "topk", 4));
   KV_RETURN_IF_ERROR(CheckPointer(valid_count, "valid_count", 4));
   KV_RETURN_IF_ERROR(CheckPointer(num_tokens, "num_tokens", 4));
@@ -176,6 +188,7 @@ absl::Status SwaDecodeIndex(const int32_t* state_ids, const int32_t* starts,
                      ": need 0 < window <= ring_size"));
   }
   if (n == 0) return absl::OkStatus();
+  KV_RETURN_IF_ERROR(CheckGrid(n, window, "swa_decode_index"));
   KV_RETURN_IF_ERROR(CheckPointer(state_ids, "state_ids", 4));
   KV_RETURN_IF_ERROR(CheckPointer(starts, "starts", 4));
   KV_RETURN_IF_ERROR(CheckPointer(valid_lens, "valid_lens", 4));
@@ -192,6 +205,7 @@ absl::Status ExpandSwaIndex(const int32_t* pivots, int64_t rows, int32_t width,
   KV_RETURN_IF_ERROR(CheckCount(rows, "rows"));
   KV_RETURN_IF_ERROR(CheckCount(width, "width"));
   if (rows == 0 || width == 0) return absl::OkStatus();
+  KV_RETURN_IF_ERROR(CheckGrid(rows, width, "expand_swa_index"));
   KV_RETURN_IF_ERROR(CheckPointer(pivots, "pivots", 16));
   KV_RETURN_IF_ERROR(CheckPointer(out, "out", 4));
   RETURN_IF_CUDA_ERROR(internal::LaunchExpandSwaIndex(pivots, rows, width, out,
@@ -210,6 +224,8 @@ absl::Status KvIndexCat(const int32_t* swa, int32_t swa_width,
   if (rows == 0 || swa_width + compressed_width == 0) {
     return absl::OkStatus();
   }
+  KV_RETURN_IF_ERROR(
+      CheckGrid(rows, int64_t{swa_width} + compressed_width, "kv_index_cat"));
   if (swa_width > 0) KV_RETURN_IF_ERROR(CheckPointer(swa, "swa", 4));
   if (compressed_width > 0) {
     KV_RETURN_IF_ERROR(CheckPointer(compressed, "compressed", 4));

@@ -48,16 +48,16 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t warp = static_cast<int64_t>(blockIdx.x) * (kThreads / kWarp) +
                        threadIdx.x / kWarp;
   const int64_t token = warp * kTokensPerWarp + lane / kLpt;
-  const int32_t slot = token < n ? __ldg(slots + token) : -1;
-  if (__all_sync(kFullMask, slot < 0)) return;
-
+  // The K/V load does not wait for the slot: both are in flight at once.
   float x[16];
-  if (slot >= 0) {
+  if (token < n) {
     LoadInput16(kv + token * F::kElems + sub * 16, x);
   } else {
 #pragma unroll
     for (int i = 0; i < 16; ++i) x[i] = 0.0f;
   }
+  const int32_t slot = token < n ? __ldg(slots + token) : -1;
+  if (__all_sync(kFullMask, slot < 0)) return;
   float amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < 16; ++i) amax = AmaxUpdate(amax, x[i]);
@@ -108,8 +108,6 @@ __global__ void __launch_bounds__(kThreads)
   if (item >= n * chunks_per_row) return;
   const int64_t token = item / chunks_per_row;
   const int32_t chunk = static_cast<int32_t>(item - token * chunks_per_row);
-  const int32_t slot = __ldg(slots + token);
-  if (slot < 0) return;
   constexpr int kElemsPerChunk = kVec / 2;
   const int64_t elem =
       token * (static_cast<int64_t>(chunks_per_row) * kElemsPerChunk) +
@@ -127,6 +125,8 @@ __global__ void __launch_bounds__(kThreads)
           (static_cast<uint32_t>(FloatToBf16(BitsToFloat(f[2 * k + 1]))) << 16);
     }
   }
+  const int32_t slot = __ldg(slots + token);
+  if (slot < 0) return;
   const int32_t block = slot / static_cast<int32_t>(layout.block_size);
   const int32_t t = slot - block * static_cast<int32_t>(layout.block_size);
   StoreWords<kVec>(layer + layout.data_offset(block, t) + chunk * kVec, w);

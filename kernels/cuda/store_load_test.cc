@@ -66,6 +66,8 @@ void CheckStore(const PoolLayout& layout, int64_t n, InputDtype dtype,
   ASSERT_TRUE(pool->CopyFrom(initial.data(), initial.size()).ok());
   ASSERT_TRUE(in->CopyFrom(kv.data(), kv.size()).ok());
   ASSERT_TRUE(dslots->CopyFrom(slots.data(), slots.size() * 4).ok());
+  // The copies ran on the legacy stream; a non-blocking stream does not wait.
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   ASSERT_TRUE(gpu::Store(layout, pool->get(), in->get(), dtype,
                          dslots->as<int32_t>(), n, options)
                   .ok());
@@ -114,6 +116,7 @@ void CheckLoad(const PoolLayout& layout, int64_t num_segments,
   ASSERT_TRUE(seg->CopyFrom(segments.data(), segments.size() * 4).ok());
   ASSERT_TRUE(data->CopyFrom(init_data.data(), init_data.size()).ok());
   ASSERT_TRUE(scales->CopyFrom(init_scales.data(), init_scales.size()).ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   ASSERT_TRUE(gpu::LoadSegments(
                   layout, pool->get(), seg->as<int32_t>(), segments.size() / 4,
                   data->get(), scale_row > 0 ? scales->get() : nullptr, options)
