@@ -1,0 +1,98 @@
+#include "client/cuda/cuda_events.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/cuda/cuda_mappings.h"
+#include "kernels/cuda/cuda_status.h"
+
+namespace kvcache {
+
+absl::Status ValidateEventHandle(absl::string_view field,
+                                 absl::string_view bytes) {
+  if (bytes.size() != sizeof(cudaIpcEventHandle_t)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " holds ", bytes.size(), " bytes; a cudaIpcEventHandle_t has ",
+        sizeof(cudaIpcEventHandle_t)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CudaIpcEvent> CudaIpcEvent::Create(int device) {
+  absl::StatusOr<ScopedCudaDevice> scoped = ScopedCudaDevice::Enter(device);
+  if (!scoped.ok()) return scoped.status();
+  cudaEvent_t event = nullptr;
+  RETURN_IF_CUDA_ERROR(
+      cudaEventCreateWithFlags(&event,
+                               cudaEventInterprocess | cudaEventDisableTiming),
+      "cudaEventCreateWithFlags(cudaEventInterprocess)");
+  cudaIpcEventHandle_t h;
+  if (const cudaError_t e = cudaIpcGetEventHandle(&h, event);
+      e != cudaSuccess) {
+    (void)cudaEventDestroy(event);
+    return gpu::ToStatus(e, "cudaIpcGetEventHandle");
+  }
+  return CudaIpcEvent(
+      event, device, std::string(reinterpret_cast<const char*>(&h), sizeof(h)));
+}
+
+absl::StatusOr<CudaIpcEvent> CudaIpcEvent::Open(absl::string_view field,
+                                                absl::string_view handle_bytes,
+                                                int device) {
+  if (absl::Status s = ValidateEventHandle(field, handle_bytes); !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<ScopedCudaDevice> scoped = ScopedCudaDevice::Enter(device);
+  if (!scoped.ok()) return scoped.status();
+  cudaIpcEventHandle_t h;
+  std::memcpy(&h, handle_bytes.data(), sizeof(h));
+  cudaEvent_t event = nullptr;
+  RETURN_IF_CUDA_ERROR(cudaIpcOpenEventHandle(&event, h),
+                       absl::StrCat("cudaIpcOpenEventHandle(", field, ")"));
+  return CudaIpcEvent(event, device, std::string(handle_bytes));
+}
+
+CudaIpcEvent::CudaIpcEvent(CudaIpcEvent&& other) noexcept
+    : event_(std::exchange(other.event_, nullptr)),
+      device_(other.device_),
+      handle_(std::move(other.handle_)) {}
+
+CudaIpcEvent& CudaIpcEvent::operator=(CudaIpcEvent&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    event_ = std::exchange(other.event_, nullptr);
+    device_ = other.device_;
+    handle_ = std::move(other.handle_);
+  }
+  return *this;
+}
+
+CudaIpcEvent::~CudaIpcEvent() { Reset(); }
+
+void CudaIpcEvent::Reset() {
+  if (event_ == nullptr) return;
+  absl::StatusOr<ScopedCudaDevice> scoped = ScopedCudaDevice::Enter(device_);
+  (void)cudaEventDestroy(event_);
+  event_ = nullptr;
+}
+
+absl::Status CudaIpcEvent::Record(cudaStream_t stream) {
+  RETURN_IF_CUDA_ERROR(cudaEventRecord(event_, stream),
+                       "cudaEventRecord(interprocess event)");
+  return absl::OkStatus();
+}
+
+absl::Status CudaIpcEvent::Wait(cudaStream_t stream) const {
+  RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(stream, event_, 0),
+                       "cudaStreamWaitEvent(interprocess event)");
+  return absl::OkStatus();
+}
+
+absl::Status CudaIpcEvent::Synchronize() const {
+  RETURN_IF_CUDA_ERROR(cudaEventSynchronize(event_),
+                       "cudaEventSynchronize(interprocess event)");
+  return absl::OkStatus();
+}
+
+}  // namespace kvcache

@@ -1,0 +1,420 @@
+#include "server/cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/cuda/cuda_events.h"
+#include "client/cuda/cuda_mappings.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/kernels.h"
+#include "server/cuda/cuda_memory.h"
+#include "server/cuda/devices.h"
+#include "server/cuda/staging.h"
+
+namespace kvcache {
+namespace {
+
+#define KV_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    const absl::Status kv_status_ = (expr);  \
+    if (!kv_status_.ok()) return kv_status_; \
+  } while (false)
+
+// Where a kernel operand lives.
+enum class Where {
+  kDevice,        // usable in place
+  kStagedDevice,  // device memory, misaligned: copied through scratch
+  kHost,          // host memory: copied through pinned + device scratch
+};
+
+struct Operand {
+  uint8_t* ptr = nullptr;  // the caller's pointer
+  int64_t bytes = 0;
+  Where where = Where::kDevice;
+  int64_t offset = 0;  // inside the Staging when not kDevice
+};
+
+// What a call queued, so that a failure can drain the stream before the
+// Staging is reused.
+struct Queued {
+  cudaStream_t stream = nullptr;
+  ~Queued() {
+    if (stream != nullptr) (void)cudaStreamSynchronize(stream);
+  }
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device_count)
+      : device_count_(device_count),
+        ranges_(std::make_shared<DeviceRanges>()) {}
+
+  absl::string_view name() const override { return "cuda"; }
+
+  absl::StatusOr<std::string> ResolveDevice(
+      absl::string_view requested) const override {
+    absl::StatusOr<int> d = ParseCudaDevice("device", requested, device_count_);
+    if (!d.ok()) return d.status();
+    return CudaDeviceName(*d);
+  }
+
+  absl::StatusOr<std::unique_ptr<Memory>> Allocate(
+      int64_t size, absl::string_view device) override {
+    absl::StatusOr<int> d = ParseCudaDevice("device", device, device_count_);
+    if (!d.ok()) return d.status();
+    absl::StatusOr<std::unique_ptr<CudaAllocation>> m =
+        CudaAllocation::Create(size, *d, ranges_);
+    if (!m.ok()) return m.status();
+    return std::unique_ptr<Memory>(*std::move(m));
+  }
+
+  absl::StatusOr<std::unique_ptr<Memory>> Import(
+      const v1::SharedHandle& handle) override {
+    KV_RETURN_IF_ERROR(ValidateCudaHandle("handle", handle, device_count_));
+    if (ranges_->IsExported(handle.cuda_ipc_handle())) {
+      return absl::InvalidArgumentError(
+          "handle.cuda_ipc_handle names memory this daemon allocated (a pool "
+          "or buffer); address it by its buffer id instead");
+    }
+    absl::StatusOr<std::unique_ptr<CudaImport>> m =
+        CudaImport::Open(handle, ranges_);
+    if (!m.ok()) return m.status();
+    return std::unique_ptr<Memory>(*std::move(m));
+  }
+
+  absl::Status Store(const PoolLayout& layout, const Memory& pool,
+                     int64_t layer, const void* kv, InputDtype dtype,
+                     absl::Span<const int32_t> slot_mapping) override {
+    return StoreOrdered(layout, pool, layer, kv, dtype, slot_mapping, "", {},
+                        nullptr);
+  }
+
+  absl::Status Load(const PoolLayout& layout, const Memory& pool, int64_t layer,
+                    absl::Span<const int32_t> segments, int64_t total_k,
+                    void* data, void* scales) override {
+    return LoadOrdered(layout, pool, layer, segments, total_k, data, scales, "",
+                       {}, nullptr);
+  }
+
+  absl::Status StoreOrdered(const PoolLayout& layout, const Memory& pool,
+                            int64_t layer, const void* kv, InputDtype dtype,
+                            absl::Span<const int32_t> slot_mapping,
+                            absl::string_view wait_field,
+                            const CudaOrdering& ordering,
+                            std::string* recorded_event);
+
+  absl::Status LoadOrdered(const PoolLayout& layout, const Memory& pool,
+                           int64_t layer, absl::Span<const int32_t> segments,
+                           int64_t total_k, void* data, void* scales,
+                           absl::string_view wait_field,
+                           const CudaOrdering& ordering,
+                           std::string* recorded_event);
+
+ private:
+  absl::StatusOr<CudaAllocation*> AsAllocation(const Memory& pool) const {
+    auto* m = dynamic_cast<const CudaAllocation*>(&pool);
+    if (m == nullptr) {
+      return absl::InternalError(
+          "the pool's memory was not allocated by the CUDA backend");
+    }
+    return const_cast<CudaAllocation*>(m);
+  }
+
+  // Classifies `p` (`bytes` long) for a kernel on `device` that needs
+  // `alignment`; `field` names the request field in messages.
+  absl::StatusOr<Operand> Classify(const void* p, int64_t bytes, int device,
+                                   uintptr_t alignment,
+                                   absl::string_view field) const {
+    Operand op;
+    op.ptr = static_cast<uint8_t*>(const_cast<void*>(p));
+    op.bytes = bytes;
+    if (bytes == 0) return op;
+    absl::StatusOr<std::optional<DeviceRanges::Range>> r =
+        ranges_->Find(p, bytes);
+    if (!r.ok()) return r.status();
+    if (!r->has_value()) {
+      op.where = Where::kHost;
+    } else if ((*r)->device != device) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " is a buffer on cuda:", (*r)->device,
+                       " but the pool is on cuda:", device,
+                       "; use a buffer on the pool's device"));
+    } else if (reinterpret_cast<uintptr_t>(p) % alignment != 0) {
+      op.where = Where::kStagedDevice;
+    }
+    return op;
+  }
+
+  // Opens the client's wait event (INVALID_ARGUMENT when it cannot be).
+  absl::StatusOr<std::optional<CudaIpcEvent>> OpenWaitEvent(
+      absl::string_view field, absl::string_view bytes, int device) const {
+    if (bytes.empty()) return std::optional<CudaIpcEvent>();
+    absl::StatusOr<CudaIpcEvent> e = CudaIpcEvent::Open(field, bytes, device);
+    if (!e.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": cannot open the client's event: ", e.status().message()));
+    }
+    return std::optional<CudaIpcEvent>(*std::move(e));
+  }
+
+  // Marks the staging used, records or synchronizes (SPEC §9), then copies
+  // host outputs back from pinned memory.
+  absl::Status Finish(CudaAllocation* mem, StagingPool::Lease& lease,
+                      Queued& queued, const CudaOrdering& ordering,
+                      absl::Span<const Operand> host_outputs,
+                      std::string* recorded_event) {
+    cudaStream_t st = mem->stream();
+    KV_RETURN_IF_ERROR(lease->MarkUsed(st));
+    if (ordering.record_event) {
+      absl::StatusOr<std::string> handle = mem->RecordEvent();
+      if (!handle.ok()) return handle.status();
+      if (recorded_event != nullptr) *recorded_event = *std::move(handle);
+    }
+    if (!ordering.record_event || !host_outputs.empty()) {
+      RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(st),
+                           "waiting for the request's kernels");
+      for (const Operand& op : host_outputs) {
+        std::memcpy(op.ptr, lease->host() + op.offset,
+                    static_cast<size_t>(op.bytes));
+      }
+    }
+    queued.stream = nullptr;  // done, or ordered by the recorded event
+    return absl::OkStatus();
+  }
+
+  const int device_count_;
+  const std::shared_ptr<DeviceRanges> ranges_;
+  StagingPool staging_;
+};
+
+absl::Status CudaBackend::StoreOrdered(const PoolLayout& layout,
+                                       const Memory& pool, int64_t layer,
+                                       const void* kv, InputDtype dtype,
+                                       absl::Span<const int32_t> slot_mapping,
+                                       absl::string_view wait_field,
+                                       const CudaOrdering& ordering,
+                                       std::string* recorded_event) {
+  if (recorded_event != nullptr) recorded_event->clear();
+  absl::StatusOr<CudaAllocation*> mem = AsAllocation(pool);
+  if (!mem.ok()) return mem.status();
+  const int device = (*mem)->device();
+  absl::StatusOr<ScopedCudaDevice> scoped = ScopedCudaDevice::Enter(device);
+  if (!scoped.ok()) return scoped.status();
+
+  const int64_t n = static_cast<int64_t>(slot_mapping.size());
+  const int64_t slots_bytes = n * static_cast<int64_t>(sizeof(int32_t));
+  const int64_t kv_bytes =
+      n * layout.format.elements() * (dtype == InputDtype::kFP32 ? 4 : 2);
+  absl::StatusOr<Operand> kv_op = Classify(kv, kv_bytes, device, 16, "kv");
+  if (!kv_op.ok()) return kv_op.status();
+  // Staging: [slot_mapping | kv when not used in place].
+  int64_t staged = StagingRound(slots_bytes);
+  if (kv_op->where != Where::kDevice) {
+    kv_op->offset = staged;
+    staged += StagingRound(kv_bytes);
+  }
+  absl::StatusOr<std::optional<CudaIpcEvent>> wait =
+      OpenWaitEvent(wait_field, ordering.wait_event, device);
+  if (!wait.ok()) return wait.status();
+  absl::StatusOr<StagingPool::Lease> lease = staging_.Acquire(device, staged);
+  if (!lease.ok()) return lease.status();
+
+  cudaStream_t st = (*mem)->stream();
+  Queued queued{st};
+  if (wait->has_value()) KV_RETURN_IF_ERROR((*wait)->Wait(st));
+  uint8_t* host = (*lease)->host();
+  uint8_t* dev = (*lease)->dev();
+  if (n > 0) {
+    std::memcpy(host, slot_mapping.data(), static_cast<size_t>(slots_bytes));
+    int64_t h2d = slots_bytes;
+    if (kv_op->where == Where::kHost) {
+      std::memcpy(host + kv_op->offset, kv, static_cast<size_t>(kv_bytes));
+      h2d = kv_op->offset + kv_bytes;
+    }
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(dev, host, static_cast<size_t>(h2d),
+                                         cudaMemcpyHostToDevice, st),
+                         "staging slot_mapping and inline kv");
+    if (kv_op->where == Where::kStagedDevice) {
+      RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(dev + kv_op->offset, kv,
+                                           static_cast<size_t>(kv_bytes),
+                                           cudaMemcpyDeviceToDevice, st),
+                           "staging a misaligned kv slice");
+    }
+    const void* kv_dev =
+        kv_op->where == Where::kDevice ? kv : dev + kv_op->offset;
+    gpu::LaunchOptions launch;
+    launch.stream = st;
+    KV_RETURN_IF_ERROR(
+        gpu::Store(layout, (*mem)->data() + layout.layer_offset(layer), kv_dev,
+                   dtype, reinterpret_cast<const int32_t*>(dev), n, launch));
+  }
+  return Finish(*mem, *lease, queued, ordering, {}, recorded_event);
+}
+
+absl::Status CudaBackend::LoadOrdered(const PoolLayout& layout,
+                                      const Memory& pool, int64_t layer,
+                                      absl::Span<const int32_t> segments,
+                                      int64_t total_k, void* data, void* scales,
+                                      absl::string_view wait_field,
+                                      const CudaOrdering& ordering,
+                                      std::string* recorded_event) {
+  if (recorded_event != nullptr) recorded_event->clear();
+  absl::StatusOr<CudaAllocation*> mem = AsAllocation(pool);
+  if (!mem.ok()) return mem.status();
+  const int device = (*mem)->device();
+  absl::StatusOr<ScopedCudaDevice> scoped = ScopedCudaDevice::Enter(device);
+  if (!scoped.ok()) return scoped.status();
+
+  const KVCacheFormat& f = layout.format;
+  const int64_t num_segments = static_cast<int64_t>(segments.size()) / 4;
+  const int64_t seg_bytes =
+      static_cast<int64_t>(segments.size() * sizeof(int32_t));
+  const int64_t data_bytes = total_k * LoadDataRowBytes(f);
+  const int64_t scale_bytes = f.do_cast ? 0 : total_k * LoadScaleRowBytes(f);
+  absl::StatusOr<Operand> data_op =
+      Classify(data, data_bytes, device, 16, "data");
+  if (!data_op.ok()) return data_op.status();
+  absl::StatusOr<Operand> scale_op =
+      Classify(scales, scale_bytes, device, 4, "scales");
+  if (!scale_op.ok()) return scale_op.status();
+  // Staging: [segments | data when not in place | scales when not in place].
+  int64_t staged = StagingRound(seg_bytes);
+  Operand* outputs[2] = {&*data_op, &*scale_op};
+  for (Operand* op : outputs) {
+    if (op->bytes > 0 && op->where != Where::kDevice) {
+      op->offset = staged;
+      staged += StagingRound(op->bytes);
+    }
+  }
+  absl::StatusOr<std::optional<CudaIpcEvent>> wait =
+      OpenWaitEvent(wait_field, ordering.wait_event, device);
+  if (!wait.ok()) return wait.status();
+  absl::StatusOr<StagingPool::Lease> lease = staging_.Acquire(device, staged);
+  if (!lease.ok()) return lease.status();
+
+  cudaStream_t st = (*mem)->stream();
+  Queued queued{st};
+  if (wait->has_value()) KV_RETURN_IF_ERROR((*wait)->Wait(st));
+  uint8_t* host = (*lease)->host();
+  uint8_t* dev = (*lease)->dev();
+  std::vector<Operand> host_outputs;
+  if (num_segments > 0) {
+    // Inputs: the segments, and the current contents of staged outputs
+    // (rows no segment covers keep them, SPEC §5).
+    std::memcpy(host, segments.data(), static_cast<size_t>(seg_bytes));
+    RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(dev, host, static_cast<size_t>(seg_bytes),
+                        cudaMemcpyHostToDevice, st),
+        "staging the plan segments");
+    for (Operand* op : outputs) {
+      if (op->bytes == 0 || op->where == Where::kDevice) continue;
+      if (op->where == Where::kHost) {
+        std::memcpy(host + op->offset, op->ptr, static_cast<size_t>(op->bytes));
+        RETURN_IF_CUDA_ERROR(
+            cudaMemcpyAsync(dev + op->offset, host + op->offset,
+                            static_cast<size_t>(op->bytes),
+                            cudaMemcpyHostToDevice, st),
+            "staging an inline output");
+      } else {
+        RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(dev + op->offset, op->ptr,
+                                             static_cast<size_t>(op->bytes),
+                                             cudaMemcpyDeviceToDevice, st),
+                             "staging a misaligned output slice");
+      }
+    }
+    auto at = [&](const Operand& op) -> void* {
+      if (op.bytes == 0) return op.ptr;
+      return op.where == Where::kDevice ? op.ptr : dev + op.offset;
+    };
+    gpu::LaunchOptions launch;
+    launch.stream = st;
+    KV_RETURN_IF_ERROR(gpu::LoadSegments(
+        layout, (*mem)->data() + layout.layer_offset(layer),
+        reinterpret_cast<const int32_t*>(dev), num_segments, at(*data_op),
+        f.do_cast ? nullptr : at(*scale_op), launch));
+    for (Operand* op : outputs) {
+      if (op->bytes == 0 || op->where == Where::kDevice) continue;
+      if (op->where == Where::kHost) {
+        RETURN_IF_CUDA_ERROR(
+            cudaMemcpyAsync(host + op->offset, dev + op->offset,
+                            static_cast<size_t>(op->bytes),
+                            cudaMemcpyDeviceToHost, st),
+            "copying an inline output back");
+        host_outputs.push_back(*op);
+      } else {
+        RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(op->ptr, dev + op->offset,
+                                             static_cast<size_t>(op->bytes),
+                                             cudaMemcpyDeviceToDevice, st),
+                             "copying a misaligned output slice back");
+      }
+    }
+  }
+  return Finish(*mem, *lease, queued, ordering, host_outputs, recorded_event);
+}
+
+CudaBackend* AsCudaBackend(Backend* backend) {
+  return dynamic_cast<CudaBackend*>(backend);
+}
+
+}  // namespace
+
+absl::StatusOr<int> CudaDeviceCount() {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    return absl::FailedPreconditionError(
+        gpu::ToStatus(e, "cudaGetDeviceCount").message());
+  }
+  return count;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(
+    const BackendOptions& /*options*/) {
+  absl::StatusOr<int> count = CudaDeviceCount();
+  if (!count.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--backend=cuda: no usable CUDA driver: ", count.status().message()));
+  }
+  if (*count <= 0) {
+    return absl::FailedPreconditionError(
+        "--backend=cuda: no CUDA device is visible");
+  }
+  return std::unique_ptr<Backend>(new CudaBackend(*count));
+}
+
+absl::Status CudaStoreOrdered(Backend* backend, const PoolLayout& layout,
+                              const Memory& pool, int64_t layer, const void* kv,
+                              InputDtype dtype,
+                              absl::Span<const int32_t> slot_mapping,
+                              absl::string_view wait_field,
+                              const CudaOrdering& ordering,
+                              std::string* recorded_event) {
+  CudaBackend* cuda = AsCudaBackend(backend);
+  if (cuda == nullptr) {
+    return absl::InternalError("GPU ordering needs the CUDA backend");
+  }
+  return cuda->StoreOrdered(layout, pool, layer, kv, dtype, slot_mapping,
+                            wait_field, ordering, recorded_event);
+}
+
+absl::Status CudaLoadOrdered(Backend* backend, const PoolLayout& layout,
+                             const Memory& pool, int64_t layer,
+                             absl::Span<const int32_t> segments,
+                             int64_t total_k, void* data, void* scales,
+                             absl::string_view wait_field,
+                             const CudaOrdering& ordering,
+                             std::string* recorded_event) {
+  CudaBackend* cuda = AsCudaBackend(backend);
+  if (cuda == nullptr) {
+    return absl::InternalError("GPU ordering needs the CUDA backend");
+  }
+  return cuda->LoadOrdered(layout, pool, layer, segments, total_k, data, scales,
+                           wait_field, ordering, recorded_event);
+}
+
+}  // namespace kvcache

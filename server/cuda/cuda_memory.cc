@@ -1,0 +1,139 @@
+#include "server/cuda/cuda_memory.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_status.h"
+#include "server/cuda/devices.h"
+
+namespace kvcache {
+
+void DeviceRanges::Add(const void* base, int64_t size, int device) {
+  const uintptr_t key = reinterpret_cast<uintptr_t>(base);
+  absl::MutexLock lock(&mu_);
+  Range& r = ranges_[key];
+  r.base = key;
+  r.size = std::max(r.size, size);
+  r.device = device;
+  ++r.count;
+}
+
+void DeviceRanges::Remove(const void* base) {
+  absl::MutexLock lock(&mu_);
+  auto it = ranges_.find(reinterpret_cast<uintptr_t>(base));
+  if (it != ranges_.end() && --it->second.count <= 0) ranges_.erase(it);
+}
+
+absl::StatusOr<std::optional<DeviceRanges::Range>> DeviceRanges::Find(
+    const void* p, int64_t bytes) const {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  absl::MutexLock lock(&mu_);
+  auto it = ranges_.upper_bound(a);
+  if (it == ranges_.begin()) return std::optional<Range>();
+  --it;
+  const Range& r = it->second;
+  if (a - r.base >= static_cast<uint64_t>(r.size)) {
+    return std::optional<Range>();
+  }
+  if (bytes < 0 || static_cast<uint64_t>(bytes) >
+                       static_cast<uint64_t>(r.size) - (a - r.base)) {
+    return absl::InternalError(absl::StrCat(
+        "a request range of ", bytes, " bytes at offset ", a - r.base,
+        " runs past its device allocation of ", r.size, " bytes"));
+  }
+  return std::optional<Range>(r);
+}
+
+void DeviceRanges::AddExported(const std::string& handle_bytes) {
+  absl::MutexLock lock(&mu_);
+  exported_.insert(handle_bytes);
+}
+
+void DeviceRanges::RemoveExported(const std::string& handle_bytes) {
+  absl::MutexLock lock(&mu_);
+  exported_.erase(handle_bytes);
+}
+
+bool DeviceRanges::IsExported(const std::string& handle_bytes) const {
+  absl::MutexLock lock(&mu_);
+  return exported_.contains(handle_bytes);
+}
+
+absl::StatusOr<std::unique_ptr<CudaAllocation>> CudaAllocation::Create(
+    int64_t size, int device, std::shared_ptr<DeviceRanges> ranges) {
+  absl::StatusOr<int64_t> bytes = RoundUpAllocation(size);
+  if (!bytes.ok()) return bytes.status();
+  absl::StatusOr<ScopedCudaDevice> scoped = ScopedCudaDevice::Enter(device);
+  if (!scoped.ok()) return scoped.status();
+  void* base = nullptr;
+  RETURN_IF_CUDA_ERROR(
+      cudaMalloc(&base, static_cast<size_t>(*bytes)),
+      absl::StrCat("cudaMalloc(", *bytes, " bytes) on cuda:", device));
+  // From here the destructor frees whatever was created.
+  std::unique_ptr<CudaAllocation> m(new CudaAllocation(
+      static_cast<uint8_t*>(base), size, device, std::move(ranges)));
+  RETURN_IF_CUDA_ERROR(
+      cudaStreamCreateWithFlags(&m->stream_, cudaStreamNonBlocking),
+      "cudaStreamCreateWithFlags");
+  RETURN_IF_CUDA_ERROR(
+      cudaMemsetAsync(base, 0, static_cast<size_t>(*bytes), m->stream_),
+      "zero-filling a new allocation");
+  RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(m->stream_),
+                       "zero-filling a new allocation");
+  cudaIpcMemHandle_t h;
+  RETURN_IF_CUDA_ERROR(cudaIpcGetMemHandle(&h, base), "cudaIpcGetMemHandle");
+  m->ipc_handle_.assign(reinterpret_cast<const char*>(&h), sizeof(h));
+  m->ranges_->Add(base, *bytes, device);
+  m->ranges_->AddExported(m->ipc_handle_);
+  return m;
+}
+
+CudaAllocation::~CudaAllocation() {
+  absl::StatusOr<ScopedCudaDevice> scoped = ScopedCudaDevice::Enter(device_);
+  if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
+  {
+    absl::MutexLock lock(&event_mu_);
+    event_.reset();
+  }
+  if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+  if (!ipc_handle_.empty()) {
+    ranges_->Remove(base_);
+    ranges_->RemoveExported(ipc_handle_);
+  }
+  (void)cudaFree(base_);
+}
+
+void CudaAllocation::FillHandle(v1::SharedHandle* handle) const {
+  handle->set_cuda_ipc_handle(ipc_handle_);
+  handle->set_size(size_);
+  handle->set_offset(0);
+  handle->set_device_ordinal(device_);
+}
+
+absl::StatusOr<std::string> CudaAllocation::RecordEvent() {
+  absl::MutexLock lock(&event_mu_);
+  if (!event_.has_value()) {
+    absl::StatusOr<CudaIpcEvent> e = CudaIpcEvent::Create(device_);
+    if (!e.ok()) return e.status();
+    event_.emplace(*std::move(e));
+  }
+  if (absl::Status s = event_->Record(stream_); !s.ok()) return s;
+  return event_->handle();
+}
+
+absl::StatusOr<std::unique_ptr<CudaImport>> CudaImport::Open(
+    const v1::SharedHandle& handle, std::shared_ptr<DeviceRanges> ranges) {
+  absl::StatusOr<CudaIpcMapping> mapping = CudaIpcMapping::Open(handle);
+  if (!mapping.ok()) return mapping.status();
+  // Keyed by the mapping base: every import of one handle shares it.
+  ranges->Add(mapping->base(),
+              (mapping->data() - mapping->base()) + mapping->size(),
+              mapping->device());
+  return std::unique_ptr<CudaImport>(
+      new CudaImport(*std::move(mapping), handle, std::move(ranges)));
+}
+
+CudaImport::~CudaImport() { ranges_->Remove(mapping_.base()); }
+
+}  // namespace kvcache

@@ -1,0 +1,133 @@
+// Device memory of the CUDA backend: daemon allocations (pools and buffers,
+// each its own cudaMalloc exported by IPC handle) and client allocations
+// imported by handle, plus the registry of their address ranges that tells
+// the backend whether a request pointer is device memory it may hand to a
+// kernel or host memory (inline request data) it must stage.
+#ifndef KVCACHED_SERVER_CUDA_CUDA_MEMORY_H_
+#define KVCACHED_SERVER_CUDA_CUDA_MEMORY_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "client/cuda/cuda_events.h"
+#include "client/cuda/cuda_mappings.h"
+#include "server/backend.h"
+
+namespace kvcache {
+
+// Address ranges of the backend's live device memory. Imports of one
+// handle share a base: a range counts its Adds and keeps the largest size.
+class DeviceRanges {
+ public:
+  struct Range {
+    uintptr_t base = 0;
+    int64_t size = 0;
+    int device = -1;
+    int count = 0;  // Adds not yet Removed
+  };
+
+  void Add(const void* base, int64_t size, int device);
+  void Remove(const void* base);
+  // The range holding [p, p + bytes), or nullopt when p is in no range
+  // (host memory). INTERNAL when p is in a range that does not hold all
+  // the bytes (the service checks every slice against its buffer first).
+  absl::StatusOr<std::optional<Range>> Find(const void* p, int64_t bytes) const;
+
+  // Handles this process exported (it cannot import its own).
+  void AddExported(const std::string& handle_bytes);
+  void RemoveExported(const std::string& handle_bytes);
+  bool IsExported(const std::string& handle_bytes) const;
+
+ private:
+  mutable absl::Mutex mu_;
+  std::map<uintptr_t, Range> ranges_ ABSL_GUARDED_BY(mu_);  // key: base
+  absl::flat_hash_set<std::string> exported_ ABSL_GUARDED_BY(mu_);
+};
+
+// A zero-filled cudaMalloc of a pool or buffer, exported with
+// cudaIpcGetMemHandle, with the stream its kernels run on and (created on
+// first use) the interprocess event recorded after ordered requests.
+class CudaAllocation final : public Memory {
+ public:
+  // `size` > 0 bytes on `device`; the allocation is rounded up to
+  // kCudaAllocationGranularity and zero-filled in full.
+  static absl::StatusOr<std::unique_ptr<CudaAllocation>> Create(
+      int64_t size, int device, std::shared_ptr<DeviceRanges> ranges);
+
+  CudaAllocation(const CudaAllocation&) = delete;
+  CudaAllocation& operator=(const CudaAllocation&) = delete;
+  // Waits for the stream, then frees everything.
+  ~CudaAllocation() override;
+
+  uint8_t* data() const override { return base_; }
+  int64_t size() const override { return size_; }
+  // cuda_ipc_handle of the base, size() bytes, offset 0, the device.
+  void FillHandle(v1::SharedHandle* handle) const override;
+
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+
+  // Records this allocation's interprocess event on stream() and returns
+  // its cudaIpcEventHandle_t bytes (the same bytes every time: a later
+  // record only moves the point it marks forward on the same stream).
+  absl::StatusOr<std::string> RecordEvent();
+
+ private:
+  CudaAllocation(uint8_t* base, int64_t size, int device,
+                 std::shared_ptr<DeviceRanges> ranges)
+      : base_(base), size_(size), device_(device), ranges_(std::move(ranges)) {}
+
+  uint8_t* base_ = nullptr;
+  int64_t size_ = 0;  // requested bytes (the allocation may be larger)
+  int device_ = -1;
+  std::shared_ptr<DeviceRanges> ranges_;
+  cudaStream_t stream_ = nullptr;  // non-blocking, created with the memory
+  std::string ipc_handle_;         // cudaIpcMemHandle_t bytes of base_
+
+  absl::Mutex event_mu_;
+  std::optional<CudaIpcEvent> event_ ABSL_GUARDED_BY(event_mu_);
+};
+
+// A client's allocation mapped by IPC handle (cached per handle and
+// reference-counted by CudaIpcMapping).
+class CudaImport final : public Memory {
+ public:
+  // REQUIRES: the caller rejected handles in ranges->IsExported.
+  static absl::StatusOr<std::unique_ptr<CudaImport>> Open(
+      const v1::SharedHandle& handle, std::shared_ptr<DeviceRanges> ranges);
+
+  CudaImport(const CudaImport&) = delete;
+  CudaImport& operator=(const CudaImport&) = delete;
+  ~CudaImport() override;
+
+  uint8_t* data() const override { return mapping_.data(); }
+  int64_t size() const override { return mapping_.size(); }
+  // Echoes the imported handle.
+  void FillHandle(v1::SharedHandle* handle) const override {
+    *handle = handle_;
+  }
+
+ private:
+  CudaImport(CudaIpcMapping mapping, v1::SharedHandle handle,
+             std::shared_ptr<DeviceRanges> ranges)
+      : mapping_(std::move(mapping)),
+        handle_(std::move(handle)),
+        ranges_(std::move(ranges)) {}
+
+  CudaIpcMapping mapping_;
+  v1::SharedHandle handle_;
+  std::shared_ptr<DeviceRanges> ranges_;
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHED_SERVER_CUDA_CUDA_MEMORY_H_

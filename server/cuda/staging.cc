@@ -1,0 +1,97 @@
+#include "server/cuda/staging.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/cuda/cuda_mappings.h"
+#include "kernels/cuda/cuda_status.h"
+
+namespace kvcache {
+namespace {
+
+constexpr int64_t kMinCapacity = int64_t{64} << 10;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Staging>> Staging::Create(int device) {
+  std::unique_ptr<Staging> s(new Staging(device));
+  RETURN_IF_CUDA_ERROR(
+      cudaEventCreateWithFlags(&s->used_, cudaEventDisableTiming),
+      "cudaEventCreateWithFlags(staging)");
+  return s;
+}
+
+Staging::~Staging() {
+  absl::StatusOr<ScopedCudaDevice> scoped = ScopedCudaDevice::Enter(device_);
+  if (used_ != nullptr) {
+    (void)cudaEventSynchronize(used_);
+    (void)cudaEventDestroy(used_);
+  }
+  if (host_ != nullptr) (void)cudaFreeHost(host_);
+  if (dev_ != nullptr) (void)cudaFree(dev_);
+}
+
+absl::Status Staging::Prepare(int64_t bytes) {
+  RETURN_IF_CUDA_ERROR(cudaEventSynchronize(used_),
+                       "waiting for the previous use of a staging buffer");
+  if (bytes <= capacity_) return absl::OkStatus();
+  const int64_t want =
+      StagingRound(std::max({bytes, 2 * capacity_, kMinCapacity}));
+  if (host_ != nullptr) (void)cudaFreeHost(host_);
+  if (dev_ != nullptr) (void)cudaFree(dev_);
+  host_ = nullptr;
+  dev_ = nullptr;
+  capacity_ = 0;
+  void* h = nullptr;
+  RETURN_IF_CUDA_ERROR(
+      cudaHostAlloc(&h, static_cast<size_t>(want), cudaHostAllocDefault),
+      absl::StrCat("cudaHostAlloc(", want, " bytes) for staging"));
+  host_ = static_cast<uint8_t*>(h);
+  void* d = nullptr;
+  RETURN_IF_CUDA_ERROR(
+      cudaMalloc(&d, static_cast<size_t>(want)),
+      absl::StrCat("cudaMalloc(", want, " bytes) for staging"));
+  dev_ = static_cast<uint8_t*>(d);
+  capacity_ = want;
+  return absl::OkStatus();
+}
+
+absl::Status Staging::MarkUsed(cudaStream_t stream) {
+  RETURN_IF_CUDA_ERROR(cudaEventRecord(used_, stream),
+                       "recording the use of a staging buffer");
+  return absl::OkStatus();
+}
+
+StagingPool::Lease::~Lease() {
+  if (staging_ != nullptr) pool_->Return(std::move(staging_));
+}
+
+absl::StatusOr<StagingPool::Lease> StagingPool::Acquire(int device,
+                                                        int64_t bytes) {
+  std::unique_ptr<Staging> staging;
+  {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::unique_ptr<Staging>>& list = free_[device];
+    if (!list.empty()) {
+      staging = std::move(list.back());
+      list.pop_back();
+    }
+  }
+  if (staging == nullptr) {
+    absl::StatusOr<std::unique_ptr<Staging>> created = Staging::Create(device);
+    if (!created.ok()) return created.status();
+    staging = *std::move(created);
+  }
+  // On failure the Staging goes back to the pool (its event is valid).
+  Lease lease(this, std::move(staging));
+  if (absl::Status s = lease->Prepare(bytes); !s.ok()) return s;
+  return lease;
+}
+
+void StagingPool::Return(std::unique_ptr<Staging> staging) {
+  absl::MutexLock lock(&mu_);
+  free_[staging->device()].push_back(std::move(staging));
+}
+
+}  // namespace kvcache

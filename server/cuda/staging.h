@@ -1,0 +1,100 @@
+// Staging scratch of the CUDA backend. Request arrays (slot mappings, plan
+// segments) and inline K/V live in host memory; a kernel needs them in
+// device memory. Each in-flight call takes a Staging (a pinned host buffer
+// and a device buffer of the same capacity) from the pool, copies through
+// it on its stream, records the Staging's event after its last use, and
+// gives it back. A later call waits on that event before reusing the
+// buffers, so calls that return without synchronizing (GPU ordering by
+// events) never see their staged bytes overwritten. Buffers only grow:
+// steady-state requests allocate nothing.
+#ifndef KVCACHED_SERVER_CUDA_STAGING_H_
+#define KVCACHED_SERVER_CUDA_STAGING_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
+namespace kvcache {
+
+// Regions inside a Staging start on this boundary (enough for every kernel
+// operand, 16 bytes, and for coalesced copies).
+inline constexpr int64_t kStagingAlignment = 256;
+
+class Staging {
+ public:
+  static absl::StatusOr<std::unique_ptr<Staging>> Create(int device);
+
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+  ~Staging();
+
+  int device() const { return device_; }
+  uint8_t* host() const { return host_; }
+  uint8_t* dev() const { return dev_; }
+  int64_t capacity() const { return capacity_; }
+
+  // Waits for the work of the previous user, then grows both buffers to at
+  // least `bytes`. REQUIRES: device() is current.
+  absl::Status Prepare(int64_t bytes);
+  // Records the end of this user's work on `stream`.
+  absl::Status MarkUsed(cudaStream_t stream);
+
+ private:
+  explicit Staging(int device) : device_(device) {}
+
+  int device_ = -1;
+  uint8_t* host_ = nullptr;  // cudaHostAlloc, capacity_ bytes
+  uint8_t* dev_ = nullptr;   // cudaMalloc, capacity_ bytes
+  int64_t capacity_ = 0;
+  cudaEvent_t used_ = nullptr;  // recorded after the last user's work
+};
+
+class StagingPool {
+ public:
+  // A Staging held by one call; returned to the pool on destruction.
+  class Lease {
+   public:
+    Lease(StagingPool* pool, std::unique_ptr<Staging> staging)
+        : pool_(pool), staging_(std::move(staging)) {}
+    Lease(Lease&&) = default;
+    Lease& operator=(Lease&&) = delete;
+    ~Lease();
+    Staging* operator->() const { return staging_.get(); }
+
+   private:
+    StagingPool* pool_;
+    std::unique_ptr<Staging> staging_;
+  };
+
+  StagingPool() = default;
+  StagingPool(const StagingPool&) = delete;
+  StagingPool& operator=(const StagingPool&) = delete;
+
+  // A Staging of `device` holding at least `bytes`, its previous user's
+  // work finished. REQUIRES: `device` is current.
+  absl::StatusOr<Lease> Acquire(int device, int64_t bytes);
+
+ private:
+  void Return(std::unique_ptr<Staging> staging);
+
+  absl::Mutex mu_;
+  absl::flat_hash_map<int, std::vector<std::unique_ptr<Staging>>> free_
+      ABSL_GUARDED_BY(mu_);  // key: device ordinal
+};
+
+// Bytes rounded up to kStagingAlignment.
+inline int64_t StagingRound(int64_t bytes) {
+  return (bytes + kStagingAlignment - 1) / kStagingAlignment *
+         kStagingAlignment;
+}
+
+}  // namespace kvcache
+
+#endif  // KVCACHED_SERVER_CUDA_STAGING_H_
