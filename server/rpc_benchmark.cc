@@ -1,0 +1,192 @@
+// RPC latency of a decode step over the Unix socket: Store and Load of 256
+// V41 tokens whose data sits in a shared buffer, next to an empty RPC
+// (Ping) measured in the same run. Prints p50/p99/mean per request kind.
+//
+//   bazel run -c opt //server:rpc_benchmark -- --iterations=2000
+//
+// By default the daemon runs in this process (its own server threads, a
+// temporary socket); --address measures an external kvcached instead.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/kvcache_client.h"
+#include "kernels/quant.h"
+#include "proto/wire.h"
+#include "server/daemon.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, address, "",
+          "Daemon to measure; empty = start one in-process on a temp socket.");
+ABSL_FLAG(int, iterations, 2000, "Measured requests per kind.");
+ABSL_FLAG(int, warmup, 200, "Unmeasured requests per kind first.");
+ABSL_FLAG(int, tokens, 256, "Tokens per Store/Load (a decode step).");
+
+namespace kvcache {
+namespace {
+
+constexpr int64_t kBlockSize = 64;
+constexpr int64_t kNumBlocks = 1024;
+constexpr int64_t kElements = 512;
+
+struct Result {
+  std::string name;
+  double p50_us, p99_us, mean_us;
+};
+
+Result Measure(const std::string& name, int warmup, int iterations,
+               const std::function<absl::Status()>& call) {
+  for (int i = 0; i < warmup; ++i) {
+    absl::Status s = call();
+    if (!s.ok()) {
+      std::fprintf(stderr, "%s failed: %s\n", name.c_str(),
+                   s.ToString().c_str());
+      std::exit(1);
+    }
+  }
+  std::vector<double> us(static_cast<size_t>(iterations));
+  for (int i = 0; i < iterations; ++i) {
+    const absl::Time t0 = absl::Now();
+    absl::Status s = call();
+    us[i] = absl::ToDoubleMicroseconds(absl::Now() - t0);
+    if (!s.ok()) {
+      std::fprintf(stderr, "%s failed: %s\n", name.c_str(),
+                   s.ToString().c_str());
+      std::exit(1);
+    }
+  }
+  std::sort(us.begin(), us.end());
+  const double mean = std::accumulate(us.begin(), us.end(), 0.0) / us.size();
+  return {name, us[us.size() / 2], us[us.size() * 99 / 100], mean};
+}
+
+int Run() {
+  spdlog::set_level(spdlog::level::warn);
+  std::string address = absl::GetFlag(FLAGS_address);
+  std::unique_ptr<Daemon> daemon;
+  if (address.empty()) {
+    DaemonOptions options;
+    options.listen = absl::StrCat("/tmp/kvcached-bench-", getpid(), ".sock");
+    options.backend = "cpu";
+    absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(options);
+    if (!d.ok()) {
+      std::fprintf(stderr, "%s\n", d.status().ToString().c_str());
+      return 1;
+    }
+    daemon = *std::move(d);
+    address = options.listen;
+  }
+  ClientOptions copts;
+  copts.address = address;
+  copts.client_name = "rpc_benchmark";
+  absl::StatusOr<std::unique_ptr<KVCacheClient>> c =
+      KVCacheClient::Connect(copts);
+  if (!c.ok()) {
+    std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
+    return 1;
+  }
+  const std::string pool = absl::StrCat("rpc-bench-", getpid());
+  v1::CreatePoolRequest cp;
+  cp.set_name(pool);
+  cp.set_format("V41");
+  cp.set_block_size(kBlockSize);
+  cp.set_num_blocks(kNumBlocks);
+  cp.set_num_layers(1);
+  if (absl::StatusOr<v1::PoolInfo> p = (*c)->CreatePool(cp); !p.ok()) {
+    std::fprintf(stderr, "%s\n", p.status().ToString().c_str());
+    return 1;
+  }
+  const int tokens = absl::GetFlag(FLAGS_tokens);
+  const int64_t kv_bytes = int64_t{tokens} * kElements * 2;
+  absl::StatusOr<BufferMapping> in = (*c)->AllocateBuffer(kv_bytes);
+  absl::StatusOr<BufferMapping> out = (*c)->AllocateBuffer(kv_bytes);
+  if (!in.ok() || !out.ok()) {
+    std::fprintf(stderr, "AllocateBuffer failed\n");
+    return 1;
+  }
+  std::mt19937 rng(301);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t i = 0; i < int64_t{tokens} * kElements; ++i) {
+    const uint16_t h = FloatToBf16(normal(rng));
+    std::memcpy(in->data() + 2 * i, &h, 2);
+  }
+  // Decode step: one token for each of `tokens` sequences, slots scattered
+  // over the pool.
+  std::vector<int32_t> all(kBlockSize * kNumBlocks);
+  std::iota(all.begin(), all.end(), 0);
+  std::shuffle(all.begin(), all.end(), rng);
+  std::vector<int32_t> slots(all.begin(), all.begin() + tokens);
+  v1::StoreRequest store;
+  store.set_pool(pool);
+  store.set_num_tokens(tokens);
+  EncodeInt32s(slots, store.mutable_slot_mapping());
+  store.set_dtype(v1::INPUT_DTYPE_BF16);
+  *store.mutable_kv() = in->Slice(0, kv_bytes);
+  // Load of the same tokens, one segment each.
+  std::vector<int32_t> segs;
+  for (int i = 0; i < tokens; ++i) {
+    const int32_t b = slots[i] / kBlockSize, t = slots[i] % kBlockSize;
+    segs.insert(segs.end(), {b, t, t + 1, i});
+  }
+  v1::LoadRequest load;
+  load.set_pool(pool);
+  v1::Segments* s = load.mutable_segments();
+  s->set_num_segments(tokens);
+  EncodeInt32s(segs, s->mutable_segments());
+  s->set_total_k(tokens);
+  *load.mutable_data() = out->Slice(0, kv_bytes);
+  // Load by block table: tokens / 64 sequences of 64 tokens.
+  v1::LoadRequest load_bt;
+  load_bt.set_pool(pool);
+  v1::SequencePlan* sp = load_bt.mutable_sequences();
+  const int seqs = std::max(1, tokens / static_cast<int>(kBlockSize));
+  sp->set_num_seqs(seqs);
+  EncodeInt32s(std::vector<int32_t>(seqs, kBlockSize), sp->mutable_seqlen_k());
+  sp->set_max_blocks_per_seq(1);
+  std::vector<int32_t> table(seqs);
+  std::iota(table.begin(), table.end(), 7);
+  EncodeInt32s(table, sp->mutable_block_table());
+  *load_bt.mutable_data() =
+      out->Slice(0, int64_t{seqs} * kBlockSize * kElements * 2);
+
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  const int iters = absl::GetFlag(FLAGS_iterations);
+  KVCacheClient* client = c->get();
+  std::vector<Result> results = {
+      Measure("Ping (empty RPC)", warmup, iters,
+              [&] { return client->Ping(); }),
+      Measure(absl::StrCat("Store ", tokens, " tokens V41 (shared buffer)"),
+              warmup, iters, [&] { return client->Store(store).status(); }),
+      Measure(absl::StrCat("Load ", tokens, " tokens V41 (segments, buffer)"),
+              warmup, iters, [&] { return client->Load(load).status(); }),
+      Measure(absl::StrCat("Load ", seqs * kBlockSize,
+                           " tokens V41 (block table, buffer)"),
+              warmup, iters, [&] { return client->Load(load_bt).status(); }),
+  };
+  std::printf("| request | p50 us | p99 us | mean us |\n|---|---|---|---|\n");
+  for (const Result& r : results) {
+    std::printf("| %s | %.1f | %.1f | %.1f |\n", r.name.c_str(), r.p50_us,
+                r.p99_us, r.mean_us);
+  }
+  (void)client->DeletePool(pool);
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvcache
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return kvcache::Run();
+}
