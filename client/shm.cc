@@ -61,12 +61,14 @@ absl::Status ValidateShmName(absl::string_view field, absl::string_view name) {
   }
   for (size_t i = 1; i < name.size(); ++i) {
     const char c = name[i];
+    // No leading '.': "/." and "/.." must not name /dev/shm itself or /dev.
     const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                    (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
+                    (c >= '0' && c <= '9') || c == '_' || c == '-' ||
+                    (c == '.' && i > 1);
     if (!ok) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, " = \"", name, "\": character ", i,
-                       " is not in [A-Za-z0-9_.-]"));
+                       " is not in [A-Za-z0-9_.-] (no leading '.')"));
     }
   }
   return absl::OkStatus();

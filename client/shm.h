@@ -23,8 +23,8 @@ absl::StatusOr<std::string> RandomHex(int num_bytes);
 // "/kvcached-" followed by 32 hex digits from getrandom(2): unguessable.
 absl::StatusOr<std::string> RandomShmName();
 
-// Checks that `name` is a valid shm object name: "/" then 1..250 characters
-// from [A-Za-z0-9_.-]. The message names `field`.
+// Checks that `name` is a valid shm object name: "/" then 1..249 characters
+// from [A-Za-z0-9_.-], the first not '.'. The message names `field`.
 absl::Status ValidateShmName(absl::string_view field, absl::string_view name);
 
 class ShmRegion {

@@ -234,7 +234,8 @@ grpc::Status KVCacheService::ReleaseBuffer(Ctx* ctx,
                                            const v1::ReleaseBufferRequest* r,
                                            v1::ReleaseBufferResponse* /*out*/) {
   return Run(Rpc::kReleaseBuffer, ctx, "", [&]() -> absl::Status {
-    return sessions_->ReleaseBuffer(r->session_id(), r->buffer_id());
+    return sessions_->ReleaseBuffer(r->session_id(), r->buffer_id(),
+                                    absl::Now());
   });
 }
 

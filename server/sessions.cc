@@ -114,10 +114,10 @@ absl::StatusOr<std::shared_ptr<Buffer>> SessionManager::GetBuffer(
 }
 
 absl::Status SessionManager::ReleaseBuffer(absl::string_view session_id,
-                                           uint64_t buffer_id) {
+                                           uint64_t buffer_id, absl::Time now) {
   std::shared_ptr<Buffer> dropped;  // freed outside the lock
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<Session*> s = FindLocked(session_id, absl::Now());
+  absl::StatusOr<Session*> s = FindLocked(session_id, now);
   if (!s.ok()) return s.status();
   if (!(*s)->buffers.contains(buffer_id)) {
     return absl::NotFoundError(absl::StrCat(

@@ -71,7 +71,8 @@ class SessionManager {
                                                     uint64_t buffer_id) const;
 
   // Releases a buffer of the session.
-  absl::Status ReleaseBuffer(absl::string_view session_id, uint64_t buffer_id);
+  absl::Status ReleaseBuffer(absl::string_view session_id, uint64_t buffer_id,
+                             absl::Time now);
 
   // Releases every session whose lease ended before `now`; returns how many.
   int64_t Reap(absl::Time now);

@@ -1,0 +1,123 @@
+// The daemon library in-process: listen addresses, the config file,
+// backend selection and socket ownership.
+#include "server/daemon.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "client/kvcache_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace kvcache {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string TempSocket(const char* tag) {
+  return absl::StrCat("/tmp/kvcached-dt-", getpid(), "-", tag, ".sock");
+}
+
+std::string WriteConfig(const std::string& text) {
+  const std::string path =
+      absl::StrCat(std::getenv("TEST_TMPDIR"), "/kvcached.textproto");
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(DaemonTest, ConfigCreatesPoolsAndTcpListens) {
+  DaemonOptions o;
+  o.listen = "127.0.0.1:0";
+  o.backend = "auto";
+  o.config_path = WriteConfig(
+      "pools { name: \"main\" format: \"V41\" block_size: 133 num_blocks: 3 "
+      "num_layers: 2 }\n"
+      "pools { name: \"idx\" format: \"BF16\" elements: 64 block_size: 7 "
+      "num_blocks: 5 num_layers: 1 }\n");
+  absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_THAT((*d)->target(), ::testing::StartsWith("127.0.0.1:"));
+  EXPECT_NE((*d)->target(), "127.0.0.1:0");
+  ClientOptions co;
+  co.address = (*d)->target();
+  absl::StatusOr<std::unique_ptr<KVCacheClient>> c = KVCacheClient::Connect(co);
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::StatusOr<v1::ListPoolsResponse> pools = (*c)->ListPools();
+  ASSERT_TRUE(pools.ok());
+  ASSERT_EQ(pools->pools_size(), 2);
+  EXPECT_EQ(pools->pools(0).name(), "idx");
+  EXPECT_EQ(pools->pools(0).layout().format(), "BF16(64)");
+  const v1::PoolLayout& l = pools->pools(1).layout();
+  EXPECT_EQ(l.bytes_per_token(), 528);
+  EXPECT_EQ(l.block_stride(), 133 * 528 + (1056 - 133 * 528 % 1056) % 1056);
+  EXPECT_EQ(l.layer_stride() % 256, 0);
+  EXPECT_EQ(l.total_bytes(), 2 * l.layer_stride());
+  absl::StatusOr<v1::StatsResponse> stats = (*c)->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->backend(), "cpu");
+  EXPECT_EQ(stats->pools(), 2);
+  c->reset();
+  (*d)->Shutdown();
+}
+
+TEST(DaemonTest, BadConfigNamesThePool) {
+  DaemonOptions o;
+  o.listen = TempSocket("badcfg");
+  o.config_path = WriteConfig(
+      "pools { name: \"ok\" format: \"V41\" block_size: 4 num_blocks: 3 "
+      "num_layers: 1 }\n"
+      "pools { name: \"bad\" format: \"V41\" block_size: 0 num_blocks: 3 "
+      "num_layers: 1 }\n");
+  absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(o);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(d.status().message()),
+              HasSubstr("--config pools[1]: block_size = 0"));
+  o.config_path = WriteConfig("pools { nonsense: 1 }");
+  d = Daemon::Start(o);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(d.status().message()), HasSubstr("textproto"));
+}
+
+TEST(DaemonTest, BackendSelection) {
+  DaemonOptions o;
+  o.listen = TempSocket("backend");
+  o.backend = "cuda";
+  absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(o);
+  EXPECT_FALSE(d.ok());
+  EXPECT_THAT(std::string(d.status().message()), HasSubstr("cuda"));
+  o.backend = "tpu";
+  d = Daemon::Start(o);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(d.status().message()), HasSubstr("\"tpu\""));
+}
+
+TEST(DaemonTest, OwnsItsSocket) {
+  const std::string path = TempSocket("own");
+  DaemonOptions o;
+  o.listen = path;
+  absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((*d)->target(), absl::StrCat("unix:", path));
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660);
+  // A second daemon on the same live socket is refused.
+  absl::StatusOr<std::unique_ptr<Daemon>> second = Daemon::Start(o);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(second.status().message()),
+              HasSubstr("another daemon is serving"));
+  (*d)->Shutdown();
+  EXPECT_NE(stat(path.c_str(), &st), 0);
+  // A regular file in the way is not deleted.
+  std::ofstream(path) << "x";
+  second = Daemon::Start(o);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(stat(path.c_str(), &st), 0);
+  unlink(path.c_str());
+}
+
+}  // namespace
+}  // namespace kvcache
