@@ -59,9 +59,7 @@ void Pool::ToProto(v1::PoolInfo* info) const {
   info->set_name(name);
   info->set_device(device);
   LayoutToProto(layout, info->mutable_layout());
-  // memory is set once at creation and never reassigned: reading the
-  // pointer (not the bytes) needs no lock.
-  memory.get()->FillHandle(info->mutable_handle());
+  *info->mutable_handle() = handle;
 }
 
 absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(
@@ -124,6 +122,7 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(
   pool->name = r.name();
   pool->device = *device;
   pool->layout = *layout;
+  (*memory)->FillHandle(&pool->handle);
   {
     absl::MutexLock pool_lock(&pool->mu);
     pool->memory = *std::move(memory);

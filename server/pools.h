@@ -25,7 +25,8 @@ struct Pool {
   std::string name;
   std::string device;
   PoolLayout layout;
-  absl::Mutex mu;  // guards the pool's bytes (not the fields above)
+  v1::SharedHandle handle;  // how clients map it (set once, at creation)
+  absl::Mutex mu;           // guards the pool's bytes (not the fields above)
   std::unique_ptr<Memory> memory ABSL_PT_GUARDED_BY(mu);
 
   // Layout, device and handle as the wire reply.

@@ -35,11 +35,28 @@ Scratch& ThreadScratch() {
   return scratch;
 }
 
+// GPU ordering fields need a backend with CUDA events.
+absl::Status CheckOrdering(const Backend& backend, absl::string_view wait_event,
+                           bool record_event) {
+  if (backend.name() == "cuda" || (wait_event.empty() && !record_event)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      wait_event.empty() ? "record_event" : "wait_event_ipc_handle",
+      ": GPU ordering needs the cuda backend; this daemon runs the ",
+      backend.name(), " backend, whose replies already mean \"done\""));
+}
+
 }  // namespace
 
 absl::Status KVCacheService::DoStore(Ctx* ctx, const v1::StoreRequest& r,
                                      v1::StoreResponse* out) {
   if (absl::Status s = TouchSession(r.session_id()); !s.ok()) return s;
+  if (absl::Status s =
+          CheckOrdering(*backend_, r.wait_event_ipc_handle(), r.record_event());
+      !s.ok()) {
+    return s;
+  }
   absl::StatusOr<std::shared_ptr<Pool>> pool = pools_->Get("pool", r.pool());
   if (!pool.ok()) return pool.status();
   const PoolLayout& layout = (*pool)->layout;
@@ -75,6 +92,11 @@ absl::Status KVCacheService::DoStore(Ctx* ctx, const v1::StoreRequest& r,
 absl::Status KVCacheService::DoLoad(Ctx* ctx, const v1::LoadRequest& r,
                                     v1::LoadResponse* out) {
   if (absl::Status s = TouchSession(r.session_id()); !s.ok()) return s;
+  if (absl::Status s =
+          CheckOrdering(*backend_, r.wait_event_ipc_handle(), r.record_event());
+      !s.ok()) {
+    return s;
+  }
   absl::StatusOr<std::shared_ptr<Pool>> pool = pools_->Get("pool", r.pool());
   if (!pool.ok()) return pool.status();
   const PoolLayout& layout = (*pool)->layout;

@@ -161,6 +161,13 @@ TEST_F(ValidationTest, StoreRejectsEveryInvalidField) {
   r.clear_kv();
   EXPECT_REJECTED(c_->Store(r), kInvalidArgument, "kv must be");
   r = GoodStore();
+  r.set_wait_event_ipc_handle(std::string(64, '\x01'));
+  EXPECT_REJECTED(c_->Store(r), kInvalidArgument,
+                  "wait_event_ipc_handle: GPU ordering needs the cuda backend");
+  r = GoodStore();
+  r.set_record_event(true);
+  EXPECT_REJECTED(c_->Store(r), kInvalidArgument, "record_event: GPU ordering");
+  r = GoodStore();
   r.set_session_id("feedface");
   EXPECT_REJECTED(c_->Store(r), kNotFound, "session_id = \"feedface\"");
 }
@@ -187,6 +194,9 @@ TEST_F(ValidationTest, LoadRejectsEveryInvalidPlan) {
   r = GoodLoad({0, 0, 7, 0}, 7);
   *r.mutable_data() = buf_->Slice(0, 100);
   EXPECT_REJECTED(c_->Load(r), kInvalidArgument, "data.slice.length = 100");
+  r = GoodLoad({0, 0, 7, 0}, 7);
+  r.set_record_event(true);
+  EXPECT_REJECTED(c_->Load(r), kInvalidArgument, "record_event: GPU ordering");
   r = GoodLoad({0, 0, 7, 0}, 7);
   r.clear_segments();
   EXPECT_REJECTED(c_->Load(r), kInvalidArgument,
