@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "kernels/format.h"
@@ -38,6 +39,19 @@ class Memory {
 
 struct BackendOptions {
   mode_t shm_mode = 0600;  // permission bits of shm objects (CPU)
+};
+
+// GPU ordering of one Store or Load (SPEC §9; kvcache.proto
+// wait_event_ipc_handle and record_event).
+struct GpuOrdering {
+  // cudaIpcEventHandle_t bytes of a client event the kernels wait on;
+  // empty = none.
+  absl::string_view wait_event;
+  // Record an interprocess event after the kernels and return without
+  // waiting for them.
+  bool record_event = false;
+
+  bool empty() const { return wait_event.empty() && !record_event; }
 };
 
 class Backend {
@@ -72,11 +86,53 @@ class Backend {
   virtual absl::Status Load(const PoolLayout& layout, const Memory& pool,
                             int64_t layer, absl::Span<const int32_t> segments,
                             int64_t total_k, void* data, void* scales) = 0;
+
+  // Store / Load ordered by GPU events: the kernels first wait on
+  // ordering.wait_event; with ordering.record_event the backend records an
+  // interprocess event after them, sets *recorded_event to its handle bytes
+  // and returns without waiting for completion (else *recorded_event is
+  // cleared). Backends without GPU events (CPU) reject a non-empty ordering
+  // with INVALID_ARGUMENT before anything is written; these defaults do that
+  // and otherwise call Store / Load.
+  virtual absl::Status StoreOrdered(const PoolLayout& layout,
+                                    const Memory& pool, int64_t layer,
+                                    const void* kv, InputDtype dtype,
+                                    absl::Span<const int32_t> slot_mapping,
+                                    const GpuOrdering& ordering,
+                                    std::string* recorded_event) {
+    if (absl::Status s = RejectOrdering(ordering, recorded_event); !s.ok()) {
+      return s;
+    }
+    return Store(layout, pool, layer, kv, dtype, slot_mapping);
+  }
+  virtual absl::Status LoadOrdered(const PoolLayout& layout, const Memory& pool,
+                                   int64_t layer,
+                                   absl::Span<const int32_t> segments,
+                                   int64_t total_k, void* data, void* scales,
+                                   const GpuOrdering& ordering,
+                                   std::string* recorded_event) {
+    if (absl::Status s = RejectOrdering(ordering, recorded_event); !s.ok()) {
+      return s;
+    }
+    return Load(layout, pool, layer, segments, total_k, data, scales);
+  }
+
+ private:
+  absl::Status RejectOrdering(const GpuOrdering& ordering,
+                              std::string* recorded_event) const {
+    if (recorded_event != nullptr) recorded_event->clear();
+    if (ordering.empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        ordering.wait_event.empty() ? "record_event" : "wait_event_ipc_handle",
+        ": the ", name(), " backend has no GPU events; leave it unset"));
+  }
 };
 
 // Builds a backend: kind "auto" (CUDA when a GPU is visible, else CPU),
-// "cpu" or "cuda". This build has no CUDA backend yet: "auto" picks CPU and
-// "cuda" fails with UNIMPLEMENTED.
+// "cpu" or "cuda". A build without CUDA (no toolkit, or
+// KVCACHED_DISABLE_CUDA=1) picks CPU for "auto" and fails "cuda" with
+// UNIMPLEMENTED; with CUDA, "cuda" fails with FAILED_PRECONDITION when no
+// device is visible.
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(
     absl::string_view kind, const BackendOptions& options);
 

@@ -25,6 +25,9 @@ namespace {
     if (!kv_status_.ok()) return kv_status_; \
   } while (false)
 
+// The request field of GpuOrdering::wait_event (kvcache.proto).
+constexpr absl::string_view kWaitField = "wait_event_ipc_handle";
+
 // Where a kernel operand lives.
 enum class Where {
   kDevice,        // usable in place
@@ -90,30 +93,28 @@ class CudaBackend final : public Backend {
   absl::Status Store(const PoolLayout& layout, const Memory& pool,
                      int64_t layer, const void* kv, InputDtype dtype,
                      absl::Span<const int32_t> slot_mapping) override {
-    return StoreOrdered(layout, pool, layer, kv, dtype, slot_mapping, "", {},
+    return StoreOrdered(layout, pool, layer, kv, dtype, slot_mapping, {},
                         nullptr);
   }
 
   absl::Status Load(const PoolLayout& layout, const Memory& pool, int64_t layer,
                     absl::Span<const int32_t> segments, int64_t total_k,
                     void* data, void* scales) override {
-    return LoadOrdered(layout, pool, layer, segments, total_k, data, scales, "",
-                       {}, nullptr);
+    return LoadOrdered(layout, pool, layer, segments, total_k, data, scales, {},
+                       nullptr);
   }
 
   absl::Status StoreOrdered(const PoolLayout& layout, const Memory& pool,
                             int64_t layer, const void* kv, InputDtype dtype,
                             absl::Span<const int32_t> slot_mapping,
-                            absl::string_view wait_field,
-                            const CudaOrdering& ordering,
-                            std::string* recorded_event);
+                            const GpuOrdering& ordering,
+                            std::string* recorded_event) override;
 
   absl::Status LoadOrdered(const PoolLayout& layout, const Memory& pool,
                            int64_t layer, absl::Span<const int32_t> segments,
                            int64_t total_k, void* data, void* scales,
-                           absl::string_view wait_field,
-                           const CudaOrdering& ordering,
-                           std::string* recorded_event);
+                           const GpuOrdering& ordering,
+                           std::string* recorded_event) override;
 
  private:
   absl::StatusOr<CudaAllocation*> AsAllocation(const Memory& pool) const {
@@ -165,7 +166,7 @@ class CudaBackend final : public Backend {
   // Marks the staging used, records or synchronizes (SPEC §9), then copies
   // host outputs back from pinned memory.
   absl::Status Finish(CudaAllocation* mem, StagingPool::Lease& lease,
-                      Queued& queued, const CudaOrdering& ordering,
+                      Queued& queued, const GpuOrdering& ordering,
                       absl::Span<const Operand> host_outputs,
                       std::string* recorded_event) {
     cudaStream_t st = mem->stream();
@@ -196,8 +197,7 @@ absl::Status CudaBackend::StoreOrdered(const PoolLayout& layout,
                                        const Memory& pool, int64_t layer,
                                        const void* kv, InputDtype dtype,
                                        absl::Span<const int32_t> slot_mapping,
-                                       absl::string_view wait_field,
-                                       const CudaOrdering& ordering,
+                                       const GpuOrdering& ordering,
                                        std::string* recorded_event) {
   if (recorded_event != nullptr) recorded_event->clear();
   absl::StatusOr<CudaAllocation*> mem = AsAllocation(pool);
@@ -219,7 +219,7 @@ absl::Status CudaBackend::StoreOrdered(const PoolLayout& layout,
     staged += StagingRound(kv_bytes);
   }
   absl::StatusOr<std::optional<CudaIpcEvent>> wait =
-      OpenWaitEvent(wait_field, ordering.wait_event, device);
+      OpenWaitEvent(kWaitField, ordering.wait_event, device);
   if (!wait.ok()) return wait.status();
   absl::StatusOr<StagingPool::Lease> lease = staging_.Acquire(device, staged);
   if (!lease.ok()) return lease.status();
@@ -260,8 +260,7 @@ absl::Status CudaBackend::LoadOrdered(const PoolLayout& layout,
                                       const Memory& pool, int64_t layer,
                                       absl::Span<const int32_t> segments,
                                       int64_t total_k, void* data, void* scales,
-                                      absl::string_view wait_field,
-                                      const CudaOrdering& ordering,
+                                      const GpuOrdering& ordering,
                                       std::string* recorded_event) {
   if (recorded_event != nullptr) recorded_event->clear();
   absl::StatusOr<CudaAllocation*> mem = AsAllocation(pool);
@@ -292,7 +291,7 @@ absl::Status CudaBackend::LoadOrdered(const PoolLayout& layout,
     }
   }
   absl::StatusOr<std::optional<CudaIpcEvent>> wait =
-      OpenWaitEvent(wait_field, ordering.wait_event, device);
+      OpenWaitEvent(kWaitField, ordering.wait_event, device);
   if (!wait.ok()) return wait.status();
   absl::StatusOr<StagingPool::Lease> lease = staging_.Acquire(device, staged);
   if (!lease.ok()) return lease.status();
@@ -357,10 +356,6 @@ absl::Status CudaBackend::LoadOrdered(const PoolLayout& layout,
   return Finish(*mem, *lease, queued, ordering, host_outputs, recorded_event);
 }
 
-CudaBackend* AsCudaBackend(Backend* backend) {
-  return dynamic_cast<CudaBackend*>(backend);
-}
-
 }  // namespace
 
 absl::StatusOr<int> CudaDeviceCount() {
@@ -385,36 +380,6 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(
         "--backend=cuda: no CUDA device is visible");
   }
   return std::unique_ptr<Backend>(new CudaBackend(*count));
-}
-
-absl::Status CudaStoreOrdered(Backend* backend, const PoolLayout& layout,
-                              const Memory& pool, int64_t layer, const void* kv,
-                              InputDtype dtype,
-                              absl::Span<const int32_t> slot_mapping,
-                              absl::string_view wait_field,
-                              const CudaOrdering& ordering,
-                              std::string* recorded_event) {
-  CudaBackend* cuda = AsCudaBackend(backend);
-  if (cuda == nullptr) {
-    return absl::InternalError("GPU ordering needs the CUDA backend");
-  }
-  return cuda->StoreOrdered(layout, pool, layer, kv, dtype, slot_mapping,
-                            wait_field, ordering, recorded_event);
-}
-
-absl::Status CudaLoadOrdered(Backend* backend, const PoolLayout& layout,
-                             const Memory& pool, int64_t layer,
-                             absl::Span<const int32_t> segments,
-                             int64_t total_k, void* data, void* scales,
-                             absl::string_view wait_field,
-                             const CudaOrdering& ordering,
-                             std::string* recorded_event) {
-  CudaBackend* cuda = AsCudaBackend(backend);
-  if (cuda == nullptr) {
-    return absl::InternalError("GPU ordering needs the CUDA backend");
-  }
-  return cuda->LoadOrdered(layout, pool, layer, segments, total_k, data, scales,
-                           wait_field, ordering, recorded_event);
 }
 
 }  // namespace kvcache

@@ -10,36 +10,27 @@
 // staged through pinned memory. Request arrays (slot mappings, segments)
 // are host copies the service validated and are always staged.
 //
-// Completion: without GPU ordering a call returns after its work finished
-// (cudaStreamSynchronize), so the reply means "done". With
-// GpuOrdering::record_event it records the pool's interprocess event after
-// the work and returns at once (unless an output is host memory, which
-// must be copied back first); the client waits on the event.
+// Completion (Backend::StoreOrdered / LoadOrdered): without GPU ordering a
+// call returns after its work finished (cudaStreamSynchronize), so the
+// reply means "done". GpuOrdering::wait_event is opened
+// (cudaIpcOpenEventHandle) and waited on by the pool's stream before any
+// of the call's work; a handle that is malformed or cannot be opened fails
+// the call with INVALID_ARGUMENT naming wait_event_ipc_handle before
+// anything is queued. With GpuOrdering::record_event the call records the
+// pool's interprocess event after the work and returns at once (unless an
+// output is host memory, which must be copied back first); the client
+// waits on the event.
 #ifndef KVCACHED_SERVER_CUDA_CUDA_BACKEND_H_
 #define KVCACHED_SERVER_CUDA_CUDA_BACKEND_H_
 
-#include <cstdint>
 #include <memory>
-#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/types/span.h"
 #include "server/backend.h"
 
 namespace kvcache {
-
-// GPU ordering of one request (kvcache.proto wait_event_ipc_handle and
-// record_event).
-struct CudaOrdering {
-  // cudaIpcEventHandle_t bytes of a client event the kernels wait on
-  // (cudaStreamWaitEvent); empty = none.
-  absl::string_view wait_event;
-  // Record an interprocess event after the kernels and return without
-  // waiting for them.
-  bool record_event = false;
-};
 
 // The CUDA device count, or FAILED_PRECONDITION naming the CUDA error (no
 // driver, no device).
@@ -48,27 +39,6 @@ absl::StatusOr<int> CudaDeviceCount();
 // The CUDA backend, or FAILED_PRECONDITION when no CUDA device is visible.
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(
     const BackendOptions& options);
-
-// Store/Load with GPU ordering on a backend made by MakeCudaBackend (the
-// Backend methods are these with no ordering). *recorded_event receives the
-// event's cudaIpcEventHandle_t bytes when ordering.record_event, and is
-// cleared otherwise. INVALID_ARGUMENT naming `wait_field` when the wait
-// handle is malformed or cannot be opened (nothing is written then);
-// INTERNAL when `backend` is not a CUDA backend.
-absl::Status CudaStoreOrdered(Backend* backend, const PoolLayout& layout,
-                              const Memory& pool, int64_t layer, const void* kv,
-                              InputDtype dtype,
-                              absl::Span<const int32_t> slot_mapping,
-                              absl::string_view wait_field,
-                              const CudaOrdering& ordering,
-                              std::string* recorded_event);
-absl::Status CudaLoadOrdered(Backend* backend, const PoolLayout& layout,
-                             const Memory& pool, int64_t layer,
-                             absl::Span<const int32_t> segments,
-                             int64_t total_k, void* data, void* scales,
-                             absl::string_view wait_field,
-                             const CudaOrdering& ordering,
-                             std::string* recorded_event);
 
 }  // namespace kvcache
 
