@@ -82,11 +82,13 @@ absl::Status KVCacheService::DoStore(Ctx* ctx, const v1::StoreRequest& r,
   int64_t written = 0;
   for (int32_t slot : sc.slots) written += slot >= 0 ? 1 : 0;
   out->set_tokens_written(written);
-  if (r.num_tokens() == 0) return absl::OkStatus();
+  const GpuOrdering ordering{r.wait_event_ipc_handle(), r.record_event()};
+  if (r.num_tokens() == 0 && ordering.empty()) return absl::OkStatus();
   if (absl::Status s = CheckAlive(ctx); !s.ok()) return s;
   absl::MutexLock lock(&(*pool)->mu);
-  return backend_->Store(layout, *(*pool)->memory, r.layer(), kv->data, *dtype,
-                         sc.slots);
+  return backend_->StoreOrdered(layout, *(*pool)->memory, r.layer(), kv->data,
+                                *dtype, sc.slots, ordering,
+                                out->mutable_recorded_event_ipc_handle());
 }
 
 absl::Status KVCacheService::DoLoad(Ctx* ctx, const v1::LoadRequest& r,
@@ -171,11 +173,14 @@ absl::Status KVCacheService::DoLoad(Ctx* ctx, const v1::LoadRequest& r,
     return s;
   }
   out->set_total_k(total_k);
-  if (segments.empty()) return absl::OkStatus();
+  const GpuOrdering ordering{r.wait_event_ipc_handle(), r.record_event()};
+  if (segments.empty() && ordering.empty()) return absl::OkStatus();
   if (absl::Status s = CheckAlive(ctx); !s.ok()) return s;
   absl::ReaderMutexLock lock(&(*pool)->mu);
-  return backend_->Load(layout, *(*pool)->memory, r.layer(), segments, total_k,
-                        data->data, f.do_cast ? nullptr : scales->data);
+  return backend_->LoadOrdered(layout, *(*pool)->memory, r.layer(), segments,
+                               total_k, data->data,
+                               f.do_cast ? nullptr : scales->data, ordering,
+                               out->mutable_recorded_event_ipc_handle());
 }
 
 absl::Status KVCacheService::DoBuildPlan(const v1::BuildPlanRequest& r,
