@@ -95,6 +95,59 @@ absl::StatusOr<std::string> HealthCheck(const std::string& socket) {
   return bytes;
 }
 
+// grpc.reflection.v1alpha list_services over a generic bidi stream; returns
+// the raw ServerReflectionResponse bytes.
+absl::StatusOr<std::string> ListServicesByReflection(
+    const std::string& socket) {
+  auto channel = grpc::CreateChannel(absl::StrCat("unix:", socket),
+                                     grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::CompletionQueue cq;
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call = stub.PrepareCall(
+      &ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+      &cq);
+  void* tag = nullptr;
+  bool ok = false;
+  // Each step waits for its own completion (tags 1..5, in order).
+  auto step = [&](intptr_t want) {
+    return cq.Next(&tag, &ok) && ok && reinterpret_cast<intptr_t>(tag) == want;
+  };
+  call->StartCall(reinterpret_cast<void*>(1));
+  if (!step(1)) return absl::UnavailableError("StartCall failed");
+  // ServerReflectionRequest { list_services: "" } = field 7, empty string.
+  grpc::Slice req_slice(std::string("\x3a\x00", 2));
+  grpc::ByteBuffer request(&req_slice, 1);
+  call->Write(request, reinterpret_cast<void*>(2));
+  if (!step(2)) return absl::UnavailableError("Write failed");
+  call->WritesDone(reinterpret_cast<void*>(3));
+  if (!step(3)) return absl::UnavailableError("WritesDone failed");
+  grpc::ByteBuffer response;
+  call->Read(&response, reinterpret_cast<void*>(4));
+  if (!step(4)) return absl::UnavailableError("Read failed");
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  cq.Next(&tag, &ok);
+  std::vector<grpc::Slice> slices;
+  (void)response.Dump(&slices);
+  std::string bytes;
+  for (const grpc::Slice& sl : slices) {
+    bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  }
+  return bytes;
+}
+
+TEST(LifecycleTest, ReflectionListsTheService) {
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> d = DaemonProcess::Start();
+  ASSERT_TRUE(d.ok()) << d.status();
+  absl::StatusOr<std::string> services =
+      ListServicesByReflection((*d)->socket_path());
+  ASSERT_TRUE(services.ok()) << services.status();
+  EXPECT_NE(services->find("kvcache.v1.KVCache"), std::string::npos);
+  EXPECT_NE(services->find("grpc.health.v1.Health"), std::string::npos);
+}
+
 TEST(LifecycleTest, HealthIsServing) {
   absl::StatusOr<std::unique_ptr<DaemonProcess>> d = DaemonProcess::Start();
   ASSERT_TRUE(d.ok()) << d.status();
