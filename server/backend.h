@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -115,6 +116,16 @@ class Backend {
       return s;
     }
     return Load(layout, pool, layer, segments, total_k, data, scales);
+  }
+
+  // Copies `n` bytes between any two of: backend memory (Memory::data()
+  // ranges) and host memory, after the backend's earlier calls on them
+  // completed. For the host code that reads or writes request data (a
+  // CUDA backend's buffers are device memory); the CPU backend's memory is
+  // host memory, so the default is memcpy.
+  virtual absl::Status CopyBytes(void* dst, const void* src, int64_t n) {
+    if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n));
+    return absl::OkStatus();
   }
 
  private:

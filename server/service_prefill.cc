@@ -28,6 +28,7 @@ struct PrefillScratch {
   std::vector<int32_t> block_table, cu_compressed, store_slots, swa_segments;
   std::vector<float> token, decoded;
   std::vector<uint8_t> record;
+  std::vector<uint8_t> chunk_in, chunk_out;  // host copies (CastBack)
   BlockLoadPlanBuilder builder{1, 1};
 };
 
@@ -230,8 +231,22 @@ absl::Status KVCacheService::DoPrefillLoad(Ctx* ctx,
       !s.ok()) {
     return s;
   }
-  CastBack(sl.format, kv->data, *dtype, pl->chunk_rows,
-           base + int64_t{pl->swa_history_rows} * row_bytes, sc);
+  // CastBack runs on the host: the chunk and its output rows may be device
+  // memory (CUDA backend), so it works on host copies.
+  const int64_t chunk_out_bytes = int64_t{pl->chunk_rows} * row_bytes;
+  sc.chunk_in.resize(static_cast<size_t>(kv->size));
+  sc.chunk_out.resize(static_cast<size_t>(chunk_out_bytes));
+  if (s = backend_->CopyBytes(sc.chunk_in.data(), kv->data, kv->size);
+      !s.ok()) {
+    return s;
+  }
+  CastBack(sl.format, sc.chunk_in.data(), *dtype, pl->chunk_rows,
+           sc.chunk_out.data(), sc);
+  if (s = backend_->CopyBytes(base + int64_t{pl->swa_history_rows} * row_bytes,
+                              sc.chunk_out.data(), chunk_out_bytes);
+      !s.ok()) {
+    return s;
+  }
   if (pl->chunk_rows == 0) return absl::OkStatus();
   return backend_->Store(sl, *(*swa)->memory, r.swa_layer(), kv->data, *dtype,
                          sc.store_slots);
