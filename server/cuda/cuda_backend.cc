@@ -5,7 +5,6 @@
 #include <cstring>
 #include <optional>
 #include <utility>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "client/cuda/cuda_events.h"
@@ -102,6 +101,17 @@ class CudaBackend final : public Backend {
                     void* data, void* scales) override {
     return LoadOrdered(layout, pool, layer, segments, total_k, data, scales, {},
                        nullptr);
+  }
+
+  // cudaMemcpyDefault: with unified addressing the runtime tells device
+  // from host pointers. Earlier calls synchronized (PrefillLoad orders no
+  // events), so the bytes are final.
+  absl::Status CopyBytes(void* dst, const void* src, int64_t n) override {
+    if (n <= 0) return absl::OkStatus();
+    RETURN_IF_CUDA_ERROR(
+        cudaMemcpy(dst, src, static_cast<size_t>(n), cudaMemcpyDefault),
+        "copying request bytes (cudaMemcpyDefault)");
+    return absl::OkStatus();
   }
 
   absl::Status StoreOrdered(const PoolLayout& layout, const Memory& pool,
@@ -301,8 +311,10 @@ absl::Status CudaBackend::LoadOrdered(const PoolLayout& layout,
   if (wait->has_value()) KV_RETURN_IF_ERROR((*wait)->Wait(st));
   uint8_t* host = (*lease)->host();
   uint8_t* dev = (*lease)->dev();
-  std::vector<Operand> host_outputs;
-  if (num_segments > 0) {
+  Operand host_outputs[2];  // copied back after the synchronize
+  int num_host_outputs = 0;
+  // total_k = 0 leaves nothing to write (every segment is empty).
+  if (num_segments > 0 && total_k > 0) {
     // Inputs: the segments, and the current contents of staged outputs
     // (rows no segment covers keep them, SPEC §5).
     std::memcpy(host, segments.data(), static_cast<size_t>(seg_bytes));
@@ -344,7 +356,7 @@ absl::Status CudaBackend::LoadOrdered(const PoolLayout& layout,
                             static_cast<size_t>(op->bytes),
                             cudaMemcpyDeviceToHost, st),
             "copying an inline output back");
-        host_outputs.push_back(*op);
+        host_outputs[num_host_outputs++] = *op;
       } else {
         RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(op->ptr, dev + op->offset,
                                              static_cast<size_t>(op->bytes),
@@ -353,7 +365,9 @@ absl::Status CudaBackend::LoadOrdered(const PoolLayout& layout,
       }
     }
   }
-  return Finish(*mem, *lease, queued, ordering, host_outputs, recorded_event);
+  return Finish(*mem, *lease, queued, ordering,
+                absl::MakeConstSpan(host_outputs, num_host_outputs),
+                recorded_event);
 }
 
 }  // namespace

@@ -91,7 +91,9 @@ absl::StatusOr<std::unique_ptr<CudaAllocation>> CudaAllocation::Create(
 
 CudaAllocation::~CudaAllocation() {
   absl::StatusOr<ScopedCudaDevice> scoped = ScopedCudaDevice::Enter(device_);
-  if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
+  // A buffer may still be read or written by work on another pool's stream
+  // (a request that returned with a recorded event): wait for the device.
+  (void)cudaDeviceSynchronize();
   {
     absl::MutexLock lock(&event_mu_);
     event_.reset();
@@ -134,6 +136,15 @@ absl::StatusOr<std::unique_ptr<CudaImport>> CudaImport::Open(
       new CudaImport(*std::move(mapping), handle, std::move(ranges)));
 }
 
-CudaImport::~CudaImport() { ranges_->Remove(mapping_.base()); }
+CudaImport::~CudaImport() {
+  // Work queued on it (a request that returned with a recorded event) must
+  // finish before the mapping may close.
+  if (absl::StatusOr<ScopedCudaDevice> scoped =
+          ScopedCudaDevice::Enter(mapping_.device());
+      scoped.ok()) {
+    (void)cudaDeviceSynchronize();
+  }
+  ranges_->Remove(mapping_.base());
+}
 
 }  // namespace kvcache

@@ -65,7 +65,7 @@ class CudaAllocation final : public Memory {
 
   CudaAllocation(const CudaAllocation&) = delete;
   CudaAllocation& operator=(const CudaAllocation&) = delete;
-  // Waits for the stream, then frees everything.
+  // Waits for the device (work on any stream may use it), then frees.
   ~CudaAllocation() override;
 
   uint8_t* data() const override { return base_; }
