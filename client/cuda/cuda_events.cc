@@ -48,8 +48,12 @@ absl::StatusOr<CudaIpcEvent> CudaIpcEvent::Open(absl::string_view field,
   cudaIpcEventHandle_t h;
   std::memcpy(&h, handle_bytes.data(), sizeof(h));
   cudaEvent_t event = nullptr;
-  RETURN_IF_CUDA_ERROR(cudaIpcOpenEventHandle(&event, h),
-                       absl::StrCat("cudaIpcOpenEventHandle(", field, ")"));
+  if (const cudaError_t e = cudaIpcOpenEventHandle(&event, h);
+      e != cudaSuccess) {
+    (void)cudaGetLastError();  // a bad handle must not linger as last error
+    return gpu::ToStatus(e,
+                         absl::StrCat("cudaIpcOpenEventHandle(", field, ")"));
+  }
   return CudaIpcEvent(event, device, std::string(handle_bytes));
 }
 

@@ -146,10 +146,15 @@ absl::StatusOr<CudaIpcMapping> CudaIpcMapping::Open(
     cudaIpcMemHandle_t h;
     std::memcpy(&h, key.data(), sizeof(h));
     void* base = nullptr;
-    RETURN_IF_CUDA_ERROR(
-        cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess),
-        absl::StrCat("cudaIpcOpenMemHandle(handle.cuda_ipc_handle) on cuda:",
-                     device));
+    if (const cudaError_t e =
+            cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess);
+        e != cudaSuccess) {
+      (void)cudaGetLastError();  // a bad handle must not linger as last error
+      return gpu::ToStatus(
+          e,
+          absl::StrCat("cudaIpcOpenMemHandle(handle.cuda_ipc_handle) on cuda:",
+                       device));
+    }
     absl::StatusOr<int64_t> bytes = AllocationBytes(base);
     if (!bytes.ok()) {
       (void)cudaIpcCloseMemHandle(base);
