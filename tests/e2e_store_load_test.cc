@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/wire.h"
 #include "tests/daemon_process.h"
@@ -181,6 +182,54 @@ TEST_P(StoreLoadTest, StoreAndLoadMatchTheReferenceByteForByte) {
   }
   ASSERT_TRUE(c->ReleaseBuffer(buf->id()).ok());
   ASSERT_TRUE(c->DeletePool(name).ok());
+}
+
+// A client-owned shm region imported as a buffer; pools created or opened
+// by name; mappings opened once.
+TEST(ClientTest, ImportedBuffersPoolReuseAndCachedMappings) {
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> d = DaemonProcess::Start();
+  ASSERT_TRUE(d.ok()) << d.status();
+  std::unique_ptr<KVCacheClient> c = ConnectOrDie((*d)->socket_path());
+  ASSERT_NE(c, nullptr);
+  const v1::CreatePoolRequest req = PoolRequest("m", "V41_FP4", 0, 7, 3, 1);
+  absl::StatusOr<v1::PoolInfo> a = c->CreateOrGetPool(req);
+  absl::StatusOr<v1::PoolInfo> b = c->CreateOrGetPool(req);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->handle().shm_name(), b->handle().shm_name());
+  absl::Status other =
+      c->CreateOrGetPool(PoolRequest("m", "V41_FP4", 0, 7, 4, 1)).status();
+  EXPECT_EQ(other.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(other.message()),
+              ::testing::HasSubstr("exists with another layout"));
+  absl::StatusOr<const PoolMapping*> m1 = c->MapPool("m");
+  absl::StatusOr<const PoolMapping*> m2 = c->MapPool("m");
+  ASSERT_TRUE(m1.ok() && m2.ok());
+  EXPECT_EQ(*m1, *m2);
+
+  std::mt19937 rng(301);
+  const std::vector<float> kv = RandomKv(5, 512, rng);
+  absl::StatusOr<ShmRegion> mine = ShmRegion::Create(kv.size() * 4 + 64, 0600);
+  ASSERT_TRUE(mine.ok());
+  std::memcpy(mine->data() + 64, kv.data(), kv.size() * 4);
+  absl::StatusOr<v1::BufferInfo> imported = c->ImportBuffer(*mine);
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  const std::vector<int32_t> slots = {20, 0, -1, 13, 6};
+  v1::StoreRequest r = StoreRequest("m", 0, slots, v1::INPUT_DTYPE_FP32);
+  v1::BufferSlice* slice = r.mutable_kv()->mutable_slice();
+  slice->set_buffer_id(imported->buffer_id());
+  slice->set_offset(64);
+  slice->set_length(static_cast<int64_t>(kv.size()) * 4);
+  ASSERT_TRUE(c->Store(r).ok());
+  LocalPool local = LocalPool::FromInfo(*a);
+  ASSERT_TRUE(
+      Store(local.layout, local.layer(0), kv.data(), InputDtype::kFP32, slots)
+          .ok());
+  ASSERT_FALSE(AllZero(local.bytes.data(), local.layout.total_bytes));
+  EXPECT_EQ(0,
+            std::memcmp((*m1)->data(), local.bytes.data(), local.bytes.size()));
+  // Releasing an import unmaps it on the daemon side only: ours survives.
+  ASSERT_TRUE(c->ReleaseBuffer(imported->buffer_id()).ok());
+  EXPECT_EQ(0, std::memcmp(mine->data() + 64, kv.data(), kv.size() * 4));
 }
 
 INSTANTIATE_TEST_SUITE_P(
