@@ -1,57 +1,25 @@
 // Device memory of the CUDA backend: daemon allocations (pools and buffers,
 // each its own cudaMalloc exported by IPC handle) and client allocations
-// imported by handle, plus the registry of their address ranges that tells
-// the backend whether a request pointer is device memory it may hand to a
-// kernel or host memory (inline request data) it must stage.
+// imported by handle. Both register their address ranges (DeviceRanges).
 #ifndef KVCACHED_SERVER_CUDA_CUDA_MEMORY_H_
 #define KVCACHED_SERVER_CUDA_CUDA_MEMORY_H_
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "client/cuda/cuda_events.h"
 #include "client/cuda/cuda_mappings.h"
 #include "server/backend.h"
+#include "server/cuda/device_ranges.h"
 
 namespace kvcache {
-
-// Address ranges of the backend's live device memory. Imports of one
-// handle share a base: a range counts its Adds and keeps the largest size.
-class DeviceRanges {
- public:
-  struct Range {
-    uintptr_t base = 0;
-    int64_t size = 0;
-    int device = -1;
-    int count = 0;  // Adds not yet Removed
-  };
-
-  void Add(const void* base, int64_t size, int device);
-  void Remove(const void* base);
-  // The range holding [p, p + bytes), or nullopt when p is in no range
-  // (host memory). INTERNAL when p is in a range that does not hold all
-  // the bytes (the service checks every slice against its buffer first).
-  absl::StatusOr<std::optional<Range>> Find(const void* p, int64_t bytes) const;
-
-  // Handles this process exported (it cannot import its own).
-  void AddExported(const std::string& handle_bytes);
-  void RemoveExported(const std::string& handle_bytes);
-  bool IsExported(const std::string& handle_bytes) const;
-
- private:
-  mutable absl::Mutex mu_;
-  std::map<uintptr_t, Range> ranges_ ABSL_GUARDED_BY(mu_);  // key: base
-  absl::flat_hash_set<std::string> exported_ ABSL_GUARDED_BY(mu_);
-};
 
 // A zero-filled cudaMalloc of a pool or buffer, exported with
 // cudaIpcGetMemHandle, with the stream its kernels run on and (created on
