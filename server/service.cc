@@ -217,6 +217,12 @@ grpc::Status KVCacheService::ImportBuffer(Ctx* ctx,
           "session_id is required: buffers belong to a session");
     }
     if (absl::Status s = TouchSession(r->session_id()); !s.ok()) return s;
+    if (r->handle().size() <= 0 ||
+        r->handle().size() > options_.max_buffer_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("handle.size = ", r->handle().size(), " is outside [1, ",
+                       options_.max_buffer_bytes, "] (--max_buffer_bytes)"));
+    }
     absl::StatusOr<std::unique_ptr<Memory>> memory =
         backend_->Import(r->handle());
     if (!memory.ok()) return memory.status();

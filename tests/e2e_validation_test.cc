@@ -329,6 +329,10 @@ TEST_F(ValidationTest, IndexPoolBufferAndSessionRequestsAreChecked) {
   ib.mutable_handle()->set_shm_name("/kvcached-does-not-exist");
   ib.mutable_handle()->set_size(4096);
   EXPECT_REJECTED(c_->ImportBuffer(ib), kNotFound, "/kvcached-does-not-exist");
+  ib.mutable_handle()->set_size(int64_t{1} << 50);
+  EXPECT_REJECTED(c_->ImportBuffer(ib), kInvalidArgument,
+                  "handle.size = 1125899906842624 is outside [1, ");
+  ib.mutable_handle()->set_size(4096);
   ib.mutable_handle()->set_shm_name("/../etc/passwd");
   EXPECT_REJECTED(c_->ImportBuffer(ib), kInvalidArgument, "handle.shm_name");
   EXPECT_EQ(c_->ReleaseBuffer(424242).code(), absl::StatusCode::kNotFound);
