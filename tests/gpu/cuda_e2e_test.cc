@@ -12,6 +12,7 @@
 #include <memory>
 #include <numeric>
 #include <optional>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -89,6 +90,8 @@ struct Case {
   Place in;   // where the K/V input lives
   Place out;  // where the Load writes
 };
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 class RoundTripTest : public GpuTest,
                       public ::testing::WithParamInterface<Case> {};
