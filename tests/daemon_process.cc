@@ -131,12 +131,14 @@ absl::StatusOr<int> DaemonProcess::Signal(int sig, absl::Duration timeout) {
 }
 
 DaemonProcess::~DaemonProcess() {
-  if (!reaped_) {
-    kill(pid_, SIGKILL);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    unlink(socket_path_.c_str());
-  }
+  if (reaped_) return;
+  // Drain (the daemon unlinks its shared memory); SIGKILL would leave the
+  // pools and buffers in /dev/shm.
+  if (Signal(SIGTERM, absl::Seconds(30)).ok()) return;
+  kill(pid_, SIGKILL);
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  unlink(socket_path_.c_str());
 }
 
 }  // namespace kvcache::testing

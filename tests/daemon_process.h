@@ -28,7 +28,9 @@ class DaemonProcess {
 
   DaemonProcess(const DaemonProcess&) = delete;
   DaemonProcess& operator=(const DaemonProcess&) = delete;
-  ~DaemonProcess();  // SIGKILL + reap when still running
+  // SIGTERM (drain) and reap when still running; SIGKILL if it does not exit
+  // within 30 s.
+  ~DaemonProcess();
 
   const std::string& socket_path() const { return socket_path_; }
   pid_t pid() const { return pid_; }
