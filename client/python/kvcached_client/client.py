@@ -1,0 +1,465 @@
+"""The Python client of kvcached: a typed wrapper over the gRPC stubs.
+
+    with kvcached_client.connect() as kv:          # default socket, session
+        kv.create_or_get_pool("main", "V41", block_size=64, num_blocks=1024,
+                              num_layers=1)
+        n = kv.store("main", 0, slot_mapping=range(256), kv=bf16_bytes)
+        r = kv.load("main", 0, seqlen_k=[256], block_table=[[0, 1, 2, 3]])
+
+Every method raises KVCacheError (gRPC code + the daemon's message) on
+failure. Pool, stats and buffer-info replies are the proto messages
+(kvcache.v1.PoolInfo ...); the cache operations return small dataclasses
+whose int32 arrays are array.array('i') (numpy.asarray() views them).
+"""
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, List, Optional, Union
+
+import grpc
+
+from kvcache.v1 import kvcache_pb2 as pb
+from kvcache.v1 import kvcache_pb2_grpc as pb_grpc
+
+from ._address import resolve_target
+from ._arrays import (data_bytes, infer_dtype, pack_int32, pack_int32_2d,
+                      unpack_int32)
+from ._buffers import INLINE, Buffer, PoolMapping, Slice
+from ._errors import KVCacheError, from_rpc_error, invalid_argument
+
+_log = logging.getLogger("kvcached_client")
+_DTYPES = {"bf16": pb.INPUT_DTYPE_BF16, "fp32": pb.INPUT_DTYPE_FP32}
+
+
+@dataclass
+class LoadResult:
+    total_k: int
+    data: Optional[bytes]      # inline rows: total_k * load_data_row_bytes
+    scales: Optional[bytes]    # inline scale rows of index formats
+    cu_rows: Any               # int32[num_seqs + 1] (sequence plans) or None
+
+
+@dataclass
+class Plan:
+    num_segments: int
+    segments: Any              # int32[num_segments * 4], rows {src_block_id,
+                               # src_begin, src_end, dst_offset}
+    total_k: int
+    cu_rows: Any               # int32[num_seqs + 1]
+
+
+@dataclass
+class PrefillLoadResult:
+    total_k_swa: int
+    chunk_offset: int
+    main_kv_offset: int
+    total_rows: int
+    cu_compressed: Any         # int32[num_seqs + 1], relative to main_kv_offset
+    output: Optional[bytes]    # inline output: total_rows BF16 rows
+    swa_segments: int
+    main_segments: int
+
+
+@dataclass
+class IndexResult:
+    slots: Any                 # int32[rows * cols], -1 = none
+    rows: int
+    cols: int
+    invalid_count: int = 0     # convert_topk: entries out of range
+
+
+@dataclass
+class PrefillIndexResult:
+    index: Any                 # int32[sum seqlen_q * row_width], -1 = none
+    row_width: int
+    main_kv_offset: int
+    total_rows: int
+
+
+DataLike = Union[bytes, bytearray, memoryview, Slice, Any]
+
+
+def _data_ref(value: DataLike, field: str) -> "pb.DataRef":
+    if isinstance(value, Slice):
+        return pb.DataRef(slice=pb.BufferSlice(
+            buffer_id=value.buffer_id, offset=value.offset,
+            length=value.length))
+    return pb.DataRef(inline_data=data_bytes(value, field))
+
+
+def _out_ref(value: Any, field: str) -> "pb.DataRef":
+    if value is INLINE:
+        return pb.DataRef(inline_output=True)
+    if isinstance(value, Slice):
+        return _data_ref(value, field)
+    raise invalid_argument(f"{field}: pass INLINE or a Buffer.slice()")
+
+
+def _dtype(value: Any, dtype: Optional[str], field: str) -> int:
+    name = dtype if dtype is not None else (
+        "bf16" if isinstance(value, Slice) else infer_dtype(value, field))
+    if name not in _DTYPES:
+        raise invalid_argument(f"dtype \"{name}\" is not \"bf16\" or \"fp32\"")
+    return _DTYPES[name]
+
+
+def _ints(value: Any, field: str) -> bytes:
+    return pack_int32(value, field)[0]
+
+
+def _optional_ints(value: Any, field: str) -> bytes:
+    return b"" if value is None else _ints(value, field)
+
+
+class Client:
+    """A connection to kvcached with an open session (unless
+    open_session=False) renewed by a background thread every lease / 3."""
+
+    def __init__(self, address: str = "", *,
+                 client_name: str = "kvcached_client.py",
+                 open_session: bool = True, lease_ms: int = 0,
+                 keep_alive: bool = True, timeout: float = 30.0,
+                 connect_timeout: float = 10.0,
+                 max_message_bytes: int = 64 << 20):
+        self.target = resolve_target(address)
+        self.timeout = timeout
+        self.session_id = ""
+        self.lease_ms = 0
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._channel = grpc.insecure_channel(self.target, options=[
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes),
+        ])
+        try:
+            grpc.channel_ready_future(self._channel).result(
+                timeout=connect_timeout)
+        except grpc.FutureTimeoutError:
+            self._channel.close()
+            raise KVCacheError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"kvcached at {self.target} did not answer within "
+                f"{connect_timeout:g} s") from None
+        self._stub = pb_grpc.KVCacheStub(self._channel)
+        if open_session:
+            try:
+                r = self._call("OpenSession", pb.OpenSessionRequest(
+                    client_name=client_name, lease_ms=lease_ms))
+            except KVCacheError:
+                self._channel.close()
+                raise
+            self.session_id, self.lease_ms = r.session_id, r.lease_ms
+            if keep_alive:
+                self._thread = threading.Thread(
+                    target=self._keep_alive_loop, name="kvcached-keepalive",
+                    daemon=True)
+                self._thread.start()
+
+    # ------------------------------------------------------------ plumbing
+
+    @property
+    def stub(self) -> Any:
+        """The raw kvcache.v1.KVCache stub, for anything not wrapped."""
+        return self._stub
+
+    def _call(self, method: str, request: Any) -> Any:
+        try:
+            return getattr(self._stub, method)(request, timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    def _keep_alive_loop(self) -> None:
+        period = max(self.lease_ms / 3000.0, 0.01)
+        while not self._stop.wait(period):
+            try:
+                self.keep_alive()
+            except KVCacheError as e:
+                _log.warning("kvcached keep-alive failed: %s", e)
+
+    def keep_alive(self) -> int:
+        """Renews the session's lease; returns the milliseconds left."""
+        return self._call("KeepAlive", pb.KeepAliveRequest(
+            session_id=self.session_id)).lease_ms
+
+    def close(self) -> None:
+        """Stops the keep-alive, closes the session (releasing its buffers in
+        the daemon) and the channel. Best effort; safe to call twice."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self.session_id:
+            try:
+                self._call("CloseSession", pb.CloseSessionRequest(
+                    session_id=self.session_id))
+            except KVCacheError as e:
+                _log.info("kvcached CloseSession: %s", e)
+            self.session_id = ""
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ pools
+
+    def create_pool(self, name: str, format: str, *, block_size: int,
+                    num_blocks: int, num_layers: int, elements: int = 0,
+                    device: str = "") -> "pb.PoolInfo":
+        """format: "V41", "V41_FP4", "FP4_INDEX", "FP8_FP32SF_INDEX",
+        "MXFP8_INDEX", or "BF16" with `elements` (or "BF16(N)")."""
+        return self._call("CreatePool", pb.CreatePoolRequest(
+            name=name, device=device, format=format, elements=elements,
+            block_size=block_size, num_blocks=num_blocks,
+            num_layers=num_layers))
+
+    def create_or_get_pool(self, name: str, format: str, *, block_size: int,
+                           num_blocks: int, num_layers: int,
+                           elements: int = 0,
+                           device: str = "") -> "pb.PoolInfo":
+        """Creates the pool, or returns the existing one when its layout
+        matches (FAILED_PRECONDITION when it does not)."""
+        try:
+            return self.create_pool(name, format, block_size=block_size,
+                                    num_blocks=num_blocks,
+                                    num_layers=num_layers, elements=elements,
+                                    device=device)
+        except KVCacheError as e:
+            if e.code != grpc.StatusCode.ALREADY_EXISTS:
+                raise
+        info = self.get_pool(name)
+        l = info.layout
+        if (l.format not in (format, f"BF16({elements})") or
+                l.block_size != block_size or l.num_blocks != num_blocks or
+                l.num_layers != num_layers):
+            raise KVCacheError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"pool \"{name}\" exists with another layout ({l.format}, "
+                f"block_size {l.block_size}, num_blocks {l.num_blocks}, "
+                f"num_layers {l.num_layers})")
+        return info
+
+    def get_pool(self, name: str) -> "pb.PoolInfo":
+        return self._call("GetPool", pb.GetPoolRequest(name=name))
+
+    def list_pools(self) -> List["pb.PoolInfo"]:
+        """All pools, sorted by name."""
+        return list(self._call("ListPools", pb.ListPoolsRequest()).pools)
+
+    def delete_pool(self, name: str) -> None:
+        self._call("DeletePool", pb.DeletePoolRequest(name=name))
+
+    def map_pool(self, name: str) -> PoolMapping:
+        """Maps a pool into this process (CPU backend: a writable view of
+        layout.total_bytes; CUDA backend: ipc_handle only). Close it with
+        .close() when done."""
+        return PoolMapping(self.get_pool(name))
+
+    # ------------------------------------------------------------ buffers
+
+    def allocate_buffer(self, size: int) -> Buffer:
+        """A daemon-allocated buffer of this session, mapped (CPU) or with
+        its CUDA IPC handle. Buffer.release() (or `with`) gives it back."""
+        info = self._call("AllocateBuffer", pb.AllocateBufferRequest(
+            session_id=self.session_id, size=size))
+        try:
+            return Buffer(info, self.release_buffer)
+        except OSError as e:
+            self.release_buffer(info.buffer_id)
+            raise KVCacheError(
+                grpc.StatusCode.INTERNAL,
+                f"mapping buffer {info.buffer_id} "
+                f"({info.handle.shm_name}): {e}") from None
+
+    def import_buffer(self, handle: "pb.SharedHandle") -> "pb.BufferInfo":
+        """Registers memory this process owns (a shm object the daemon can
+        open, or a CUDA IPC handle) as a buffer of the session."""
+        return self._call("ImportBuffer", pb.ImportBufferRequest(
+            session_id=self.session_id, handle=handle))
+
+    def release_buffer(self, buffer: Union[int, Buffer]) -> None:
+        buffer_id = buffer.id if isinstance(buffer, Buffer) else buffer
+        self._call("ReleaseBuffer", pb.ReleaseBufferRequest(
+            session_id=self.session_id, buffer_id=buffer_id))
+
+    # ------------------------------------------------------------ store/load
+
+    def store(self, pool: str, layer: int, slot_mapping: Any, kv: DataLike,
+              *, dtype: Optional[str] = None) -> int:
+        """Stores kv[num_tokens, elements] (BF16 bit patterns or fp32,
+        little-endian) into the slots of `slot_mapping` (int32[num_tokens];
+        slot = block_id * block_size + offset, -1 = padding). kv is
+        bytes-like, a NumPy array (float32 -> "fp32", uint16 -> "bf16") or a
+        Buffer.slice(). Returns the tokens written."""
+        slots, n, _ = pack_int32(slot_mapping, "slot_mapping")
+        r = self._call("Store", pb.StoreRequest(
+            session_id=self.session_id, pool=pool, layer=layer, num_tokens=n,
+            slot_mapping=slots, dtype=_dtype(kv, dtype, "kv"),
+            kv=_data_ref(kv, "kv")))
+        return r.tokens_written
+
+    @staticmethod
+    def _sequences(seqlen_k: Any, block_table: Any,
+                   max_blocks_per_seq: Optional[int],
+                   compress_ratio: int) -> "pb.SequencePlan":
+        seqlens, num_seqs, _ = pack_int32(seqlen_k, "seqlen_k")
+        table, _, cols = pack_int32_2d(block_table, "block_table",
+                                       rows=num_seqs, cols=max_blocks_per_seq)
+        return pb.SequencePlan(num_seqs=num_seqs, seqlen_k=seqlens,
+                               max_blocks_per_seq=cols, block_table=table,
+                               compress_ratio=compress_ratio)
+
+    def load(self, pool: str, layer: int, *, segments: Any = None,
+             total_k: Optional[int] = None, seqlen_k: Any = None,
+             block_table: Any = None, max_blocks_per_seq: Optional[int] = None,
+             compress_ratio: int = 1, out: Any = INLINE,
+             scales: Any = None) -> LoadResult:
+        """Loads rows of a pool layer, by an explicit plan (segments:
+        int32[S][4], and total_k) or by sequences (seqlen_k: int32[num_seqs],
+        block_table: int32[num_seqs][max_blocks_per_seq], compress_ratio).
+
+        out: INLINE (the rows come back in the result) or a Buffer.slice()
+        of total_k * load_data_row_bytes. scales: for index formats, INLINE
+        or a slice of total_k * load_scale_row_bytes; None for cast formats.
+        """
+        req = pb.LoadRequest(session_id=self.session_id, pool=pool,
+                             layer=layer, data=_out_ref(out, "out"))
+        if scales is not None:
+            req.scales.CopyFrom(_out_ref(scales, "scales"))
+        if segments is not None:
+            if seqlen_k is not None or block_table is not None:
+                raise invalid_argument(
+                    "pass either segments or seqlen_k + block_table")
+            if total_k is None:
+                raise invalid_argument("segments need total_k")
+            data, num, _ = pack_int32_2d(segments, "segments", cols=4)
+            req.segments.CopyFrom(pb.Segments(num_segments=num,
+                                              segments=data, total_k=total_k))
+        elif seqlen_k is not None and block_table is not None:
+            req.sequences.CopyFrom(self._sequences(
+                seqlen_k, block_table, max_blocks_per_seq, compress_ratio))
+        else:
+            raise invalid_argument(
+                "load needs segments + total_k, or seqlen_k + block_table")
+        r = self._call("Load", req)
+        return LoadResult(
+            total_k=r.total_k,
+            data=r.data if out is INLINE else None,
+            scales=r.scales if scales is INLINE else None,
+            cu_rows=unpack_int32(r.cu_rows) if segments is None else None)
+
+    def build_plan(self, pool: str, seqlen_k: Any, block_table: Any, *,
+                   max_blocks_per_seq: Optional[int] = None,
+                   compress_ratio: int = 1) -> Plan:
+        """The plan the daemon would load for these sequences (SPEC §6);
+        pass plan.segments and plan.total_k to load()."""
+        r = self._call("BuildPlan", pb.BuildPlanRequest(
+            pool=pool, sequences=self._sequences(
+                seqlen_k, block_table, max_blocks_per_seq, compress_ratio)))
+        return Plan(num_segments=r.plan.num_segments,
+                    segments=unpack_int32(r.plan.segments),
+                    total_k=r.plan.total_k, cu_rows=unpack_int32(r.cu_rows))
+
+    def prefill_load(self, swa_pool: str, swa_layer: int, main_pool: str,
+                     main_layer: int, *, seqlen_k: Any, seqlen_q: Any,
+                     swa_state_id: Any, window: int, compress_ratio: int,
+                     block_table: Any, chunk_kv: DataLike,
+                     swa_valid_start: Any = None,
+                     max_blocks_per_seq: Optional[int] = None,
+                     dtype: Optional[str] = None,
+                     out: Any = INLINE) -> PrefillLoadResult:
+        """One prefill chunk (SPEC §6): the buffer [SWA history | chunk |
+        compressed rows] of BF16 rows, then the chunk stored into the SWA
+        rings. Arrays are int32[num_seqs] (block_table
+        int32[num_seqs][max_blocks_per_seq]); chunk_kv is
+        [sum seqlen_q, elements] of dtype."""
+        seqlens, num_seqs, _ = pack_int32(seqlen_k, "seqlen_k")
+        table, _, cols = pack_int32_2d(block_table, "block_table",
+                                       rows=num_seqs, cols=max_blocks_per_seq)
+        r = self._call("PrefillLoad", pb.PrefillLoadRequest(
+            session_id=self.session_id, swa_pool=swa_pool,
+            swa_layer=swa_layer, main_pool=main_pool, main_layer=main_layer,
+            num_seqs=num_seqs, seqlen_k=seqlens,
+            seqlen_q=_ints(seqlen_q, "seqlen_q"),
+            swa_state_id=_ints(swa_state_id, "swa_state_id"),
+            swa_valid_start=_optional_ints(swa_valid_start,
+                                           "swa_valid_start"),
+            window=window, compress_ratio=compress_ratio,
+            max_blocks_per_seq=cols, block_table=table,
+            dtype=_dtype(chunk_kv, dtype, "chunk_kv"),
+            chunk_kv=_data_ref(chunk_kv, "chunk_kv"),
+            output=_out_ref(out, "out")))
+        return PrefillLoadResult(
+            total_k_swa=r.total_k_swa, chunk_offset=r.chunk_offset,
+            main_kv_offset=r.main_kv_offset, total_rows=r.total_rows,
+            cu_compressed=unpack_int32(r.cu_compressed),
+            output=r.output if out is INLINE else None,
+            swa_segments=r.swa_segments, main_segments=r.main_segments)
+
+    # ------------------------------------------------------------ indices
+
+    def convert_topk(self, pool: str, topk: Any, valid_count: Any,
+                     num_tokens: Any, block_table: Any, *,
+                     k: Optional[int] = None,
+                     max_blocks_per_seq: Optional[int] = None) -> IndexResult:
+        """Decode top-k conversion (SPEC §7): topk int32[batch][k] logical
+        compressed-token indices -> slots int32[batch][k], -1 = none.
+        valid_count and num_tokens are int32[batch]."""
+        counts, batch, _ = pack_int32(valid_count, "valid_count")
+        topk_data, _, k = pack_int32_2d(topk, "topk", rows=batch, cols=k)
+        table, _, cols = pack_int32_2d(block_table, "block_table",
+                                       rows=batch, cols=max_blocks_per_seq)
+        r = self._call("ConvertTopk", pb.ConvertTopkRequest(
+            pool=pool, batch=batch, k=k, topk=topk_data, valid_count=counts,
+            num_tokens=_ints(num_tokens, "num_tokens"),
+            max_blocks_per_seq=cols, block_table=table))
+        return IndexResult(slots=unpack_int32(r.slots), rows=batch, cols=k,
+                           invalid_count=r.invalid_count)
+
+    def swa_decode_index(self, pool: str, window: int,
+                         queries: Any) -> IndexResult:
+        """SWA decode index (SPEC §7): queries int32[n][3] rows {state_id,
+        start, valid_len} -> slots int32[n][window], -1 after valid_len."""
+        data, n, _ = pack_int32_2d(queries, "queries", cols=3)
+        r = self._call("SwaDecodeIndex", pb.SwaDecodeIndexRequest(
+            pool=pool, window=window, num_queries=n, queries=data))
+        return IndexResult(slots=unpack_int32(r.slots), rows=n, cols=window)
+
+    def prefill_index(self, seqlen_k: Any, seqlen_q: Any, *, window: int,
+                      compress_ratio: int, compressed_index: Any,
+                      topk_k: Optional[int] = None,
+                      swa_valid_start: Any = None) -> PrefillIndexResult:
+        """Prefill index (SPEC §7): for every query row of the chunk,
+        [SWA index | compressed index] into the PrefillLoad buffer.
+        compressed_index is int32[sum seqlen_q][topk_k], -1 = masked."""
+        seqlens, num_seqs, _ = pack_int32(seqlen_k, "seqlen_k")
+        q_data, _, _ = pack_int32(seqlen_q, "seqlen_q")
+        rows = sum(unpack_int32(q_data))
+        index, _, topk_k = pack_int32_2d(compressed_index, "compressed_index",
+                                         rows=rows, cols=topk_k)
+        r = self._call("PrefillIndex", pb.PrefillIndexRequest(
+            num_seqs=num_seqs, seqlen_k=seqlens, seqlen_q=q_data,
+            swa_valid_start=_optional_ints(swa_valid_start,
+                                           "swa_valid_start"),
+            window=window, compress_ratio=compress_ratio, topk_k=topk_k,
+            compressed_index=index))
+        return PrefillIndexResult(index=unpack_int32(r.index),
+                                  row_width=r.row_width,
+                                  main_kv_offset=r.main_kv_offset,
+                                  total_rows=r.total_rows)
+
+    # ------------------------------------------------------------ inspection
+
+    def stats(self) -> "pb.StatsResponse":
+        return self._call("Stats", pb.StatsRequest())
+
+    def ping(self) -> None:
+        self._call("Ping", pb.PingRequest())
+
+
+def connect(address: str = "", **options: Any) -> Client:
+    """Client(address, **options): "" = the daemon's default socket."""
+    return Client(address, **options)

@@ -1,0 +1,321 @@
+"""kvcached_client against a real kvcached child process (CPU backend)."""
+
+import array
+import random
+import time
+import unittest
+
+import grpc
+
+import kvcached_client
+from kvcached_client import INLINE, KVCacheError
+from daemon import (Daemon, ctl_decode, ctl_encode, random_bf16,
+                    record_bytes, segments_for)
+
+try:
+    import numpy
+except ImportError:
+    numpy = None
+
+# (format, block size): awkward block sizes, every format once.
+FORMATS = [("V41", 7), ("V41_FP4", 3), ("FP4_INDEX", 17),
+           ("FP8_FP32SF_INDEX", 1), ("MXFP8_INDEX", 133), ("BF16(6)", 64)]
+NUM_BLOCKS = 4
+
+
+def store_calls(kv) -> int:
+    return sum(r.calls for r in kv.stats().rpcs if r.rpc == "Store")
+
+
+class ClientTest(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.daemon = Daemon()
+        cls.kv = cls.daemon.connect(client_name="client_test")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.kv.close()
+        rc = cls.daemon.stop()
+        assert rc == 0, f"kvcached exited {rc}:\n{cls.daemon.log_text()}"
+
+    def assertFails(self, code, text, fn, *args, **kwargs):
+        with self.assertRaises(KVCacheError) as cm:
+            fn(*args, **kwargs)
+        self.assertEqual(cm.exception.code, code, str(cm.exception))
+        self.assertIn(text, cm.exception.message)
+        return cm.exception
+
+    # ------------------------------------------------------------ store/load
+
+    def test_round_trip_matches_kvcachectl_for_every_format(self):
+        rng = random.Random(301)
+        for fmt, bs in FORMATS:
+            with self.subTest(format=fmt, block_size=bs):
+                self._round_trip(rng, fmt, bs)
+
+    def _round_trip(self, rng, fmt, bs):
+        name = "rt_" + fmt.replace("(", "").replace(")", "")
+        info = self.kv.create_pool(name, fmt, block_size=bs,
+                                   num_blocks=NUM_BLOCKS, num_layers=2)
+        layout = info.layout
+        self.assertEqual(layout.block_size, bs)
+        elems = layout.elements
+        n = min(NUM_BLOCKS * bs, 2 * bs + 1)
+        slots = rng.sample(range(NUM_BLOCKS * bs), n - 1)
+        slots.insert(rng.randrange(n), -1)  # one padding token
+        kv = random_bf16(rng, n * elems)
+        self.assertNotEqual(kv, bytes(len(kv)))
+        row = elems * 2
+        half = n // 2
+        # First half through a shared buffer, the rest inline.
+        with self.kv.allocate_buffer(half * row + 5) as buf:
+            buf.write(kv[:half * row], offset=5)
+            written = self.kv.store(name, 1, slots[:half],
+                                    buf.slice(5, half * row))
+        written += self.kv.store(name, 1, array.array("i", slots[half:]),
+                                 kv[half * row:])
+        self.assertEqual(written, n - 1)
+
+        # The pool holds exactly the records kvcachectl encodes.
+        records = ctl_encode(fmt, kv)
+        rec = layout.bytes_per_token
+        self.assertEqual(len(records), n * rec)
+        pool = self.kv.map_pool(name)
+        try:
+            for i, s in enumerate(slots):
+                if s < 0:
+                    continue
+                self.assertEqual(record_bytes(pool.view, layout, 1, s),
+                                 records[i * rec:(i + 1) * rec],
+                                 f"token {i} slot {s}")
+            self.assertEqual(bytes(pool.view[:layout.layer_bytes]),
+                             bytes(layout.layer_bytes), "layer 0 untouched")
+        finally:
+            pool.close()
+
+        # A load returns what kvcachectl decodes, inline and into a buffer.
+        kept = b"".join(records[i * rec:(i + 1) * rec]
+                        for i, s in enumerate(slots) if s >= 0)
+        index_format = not layout.do_cast
+        want, want_scales = ctl_decode(fmt, kept, index_format)
+        self.assertNotEqual(want, bytes(len(want)))
+        segs = segments_for(slots, bs)
+        got = self.kv.load(name, 1, segments=segs, total_k=n - 1,
+                           scales=INLINE if index_format else None)
+        self.assertEqual(got.total_k, n - 1)
+        self.assertEqual(got.data, want)
+        self.assertEqual(got.scales, want_scales)
+        rows = (n - 1) * layout.load_data_row_bytes
+        srows = (n - 1) * layout.load_scale_row_bytes
+        with self.kv.allocate_buffer(rows + srows + 3) as out:
+            got = self.kv.load(
+                name, 1, segments=segs, total_k=n - 1, out=out.slice(3, rows),
+                scales=out.slice(3 + rows, srows) if index_format else None)
+            self.assertIsNone(got.data)
+            self.assertEqual(out.read(3, rows), want)
+            if index_format:
+                self.assertEqual(out.read(3 + rows, srows), want_scales)
+        if fmt.startswith("BF16"):  # exact: the rows are the input
+            self.assertEqual(
+                want, b"".join(kv[i * row:(i + 1) * row]
+                               for i, s in enumerate(slots) if s >= 0))
+        self.kv.delete_pool(name)
+
+    def test_plan_and_sequence_load(self):
+        kv = self.kv
+        kv.create_pool("plan", "BF16", elements=4, block_size=4, num_blocks=8,
+                       num_layers=1)
+        rows = random_bf16(random.Random(302), 32 * 4)
+        kv.store("plan", 0, range(32), rows)
+        plan = kv.build_plan("plan", [6, 3], [[7, 2], [5, -1]])
+        self.assertEqual(list(plan.segments),
+                         [7, 0, 4, 0, 2, 0, 2, 4, 5, 0, 3, 6])
+        self.assertEqual(plan.num_segments, 3)
+        self.assertEqual(plan.total_k, 9)
+        self.assertEqual(list(plan.cu_rows), [0, 6, 9])
+        by_plan = kv.load("plan", 0, segments=plan.segments,
+                          total_k=plan.total_k)
+        by_seq = kv.load("plan", 0, seqlen_k=[6, 3],
+                         block_table=[7, 2, 5, 0])
+        self.assertEqual(list(by_seq.cu_rows), [0, 6, 9])
+        want = b"".join(rows[t * 8:(t + 1) * 8]
+                        for t in [28, 29, 30, 31, 8, 9, 20, 21, 22])
+        self.assertEqual(by_plan.data, want)
+        self.assertEqual(by_seq.data, want)
+        # Compression ratio 2: a block covers 8 tokens, 10 tokens -> 5 rows.
+        plan2 = kv.build_plan("plan", [10], [[7, 2]], compress_ratio=2)
+        self.assertEqual(list(plan2.segments), [7, 0, 4, 0, 2, 0, 1, 4])
+        self.assertEqual(plan2.total_k, 5)
+
+    def test_prefill_load_and_indices(self):
+        kv = self.kv
+        kv.create_pool("pswa", "BF16(4)", block_size=8, num_blocks=2,
+                       num_layers=1)
+        kv.create_pool("pmain", "BF16(4)", block_size=4, num_blocks=4,
+                       num_layers=1)
+        rng = random.Random(303)
+        ring = random_bf16(rng, 8 * 4)   # state 1: ring positions 0..7
+        comp = random_bf16(rng, 5 * 4)   # compressed tokens 0..4
+        chunk = random_bf16(rng, 3 * 4)
+        kv.store("pswa", 0, range(8, 16), ring)
+        kv.store("pmain", 0, [12, 13, 14, 15, 0], comp)  # blocks [3, 0]
+        r = kv.prefill_load("pswa", 0, "pmain", 0, seqlen_k=[10],
+                            seqlen_q=[3], swa_state_id=[1], window=4,
+                            compress_ratio=2, block_table=[[3, 0]],
+                            chunk_kv=chunk)
+        self.assertEqual((r.total_k_swa, r.chunk_offset, r.main_kv_offset,
+                          r.total_rows), (4, 4, 7, 12))
+        self.assertEqual(list(r.cu_compressed), [0, 5])
+        # [history: positions 3..6 | chunk (positions 7..9) | compressed].
+        self.assertEqual(r.output, ring[3 * 8:7 * 8] + chunk + comp)
+        # The chunk went into ring positions 7, 0, 1 after the load.
+        after = kv.load("pswa", 0, segments=[[1, 7, 8, 0], [1, 0, 2, 1]],
+                        total_k=3)
+        self.assertEqual(after.data, chunk)
+
+        pi = kv.prefill_index([10], [3], window=4, compress_ratio=2,
+                              compressed_index=[[0, -1], [4, 2], [-1, 1]])
+        self.assertEqual((pi.row_width, pi.main_kv_offset, pi.total_rows),
+                         (6, 7, 12))
+        self.assertEqual(list(pi.index), [1, 2, 3, 4, 7, -1,
+                                          2, 3, 4, 5, 11, 9,
+                                          3, 4, 5, 6, -1, 8])
+
+        swa = kv.swa_decode_index("pswa", 5, [[1, 6, 5], [0, 3, 2]])
+        self.assertEqual((swa.rows, swa.cols), (2, 5))
+        self.assertEqual(list(swa.slots), [14, 15, 8, 9, 10,
+                                           3, 4, -1, -1, -1])
+
+        t = kv.convert_topk("pmain", [[0, 5, 2, 4]], valid_count=[3],
+                            num_tokens=[5], block_table=[[3, 0]])
+        self.assertEqual(list(t.slots), [12, -1, 14, -1])
+        self.assertEqual((t.rows, t.cols, t.invalid_count), (1, 4, 1))
+
+    # ------------------------------------------------------------ errors
+
+    def test_invalid_input_raises_and_changes_nothing(self):
+        kv = self.kv
+        info = kv.create_pool("bad", "V41", block_size=5, num_blocks=7,
+                              num_layers=1)
+        elems = info.layout.elements
+        kv.store("bad", 0, [0, 1], random_bf16(random.Random(304), 2 * elems))
+        pool = kv.map_pool("bad")
+        try:
+            before = bytes(pool.view)
+            self.assertNotEqual(before, bytes(len(before)))
+            e = self.assertFails(grpc.StatusCode.INVALID_ARGUMENT,
+                                 "slot_mapping[1] = 35 is outside [-1, 35)",
+                                 kv.store, "bad", 0, [2, 35],
+                                 bytes(2 * elems * 2))
+            self.assertTrue(str(e).startswith("INVALID_ARGUMENT: "))
+            self.assertFails(grpc.StatusCode.INVALID_ARGUMENT, "kv",
+                             kv.store, "bad", 0, [2, 3], bytes(10))
+            self.assertFails(grpc.StatusCode.INVALID_ARGUMENT,
+                             "block_table[0][1] = 9",
+                             kv.load, "bad", 0, seqlen_k=[10],
+                             block_table=[[0, 9]])
+            self.assertFails(grpc.StatusCode.NOT_FOUND, "nope",
+                             kv.get_pool, "nope")
+            self.assertFails(grpc.StatusCode.ALREADY_EXISTS, "bad",
+                             kv.create_pool, "bad", "V41", block_size=5,
+                             num_blocks=7, num_layers=1)
+            self.assertFails(grpc.StatusCode.FAILED_PRECONDITION,
+                             "another layout", kv.create_or_get_pool, "bad",
+                             "V41", block_size=6, num_blocks=7, num_layers=1)
+            self.assertEqual(
+                kv.create_or_get_pool("bad", "V41", block_size=5,
+                                      num_blocks=7, num_layers=1).name, "bad")
+            # Caught in the client: nothing reaches the daemon.
+            calls = store_calls(kv)
+            self.assertFails(grpc.StatusCode.INVALID_ARGUMENT,
+                             "slot_mapping[2] = 2147483648 does not fit int32",
+                             kv.store, "bad", 0, [0, 1, 2**31], b"")
+            self.assertFails(grpc.StatusCode.INVALID_ARGUMENT,
+                             "slot_mapping[1] = 1.5 is not an integer",
+                             kv.store, "bad", 0, [0, 1.5], b"")
+            self.assertFails(grpc.StatusCode.INVALID_ARGUMENT,
+                             "block_table has 3 values, not a multiple of 2",
+                             kv.load, "bad", 0, seqlen_k=[1, 2],
+                             block_table=[0, 1, 2])
+            self.assertFails(grpc.StatusCode.INVALID_ARGUMENT,
+                             "dtype \"fp16\"", kv.store, "bad", 0, [0],
+                             b"", dtype="fp16")
+            self.assertEqual(store_calls(kv), calls)
+            self.assertEqual(bytes(pool.view), before)
+        finally:
+            pool.close()
+
+    def test_unreachable_daemon_is_unavailable(self):
+        self.assertFails(grpc.StatusCode.UNAVAILABLE, "did not answer",
+                         kvcached_client.connect,
+                         self.daemon.dir + "/missing.sock",
+                         connect_timeout=0.3)
+
+    # ------------------------------------------------------------ sessions
+
+    def test_sessions_buffers_and_leases(self):
+        kv = self.kv
+        pools = [p.name for p in kv.list_pools()]
+        self.assertEqual(pools, sorted(pools))
+        self.assertGreater(kv.stats().sessions, 0)
+        # Keep-alive holds a short lease open well past its length.
+        with self.daemon.connect(lease_ms=300) as held:
+            self.assertEqual(held.lease_ms, 300)
+            buf = held.allocate_buffer(4096)
+            time.sleep(1.2)
+            buf.write(b"\x01" * 16)
+            self.assertEqual(held.keep_alive(), 300)
+            buf.release()
+            self.assertFails(grpc.StatusCode.NOT_FOUND, "buffer",
+                             held.release_buffer, buf.id)
+        # Without it the lease lapses and the daemon releases the buffer.
+        lapsed = self.daemon.connect(lease_ms=200, keep_alive=False)
+        buffers = kv.stats().buffers
+        lapsed.allocate_buffer(1024)
+        self.assertEqual(kv.stats().buffers, buffers + 1)
+        deadline = time.monotonic() + 10
+        while kv.stats().buffers > buffers and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(kv.stats().buffers, buffers)
+        self.assertFails(grpc.StatusCode.NOT_FOUND, "session",
+                         lapsed.keep_alive)
+        lapsed.close()
+        # close() releases what a session still holds.
+        with self.daemon.connect() as c:
+            c.allocate_buffer(1024)
+            self.assertEqual(kv.stats().buffers, buffers + 1)
+        self.assertEqual(kv.stats().buffers, buffers)
+
+    # ------------------------------------------------------------ NumPy
+
+    @unittest.skipIf(numpy is None, "NumPy is not installed")
+    def test_numpy_inputs(self):
+        kv = self.kv
+        kv.create_pool("np", "BF16(4)", block_size=3, num_blocks=4,
+                       num_layers=1)
+        rng = numpy.random.default_rng(301)
+        # Float32 values exact in BF16, so the round trip is exact.
+        values = (rng.integers(-64, 64, size=(5, 4)) / 8).astype("float32")
+        self.assertTrue(values.any())
+        slots = numpy.array([4, 0, -1, 11, 7], dtype=numpy.int64)
+        self.assertEqual(kv.store("np", 0, slots, values), 4)
+        got = kv.load("np", 0, seqlen_k=numpy.array([12], dtype=numpy.int32),
+                      block_table=numpy.array([[0, 1, 2, 3]]))
+        rows = numpy.frombuffer(got.data, dtype="<u2").reshape(12, 4)
+        as_f32 = (rows.astype(numpy.uint32) << 16).view(numpy.float32)
+        for token, slot in enumerate(slots):
+            if slot >= 0:
+                numpy.testing.assert_array_equal(as_f32[slot], values[token])
+        self.assertFails(grpc.StatusCode.INVALID_ARGUMENT,
+                         "slot_mapping[1] = 4294967296 does not fit int32",
+                         kv.store, "np", 0,
+                         numpy.array([0, 2**32], dtype=numpy.int64), values)
+        self.assertFails(grpc.StatusCode.INVALID_ARGUMENT,
+                         "float64", kv.store, "np", 0, slots,
+                         values.astype(numpy.float64))
+
+
+if __name__ == "__main__":
+    unittest.main()

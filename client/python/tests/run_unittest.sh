@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs one unittest module of client/python/tests with Debian's python3
+# (python3-grpcio, python3-protobuf), the package and the generated stubs on
+# PYTHONPATH. Fails when the module fails OR when it ran no test at all
+# (python3 < 3.12 exits 0 on "Ran 0 tests").
+set -euo pipefail
+module="${1:?usage: run_unittest.sh MODULE_test.py}"
+root="$(pwd)"
+pkg="$root/client/python"
+export PYTHONPATH="$pkg/gen:$pkg:$pkg/tests"
+export KVCACHED_BIN="$root/server/kvcached"
+export KVCACHECTL_BIN="$root/client/kvcachectl/kvcachectl"
+export PYTHONDONTWRITEBYTECODE=1
+log="${TEST_TMPDIR:-$(mktemp -d)}/unittest.log"
+set +e
+/usr/bin/python3 -m unittest -v "${module%.py}" 2>&1 | tee "$log"
+rc="${PIPESTATUS[0]}"
+set -e
+if [ "$rc" -ne 0 ]; then
+  echo "FAIL: $module: python3 -m unittest exited $rc" >&2
+  exit "$rc"
+fi
+if ! grep -qE '^Ran [1-9][0-9]* tests? in ' "$log"; then
+  echo "FAIL: $module ran no tests" >&2
+  exit 1
+fi
+if grep -qE '^OK \(.*skipped' "$log"; then
+  echo "note: $module skipped some tests (see above)" >&2
+fi
