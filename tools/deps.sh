@@ -5,7 +5,7 @@
 set -euo pipefail
 
 KVCACHED_PACKAGES=(
-  bazel-bootstrap bazel-rules-java g++ git python3
+  bazel-bootstrap bazel-rules-java g++ git python3 python3-grpcio python3-protobuf
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev
   libabsl-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
