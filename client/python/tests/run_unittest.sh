@@ -7,7 +7,7 @@ set -euo pipefail
 module="${1:?usage: run_unittest.sh MODULE_test.py}"
 root="$(pwd)"
 pkg="$root/client/python"
-export PYTHONPATH="$pkg/gen:$pkg:$pkg/tests"
+export PYTHONPATH="$pkg/gen:$pkg:$pkg/tests${PYTHONPATH:+:$PYTHONPATH}"
 export KVCACHED_BIN="$root/server/kvcached"
 export KVCACHECTL_BIN="$root/client/kvcachectl/kvcachectl"
 export PYTHONDONTWRITEBYTECODE=1
