@@ -57,6 +57,8 @@ class KVCacheClient {
   const std::string& target() const { return target_; }
   const std::string& session_id() const { return session_id_; }
   v1::KVCache::Stub* stub() const { return stub_.get(); }
+  // The channel (e.g. for grpc.health.v1 or generic calls).
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
 
   // Pools.
   absl::StatusOr<v1::PoolInfo> CreatePool(const v1::CreatePoolRequest& r);

@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/default_address.h"
+#include "server/instrumented_backend.h"
 #include "spdlog/spdlog.h"
 
 namespace kvcache {
@@ -100,13 +101,35 @@ absl::Status Daemon::Init() {
   absl::StatusOr<std::unique_ptr<Backend>> backend =
       MakeBackend(options_.backend, backend_options);
   if (!backend.ok()) return backend.status();
-  backend_ = *std::move(backend);
+  metrics_ = std::make_unique<ServerMetrics>(KVCacheService::RpcNames());
+  backend_ = std::make_unique<InstrumentedBackend>(*std::move(backend),
+                                                   metrics_.get());
   pools_ =
       std::make_unique<PoolRegistry>(backend_.get(), options_.max_pool_bytes);
   sessions_ = std::make_unique<SessionManager>(options_.sessions);
+  ServiceOptions service_options = options_.service;
+  service_options.metrics = metrics_.get();
   service_ = std::make_unique<KVCacheService>(
-      backend_.get(), pools_.get(), sessions_.get(), options_.service);
+      backend_.get(), pools_.get(), sessions_.get(), service_options);
+  service_->set_drain_hook([this] {
+    if (server_ != nullptr) {
+      server_->GetHealthCheckService()->SetServingStatus(false);
+    }
+  });
   if (absl::Status s = ApplyConfig(); !s.ok()) return s;
+  if (!options_.metrics_address.empty()) {
+    KVCacheService* service = service_.get();
+    absl::StatusOr<std::unique_ptr<MetricsServer>> m =
+        MetricsServer::Start(options_.metrics_address, [service] {
+          v1::StatsResponse stats;
+          service->FillStats(&stats);
+          return RenderPrometheus(stats);
+        });
+    if (!m.ok()) return m.status();
+    metrics_server_ = *std::move(m);
+    spdlog::info("kvcached metrics on http://{}/metrics",
+                 metrics_server_->address());
+  }
 
   target_ = ResolveTarget(options_.listen);
   socket_path_ = UnixSocketPathOf(target_);
@@ -180,6 +203,7 @@ void Daemon::Shutdown() {
     server_->Wait();
   }
   if (reaper_.joinable()) reaper_.join();
+  metrics_server_.reset();
   if (sessions_ != nullptr) sessions_->Clear();
   if (pools_ != nullptr) pools_->Clear();
   if (!socket_path_.empty() && server_ != nullptr) unlink(socket_path_.c_str());

@@ -16,6 +16,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/backend.h"
+#include "server/metrics.h"
+#include "server/metrics_http.h"
 #include "server/pools.h"
 #include "server/service.h"
 #include "server/sessions.h"
@@ -29,6 +31,9 @@ struct DaemonOptions {
   std::string listen;
   std::string backend = "auto";  // auto | cpu | cuda
   std::string config_path;       // textproto DaemonConfig, or ""
+  // "host:port" serves Prometheus GET /metrics over HTTP (port 0 picks a
+  // free one); "" = off.
+  std::string metrics_address;
   mode_t shm_mode = 0600;        // 0660 with --shm_group_access
   int64_t max_message_bytes = int64_t{64} << 20;
   int64_t max_pool_bytes = int64_t{1} << 40;
@@ -54,6 +59,10 @@ class Daemon {
 
   // What clients dial: "unix:/path" or "host:port" (with the bound port).
   const std::string& target() const { return target_; }
+  // "host:port" of /metrics with the bound port, or "" when off.
+  std::string metrics_address() const {
+    return metrics_server_ != nullptr ? metrics_server_->address() : "";
+  }
 
   // Graceful drain, idempotent: health NOT_SERVING and new calls get
   // UNAVAILABLE; in-flight calls finish (cancelled after drain_timeout);
@@ -68,11 +77,13 @@ class Daemon {
   void ReapLoop();
 
   const DaemonOptions options_;
+  std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<PoolRegistry> pools_;
   std::unique_ptr<SessionManager> sessions_;
   std::unique_ptr<KVCacheService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<MetricsServer> metrics_server_;
   std::string target_;
   std::string socket_path_;  // "" for TCP
 

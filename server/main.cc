@@ -20,6 +20,9 @@ ABSL_FLAG(std::string, backend, "auto",
           "auto (CUDA when a GPU is visible, else CPU), cpu or cuda.");
 ABSL_FLAG(std::string, config, "",
           "Optional textproto kvcache.v1.DaemonConfig (pools to create).");
+ABSL_FLAG(std::string, metrics_address, "",
+          "host:port serving Prometheus metrics at /metrics over HTTP "
+          "(e.g. 0.0.0.0:9400); empty = off.");
 ABSL_FLAG(std::string, log_level, "info",
           "trace, debug (one line per data RPC), info, warn, error.");
 ABSL_FLAG(bool, shm_group_access, false,
@@ -59,6 +62,7 @@ int main(int argc, char** argv) {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.backend = absl::GetFlag(FLAGS_backend);
   options.config_path = absl::GetFlag(FLAGS_config);
+  options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   options.shm_mode = absl::GetFlag(FLAGS_shm_group_access) ? 0660 : 0600;
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_pool_bytes = absl::GetFlag(FLAGS_max_pool_bytes);

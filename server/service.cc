@@ -1,10 +1,14 @@
 #include "server/service.h"
 
+#include <algorithm>
 #include <chrono>
+#include <iterator>
+#include <set>
 #include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/version.h"
 #include "spdlog/spdlog.h"
 
 namespace kvcache {
@@ -15,7 +19,8 @@ constexpr const char* kRpcNames[] = {
     "GetPool",      "ListPools",     "DeletePool",   "AllocateBuffer",
     "ImportBuffer", "ReleaseBuffer", "Store",        "Load",
     "BuildPlan",    "PrefillLoad",   "ConvertTopk",  "SwaDecodeIndex",
-    "PrefillIndex", "Stats",         "Ping",
+    "PrefillIndex", "Stats",         "Ping",         "Inspect",
+    "Verify",       "Drain",
 };
 static_assert(sizeof(kRpcNames) / sizeof(kRpcNames[0]) ==
               static_cast<size_t>(Rpc::kCount));
@@ -36,10 +41,34 @@ bool IsAdmin(Rpc rpc) {
   }
 }
 
+// Calls refused once the Drain RPC ran: everything that starts new work.
+bool IsNewWork(Rpc rpc) {
+  switch (rpc) {
+    case Rpc::kOpenSession:
+    case Rpc::kCreatePool:
+    case Rpc::kAllocateBuffer:
+    case Rpc::kImportBuffer:
+    case Rpc::kStore:
+    case Rpc::kLoad:
+    case Rpc::kBuildPlan:
+    case Rpc::kPrefillLoad:
+    case Rpc::kConvertTopk:
+    case Rpc::kSwaDecodeIndex:
+    case Rpc::kPrefillIndex:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // fmt cannot format Debian's absl::string_view (not std::string_view).
 std::string_view Sv(absl::string_view s) { return {s.data(), s.size()}; }
 
 }  // namespace
+
+std::vector<std::string> KVCacheService::RpcNames() {
+  return std::vector<std::string>(std::begin(kRpcNames), std::end(kRpcNames));
+}
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
@@ -64,7 +93,12 @@ KVCacheService::KVCacheService(Backend* backend, PoolRegistry* pools,
       pools_(pools),
       sessions_(sessions),
       options_(options),
-      start_time_(absl::Now()) {}
+      start_time_(absl::Now()) {
+  if (options.metrics == nullptr) {
+    own_metrics_ = std::make_unique<ServerMetrics>(RpcNames());
+  }
+  metrics_ = options.metrics != nullptr ? options.metrics : own_metrics_.get();
+}
 
 template <typename Body>
 grpc::Status KVCacheService::Run(Rpc rpc, Ctx* ctx, absl::string_view pool,
@@ -72,21 +106,26 @@ grpc::Status KVCacheService::Run(Rpc rpc, Ctx* ctx, absl::string_view pool,
   const absl::Time start = absl::Now();
   in_flight_.fetch_add(1);
   absl::Status status;
+  bool refused_by_drain = false;
   if (draining_.load(std::memory_order_relaxed)) {
+    refused_by_drain = true;
     status = absl::UnavailableError(
         "kvcached is draining (shutting down); retry on another daemon");
+  } else if (IsNewWork(rpc) && !accepting_.load(std::memory_order_relaxed)) {
+    refused_by_drain = true;
+    status = absl::UnavailableError(
+        "kvcached is draining (kvcachectl drain): no new work is accepted; "
+        "retry on another daemon");
   } else {
     status = CheckAlive(ctx);
     if (status.ok()) status = body();
   }
   in_flight_.fetch_sub(1);
   const int64_t latency_us = absl::ToInt64Microseconds(absl::Now() - start);
-  Counters& c = counters_[static_cast<int>(rpc)];
-  c.calls.fetch_add(1, std::memory_order_relaxed);
-  c.latency_us.fetch_add(latency_us, std::memory_order_relaxed);
+  metrics_->RecordCall(static_cast<int>(rpc), status.code(), latency_us,
+                       refused_by_drain);
   const char* name = kRpcNames[static_cast<int>(rpc)];
   if (!status.ok()) {
-    c.errors.fetch_add(1, std::memory_order_relaxed);
     spdlog::info("rpc={} pool={} status={} latency_us={} error=\"{}\"", name,
                  Sv(pool), absl::StatusCodeToString(status.code()), latency_us,
                  Sv(status.message()));
@@ -294,29 +333,53 @@ grpc::Status KVCacheService::PrefillIndex(Ctx* ctx,
 grpc::Status KVCacheService::Stats(Ctx* ctx, const v1::StatsRequest* /*r*/,
                                    v1::StatsResponse* out) {
   return Run(Rpc::kStats, ctx, "", [&]() -> absl::Status {
-    const SessionStats s = sessions_->Stats();
-    out->set_pools(static_cast<int64_t>(pools_->List().size()));
-    out->set_pool_bytes(pools_->total_bytes());
-    out->set_sessions(s.sessions);
-    out->set_buffers(s.buffers);
-    out->set_buffer_bytes(s.buffer_bytes);
-    out->set_backend(std::string(backend_->name()));
-    out->set_uptime_s(absl::ToInt64Seconds(absl::Now() - start_time_));
-    for (int i = 0; i < static_cast<int>(Rpc::kCount); ++i) {
-      v1::RpcStats* rs = out->add_rpcs();
-      rs->set_rpc(kRpcNames[i]);
-      rs->set_calls(counters_[i].calls.load(std::memory_order_relaxed));
-      rs->set_errors(counters_[i].errors.load(std::memory_order_relaxed));
-      rs->set_total_latency_us(
-          counters_[i].latency_us.load(std::memory_order_relaxed));
-    }
+    FillStats(out);
+    // Not counting this call.
+    out->set_in_flight(std::max<int64_t>(out->in_flight() - 1, 0));
     return absl::OkStatus();
   });
+}
+
+void KVCacheService::FillStats(v1::StatsResponse* out) const {
+  const SessionStats s = sessions_->Stats();
+  const std::vector<std::shared_ptr<Pool>> pools = pools_->List();
+  out->set_pools(static_cast<int64_t>(pools.size()));
+  out->set_pool_bytes(pools_->total_bytes());
+  out->set_sessions(s.sessions);
+  out->set_buffers(s.buffers);
+  out->set_buffer_bytes(s.buffer_bytes);
+  out->set_backend(std::string(backend_->name()));
+  out->set_uptime_s(absl::ToInt64Seconds(absl::Now() - start_time_));
+  out->set_version(kKvcachedVersion);
+  std::set<std::string> devices;
+  for (const std::shared_ptr<Pool>& p : pools) devices.insert(p->device);
+  for (const std::string& d : devices) out->add_devices(d);
+  out->set_draining(draining());
+  out->set_in_flight(in_flight_.load());
+  metrics_->Fill(out);
 }
 
 grpc::Status KVCacheService::Ping(Ctx* ctx, const v1::PingRequest* /*r*/,
                                   v1::PingResponse* /*out*/) {
   return Run(Rpc::kPing, ctx, "", []() { return absl::OkStatus(); });
+}
+
+grpc::Status KVCacheService::Inspect(Ctx* ctx, const v1::InspectRequest* r,
+                                     v1::InspectResponse* out) {
+  return Run(Rpc::kInspect, ctx, r->pool(),
+             [&]() { return DoInspect(*r, out); });
+}
+
+grpc::Status KVCacheService::Verify(
+    Ctx* ctx, const v1::VerifyRequest* r,
+    grpc::ServerWriter<v1::VerifyProgress>* writer) {
+  return Run(Rpc::kVerify, ctx, r->pool(),
+             [&]() { return DoVerify(ctx, *r, writer); });
+}
+
+grpc::Status KVCacheService::Drain(Ctx* ctx, const v1::DrainRequest* /*r*/,
+                                   v1::DrainResponse* out) {
+  return Run(Rpc::kDrain, ctx, "", [&]() { return DoDrain(out); });
 }
 
 }  // namespace kvcache

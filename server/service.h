@@ -10,11 +10,16 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 #include "server/backend.h"
+#include "server/metrics.h"
 #include "server/pools.h"
 #include "server/sessions.h"
 
@@ -24,6 +29,9 @@ struct ServiceOptions {
   int64_t max_array_elements = int64_t{1} << 24;  // per packed int32 field
   int64_t max_inline_bytes = int64_t{64} << 20;   // inline reply data
   int64_t max_buffer_bytes = int64_t{16} << 30;   // AllocateBuffer size
+  // Where calls are counted (the daemon shares it with its backend and the
+  // /metrics page); null = the service keeps its own.
+  ServerMetrics* metrics = nullptr;
 };
 
 enum class Rpc : int {
@@ -46,6 +54,9 @@ enum class Rpc : int {
   kPrefillIndex,
   kStats,
   kPing,
+  kInspect,
+  kVerify,
+  kDrain,
   kCount,
 };
 
@@ -58,6 +69,19 @@ class KVCacheService final : public v1::KVCache::Service {
   void StartDraining() { draining_.store(true); }
   // Calls running now (in Run).
   int64_t in_flight() const { return in_flight_.load(); }
+  // Soft drain (the Drain RPC): new work gets UNAVAILABLE, reads go on;
+  // `hook` runs once when it starts (the daemon sets health NOT_SERVING).
+  // Call before serving.
+  void set_drain_hook(std::function<void()> hook) {
+    drain_hook_ = std::move(hook);
+  }
+  bool draining() const {
+    return draining_.load() || !accepting_.load();
+  }
+  // The RPC names by Rpc index (for ServerMetrics).
+  static std::vector<std::string> RpcNames();
+  // Gauges and counters as the Stats RPC returns them (also /metrics).
+  void FillStats(v1::StatsResponse* out) const;
 
   using Ctx = grpc::ServerContext;
   grpc::Status OpenSession(Ctx*, const v1::OpenSessionRequest*,
@@ -95,14 +119,15 @@ class KVCacheService final : public v1::KVCache::Service {
   grpc::Status Stats(Ctx*, const v1::StatsRequest*,
                      v1::StatsResponse*) override;
   grpc::Status Ping(Ctx*, const v1::PingRequest*, v1::PingResponse*) override;
+  // Operations (service_ops.cc).
+  grpc::Status Inspect(Ctx*, const v1::InspectRequest*,
+                       v1::InspectResponse*) override;
+  grpc::Status Verify(Ctx*, const v1::VerifyRequest*,
+                      grpc::ServerWriter<v1::VerifyProgress>*) override;
+  grpc::Status Drain(Ctx*, const v1::DrainRequest*,
+                     v1::DrainResponse*) override;
 
  private:
-  struct Counters {
-    std::atomic<int64_t> calls{0};
-    std::atomic<int64_t> errors{0};
-    std::atomic<int64_t> latency_us{0};
-  };
-
   // Refuses while draining or past the deadline, runs `body`, logs, counts
   // and converts the status.
   template <typename Body>
@@ -126,6 +151,10 @@ class KVCacheService final : public v1::KVCache::Service {
                                 v1::SwaDecodeIndexResponse* out);
   absl::Status DoPrefillIndex(const v1::PrefillIndexRequest& r,
                               v1::PrefillIndexResponse* out);
+  absl::Status DoInspect(const v1::InspectRequest& r, v1::InspectResponse* out);
+  absl::Status DoDrain(v1::DrainResponse* out);
+  absl::Status DoVerify(Ctx* ctx, const v1::VerifyRequest& r,
+                        grpc::ServerWriter<v1::VerifyProgress>* writer);
 
   Backend* const backend_;
   PoolRegistry* const pools_;
@@ -133,8 +162,11 @@ class KVCacheService final : public v1::KVCache::Service {
   const ServiceOptions options_;
   const absl::Time start_time_;
   std::atomic<bool> draining_{false};
+  std::atomic<bool> accepting_{true};  // false after the Drain RPC
+  std::function<void()> drain_hook_;
+  std::unique_ptr<ServerMetrics> own_metrics_;  // when options.metrics is null
+  ServerMetrics* metrics_;
   std::atomic<int64_t> in_flight_{0};
-  std::array<Counters, static_cast<int>(Rpc::kCount)> counters_;
 };
 
 // Not OK when the client cancelled or the deadline passed: checked before

@@ -10,6 +10,7 @@ KVCACHED_PACKAGES=(
   libabsl-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libxxhash-dev
+  libcpp-httplib-dev libssl-dev zlib1g-dev libbrotli-dev prometheus
 )
 
 kvcached_install_deps() {

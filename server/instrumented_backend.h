@@ -1,0 +1,66 @@
+// A Backend that forwards every call to another one and records, for
+// Store and Load, the tokens, bytes and time spent in ServerMetrics (the
+// daemon's "kernel time": wall clock of the backend call; with GPU
+// record_event only the launch is timed).
+#ifndef KVCACHED_SERVER_INSTRUMENTED_BACKEND_H_
+#define KVCACHED_SERVER_INSTRUMENTED_BACKEND_H_
+
+#include <memory>
+#include <string>
+
+#include "server/backend.h"
+#include "server/metrics.h"
+
+namespace kvcache {
+
+class InstrumentedBackend final : public Backend {
+ public:
+  // `metrics` must outlive this backend.
+  InstrumentedBackend(std::unique_ptr<Backend> inner, ServerMetrics* metrics)
+      : inner_(std::move(inner)), metrics_(metrics) {}
+
+  absl::string_view name() const override { return inner_->name(); }
+  absl::StatusOr<std::string> ResolveDevice(
+      absl::string_view requested) const override {
+    return inner_->ResolveDevice(requested);
+  }
+  absl::StatusOr<std::unique_ptr<Memory>> Allocate(
+      int64_t size, absl::string_view device) override {
+    return inner_->Allocate(size, device);
+  }
+  absl::StatusOr<std::unique_ptr<Memory>> Import(
+      const v1::SharedHandle& handle) override {
+    return inner_->Import(handle);
+  }
+  absl::Status Store(const PoolLayout& layout, const Memory& pool,
+                     int64_t layer, const void* kv, InputDtype dtype,
+                     absl::Span<const int32_t> slot_mapping) override;
+  absl::Status Load(const PoolLayout& layout, const Memory& pool, int64_t layer,
+                    absl::Span<const int32_t> segments, int64_t total_k,
+                    void* data, void* scales) override;
+  absl::Status StoreOrdered(const PoolLayout& layout, const Memory& pool,
+                            int64_t layer, const void* kv, InputDtype dtype,
+                            absl::Span<const int32_t> slot_mapping,
+                            const GpuOrdering& ordering,
+                            std::string* recorded_event) override;
+  absl::Status LoadOrdered(const PoolLayout& layout, const Memory& pool,
+                           int64_t layer, absl::Span<const int32_t> segments,
+                           int64_t total_k, void* data, void* scales,
+                           const GpuOrdering& ordering,
+                           std::string* recorded_event) override;
+  absl::Status CopyBytes(void* dst, const void* src, int64_t n) override {
+    return inner_->CopyBytes(dst, src, n);
+  }
+
+ private:
+  void CountStore(const PoolLayout& layout,
+                  absl::Span<const int32_t> slot_mapping, int64_t us);
+  void CountLoad(const PoolLayout& layout, int64_t total_k, int64_t us);
+
+  const std::unique_ptr<Backend> inner_;
+  ServerMetrics* const metrics_;
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHED_SERVER_INSTRUMENTED_BACKEND_H_

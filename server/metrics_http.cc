@@ -1,0 +1,65 @@
+#include "server/metrics_http.h"
+
+#include <httplib.h>
+
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace kvcache {
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
+    absl::string_view address, std::function<std::string()> render) {
+  const size_t colon = address.rfind(':');
+  int port = -1;
+  if (colon == absl::string_view::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
+      port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics_address = \"", address,
+                     "\" is not host:port with a port in [0, 65535]"));
+  }
+  absl::string_view host = address.substr(0, colon);
+  if (absl::ConsumePrefix(&host, "[")) absl::ConsumeSuffix(&host, "]");
+  std::unique_ptr<MetricsServer> m(new MetricsServer());
+  m->http_ = std::make_unique<httplib::Server>();
+  m->http_->Get(
+      "/metrics", [render](const httplib::Request&, httplib::Response& res) {
+        res.set_content(render(), "text/plain; version=0.0.4; charset=utf-8");
+      });
+  m->http_->Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("kvcached: metrics at /metrics\n", "text/plain");
+  });
+  const std::string h(host);
+  int bound = port;
+  if (port == 0) {
+    bound = m->http_->bind_to_any_port(h);
+    if (bound < 0) bound = -1;
+  } else if (!m->http_->bind_to_port(h, port)) {
+    bound = -1;
+  }
+  if (bound <= 0) {
+    return absl::UnavailableError(
+        absl::StrCat("--metrics_address: cannot listen on \"", address, "\""));
+  }
+  m->address_ = absl::StrCat(address.substr(0, colon), ":", bound);
+  httplib::Server* http = m->http_.get();
+  m->thread_ = std::thread([http] { http->listen_after_bind(); });
+  // stop() before the loop runs would be lost: wait until it runs.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!http->is_running() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return m;
+}
+
+MetricsServer::~MetricsServer() {
+  if (http_ != nullptr) http_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace kvcache

@@ -1,0 +1,46 @@
+// The daemon's optional Prometheus endpoint: GET /metrics over plain HTTP
+// (cpp-httplib) on --metrics_address=host:port, rendered on each scrape.
+#ifndef KVCACHED_SERVER_METRICS_HTTP_H_
+#define KVCACHED_SERVER_METRICS_HTTP_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace kvcache {
+
+class MetricsServer {
+ public:
+  // Serves GET /metrics (the text `render` returns) and GET / (a pointer
+  // to /metrics) on `address` = "host:port"; port 0 picks a free one.
+  // INVALID_ARGUMENT for a malformed address, UNAVAILABLE when it cannot
+  // bind.
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
+      absl::string_view address, std::function<std::string()> render);
+
+  MetricsServer(const MetricsServer&) = delete;
+  MetricsServer& operator=(const MetricsServer&) = delete;
+  ~MetricsServer();  // stops and joins
+
+  // "host:port" with the bound port.
+  const std::string& address() const { return address_; }
+
+ private:
+  MetricsServer() = default;
+
+  std::unique_ptr<httplib::Server> http_;
+  std::thread thread_;
+  std::string address_;
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHED_SERVER_METRICS_HTTP_H_

@@ -1,0 +1,77 @@
+#include "server/metrics.h"
+
+#include <string>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+
+namespace kvcache {
+namespace {
+
+TEST(ServerMetrics, CountsCallsCodesBucketsAndRejections) {
+  ServerMetrics m({"Store", "Load"});
+  m.RecordCall(0, absl::StatusCode::kOk, 40, false);  // bucket 0 (<= 50)
+  m.RecordCall(0, absl::StatusCode::kOk, 50, false);  // bucket 0
+  m.RecordCall(0, absl::StatusCode::kOk, 51, false);  // bucket 1
+  m.RecordCall(1, absl::StatusCode::kInvalidArgument, 7000000, false);
+  m.RecordCall(1, absl::StatusCode::kUnavailable, 3, true);
+  m.RecordStore(17, 17 * 584, 9);
+  m.RecordLoad(133, 133 * 1024, 11);
+  v1::StatsResponse s;
+  m.Fill(&s);
+  ASSERT_EQ(s.rpcs_size(), 2);
+  EXPECT_EQ(s.rpcs(0).rpc(), "Store");
+  EXPECT_EQ(s.rpcs(0).calls(), 3);
+  EXPECT_EQ(s.rpcs(0).errors(), 0);
+  EXPECT_EQ(s.rpcs(0).total_latency_us(), 141);
+  ASSERT_EQ(s.rpcs(0).latency_buckets_size(),
+            static_cast<int>(kLatencyBoundsUs.size()) + 1);
+  EXPECT_EQ(s.rpcs(0).latency_buckets(0), 2);
+  EXPECT_EQ(s.rpcs(0).latency_buckets(1), 1);
+  ASSERT_EQ(s.rpcs(0).codes_size(), 1);
+  EXPECT_EQ(s.rpcs(0).codes(0).code(), "OK");
+  EXPECT_EQ(s.rpcs(1).errors(), 2);
+  // 7 s is above the last bound: the overflow bucket.
+  EXPECT_EQ(s.rpcs(1).latency_buckets(kLatencyBoundsUs.size()), 1);
+  EXPECT_EQ(s.tokens_stored(), 17);
+  EXPECT_EQ(s.bytes_stored(), 17 * 584);
+  EXPECT_EQ(s.tokens_loaded(), 133);
+  EXPECT_EQ(s.store_kernel_us(), 9);
+  EXPECT_EQ(s.load_kernel_us(), 11);
+  ASSERT_EQ(s.rejections_size(), 2);
+  EXPECT_EQ(s.rejections(0).reason(), "draining");
+  EXPECT_EQ(s.rejections(1).reason(), "invalid_argument");
+}
+
+TEST(RenderPrometheus, HistogramIsCumulativeWithInfAndCounters) {
+  ServerMetrics m({"Ping"});
+  for (int64_t us : {10, 60, 60, 2000000}) {
+    m.RecordCall(0, absl::StatusCode::kOk, us, false);
+  }
+  v1::StatsResponse s;
+  s.set_backend("cpu");
+  s.set_version("0.1.0");
+  m.Fill(&s);
+  const std::string text = RenderPrometheus(s);
+  EXPECT_TRUE(absl::StrContains(text,
+                                "kvcached_request_duration_seconds_bucket{"
+                                "method=\"Ping\",le=\"0.000050\"} 1\n"))
+      << text;
+  EXPECT_TRUE(absl::StrContains(text,
+                                "kvcached_request_duration_seconds_bucket{"
+                                "method=\"Ping\",le=\"0.000100\"} 3\n"));
+  EXPECT_TRUE(absl::StrContains(text,
+                                "kvcached_request_duration_seconds_bucket{"
+                                "method=\"Ping\",le=\"+Inf\"} 4\n"));
+  EXPECT_TRUE(absl::StrContains(
+      text, "kvcached_request_duration_seconds_count{method=\"Ping\"} 4\n"));
+  EXPECT_TRUE(absl::StrContains(
+      text, "kvcached_requests_total{method=\"Ping\",code=\"OK\"} 4\n"));
+  EXPECT_TRUE(
+      absl::StrContains(text, "# TYPE kvcached_rejections_total counter\n"));
+  EXPECT_TRUE(absl::StrContains(
+      text, "kvcached_info{version=\"0.1.0\",backend=\"cpu\"} 1\n"));
+}
+
+}  // namespace
+}  // namespace kvcache
