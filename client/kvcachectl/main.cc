@@ -2,6 +2,7 @@
 // command lives in its own library.
 #include <iostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "client/kvcachectl/args.h"
@@ -17,6 +18,12 @@ constexpr char kTopHelp[] =
     "\n"
     "Commands:\n"
     "  status   health, version, backend, uptime, pools (the k8s probe)\n"
+    "  pool     list, get, create, delete pools\n"
+    "  stats    requests by method and code, latencies, tokens, bytes\n"
+    "  plan     build a load plan for sequences and print its segments\n"
+    "  inspect  decode the records of a slot or block\n"
+    "  verify   scan a pool for bad scales and NaN/Inf; block checksums\n"
+    "  drain    stop accepting new work; report in-flight requests\n"
     "  format   offline tools for the byte contract: list, layout, encode,\n"
     "           decode (no daemon needed)\n"
     "\n"
@@ -41,8 +48,19 @@ int main(int argc, char** argv) {
     std::cout << kTopHelp;
     return kvcache::ctl::kExitOk;
   }
-  if (command == "status") {
-    return kvcache::ctl::RunStatusCommand(args, std::cout, std::cerr);
+  using Command =
+      int (*)(const std::vector<std::string>&, std::ostream&, std::ostream&);
+  const std::pair<const char*, Command> kCommands[] = {
+      {"status", kvcache::ctl::RunStatusCommand},
+      {"pool", kvcache::ctl::RunPoolCommand},
+      {"stats", kvcache::ctl::RunStatsCommand},
+      {"plan", kvcache::ctl::RunPlanCommand},
+      {"inspect", kvcache::ctl::RunInspectCommand},
+      {"verify", kvcache::ctl::RunVerifyCommand},
+      {"drain", kvcache::ctl::RunDrainCommand},
+  };
+  for (const auto& [name, run] : kCommands) {
+    if (command == name) return run(args, std::cout, std::cerr);
   }
   if (command == "format") {
     return kvcache::ctl::RunFormatCommand(args, std::cout, std::cerr);

@@ -1,0 +1,4 @@
+#!/usr/bin/env bash
+# Runs ops_test.py with the binaries Bazel passes (see BUILD.bazel).
+set -euo pipefail
+exec python3 "$(dirname "$0")/ops_test.py" "$@"
