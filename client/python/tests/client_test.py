@@ -32,7 +32,12 @@ class ClientTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.daemon = Daemon()
-        cls.kv = cls.daemon.connect(client_name="client_test")
+        try:
+            cls.kv = cls.daemon.connect(client_name="client_test")
+        except BaseException:
+            cls.daemon.stop()
+            print(cls.daemon.log_text())
+            raise
 
     @classmethod
     def tearDownClass(cls):

@@ -32,7 +32,12 @@ class Daemon:
         """SIGTERM, then the exit code (0 = drained cleanly)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        rc = self.proc.wait(timeout=60)
+        try:
+            rc = self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # did not drain: a failure
+            self.proc.kill()
+            self.proc.wait()
+            rc = -signal.SIGKILL
         self.log.close()
         return rc
 
