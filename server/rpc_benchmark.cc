@@ -1,6 +1,9 @@
 // RPC latency of a decode step over the Unix socket: Store and Load of 256
 // V41 tokens whose data sits in a shared buffer, next to an empty RPC
-// (Ping) measured in the same run. Prints p50/p99/mean per request kind.
+// (Ping) and the bare kernel work (the CPU reference's Store/LoadSegments
+// on the same inputs, called directly), all measured in the same run.
+// Prints p50/p99/mean per request kind and the request overhead: p50 of the
+// RPC minus p50 of its kernel work, as a ratio to the empty RPC.
 //
 //   bazel run -c opt //server:rpc_benchmark -- --iterations=2000
 //
@@ -22,7 +25,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/kvcache_client.h"
+#include "kernels/format_host.h"
 #include "kernels/quant.h"
+#include "kernels/reference.h"
 #include "proto/wire.h"
 #include "server/daemon.h"
 #include "spdlog/spdlog.h"
@@ -174,11 +179,40 @@ int Run() {
                            " tokens V41 (block table, buffer)"),
               warmup, iters, [&] { return client->Load(load_bt).status(); }),
   };
+  // The kernel work of the same requests, without the daemon: the CPU
+  // backend runs exactly these reference calls on a pool of the same layout.
+  const PoolLayout layout =
+      *MakePoolLayout(*FormatFromName("V41"), kBlockSize, kNumBlocks, 1);
+  std::vector<uint8_t> layer(static_cast<size_t>(layout.layer_bytes));
+  std::vector<uint8_t> rows(static_cast<size_t>(kv_bytes));
+  const Result store_kernel = Measure(
+      "  kernel: reference Store", warmup, iters, [&] {
+        return Store(layout, layer.data(), in->data(), InputDtype::kBF16,
+                     slots);
+      });
+  const Result load_kernel = Measure(
+      "  kernel: reference LoadSegments", warmup, iters, [&] {
+        return LoadSegments(layout, layer.data(), segs, tokens, rows.data(),
+                            nullptr);
+      });
   std::printf("| request | p50 us | p99 us | mean us |\n|---|---|---|---|\n");
   for (const Result& r : results) {
     std::printf("| %s | %.1f | %.1f | %.1f |\n", r.name.c_str(), r.p50_us,
                 r.p99_us, r.mean_us);
   }
+  for (const Result& r : {store_kernel, load_kernel}) {
+    std::printf("| %s | %.1f | %.1f | %.1f |\n", r.name.c_str(), r.p50_us,
+                r.p99_us, r.mean_us);
+  }
+  const double ping = results[0].p50_us;
+  std::printf(
+      "\nrequest overhead = p50(RPC) - p50(kernel work), ratio to p50(Ping):\n"
+      "  Store: %.1f us = %.2fx Ping\n  Load (segments): %.1f us = %.2fx "
+      "Ping\n",
+      results[1].p50_us - store_kernel.p50_us,
+      (results[1].p50_us - store_kernel.p50_us) / ping,
+      results[2].p50_us - load_kernel.p50_us,
+      (results[2].p50_us - load_kernel.p50_us) / ping);
   (void)client->DeletePool(pool);
   return 0;
 }
