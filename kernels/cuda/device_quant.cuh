@@ -2,8 +2,9 @@
 // math is written once (NaNs are canonical there, so GPU arithmetic, which
 // loses NaN signs and payloads, stays bit-exact with the x86 reference).
 // For speed, e4m3 encoding may use Hopper's cvt.rn.satfinite.e4m3x2.f32 and
-// e2m1 encoding uses seven exact threshold compares (the RNE boundaries);
-// the test suite checks both against quant.h over all 2^32 fp32 inputs.
+// e2m1 encoding rounds by fma onto three grids and takes the minimum
+// (Hopper has no e2m1 cast); the test suite checks both against quant.h over
+// all 2^32 fp32 inputs.
 #ifndef KVCACHED_KERNELS_CUDA_DEVICE_QUANT_CUH_
 #define KVCACHED_KERNELS_CUDA_DEVICE_QUANT_CUH_
 
@@ -19,8 +20,9 @@
 namespace kvcache::gpu::internal {
 
 // Compile-time description of a quantized format (one per Kind).
-template <QuantDtype D, int kE, int kG, ScaleFormat S>
+template <QuantDtype D, int kE, int kG, ScaleFormat S, bool kInterleave>
 struct QFormat {
+  static constexpr bool kInterleaved = kInterleave;  // [data | scales]
   static constexpr QuantDtype kDtype = D;
   static constexpr int kElems = kE;  // elements per token
   static constexpr int kGroup = kG;  // elements per scale
@@ -31,16 +33,41 @@ struct QFormat {
   static constexpr int kScaleBytes =
       (kE / kG) * (S == ScaleFormat::kFP32 ? 4 : 1);
   static constexpr int kScaleWords = kScaleBytes / 4;  // 4-byte scale words
+  static constexpr int kDataBytes = kE * (D == QuantDtype::kE2M1 ? 4 : 8) / 8;
   static_assert(kE % 16 == 0 && kG % 16 == 0 && kScaleBytes % 4 == 0);
 };
 
-using V41Format = QFormat<QuantDtype::kE4M3, 512, 32, ScaleFormat::kUE8M0>;
-using V41Fp4Format = QFormat<QuantDtype::kE2M1, 512, 16, ScaleFormat::kE4M3>;
-using Fp4IndexFormat = QFormat<QuantDtype::kE2M1, 128, 32, ScaleFormat::kUE8M0>;
+// PoolLayout::data_offset / scale_offset with the format's sizes known at
+// compile time (the layout's own accessors divide at run time).
+template <class F>
+__device__ __forceinline__ int64_t DataOffset(const PoolLayout& layout,
+                                              int32_t block, int32_t t) {
+  constexpr int kRow =
+      F::kInterleaved ? F::kDataBytes + F::kScaleBytes : F::kDataBytes;
+  return block * layout.block_stride + static_cast<int64_t>(t) * kRow;
+}
+
+template <class F>
+__device__ __forceinline__ int64_t ScaleOffset(const PoolLayout& layout,
+                                               int32_t block, int32_t t) {
+  if constexpr (F::kInterleaved) {
+    return DataOffset<F>(layout, block, t) + F::kDataBytes;
+  } else {
+    return block * layout.block_stride + layout.block_size * F::kDataBytes +
+           static_cast<int64_t>(t) * F::kScaleBytes;
+  }
+}
+
+using V41Format =
+    QFormat<QuantDtype::kE4M3, 512, 32, ScaleFormat::kUE8M0, true>;
+using V41Fp4Format =
+    QFormat<QuantDtype::kE2M1, 512, 16, ScaleFormat::kE4M3, true>;
+using Fp4IndexFormat =
+    QFormat<QuantDtype::kE2M1, 128, 32, ScaleFormat::kUE8M0, false>;
 using Fp8Fp32SfFormat =
-    QFormat<QuantDtype::kE4M3, 128, 128, ScaleFormat::kFP32>;
+    QFormat<QuantDtype::kE4M3, 128, 128, ScaleFormat::kFP32, false>;
 using Mxfp8IndexFormat =
-    QFormat<QuantDtype::kE4M3, 128, 32, ScaleFormat::kUE8M0>;
+    QFormat<QuantDtype::kE4M3, 128, 32, ScaleFormat::kUE8M0, false>;
 
 // Two fp32 -> two e4m3 codes (lo in bits 0-7) by the hardware. satfinite
 // never yields 0x7F/0xFF for a number, so a NaN result of either sign is
@@ -67,49 +94,77 @@ __device__ __forceinline__ uint32_t E4M3x2(float lo, float hi) {
   }
 }
 
-// Two fp32 -> one byte of two e2m1 codes (lo in the low nibble), equal to
-// EncodeE2M1 for each. The RNE boundaries of the grid 0 .5 1 1.5 2 3 4 6 are
-// .25 .75 1.25 1.75 2.5 3.5 5 and ties go to the even code, so the code is
-// the number of boundaries |x| passes: strictly below an even code, >= below
-// an odd one. The compares run on f16x2 pairs: |x| > t holds iff
-// round-up-to-f16(|x|) > t, and |x| >= t iff round-to-zero(|x|) >= t, since
-// every t is an f16. NaN fails every compare (code 0, sign dropped).
-__device__ __forceinline__ uint32_t FastE2M1x2(float lo, float hi) {
-  const float alo = fabsf(lo), ahi = fabsf(hi);
-  uint16_t ulo, uhi;
-  uint32_t dn;
-  asm("cvt.rp.f16.f32 %0, %1;" : "=h"(ulo) : "f"(alo));
-  asm("cvt.rp.f16.f32 %0, %1;" : "=h"(uhi) : "f"(ahi));
-  asm("cvt.rz.f16x2.f32 %0, %1, %2;" : "=r"(dn) : "f"(ahi), "f"(alo));
-  const uint32_t up = ulo | (static_cast<uint32_t>(uhi) << 16);
-  uint32_t acc = 0x64006400u;  // f16 1024 per half: 1024 + code is exact
-  uint32_t hit;
-#define KV_E2M1_STEP(op, v, t)                                            \
-  asm("set." op ".f16x2.f16x2 %0, %1, %2;" : "=r"(hit) : "r"(v), "r"(t)); \
-  asm("add.rn.f16x2 %0, %0, %1;" : "+r"(acc) : "r"(hit));
-  KV_E2M1_STEP("gt", up, 0x34003400u)  // 0.25
-  KV_E2M1_STEP("ge", dn, 0x3A003A00u)  // 0.75
-  KV_E2M1_STEP("gt", up, 0x3D003D00u)  // 1.25
-  KV_E2M1_STEP("ge", dn, 0x3F003F00u)  // 1.75
-  KV_E2M1_STEP("gt", up, 0x41004100u)  // 2.5
-  KV_E2M1_STEP("ge", dn, 0x43004300u)  // 3.5
-  KV_E2M1_STEP("gt", up, 0x45004500u)  // 5
-#undef KV_E2M1_STEP
-  const uint32_t slo = alo == alo ? (FloatBits(lo) >> 28) & 0x8u : 0u;
-  const uint32_t shi = ahi == ahi ? (FloatBits(hi) >> 24) & 0x80u : 0u;
-  return (acc & 0x7u) | slo | ((acc >> 12) & 0x70u) | shi;
+// Eight products p[i] = x * multiplier (GPU arithmetic: NaN canonical and
+// positive) -> eight e2m1 codes, element i in nibble i, equal to EncodeE2M1
+// of each. No compares and no conversions, so it is cheap: with m = |p|
+// clamped to [0, 8] (mul.sat on |p| / 8; NaN gives 0), the code is
+//   min(RNE(2m), RNE(m) + 2, RNE(m / 2) + 4, 7),
+// each term the e2m1 code counted on one of the grids of spacing 1/2, 1, 2
+// (each is exact on its own range and larger elsewhere; the three give at
+// most 8, and the 7 is applied per nibble at the end). Each RNE is one
+// fma into the binade [2^23, 2^24), whose ulp is 1, so the float's bits are
+// 0x4B000000 + the term (the added 2 and 4 are even: ties stay even). The
+// test suite checks this against quant.h over all 2^32 fp32 inputs.
+__device__ __forceinline__ uint32_t E2M1x8(const float (&p)[8]) {
+  uint32_t acc = 0;  // sum of (0x4B000000 + code_i) << 4i, mod 2^32
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    float m;
+    asm("mul.sat.f32 %0, %1, 0f3E000000;" : "=f"(m) : "f"(fabsf(p[i])));
+    const uint32_t a = FloatBits(__fmaf_rn(m, 16.0f, 8388608.0f));
+    const uint32_t b = FloatBits(__fmaf_rn(m, 8.0f, 8388610.0f));
+    const uint32_t c = FloatBits(__fmaf_rn(m, 4.0f, 8388612.0f));
+    acc += min(min(a, b), c) << (4 * i);  // 0x4B000000 + 0..8
+  }
+  // The constant parts: 0x4B000000 << 0 and << 4; higher shifts wrap to 0.
+  // A nibble of 8 (m >= 7) is the saturated code 7.
+  uint32_t codes = acc - 0xFB000000u;
+  codes -= (codes & 0x88888888u) >> 3;
+  // Sign bits (bit 3 of each nibble) from byte 3 of each p: even elements'
+  // into W_even's bytes, odd into W_odd's.
+  const uint32_t e = __byte_perm(
+      __byte_perm(FloatBits(p[0]), FloatBits(p[2]), 0x0073),
+      __byte_perm(FloatBits(p[4]), FloatBits(p[6]), 0x0073), 0x5410);
+  const uint32_t o = __byte_perm(
+      __byte_perm(FloatBits(p[1]), FloatBits(p[3]), 0x0073),
+      __byte_perm(FloatBits(p[5]), FloatBits(p[7]), 0x0073), 0x5410);
+  return codes | ((e >> 4) & 0x08080808u) | (o & 0x80808080u);
 }
 
-// Single-value form (tests).
-__device__ __forceinline__ uint32_t FastE2M1(float x) {
-  return FastE2M1x2(x, 0.0f) & 0xFu;
+// Single-value form (tests): the code of p alone in the low nibble.
+__device__ __forceinline__ uint32_t MagicE2M1(float p) {
+  const float v[8] = {p, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  return E2M1x8(v) & 0xFu;
+}
+
+// The 16 input elements of one lane as loaded (BF16: 32 bytes, fp32: 64),
+// kept raw so that several tokens' loads are in flight before any math.
+template <typename In>
+struct LaneInput {
+  uint4 v[sizeof(In) == 2 ? 2 : 4];
+};
+
+template <typename In>
+__device__ __forceinline__ void LoadLane(const In* p, LaneInput<In>& r) {
+#pragma unroll
+  for (int k = 0; k < static_cast<int>(sizeof(r.v) / 16); ++k) {
+    r.v[k] = LoadStream16(reinterpret_cast<const uint8_t*>(p) + 16 * k);
+  }
+}
+
+template <typename In>
+__device__ __forceinline__ void ZeroLane(LaneInput<In>& r) {
+#pragma unroll
+  for (int k = 0; k < static_cast<int>(sizeof(r.v) / 16); ++k) {
+    r.v[k] = make_uint4(0, 0, 0, 0);
+  }
 }
 
 // 16 input elements of one lane -> fp32.
-__device__ __forceinline__ void LoadInput16(const uint16_t* p, float (&x)[16]) {
-  const uint4 a = LoadStream16(p);
-  const uint4 b = LoadStream16(p + 8);
-  const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+__device__ __forceinline__ void ToFloat16(const LaneInput<uint16_t>& r,
+                                          float (&x)[16]) {
+  const uint32_t w[8] = {r.v[0].x, r.v[0].y, r.v[0].z, r.v[0].w,
+                         r.v[1].x, r.v[1].y, r.v[1].z, r.v[1].w};
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     x[2 * i] = BitsToFloat(w[i] << 16);
@@ -117,25 +172,62 @@ __device__ __forceinline__ void LoadInput16(const uint16_t* p, float (&x)[16]) {
   }
 }
 
-__device__ __forceinline__ void LoadInput16(const float* p, float (&x)[16]) {
+__device__ __forceinline__ void ToFloat16(const LaneInput<float>& r,
+                                          float (&x)[16]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const uint4 v = LoadStream16(p + 4 * i);
-    x[4 * i] = BitsToFloat(v.x);
-    x[4 * i + 1] = BitsToFloat(v.y);
-    x[4 * i + 2] = BitsToFloat(v.z);
-    x[4 * i + 3] = BitsToFloat(v.w);
+    x[4 * i] = BitsToFloat(r.v[i].x);
+    x[4 * i + 1] = BitsToFloat(r.v[i].y);
+    x[4 * i + 2] = BitsToFloat(r.v[i].z);
+    x[4 * i + 3] = BitsToFloat(r.v[i].w);
   }
+}
+
+// BF16 pair (lo in bits 0-15) of two fp32 by the hardware (RNE, like
+// FloatToBf16 for every number; the caller handles NaN).
+__device__ __forceinline__ uint32_t HwBf16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// Two e4m3 codes (lo in bits 0-7) -> two exact fp32 by the hardware.
+__device__ __forceinline__ float2 HwE4M3x2ToFloat2(uint32_t codes) {
+  uint32_t h;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;"
+      : "=r"(h)
+      : "h"(static_cast<uint16_t>(codes)));
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
 }
 
 // The group scale of format F from the group's amax (quant.h).
 template <class F>
 __device__ __forceinline__ GroupScale ScaleOf(float amax) {
   if constexpr (F::kSf == ScaleFormat::kUE8M0) {
-    return Ue8m0Scale(amax,
-                      F::kDtype == QuantDtype::kE4M3 ? kE4M3Max : kE2M1Max);
+    // Ue8m0Scale without CeilLog2Clamped's subnormal loop: the quotient is
+    // at least 1e-4 / 448, a normal number (or Inf, giving 128 -> 127).
+    constexpr float kQmax =
+        F::kDtype == QuantDtype::kE4M3 ? kE4M3Max : kE2M1Max;
+    const float a = amax > kAmaxFloor ? amax : kAmaxFloor;
+    const uint32_t u = FloatBits(__fdiv_rn(a, kQmax));
+    const int e = min(
+        static_cast<int>(u >> 23) - 127 + ((u & 0x7FFFFFu) != 0 ? 1 : 0), 127);
+    // Exp2i(-e): normal for e <= 126, 2^-127 (subnormal) for e = 127.
+    const uint32_t m =
+        e <= 126 ? static_cast<uint32_t>(127 - e) << 23 : 0x00400000u;
+    return {static_cast<uint32_t>(e + 127), BitsToFloat(m)};
   } else if constexpr (F::kSf == ScaleFormat::kE4M3) {
-    return E4m3Scale(amax);
+    // E4m3Scale with the hardware cast (s is finite: amax ignores NaN; the
+    // cast saturates at 448 like the min) and the correctly rounded
+    // reciprocal, which is IEEE 1.0f / sf.
+    const float a = amax > kFp4SfAmaxFloor ? amax : kFp4SfAmaxFloor;
+    uint16_t pair;  // s is never NaN: no fix-up needed
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;"
+        : "=h"(pair)
+        : "f"(0.0f), "f"(a * kOneSixth));
+    const uint32_t sf = pair & 0xFFu;
+    // sf is a positive number (code 1..0x7E): exact by the hardware.
+    return {sf, __frcp_rn(HwE4M3x2ToFloat2(sf).x)};
   } else {
     return Fp32Scale(amax);
   }
@@ -158,29 +250,14 @@ __device__ __forceinline__ uint4 Encode16(const float (&x)[16], float mult) {
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      w[i / 4] |= FastE2M1x2(x[2 * i] * mult, x[2 * i + 1] * mult)
-                  << (8 * (i % 4));
+    for (int h = 0; h < 2; ++h) {
+      float p[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) p[i] = x[8 * h + i] * mult;
+      w[h] = E2M1x8(p);
     }
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-// BF16 pair (lo in bits 0-15) of two fp32 by the hardware (RNE, like
-// FloatToBf16 for every number; the caller handles NaN).
-__device__ __forceinline__ uint32_t HwBf16x2(float lo, float hi) {
-  uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
-// Two e4m3 codes (lo in bits 0-7) -> two exact fp32 by the hardware.
-__device__ __forceinline__ float2 HwE4M3x2ToFloat2(uint32_t codes) {
-  uint32_t h;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;"
-      : "=r"(h)
-      : "h"(static_cast<uint16_t>(codes)));
-  return __half22float2(*reinterpret_cast<const __half2*>(&h));
 }
 
 }  // namespace kvcache::gpu::internal

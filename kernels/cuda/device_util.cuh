@@ -57,6 +57,64 @@ __device__ __forceinline__ void StoreStream4(void* p, uint32_t v) {
   __stcs(reinterpret_cast<unsigned int*>(p), v);
 }
 
+// Division by a positive int32 divisor d fixed per launch (the block size)
+// without a divide instruction: for 0 <= x < 2^31,
+// x / d = (umulhi(magic, x) + x) >> shift with shift = ceil(log2 d) and
+// magic = floor(2^32 * (2^shift - d) / d) + 1 (Granlund and Montgomery;
+// the sum stays below 2^32 because x < 2^31).
+struct FastDiv {
+  uint32_t magic = 1;
+  uint32_t shift = 0;
+  int32_t d = 1;
+
+  static FastDiv Of(int32_t divisor) {  // REQUIRES: divisor >= 1
+    FastDiv f;
+    f.d = divisor;
+    while ((uint64_t{1} << f.shift) < static_cast<uint64_t>(divisor)) {
+      ++f.shift;
+    }
+    f.magic = static_cast<uint32_t>(
+        ((uint64_t{1} << 32) * ((uint64_t{1} << f.shift) - divisor)) /
+            static_cast<uint64_t>(divisor) +
+        1);
+    return f;
+  }
+  // REQUIRES: 0 <= x < 2^31.
+  __device__ __forceinline__ int32_t Div(int32_t x) const {
+    const uint32_t u = static_cast<uint32_t>(x);
+    return static_cast<int32_t>((__umulhi(magic, u) + u) >> shift);
+  }
+};
+
+// The most CTAs of `kKernel` (kThreads threads, no dynamic shared memory)
+// resident on the current device at once: the grid of a persistent,
+// grid-stride kernel. Computed once per kernel (devices of one process are
+// assumed alike; a wrong guess changes the speed, never the result).
+template <auto kKernel, int kThreads>
+int ResidentCtas() {
+  static const int ctas = [] {
+    int device = 0, sms = 0, per_sm = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) !=
+            cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &per_sm, kKernel, kThreads, 0) != cudaSuccess) {
+      cudaGetLastError();  // clear; fall back to a generous guess
+      return 132 * 8;
+    }
+    return sms * (per_sm > 0 ? per_sm : 1);
+  }();
+  return ctas;
+}
+
+// Grid of a grid-stride kernel: enough CTAs for `work` items at
+// `per_cta` items each, at most the resident CTAs.
+inline unsigned PersistentGrid(int64_t work, int64_t per_cta, int resident) {
+  const int64_t want = (work + per_cta - 1) / per_cta;
+  return static_cast<unsigned>(want < resident ? (want > 0 ? want : 1)
+                                               : resident);
+}
+
 // Launches `kernel` on the caller's stream, with the PDL attribute when
 // requested (the kernel then overlaps the previous one's tail and syncs in
 // PdlWait).

@@ -16,7 +16,7 @@ absl::Status LaunchEmptyKernel(const LaunchOptions& options = {});
 
 struct EncoderCheck {
   uint64_t e4m3_mismatches = 0;       // hardware cvt vs EncodeE4M3
-  uint64_t e2m1_mismatches = 0;       // threshold encoder vs EncodeE2M1
+  uint64_t e2m1_mismatches = 0;       // fma encoder vs EncodeE2M1
   uint32_t first_e4m3 = 0xFFFFFFFFu;  // smallest mismatching fp32 bits
   uint32_t first_e2m1 = 0xFFFFFFFFu;
 };

@@ -58,10 +58,12 @@ __global__ void __launch_bounds__(kThreads)
     }
     topk[item] = out;
   }
-  // One atomic per warp.
-  const unsigned ballot = __ballot_sync(kFullMask, invalid);
-  if (invalid_count != nullptr && ballot != 0 && (threadIdx.x % kWarp) == 0) {
-    atomicAdd(invalid_count, static_cast<unsigned long long>(__popc(ballot)));
+  // One atomic per CTA, none when the CTA saw no invalid entry. (Every
+  // thread reaches the barrier: nothing above returns.)
+  if (invalid_count == nullptr) return;
+  const int count = __syncthreads_count(invalid);
+  if (threadIdx.x == 0 && count != 0) {
+    atomicAdd(invalid_count, static_cast<unsigned long long>(count));
   }
 }
 

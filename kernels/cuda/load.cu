@@ -1,5 +1,7 @@
 // Segment-load kernels (SPEC §5). Grid: x = segment, y = token tiles of the
-// segment (grid-stride, so any block size fits). A segment
+// segment (grid-stride in both, so any plan fits). The quantized formats'
+// index loads run a persistent grid (x at most the resident CTAs, see
+// ForEachToken), the do_cast and BF16 loads one x per segment. A segment
 // {src_block_id, src_begin, src_end, dst_offset} copies tokens
 // [src_begin, src_end) of the block to rows dst_offset...; block -1 writes
 // zero rows. Rows no segment covers are never touched.
@@ -12,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 
 #include "kernels/cuda/device_bytes.cuh"
@@ -25,15 +28,16 @@ namespace kvcache::gpu::internal {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kTileIters = 1;  // CTA rounds per y tile (sizes grid.y)
 constexpr unsigned kMaxGridY = 65535;
 
 struct Segment {
   int32_t block, begin, len, dst;
 };
 
-__device__ __forceinline__ Segment ReadSegment(const int32_t* segments) {
-  const int32_t* s = segments + 4 * static_cast<int64_t>(blockIdx.x);
+// Segment `index` of the plan (rows of four int32, 4-byte aligned).
+__device__ __forceinline__ Segment ReadSegment(const int32_t* segments,
+                                               int64_t index) {
+  const int32_t* s = segments + 4 * index;
   return {__ldg(s), __ldg(s + 1), __ldg(s + 2) - __ldg(s + 1), __ldg(s + 3)};
 }
 
@@ -94,73 +98,137 @@ __device__ __forceinline__ void Dequant16(uint4 q, uint8_t sf,
   }
 }
 
-template <class F>
-__global__ void __launch_bounds__(kThreads)
-    LoadCastKernel(PoolLayout layout, const uint8_t* layer,
-                   const int32_t* segments,  // [S][4]; block -1 = zero rows
-                   uint16_t* out) {          // [total_k][F::kElems] BF16
-  PdlWait();
-  PdlLaunchDependents();
-  constexpr int kLpt = F::kLanesPerToken;
-  constexpr int kTokensPerCta = kThreads / kLpt;
-  const Segment seg = ReadSegment(segments);
+// The quantized formats' loops. A CTA step is kThreads / kLpt consecutive
+// tokens (each warp kWarp / kLpt of them); CTA (x, y) takes segments
+// blockIdx.x, + gridDim.x, ... (the next one's header is read while the
+// current one is copied) and in each the CTA steps y, y + gridDim.y, ...,
+// kSteps at a time: a warp issues the loads of its kSteps steps before the
+// first store. load(seg, i, sub) reads token i's share of lane `sub`;
+// finish(seg, i, sub, result) writes it.
+template <int kLpt, int kSteps, class Load, class Finish>
+__device__ __forceinline__ void ForEachToken(const int32_t* segments,
+                                             int64_t num_segments, Load load,
+                                             Finish finish) {
+  constexpr int kTokensPerStep = kThreads / kLpt;
   const int sub = threadIdx.x % kLpt;
-  for (int32_t i = blockIdx.y * kTokensPerCta + threadIdx.x / kLpt; i < seg.len;
-       i += gridDim.y * kTokensPerCta) {
-    uint32_t w[8];
-    if (seg.block < 0) {
-      ZeroWords<32>(w);
-    } else {
-      const uint8_t* src = layer +
-                           layout.data_offset(seg.block, seg.begin + i) +
-                           sub * F::kDataBytesPerLane;
-      uint4 q;
-      if constexpr (F::kDataBytesPerLane == 16) {
-        q = LoadStream16(src);
-      } else {
-        const uint2 h = LoadStream8(src);
-        q = make_uint4(h.x, h.y, 0, 0);
-      }
-      const uint8_t sf =
-          LoadByte(layer + layout.scale_offset(seg.block, seg.begin + i) +
-                   sub / F::kLanesPerGroup);
-      Dequant16<F>(q, sf, w);
+  const int32_t mine =  // token offset of this lane within its CTA step
+      static_cast<int32_t>(blockIdx.y) * kTokensPerStep +
+      static_cast<int32_t>(threadIdx.x) / kLpt;
+  const int64_t grid_step = static_cast<int64_t>(gridDim.y) * kTokensPerStep;
+  int64_t s = blockIdx.x;
+  if (s >= num_segments) return;
+  Segment next = ReadSegment(segments, s);
+  for (; s < num_segments; s += gridDim.x) {
+    const Segment seg = next;
+    if (s + gridDim.x < num_segments) {
+      next = ReadSegment(segments, s + gridDim.x);
     }
-    StoreWords<32>(
-        out + (static_cast<int64_t>(seg.dst) + i) * F::kElems + sub * 16, w);
+    // int64: block sizes near 2^31 must not wrap.
+    for (int64_t base = mine; base < seg.len; base += kSteps * grid_step) {
+      typename Load::Result r[kSteps];
+#pragma unroll
+      for (int u = 0; u < kSteps; ++u) {
+        const int64_t i = base + u * grid_step;
+        if (i < seg.len) r[u] = load(seg, static_cast<int32_t>(i), sub);
+      }
+#pragma unroll
+      for (int u = 0; u < kSteps; ++u) {
+        const int64_t i = base + u * grid_step;
+        if (i < seg.len) finish(seg, static_cast<int32_t>(i), sub, r[u]);
+      }
+    }
   }
 }
 
+// One lane's share of a do_cast record: 16 codes and their scale byte.
+struct CastPart {
+  uint4 q;
+  uint32_t sf;
+};
+
 template <class F>
+struct CastLoad {
+  using Result = CastPart;
+  PoolLayout layout;
+  const uint8_t* layer;
+  __device__ __forceinline__ Result operator()(const Segment& seg, int32_t i,
+                                               int sub) const {
+    Result r{make_uint4(0, 0, 0, 0), 0};
+    if (seg.block < 0) return r;
+    const uint8_t* src = layer +
+                         DataOffset<F>(layout, seg.block, seg.begin + i) +
+                         sub * F::kDataBytesPerLane;
+    if constexpr (F::kDataBytesPerLane == 16) {
+      r.q = LoadStream16(src);
+    } else {
+      const uint2 h = LoadStream8(src);
+      r.q = make_uint4(h.x, h.y, 0, 0);
+    }
+    r.sf = LoadByte(layer + ScaleOffset<F>(layout, seg.block, seg.begin + i) +
+                    sub / F::kLanesPerGroup);
+    return r;
+  }
+};
+
+template <class F, int kSteps>
+__global__ void __launch_bounds__(kThreads)
+    LoadCastKernel(PoolLayout layout, const uint8_t* layer,
+                   const int32_t* segments,  // [S][4]; block -1 = zero rows
+                   int64_t num_segments,
+                   uint16_t* out) {  // [total_k][F::kElems] BF16
+  PdlWait();
+  PdlLaunchDependents();
+  ForEachToken<F::kLanesPerToken, kSteps>(
+      segments, num_segments, CastLoad<F>{layout, layer},
+      [&](const Segment& seg, int32_t i, int sub, const CastPart& part) {
+        uint32_t w[8];
+        if (seg.block < 0) {
+          ZeroWords<32>(w);
+        } else {
+          Dequant16<F>(part.q, static_cast<uint8_t>(part.sf), w);
+        }
+        StoreWords<32>(
+            out + (static_cast<int64_t>(seg.dst) + i) * F::kElems + sub * 16,
+            w);
+      });
+}
+
+template <class F>
+struct IndexLoad {
+  using Result = CastPart;  // 16 data bytes; the scale word (lane 0)
+  PoolLayout layout;
+  const uint8_t* layer;
+  __device__ __forceinline__ Result operator()(const Segment& seg, int32_t i,
+                                               int sub) const {
+    Result r{make_uint4(0, 0, 0, 0), 0};
+    if (seg.block < 0) return r;
+    r.q = LoadStream16(layer + DataOffset<F>(layout, seg.block, seg.begin + i) +
+                       sub * 16);
+    if (sub == 0) {
+      r.sf = __ldg(reinterpret_cast<const unsigned int*>(
+          layer + ScaleOffset<F>(layout, seg.block, seg.begin + i)));
+    }
+    return r;
+  }
+};
+
+template <class F, int kSteps>
 __global__ void __launch_bounds__(kThreads)
     LoadIndexKernel(PoolLayout layout, const uint8_t* layer,
                     const int32_t* segments,  // [S][4]; block -1 = zero rows
-                    uint8_t* data,            // [total_k][data bytes]
-                    uint32_t* scales) {       // [total_k] packed scales
+                    int64_t num_segments,
+                    uint8_t* data,       // [total_k][data bytes]
+                    uint32_t* scales) {  // [total_k] packed scales
   PdlWait();
   PdlLaunchDependents();
-  constexpr int kRowBytes =
-      F::kElems * (F::kDtype == QuantDtype::kE2M1 ? 4 : 8) / 8;
-  constexpr int kLpt = kRowBytes / 16;
-  constexpr int kTokensPerCta = kThreads / kLpt;
-  const Segment seg = ReadSegment(segments);
-  const int sub = threadIdx.x % kLpt;
-  for (int32_t i = blockIdx.y * kTokensPerCta + threadIdx.x / kLpt; i < seg.len;
-       i += gridDim.y * kTokensPerCta) {
-    uint4 v = make_uint4(0, 0, 0, 0);
-    uint32_t sf = 0;
-    if (seg.block >= 0) {
-      v = LoadStream16(layer + layout.data_offset(seg.block, seg.begin + i) +
-                       sub * 16);
-      if (sub == 0) {
-        sf = __ldg(reinterpret_cast<const unsigned int*>(
-            layer + layout.scale_offset(seg.block, seg.begin + i)));
-      }
-    }
-    const int64_t row = static_cast<int64_t>(seg.dst) + i;
-    StoreStream16(data + row * kRowBytes + sub * 16, v);
-    if (sub == 0) StoreStream4(scales + row, sf);
-  }
+  constexpr int kRowBytes = F::kDataBytes;
+  ForEachToken<kRowBytes / 16, kSteps>(
+      segments, num_segments, IndexLoad<F>{layout, layer},
+      [&](const Segment& seg, int32_t i, int sub, const CastPart& part) {
+        const int64_t row = static_cast<int64_t>(seg.dst) + i;
+        StoreStream16(data + row * kRowBytes + sub * 16, part.q);
+        if (sub == 0) StoreStream4(scales + row, part.sf);
+      });
 }
 
 template <int kVec>
@@ -171,7 +239,7 @@ __global__ void __launch_bounds__(kThreads)
                    int32_t chunks_per_row) {
   PdlWait();
   PdlLaunchDependents();
-  const Segment seg = ReadSegment(segments);
+  const Segment seg = ReadSegment(segments, blockIdx.x);
   const int64_t items = static_cast<int64_t>(seg.len) * chunks_per_row;
   const int64_t row_bytes = static_cast<int64_t>(chunks_per_row) * kVec;
   for (int64_t item = static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x;
@@ -194,31 +262,55 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 unsigned GridY(int64_t work_per_segment, int64_t work_per_round) {
-  const int64_t per_tile = work_per_round * kTileIters;
+  const int64_t per_tile = work_per_round;
   const int64_t tiles = (work_per_segment + per_tile - 1) / per_tile;
   return static_cast<unsigned>(std::clamp<int64_t>(tiles, 1, kMaxGridY));
 }
 
-template <class F>
+// Grid of the quantized formats' loads. kSteps == 1: one CTA per segment
+// and CTA step (short-lived CTAs); else x over segments (at most the
+// resident CTAs), y over a segment's steps while x leaves CTAs idle.
+template <auto kKernel, int kSteps>
+dim3 QuantLoadGrid(const PoolLayout& layout, int64_t s, int lanes_per_token) {
+  const int64_t steps =
+      (layout.block_size * lanes_per_token + kThreads - 1) / kThreads;
+  if constexpr (kSteps == 1) {  // the loops cover what the caps leave
+    return dim3(static_cast<unsigned>(std::min<int64_t>(s, INT32_MAX)),
+                static_cast<unsigned>(std::min<int64_t>(steps, kMaxGridY)));
+  }
+  const int resident = ResidentCtas<kKernel, kThreads>();
+  const unsigned x = PersistentGrid(s, 1, resident);
+  const int64_t y = std::clamp<int64_t>(resident / static_cast<int64_t>(x), 1,
+                                        std::min<int64_t>(steps, kMaxGridY));
+  return dim3(x, static_cast<unsigned>(y));
+}
+
+// Steps per warp (measured on the H200, docs/BENCHMARKS.md): the do_cast
+// loads run best as short-lived CTAs of one step each (their dequantization
+// keeps enough warps busy), the index copies persistent with 4 steps.
+constexpr int kCastLoadSteps = 1;
+constexpr int kIndexLoadSteps = 4;
+
+template <class F, int kSteps = kCastLoadSteps>
 cudaError_t LoadCast(const PoolLayout& layout, const uint8_t* layer,
                      const int32_t* segments, int64_t s, void* data,
                      const Launch& launch) {
-  const dim3 grid(static_cast<unsigned>(s),
-                  GridY(layout.block_size, kThreads / F::kLanesPerToken));
-  return LaunchKernel(LoadCastKernel<F>, grid, dim3(kThreads), launch, layout,
-                      layer, segments, static_cast<uint16_t*>(data));
+  constexpr auto kKernel = LoadCastKernel<F, kSteps>;
+  return LaunchKernel(
+      kKernel, QuantLoadGrid<kKernel, kSteps>(layout, s, F::kLanesPerToken),
+      dim3(kThreads), launch, layout, layer, segments, s,
+      static_cast<uint16_t*>(data));
 }
 
-template <class F>
+template <class F, int kSteps = kIndexLoadSteps>
 cudaError_t LoadIndex(const PoolLayout& layout, const uint8_t* layer,
                       const int32_t* segments, int64_t s, void* data,
                       void* scales, const Launch& launch) {
-  const int lpt = layout.format.data_bytes() / 16;
-  const dim3 grid(static_cast<unsigned>(s),
-                  GridY(layout.block_size, kThreads / lpt));
-  return LaunchKernel(LoadIndexKernel<F>, grid, dim3(kThreads), launch, layout,
-                      layer, segments, static_cast<uint8_t*>(data),
-                      static_cast<uint32_t*>(scales));
+  constexpr auto kKernel = LoadIndexKernel<F, kSteps>;
+  return LaunchKernel(
+      kKernel, QuantLoadGrid<kKernel, kSteps>(layout, s, F::kDataBytes / 16),
+      dim3(kThreads), launch, layout, layer, segments, s,
+      static_cast<uint8_t*>(data), static_cast<uint32_t*>(scales));
 }
 
 cudaError_t LoadBf16(const PoolLayout& layout, const uint8_t* layer,

@@ -23,7 +23,10 @@ constexpr int kCheckBlocks = 4096;
 
 __global__ void __launch_bounds__(kCheckThreads)
     EncodeCheckKernel(unsigned long long* mismatches,  // [2]
-                      uint32_t* first) {               // [2]
+                      uint32_t* first,                 // [2]
+                      float one) {  // 1.0f, not foldable: x * one is GPU
+                                    // arithmetic (canonical NaN) like the
+                                    // store's x * multiplier
   const uint64_t stride = static_cast<uint64_t>(kCheckBlocks) * kCheckThreads;
   unsigned long long bad_e4m3 = 0, bad_e2m1 = 0;
   for (uint64_t i =
@@ -36,7 +39,7 @@ __global__ void __launch_bounds__(kCheckThreads)
       ++bad_e4m3;
       atomicMin(first, u);
     }
-    if (FastE2M1(x) != EncodeE2M1(x)) {
+    if (MagicE2M1(x * one) != EncodeE2M1(x)) {
       ++bad_e2m1;
       atomicMin(first + 1, u);
     }
@@ -54,7 +57,7 @@ cudaError_t LaunchEmpty(const Launch& launch) {
 cudaError_t LaunchEncodeCheck(unsigned long long* mismatches, uint32_t* first,
                               const Launch& launch) {
   return LaunchKernel(EncodeCheckKernel, dim3(kCheckBlocks),
-                      dim3(kCheckThreads), launch, mismatches, first);
+                      dim3(kCheckThreads), launch, mismatches, first, 1.0f);
 }
 
 }  // namespace kvcache::gpu::internal

@@ -4,6 +4,8 @@
 // Quantized formats: 16 elements per lane, so a token is 32 lanes (V41,
 // V41_FP4: 512 elements) or 8 lanes (index formats: 128), and a group of G
 // elements is G / 16 neighbouring lanes whose amax meets by xor shuffles.
+// The grid is persistent (at most the resident CTAs); each warp loads all
+// its steps of tokens (StoreSteps) before quantizing any.
 // Data leaves as one 16-byte (e4m3) or 8-byte (e2m1) streaming store per
 // lane; the scale bytes are gathered by shuffles into 4-byte words, one store
 // per word:
@@ -33,34 +35,21 @@ namespace {
 
 constexpr int kThreads = 128;
 
-template <class F, typename In, bool kHw>
-__global__ void __launch_bounds__(kThreads)
-    StoreQuantKernel(PoolLayout layout, uint8_t* layer,
-                     const In* kv,          // [n][F::kElems]
-                     const int32_t* slots,  // [n]; -1 = padding, skip
-                     int64_t n) {
-  PdlWait();
-  PdlLaunchDependents();
+// Quantizes one lane's 16 elements of a token and writes its share of the
+// record. Warp-collective (shuffles): every lane of the warp calls it.
+template <class F, bool kHw, typename In>
+__device__ __forceinline__ void StoreLane(const PoolLayout& layout,
+                                          uint8_t* layer, const FastDiv& div,
+                                          const LaneInput<In>& raw,
+                                          int32_t slot, int lane) {
   constexpr int kLpt = F::kLanesPerToken;
-  constexpr int kTokensPerWarp = kWarp / kLpt;
-  const int lane = threadIdx.x % kWarp;
   const int sub = lane % kLpt;  // lane within its token
-  const int64_t warp = static_cast<int64_t>(blockIdx.x) * (kThreads / kWarp) +
-                       threadIdx.x / kWarp;
-  const int64_t token = warp * kTokensPerWarp + lane / kLpt;
-  // The K/V load does not wait for the slot: both are in flight at once.
-  float x[16];
-  if (token < n) {
-    LoadInput16(kv + token * F::kElems + sub * 16, x);
-  } else {
-#pragma unroll
-    for (int i = 0; i < 16; ++i) x[i] = 0.0f;
-  }
-  const int32_t slot = token < n ? __ldg(slots + token) : -1;
   if (__all_sync(kFullMask, slot < 0)) return;
+  float x[16];
+  ToFloat16(raw, x);
   float amax = 0.0f;
 #pragma unroll
-  for (int i = 0; i < 16; ++i) amax = AmaxUpdate(amax, x[i]);
+  for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(x[i]));  // no NaN
 #pragma unroll
   for (int off = 1; off < F::kLanesPerGroup; off *= 2) {
     amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, off));
@@ -81,17 +70,71 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (slot < 0) return;
 
-  const int32_t block = slot / static_cast<int32_t>(layout.block_size);
-  const int32_t t = slot - block * static_cast<int32_t>(layout.block_size);
+  const int32_t block = div.Div(slot);
+  const int32_t t = slot - block * div.d;
   uint8_t* data =
-      layer + layout.data_offset(block, t) + sub * F::kDataBytesPerLane;
+      layer + DataOffset<F>(layout, block, t) + sub * F::kDataBytesPerLane;
   if constexpr (F::kDataBytesPerLane == 16) {
     StoreStream16(data, q);
   } else {
     StoreStream8(data, make_uint2(q.x, q.y));
   }
   if (sub < F::kScaleWords) {
-    StoreStream4(layer + layout.scale_offset(block, t) + 4 * sub, word);
+    StoreStream4(layer + ScaleOffset<F>(layout, block, t) + 4 * sub, word);
+  }
+}
+
+// Grid steps a warp keeps in flight (measured on the H200, BF16 input,
+// docs/BENCHMARKS.md): V41 gains from 4, V41_FP4 from 2, and the index
+// formats (a warp step is already 4 tokens) lose at 64K tokens with more
+// than 1. fp32 input carries twice the bytes per step: half as many.
+template <class F, typename In>
+constexpr int StoreSteps() {
+  constexpr int kBf16 = F::kLanesPerToken < kWarp        ? 1
+                        : F::kDtype == QuantDtype::kE4M3 ? 4
+                                                         : 2;
+  return sizeof(In) == 2 ? kBf16 : (kBf16 > 1 ? kBf16 / 2 : 1);
+}
+
+// Persistent: the grid (at most the resident CTAs) strides over rounds of
+// kSteps grid steps; a grid step gives each warp kWarp / kLanesPerToken
+// consecutive tokens. A warp issues every K/V and slot load of its round,
+// then quantizes and writes token by token. Small batches fill one step, so
+// each warp has at most one token group (latency as without the loop).
+template <class F, typename In, bool kHw>
+__global__ void __launch_bounds__(kThreads)
+    StoreQuantKernel(PoolLayout layout, FastDiv div,  // by block_size
+                     uint8_t* layer,
+                     const In* kv,          // [n][F::kElems]
+                     const int32_t* slots,  // [n]; -1 = padding, skip
+                     int64_t n) {
+  PdlWait();
+  PdlLaunchDependents();
+  constexpr int kLpt = F::kLanesPerToken;
+  constexpr int kSteps = StoreSteps<F, In>();
+  const int lane = threadIdx.x % kWarp;
+  const int sub = lane % kLpt;
+  const int64_t mine =  // this lane's token within a grid step
+      static_cast<int64_t>(blockIdx.x) * (kThreads / kLpt) + threadIdx.x / kLpt;
+  const int64_t grid_step = static_cast<int64_t>(gridDim.x) * (kThreads / kLpt);
+  for (int64_t base = 0; base < n; base += kSteps * grid_step) {
+    LaneInput<In> raw[kSteps];
+    int32_t slot[kSteps];
+#pragma unroll
+    for (int u = 0; u < kSteps; ++u) {
+      const int64_t token = base + u * grid_step + mine;
+      if (token < n) {
+        LoadLane(kv + token * F::kElems + sub * 16, raw[u]);
+        slot[u] = __ldg(slots + token);
+      } else {
+        ZeroLane(raw[u]);
+        slot[u] = -1;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kSteps; ++u) {
+      StoreLane<F, kHw>(layout, layer, div, raw[u], slot[u], lane);
+    }
   }
 }
 
@@ -132,21 +175,28 @@ __global__ void __launch_bounds__(kThreads)
   StoreWords<kVec>(layer + layout.data_offset(block, t) + chunk * kVec, w);
 }
 
+template <class F, typename In, bool kHw>
+cudaError_t StoreQuantHw(const PoolLayout& layout, uint8_t* layer, const In* in,
+                         const int32_t* slots, int64_t n,
+                         const Launch& launch) {
+  constexpr int64_t kTokensPerCta = kThreads / F::kLanesPerToken;  // a step
+  constexpr auto kKernel = StoreQuantKernel<F, In, kHw>;
+  const FastDiv div = FastDiv::Of(static_cast<int32_t>(layout.block_size));
+  const dim3 grid(
+      PersistentGrid(n, kTokensPerCta, ResidentCtas<kKernel, kThreads>()));
+  return LaunchKernel(kKernel, grid, dim3(kThreads), launch, layout, div, layer,
+                      in, slots, n);
+}
+
 template <class F, typename In>
 cudaError_t StoreQuant(const PoolLayout& layout, uint8_t* layer, const void* kv,
                        const int32_t* slots, int64_t n, bool hw_cvt,
                        const Launch& launch) {
-  constexpr int64_t kTokensPerCta =
-      (kThreads / kWarp) * (kWarp / F::kLanesPerToken);
-  const dim3 grid(
-      static_cast<unsigned>((n + kTokensPerCta - 1) / kTokensPerCta));
   const In* in = static_cast<const In*>(kv);
   if (hw_cvt) {
-    return LaunchKernel(StoreQuantKernel<F, In, true>, grid, dim3(kThreads),
-                        launch, layout, layer, in, slots, n);
+    return StoreQuantHw<F, In, true>(layout, layer, in, slots, n, launch);
   }
-  return LaunchKernel(StoreQuantKernel<F, In, false>, grid, dim3(kThreads),
-                      launch, layout, layer, in, slots, n);
+  return StoreQuantHw<F, In, false>(layout, layer, in, slots, n, launch);
 }
 
 template <typename In>

@@ -192,13 +192,28 @@ INSTANTIATE_TEST_SUITE_P(Formats, StoreLoadTest,
                                   std::to_string(std::get<1>(info.param));
                          });
 
-// One million tokens through store then load, every format.
+// One million tokens through store then load: far more than one round of
+// the persistent grids, so every CTA loops.
 TEST(StoreLoadLargeTest, MillionTokens) {
   std::mt19937 rng(304);
-  for (const char* name : {"V41", "V41_FP4", "MXFP8_INDEX"}) {
+  for (const char* name : {"V41", "V41_FP4", "FP4_INDEX", "MXFP8_INDEX"}) {
     const PoolLayout layout = Layout(name, 64, 1 << 20);
     CheckStore(layout, 1 << 20, InputDtype::kBF16, {}, rng);
     CheckLoad(layout, (1 << 20) / 32, {}, rng);
+  }
+}
+
+// Blocks of 1000 tokens: an index-format load CTA takes several rounds of
+// one segment (grid.y is capped by the resident CTAs) and several segments
+// (grid.x); a do_cast load CTA loops over its segment's steps.
+TEST(StoreLoadLargeTest, LongSegmentsTakeSeveralRounds) {
+  std::mt19937 rng(306);
+  for (const char* name :
+       {"V41", "V41_FP4", "FP4_INDEX", "FP8_FP32SF_INDEX", "MXFP8_INDEX"}) {
+    const PoolLayout layout = Layout(name, 1000, 300 * 1000);
+    CheckLoad(layout, 2, {}, rng);
+    CheckLoad(layout, 400, {}, rng);
+    CheckStore(layout, 20000, InputDtype::kBF16, {}, rng);
   }
 }
 
