@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstring>
 #include <optional>
 #include <utility>
@@ -104,10 +105,19 @@ class CudaBackend final : public Backend {
   }
 
   // cudaMemcpyDefault: with unified addressing the runtime tells device
-  // from host pointers. Earlier calls synchronized (PrefillLoad orders no
-  // events), so the bytes are final.
+  // from host pointers. Calls that returned without waiting (record_event)
+  // may still be running on their pools' streams, which the copy (legacy
+  // stream) does not follow: while any may be, wait for every device first.
   absl::Status CopyBytes(void* dst, const void* src, int64_t n) override {
     if (n <= 0) return absl::OkStatus();
+    if (unsynchronized_.exchange(0) > 0) {
+      for (int d = 0; d < device_count_; ++d) {
+        absl::StatusOr<ScopedCudaDevice> scoped = ScopedCudaDevice::Enter(d);
+        if (!scoped.ok()) return scoped.status();
+        RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize(),
+                             "waiting for event-ordered requests");
+      }
+    }
     RETURN_IF_CUDA_ERROR(
         cudaMemcpy(dst, src, static_cast<size_t>(n), cudaMemcpyDefault),
         "copying request bytes (cudaMemcpyDefault)");
@@ -186,7 +196,9 @@ class CudaBackend final : public Backend {
       if (!handle.ok()) return handle.status();
       if (recorded_event != nullptr) *recorded_event = *std::move(handle);
     }
-    if (!ordering.record_event || !host_outputs.empty()) {
+    if (ordering.record_event && host_outputs.empty()) {
+      unsynchronized_.fetch_add(1);
+    } else {
       RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(st),
                            "waiting for the request's kernels");
       for (const Operand& op : host_outputs) {
@@ -201,6 +213,9 @@ class CudaBackend final : public Backend {
   const int device_count_;
   const std::shared_ptr<DeviceRanges> ranges_;
   StagingPool staging_;
+  // Calls that returned before their work finished, since CopyBytes last
+  // waited for the devices.
+  std::atomic<int64_t> unsynchronized_{0};
 };
 
 absl::Status CudaBackend::StoreOrdered(const PoolLayout& layout,
