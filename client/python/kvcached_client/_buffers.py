@@ -60,15 +60,18 @@ class _Mapping:
                                            length]
 
     def close(self) -> None:
+        # Views or NumPy arrays made from `view` may still exist (BufferError):
+        # the mapping then goes away with the last of them.
         if self.view is not None:
-            self.view.release()
+            try:
+                self.view.release()
+            except BufferError:
+                pass
             self.view = None
         if self._mmap is not None:
             try:
                 self._mmap.close()
             except BufferError:
-                # NumPy arrays or memoryviews made from it still exist: the
-                # mapping goes away with the last of them.
                 pass
             self._mmap = None
 

@@ -1,6 +1,7 @@
 """kvcached_client against a real kvcached child process (CPU backend)."""
 
 import array
+import ctypes
 import random
 import time
 import unittest
@@ -287,6 +288,17 @@ class ClientTest(unittest.TestCase):
         self.assertFails(grpc.StatusCode.NOT_FOUND, "session",
                          lapsed.keep_alive)
         lapsed.close()
+        # A view still held does not stop release().
+        with self.daemon.connect() as c:
+            b = c.allocate_buffer(64)
+            sub = (ctypes.c_char * 8).from_buffer(b.view, 8)  # an export
+            sub[:] = b"\x07" * 8
+            self.assertEqual(b.read(8, 8), b"\x07" * 8)
+            self.assertEqual(kv.stats().buffers, buffers + 1)
+            b.release()
+            self.assertIsNone(b.view)
+            self.assertEqual(kv.stats().buffers, buffers)
+            del sub
         # close() releases what a session still holds.
         with self.daemon.connect() as c:
             c.allocate_buffer(1024)
@@ -320,6 +332,22 @@ class ClientTest(unittest.TestCase):
         self.assertFails(grpc.StatusCode.INVALID_ARGUMENT,
                          "float64", kv.store, "np", 0, slots,
                          values.astype(numpy.float64))
+        # A buffer written through buf.numpy(), released while the array
+        # lives.
+        buffers = kv.stats().buffers
+        buf = kv.allocate_buffer(values.nbytes)
+        view = buf.numpy(numpy.float32).reshape(values.shape)
+        view[:] = values
+        self.assertEqual(kv.store("np", 0, [1, 2, 3, 5, 6],
+                                  buf.slice(), dtype="fp32"), 5)
+        buf.release()
+        self.assertEqual(kv.stats().buffers, buffers)
+        del view
+        again = kv.load("np", 0, segments=[[0, 1, 3, 0], [1, 2, 3, 2]],
+                        total_k=3)
+        got = (numpy.frombuffer(again.data, dtype="<u2").astype(numpy.uint32)
+               << 16).view(numpy.float32).reshape(3, 4)
+        numpy.testing.assert_array_equal(got, values[[0, 1, 3]])
 
 
 if __name__ == "__main__":
