@@ -55,6 +55,7 @@ void ServerMetrics::RecordCall(int rpc, absl::StatusCode code,
   if (c < 0 || c >= kNumStatusCodes)
     c = static_cast<int>(absl::StatusCode::kUnknown);
   r.codes[c].fetch_add(1, kRelaxed);
+  r.code_latency_us[c].fetch_add(latency_us, kRelaxed);
   size_t b = 0;
   while (b < kLatencyBoundsUs.size() && latency_us > kLatencyBoundsUs[b]) ++b;
   r.buckets[b].fetch_add(1, kRelaxed);
@@ -94,6 +95,7 @@ void ServerMetrics::Fill(v1::StatsResponse* out) const {
       v1::CodeCount* cc = rs->add_codes();
       cc->set_code(CodeName(c));
       cc->set_calls(n);
+      cc->set_total_latency_us(r.code_latency_us[c].load(kRelaxed));
     }
     for (const auto& b : r.buckets) rs->add_latency_buckets(b.load(kRelaxed));
   }

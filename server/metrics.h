@@ -51,6 +51,7 @@ class ServerMetrics {
     std::atomic<int64_t> errors{0};
     std::atomic<int64_t> latency_us{0};
     std::array<std::atomic<int64_t>, kNumStatusCodes> codes{};
+    std::array<std::atomic<int64_t>, kNumStatusCodes> code_latency_us{};
     std::array<std::atomic<int64_t>, kLatencyBoundsUs.size() + 1> buckets{};
   };
 

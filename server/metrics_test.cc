@@ -30,6 +30,11 @@ TEST(ServerMetrics, CountsCallsCodesBucketsAndRejections) {
   EXPECT_EQ(s.rpcs(0).latency_buckets(1), 1);
   ASSERT_EQ(s.rpcs(0).codes_size(), 1);
   EXPECT_EQ(s.rpcs(0).codes(0).code(), "OK");
+  EXPECT_EQ(s.rpcs(0).codes(0).total_latency_us(), 141);
+  ASSERT_EQ(s.rpcs(1).codes_size(), 2);
+  EXPECT_EQ(s.rpcs(1).codes(0).code(), "INVALID_ARGUMENT");
+  EXPECT_EQ(s.rpcs(1).codes(0).total_latency_us(), 7000000);
+  EXPECT_EQ(s.rpcs(1).codes(1).total_latency_us(), 3);
   EXPECT_EQ(s.rpcs(1).errors(), 2);
   // 7 s is above the last bound: the overflow bucket.
   EXPECT_EQ(s.rpcs(1).latency_buckets(kLatencyBoundsUs.size()), 1);

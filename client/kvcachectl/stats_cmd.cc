@@ -11,7 +11,8 @@ namespace {
 const CommandSpec kStatsSpec{
     "kvcachectl stats [--all] [flags]",
     "Requests by method and status code with latencies (mean, and p50/p99\n"
-    "as histogram bucket bounds), tokens and bytes stored and loaded,\n"
+    "as histogram bucket bounds; CODES: calls(mean latency) per status\n"
+    "code), tokens and bytes stored and loaded,\n"
     "kernel time and rejections by reason. --all lists methods never "
     "called.",
     DaemonFlags({{"all", "list every method, also those never called", "",
@@ -60,7 +61,8 @@ int RunStatsCommand(const Args& args, std::ostream& out, std::ostream& err) {
     if (r.calls() == 0 && !all) continue;
     std::vector<std::string> codes;
     for (const v1::CodeCount& c : r.codes()) {
-      codes.push_back(absl::StrCat(c.code(), ":", c.calls()));
+      codes.push_back(absl::StrCat(c.code(), ":", c.calls(), "(",
+                                   c.total_latency_us() / c.calls(), "us)"));
     }
     rows.push_back({r.rpc(), absl::StrCat(r.calls()), absl::StrCat(r.errors()),
                     r.calls() > 0

@@ -13,7 +13,9 @@ Usage (Bazel passes these): ops_test.py KVCACHED KVCACHECTL TRAFFIC
 import json
 import mmap
 import os
+import pty
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -243,6 +245,28 @@ class OpsTest(unittest.TestCase):
         changed = [(x["layer"], x["block"]) for x, y in
                    zip(a["checksums"], c["checksums"]) if x["xxh3"] != y["xxh3"]]
         self.assertEqual(changed, [(1, 2)])
+        # A terminal gets a progress bar on stderr; a pipe does not.
+        master, slave = pty.openpty()
+        p = subprocess.run([KVCACHECTL, "verify", "mx", "--progress_every", "1",
+                            *self.addr], stdout=subprocess.PIPE, stderr=slave,
+                           timeout=60)
+        os.close(slave)
+        bar = b""
+        while select.select([master], [], [], 0.1)[0]:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            bar += chunk
+        os.close(master)
+        self.assertEqual(p.returncode, 0)
+        self.assertIn(b"] 1/10 blocks", bar)
+        self.assertIn(b"\r[" + b"#" * 40 + b"] 10/10 blocks", bar)
+        rc, _, err = ctl("verify", "mx", "--progress_every", "1", *self.addr)
+        self.assertNotIn("blocks\r", err)
+        self.assertNotIn("#####", err)
         out = self.ctl_ok("verify", "mx", "--checksums", "--layers", "1")
         self.assertRegex(out, r"blocks:\s+5 scanned, 0 with problems")
         self.assertIn(c["checksums"][7]["xxh3"], out)
@@ -350,13 +374,15 @@ class OpsTest(unittest.TestCase):
         out = self.ctl_ok("stats")
         self.assertRegex(out, r"(?m)^METHOD\s+CALLS\s+ERRORS\s+MEAN\s+P50\s+P99")
         self.assertRegex(out, r"(?m)^Store\s+\d+\s+0\s+\d+us")
-        self.assertRegex(out, r"(?m)^Inspect\s+\d+\s+[1-9]\d*\s.*INVALID_ARGUMENT:")
+        self.assertRegex(out, r"(?m)^Inspect\s+\d+\s+[1-9]\d*\s.*INVALID_ARGUMENT:\d+\(\d+us\)")
         self.assertRegex(out, r"rejections:\s+.*invalid_argument:\d+")
         j = self.ctl_json("stats")
         rpcs = {r["rpc"]: r for r in j["rpcs"]}
         self.assertGreaterEqual(int(rpcs["Store"]["calls"]), 40)
         self.assertEqual(sum(int(b) for b in rpcs["Store"]["latency_buckets"]),
                          int(rpcs["Store"]["calls"]))
+        self.assertEqual(sum(int(c["total_latency_us"]) for c in rpcs["Store"]["codes"]),
+                         int(rpcs["Store"]["total_latency_us"]))
         self.assertGreater(int(j["tokens_stored"]), 0)
         self.assertGreater(int(j["bytes_loaded"]), 0)
         self.assertIn("invalid_argument", [r["reason"] for r in j["rejections"]])
