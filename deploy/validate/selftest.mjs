@@ -1,0 +1,107 @@
+// Mutation self-test: breaks the rendered objects one way at a time and
+// expects the schema or policy check to report each breakage, so that a
+// check that can no longer fail does not go unnoticed.
+import { WORKLOAD_KINDS, allContainers, isKvcached, loadDocs, mountOf } from "./common.mjs";
+import { checkPolicy } from "./policy.mjs";
+import { checkSchema } from "./schema.mjs";
+
+function kvcachedOf(docs) {
+  for (const w of docs.filter((d) => WORKLOAD_KINDS.has(d.kind))) {
+    const c = allContainers(w.spec.template.spec).find(isKvcached);
+    if (c) return { w, c };
+  }
+  throw new Error("no kvcached container");
+}
+
+function workerOf(docs) {
+  for (const w of docs.filter((d) => WORKLOAD_KINDS.has(d.kind))) {
+    const c = w.spec.template.spec.containers.find((x) => x.name === "worker");
+    if (c) return { w, c };
+  }
+  throw new Error("no worker container");
+}
+
+// Each mutation breaks one rule; the check must report it by `want`.
+const MUTATIONS = [
+  ["schema", "image must be string", (d) => { kvcachedOf(d).c.image = 7; }],
+  ["schema", "must be integer", (d) => { kvcachedOf(d).w.spec.template.spec.terminationGracePeriodSeconds = "45"; }],
+  ["schema", "which the overlay does not contain", (d) => {
+    const cm = d.find((x) => x.kind === "ConfigMap");
+    cm.metadata.name += "-stale";
+  }],
+  ["schema", "mounts unknown volume", (d) => { kvcachedOf(d).c.volumeMounts[0].name = "nope"; }],
+  ["schema", "selector does not match", (d) => { kvcachedOf(d).w.spec.template.metadata.labels = { a: "b" }; }],
+  ["policy", "allowPrivilegeEscalation must be false", (d) => {
+    delete workerOf(d).c.securityContext.allowPrivilegeEscalation;
+  }],
+  ["policy", "capabilities.drop must include ALL", (d) => { kvcachedOf(d).c.securityContext.capabilities.drop = ["NET_RAW"]; }],
+  ["policy", "readOnlyRootFilesystem must be true", (d) => { kvcachedOf(d).c.securityContext.readOnlyRootFilesystem = false; }],
+  ["policy", "runAsNonRoot must be true", (d) => { delete workerOf(d).w.spec.template.spec.securityContext.runAsNonRoot; }],
+  ["policy", "seccompProfile.type must be RuntimeDefault", (d) => {
+    kvcachedOf(d).c.securityContext.seccompProfile = { type: "Unconfined" };
+  }],
+  ["policy", "hostPID", (d) => { workerOf(d).w.spec.template.spec.hostPID = true; }],
+  ["policy", "hostPath is not allowed", (d) => {
+    workerOf(d).w.spec.template.spec.volumes.push({ name: "h", hostPath: { path: "/var" } });
+  }],
+  ["policy", "readinessProbe.exec.command is", (d) => { kvcachedOf(d).c.readinessProbe.exec.command[1] = "ping"; }],
+  ["policy", "no livenessProbe", (d) => { delete kvcachedOf(d).c.livenessProbe; }],
+  ["policy", "startupProbe.timeoutSeconds 5 does not exceed", (d) => { kvcachedOf(d).c.startupProbe.timeoutSeconds = 5; }],
+  ["policy", "terminationGracePeriodSeconds 30 is shorter than the drain", (d) => {
+    kvcachedOf(d).w.spec.template.spec.terminationGracePeriodSeconds = 30;
+  }],
+  ["policy", "= 96 s", (d) => {
+    const { c } = kvcachedOf(d);
+    c.args = c.args.map((a) => (a.startsWith("--drain_timeout_s=") ? "--drain_timeout_s=90" : a));
+  }],
+  ["policy", "/dev/shm must be a memory-backed emptyDir", (d) => {
+    const { w, c } = kvcachedOf(d);
+    const name = mountOf(c, "/dev/shm").name;
+    w.spec.template.spec.volumes.find((v) => v.name === name).emptyDir = {};
+  }],
+  ["policy", "--metrics_address=0.0.0.0:9400 missing", (d) => {
+    const { c } = kvcachedOf(d);
+    c.args = c.args.filter((a) => !a.startsWith("--metrics_address="));
+  }],
+  ["policy", "is not a pinned registry image", (d) => { workerOf(d).c.image = "llm-worker"; }],
+  ["policy", "worker is not in group 65532", (d) => {
+    workerOf(d).w.spec.template.spec.securityContext.supplementalGroups = [];
+  }],
+  ["policy", "enforce must be", (d) => {
+    d.find((x) => x.kind === "Namespace").metadata.labels["pod-security.kubernetes.io/enforce"] = "baseline";
+  }],
+];
+const SIDECAR_MUTATIONS = [
+  ["policy", "initContainers entry with restartPolicy: Always", (d) => { delete kvcachedOf(d).c.restartPolicy; }],
+  ["policy", "does not share /dev/shm with kvcached", (d) => {
+    const { c } = workerOf(d);
+    c.volumeMounts = c.volumeMounts.filter((m) => m.mountPath !== "/dev/shm");
+  }],
+  ["policy", "no container requests nvidia.com/gpu", (d) => { delete workerOf(d).c.resources.limits["nvidia.com/gpu"]; }],
+];
+const DAEMONSET_MUTATIONS = [
+  ["schema", "endpoint port metrix", (d) => { d.find((x) => x.kind === "ServiceMonitor").spec.endpoints[0].port = "metrix"; }],
+  ["schema", "selector matches no pod template", (d) => { d.find((x) => x.kind === "Service").spec.selector = { a: "b" }; }],
+  ["policy", "hostPath is not allowed", (d) => {
+    const { w } = kvcachedOf(d);
+    w.spec.template.spec.volumes.find((v) => v.hostPath).hostPath.type = "DirectoryOrCreate";
+  }],
+  ["policy", "no ServiceMonitor", (d) => { d.splice(d.findIndex((x) => x.kind === "ServiceMonitor"), 1); }],
+];
+
+export async function selftest(text, overlay) {
+  const failures = [];
+  const all = [...MUTATIONS,
+    ...(overlay === "sidecar" ? SIDECAR_MUTATIONS : []),
+    ...(overlay === "daemonset" ? DAEMONSET_MUTATIONS : [])];
+  for (const [check, want, mutate] of all) {
+    const docs = loadDocs(text);
+    mutate(docs);
+    const errors = check === "schema" ? await checkSchema(docs) : checkPolicy(docs, overlay);
+    if (!errors.some((e) => e.includes(want))) {
+      failures.push(`mutation "${want}" was not reported by ${check}; got: ${JSON.stringify(errors)}`);
+    }
+  }
+  console.log(`selftest ${overlay}: ${all.length - failures.length} of ${all.length} mutations caught`);
+  return failures;
+}
