@@ -1,17 +1,21 @@
 // Schema and reference checks of rendered objects: every object against the
 // Kubernetes OpenAPI schemas (kubernetes-models) or the prometheus-operator
-// CRDs, and the references between objects that no schema sees.
+// CRDs, with no field the API does not have, and the references between
+// objects that no schema sees.
 import { WORKLOAD_KINDS, allContainers, where } from "./common.mjs";
+import { unknownFields } from "./fields.mjs";
+
+function moduleFor(apiVersion, kind) {
+  if (apiVersion === "monitoring.coreos.com/v1") {
+    return `@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/${kind}`;
+  }
+  if (/^[a-z0-9.]*\/?v[0-9a-z]+$/.test(apiVersion)) return `kubernetes-models/${apiVersion}/${kind}`;
+  return null;
+}
 
 async function modelFor(apiVersion, kind) {
-  let mod;
-  if (apiVersion === "monitoring.coreos.com/v1") {
-    mod = `@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/${kind}`;
-  } else if (/^[a-z0-9.]*\/?v[0-9a-z]+$/.test(apiVersion)) {
-    mod = `kubernetes-models/${apiVersion}/${kind}`;
-  } else {
-    return null;
-  }
+  const mod = moduleFor(apiVersion, kind);
+  if (mod === null) return null;
   try {
     return (await import(mod))[kind] ?? null;
   } catch {
@@ -32,6 +36,7 @@ export async function checkSchema(docs) {
     } catch (e) {
       errors.push(`${where(obj)}: schema: ${e.message}`);
     }
+    errors.push(...unknownFields(obj, moduleFor(obj.apiVersion, obj.kind), where(obj)));
   }
   errors.push(...checkReferences(docs));
   return errors;

@@ -29,6 +29,15 @@ const MUTATIONS = [
     const cm = d.find((x) => x.kind === "ConfigMap");
     cm.metadata.name += "-stale";
   }],
+  ["schema", "readOnlyRootFileSystem is not a field of SecurityContext", (d) => {
+    kvcachedOf(d).c.securityContext.readOnlyRootFileSystem = true;
+  }],
+  ["schema", "sizeLimitt is not a field of EmptyDirVolumeSource", (d) => {
+    const { w, c } = kvcachedOf(d);
+    const name = mountOf(c, "/dev/shm").name;
+    w.spec.template.spec.volumes.find((v) => v.name === name).emptyDir.sizeLimitt = "1Gi";
+  }],
+  ["schema", "restartPolicyy is not a field of Container", (d) => { workerOf(d).c.restartPolicyy = "Always"; }],
   ["schema", "mounts unknown volume", (d) => { kvcachedOf(d).c.volumeMounts[0].name = "nope"; }],
   ["schema", "selector does not match", (d) => { kvcachedOf(d).w.spec.template.metadata.labels = { a: "b" }; }],
   ["policy", "allowPrivilegeEscalation must be false", (d) => {
@@ -80,6 +89,9 @@ const SIDECAR_MUTATIONS = [
   ["policy", "no container requests nvidia.com/gpu", (d) => { delete workerOf(d).c.resources.limits["nvidia.com/gpu"]; }],
 ];
 const DAEMONSET_MUTATIONS = [
+  ["schema", "intervall is not a field of Endpoint", (d) => {
+    d.find((x) => x.kind === "ServiceMonitor").spec.endpoints[0].intervall = "15s";
+  }],
   ["schema", "endpoint port metrix", (d) => { d.find((x) => x.kind === "ServiceMonitor").spec.endpoints[0].port = "metrix"; }],
   ["schema", "selector matches no pod template", (d) => { d.find((x) => x.kind === "Service").spec.selector = { a: "b" }; }],
   ["policy", "hostPath is not allowed", (d) => {
