@@ -40,7 +40,7 @@ Block EncodedBlock(absl::string_view format, int64_t block_size) {
 TEST(RecordCheck, EncodedRecordsAreHealthy) {
   for (const char* name : {"V41", "V41_FP4", "FP4_INDEX", "FP8_FP32SF_INDEX",
                            "MXFP8_INDEX", "BF16(6)"}) {
-    for (int64_t bs : {1, 3, 7, 17}) {
+    for (int64_t bs : {1, 3, 7, 17, 64, 133}) {
       Block b = EncodedBlock(name, bs);
       std::vector<float> v(static_cast<size_t>(b.layout.format.elements()));
       for (int64_t t = 0; t < bs; ++t) {
