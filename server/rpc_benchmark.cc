@@ -37,6 +37,7 @@ ABSL_FLAG(std::string, address, "",
 ABSL_FLAG(int, iterations, 2000, "Measured requests per kind.");
 ABSL_FLAG(int, warmup, 200, "Unmeasured requests per kind first.");
 ABSL_FLAG(int, tokens, 256, "Tokens per Store/Load (a decode step).");
+ABSL_FLAG(std::string, json, "", "Also write the results to this JSON file.");
 
 namespace kvcache {
 namespace {
@@ -168,51 +169,94 @@ int Run() {
   const int warmup = absl::GetFlag(FLAGS_warmup);
   const int iters = absl::GetFlag(FLAGS_iterations);
   KVCacheClient* client = c->get();
-  std::vector<Result> results = {
-      Measure("Ping (empty RPC)", warmup, iters,
-              [&] { return client->Ping(); }),
-      Measure(absl::StrCat("Store ", tokens, " tokens V41 (shared buffer)"),
-              warmup, iters, [&] { return client->Store(store).status(); }),
-      Measure(absl::StrCat("Load ", tokens, " tokens V41 (segments, buffer)"),
-              warmup, iters, [&] { return client->Load(load).status(); }),
-      Measure(absl::StrCat("Load ", seqs * kBlockSize,
-                           " tokens V41 (block table, buffer)"),
-              warmup, iters, [&] { return client->Load(load_bt).status(); }),
+  // In-daemon kernel time per request: the Stats counters of the backend
+  // calls, read before and after each measured series.
+  auto kernel_us = [&](bool store) -> int64_t {
+    absl::StatusOr<v1::StatsResponse> st = client->Stats();
+    if (!st.ok()) {
+      std::fprintf(stderr, "Stats failed: %s\n",
+                   st.status().ToString().c_str());
+      std::exit(1);
+    }
+    return store ? st->store_kernel_us() : st->load_kernel_us();
   };
+  const int calls = warmup + iters;
+  std::vector<Result> results;
+  results.push_back(Measure("Ping (empty RPC)", warmup, iters,
+                            [&] { return client->Ping(); }));
+  int64_t k0 = kernel_us(true);
+  results.push_back(
+      Measure(absl::StrCat("Store ", tokens, " tokens V41 (shared buffer)"),
+              warmup, iters, [&] { return client->Store(store).status(); }));
+  const double store_daemon_kernel_us =
+      static_cast<double>(kernel_us(true) - k0) / calls;
+  k0 = kernel_us(false);
+  results.push_back(
+      Measure(absl::StrCat("Load ", tokens, " tokens V41 (segments, buffer)"),
+              warmup, iters, [&] { return client->Load(load).status(); }));
+  const double load_daemon_kernel_us =
+      static_cast<double>(kernel_us(false) - k0) / calls;
+  results.push_back(Measure(absl::StrCat("Load ", seqs * kBlockSize,
+                                         " tokens V41 (block table, buffer)"),
+                            warmup, iters,
+                            [&] { return client->Load(load_bt).status(); }));
+
   // The kernel work of the same requests, without the daemon: the CPU
   // backend runs exactly these reference calls on a pool of the same layout.
   const PoolLayout layout =
       *MakePoolLayout(*FormatFromName("V41"), kBlockSize, kNumBlocks, 1);
   std::vector<uint8_t> layer(static_cast<size_t>(layout.layer_bytes));
   std::vector<uint8_t> rows(static_cast<size_t>(kv_bytes));
-  const Result store_kernel = Measure(
-      "  kernel: reference Store", warmup, iters, [&] {
+  const Result store_kernel =
+      Measure("  kernel: reference Store", warmup, iters, [&] {
         return Store(layout, layer.data(), in->data(), InputDtype::kBF16,
                      slots);
       });
-  const Result load_kernel = Measure(
-      "  kernel: reference LoadSegments", warmup, iters, [&] {
+  const Result load_kernel =
+      Measure("  kernel: reference LoadSegments", warmup, iters, [&] {
         return LoadSegments(layout, layer.data(), segs, tokens, rows.data(),
                             nullptr);
       });
+  results.push_back(store_kernel);
+  results.push_back(load_kernel);
   std::printf("| request | p50 us | p99 us | mean us |\n|---|---|---|---|\n");
   for (const Result& r : results) {
     std::printf("| %s | %.1f | %.1f | %.1f |\n", r.name.c_str(), r.p50_us,
                 r.p99_us, r.mean_us);
   }
-  for (const Result& r : {store_kernel, load_kernel}) {
-    std::printf("| %s | %.1f | %.1f | %.1f |\n", r.name.c_str(), r.p50_us,
-                r.p99_us, r.mean_us);
+  if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
+    if (FILE* f = std::fopen(path.c_str(), "w")) {
+      std::fprintf(f, "[");
+      for (size_t i = 0; i < results.size(); ++i) {
+        std::fprintf(f,
+                     "%s\n {\"name\": \"%s\", \"p50_us\": %.2f, "
+                     "\"p99_us\": %.2f, \"mean_us\": %.2f}",
+                     i ? "," : "", results[i].name.c_str(), results[i].p50_us,
+                     results[i].p99_us, results[i].mean_us);
+      }
+      std::fprintf(f, "\n]\n");
+      std::fclose(f);
+    }
   }
   const double ping = results[0].p50_us;
   std::printf(
-      "\nrequest overhead = p50(RPC) - p50(kernel work), ratio to p50(Ping):\n"
+      "\nrequest overhead = p50(RPC) - p50(bare kernel work), ratio to "
+      "p50(Ping):\n"
       "  Store: %.1f us = %.2fx Ping\n  Load (segments): %.1f us = %.2fx "
       "Ping\n",
       results[1].p50_us - store_kernel.p50_us,
       (results[1].p50_us - store_kernel.p50_us) / ping,
       results[2].p50_us - load_kernel.p50_us,
       (results[2].p50_us - load_kernel.p50_us) / ping);
+  std::printf(
+      "request overhead = mean(RPC) - mean(in-daemon kernel time from Stats), "
+      "ratio to mean(Ping):\n"
+      "  Store: %.1f us (kernel %.1f us) = %.2fx Ping\n"
+      "  Load (segments): %.1f us (kernel %.1f us) = %.2fx Ping\n",
+      results[1].mean_us - store_daemon_kernel_us, store_daemon_kernel_us,
+      (results[1].mean_us - store_daemon_kernel_us) / results[0].mean_us,
+      results[2].mean_us - load_daemon_kernel_us, load_daemon_kernel_us,
+      (results[2].mean_us - load_daemon_kernel_us) / results[0].mean_us);
   (void)client->DeletePool(pool);
   return 0;
 }
