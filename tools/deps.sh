@@ -1,37 +1,43 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages kvcached needs to build, test and run.
-# Idempotent and quiet when everything is present; needs root (or sudo) only
-# when something is missing. Sourced by tools/test.sh and tools/run.sh.
+# Installs the Debian 12 packages kvcached needs. Idempotent and quiet when
+# everything is present; needs root (or sudo) only when something is missing.
+#   kvcached_install_deps       build and run (tools/run.sh, the image)
+#   kvcached_install_test_deps  that, plus what the tests use (tools/test.sh)
 set -euo pipefail
 
 KVCACHED_PACKAGES=(
-  bazel-bootstrap bazel-rules-java g++ git python3 python3-grpcio python3-protobuf
+  bazel-bootstrap bazel-rules-java g++ git python3
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev
   libabsl-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libxxhash-dev
-  libcpp-httplib-dev libssl-dev zlib1g-dev libbrotli-dev prometheus
+  libcpp-httplib-dev libssl-dev zlib1g-dev libbrotli-dev
 )
 
-# Only where deploy/ is checked out (not in the image's dependency layer):
-# its tests (deploy/BUILD.bazel) lint with yamllint and shellcheck, bundle
+# Test-only: the Python client's tests (grpcio, protobuf) and promtool
+# (prometheus) for the metrics test.
+KVCACHED_TEST_PACKAGES=(python3-grpcio python3-protobuf prometheus)
+
+# Test-only, for deploy/: its tests (deploy/BUILD.bazel) lint with yamllint and shellcheck, bundle
 # with patchelf, render with any `kubectl` on PATH (Debian's is in
 # kubernetes-client) and validate with Node.js packages that `npm ci`
 # installs into deploy/validate/node_modules from its package-lock.json.
 KVCACHED_DEPLOY_PACKAGES=(yamllint shellcheck patchelf)
 
 kvcached_install_deps() {
+  _kvcached_install "${KVCACHED_PACKAGES[@]}"
+}
+
+kvcached_install_test_deps() {
+  _kvcached_install "${KVCACHED_PACKAGES[@]}" "${KVCACHED_TEST_PACKAGES[@]}"
+  _kvcached_install_deploy_validation
+}
+
+# Installs the Debian packages given that are not installed yet.
+_kvcached_install() {
   local missing=()
   local p
-  local packages=("${KVCACHED_PACKAGES[@]}")
-  local validate
-  validate="$(dirname "${BASH_SOURCE[0]}")/../deploy/validate"
-  if [ -f "$validate/package-lock.json" ]; then
-    packages+=("${KVCACHED_DEPLOY_PACKAGES[@]}")
-    command -v kubectl >/dev/null 2>&1 || packages+=(kubernetes-client)
-    command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
-  fi
-  for p in "${packages[@]}"; do
+  for p in "$@"; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
       missing+=("$p")
     fi
@@ -44,8 +50,16 @@ kvcached_install_deps() {
     "${sudo[@]}" apt-get update -qq >/dev/null
     "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi
-  if [ -f "$validate/package-lock.json" ] &&
-    ! [ "$validate/node_modules/.package-lock.json" -nt "$validate/package-lock.json" ]; then
+}
+
+_kvcached_install_deploy_validation() {
+  local packages=("${KVCACHED_DEPLOY_PACKAGES[@]}")
+  local validate
+  validate="$(dirname "${BASH_SOURCE[0]}")/../deploy/validate"
+  command -v kubectl >/dev/null 2>&1 || packages+=(kubernetes-client)
+  command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
+  _kvcached_install "${packages[@]}"
+  if ! [ "$validate/node_modules/.package-lock.json" -nt "$validate/package-lock.json" ]; then
     echo "kvcached: installing deploy/validate's npm packages" >&2
     npm ci --prefix "$validate" --no-audit --no-fund --loglevel=error >/dev/null
   fi
