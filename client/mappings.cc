@@ -10,8 +10,8 @@ namespace {
 absl::StatusOr<ShmRegion> MapHandle(const v1::SharedHandle& h) {
   if (h.kind_case() != v1::SharedHandle::kShmName) {
     return absl::UnimplementedError(
-        "the handle is not a shm name (a CUDA IPC handle needs the CUDA "
-        "client, which does not exist yet)");
+        "the handle is a CUDA IPC handle, not a shm name: open it with "
+        "CudaIpcMapping (//client/cuda:cuda_mappings)");
   }
   if (h.offset() < 0 || h.offset() > h.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
