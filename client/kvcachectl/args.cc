@@ -120,4 +120,29 @@ std::string HelpText(const CommandSpec& spec) {
   return out;
 }
 
+std::vector<std::string> HoistGlobalFlags(std::vector<std::string> args) {
+  std::vector<std::string> globals;
+  size_t i = 0;
+  while (i < args.size()) {
+    const std::string& a = args[i];
+    const bool with_value =
+        a == "--addr" || a == "--timeout" || a == "-o" || a == "--output";
+    const bool inline_value = a.rfind("--addr=", 0) == 0 ||
+                              a.rfind("--timeout=", 0) == 0 ||
+                              a.rfind("--output=", 0) == 0;
+    if (with_value && i + 1 < args.size()) {
+      globals.insert(globals.end(), {a, args[i + 1]});
+      i += 2;
+    } else if (inline_value) {
+      globals.push_back(a);
+      ++i;
+    } else {
+      break;
+    }
+  }
+  std::vector<std::string> out(args.begin() + i, args.end());
+  out.insert(out.end(), globals.begin(), globals.end());
+  return out;
+}
+
 }  // namespace kvcache::ctl

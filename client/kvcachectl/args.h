@@ -65,6 +65,12 @@ absl::StatusOr<ParsedArgs> ParseArgs(const CommandSpec& spec,
 // The --help text of a command.
 std::string HelpText(const CommandSpec& spec);
 
+// kubectl-style global flags may come before the command
+// (`kvcachectl --addr /tmp/kv.sock -o json pool list`): moves a leading run
+// of --addr, --timeout and -o/--output (with `=VALUE` or a separate value)
+// behind the command words, where the command's parser reads them.
+std::vector<std::string> HoistGlobalFlags(std::vector<std::string> args);
+
 }  // namespace kvcache::ctl
 
 #endif  // KVCACHED_CLIENT_KVCACHECTL_ARGS_H_

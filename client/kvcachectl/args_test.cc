@@ -68,5 +68,20 @@ TEST(ArgsTest, HelpIsRecognizedAndListsFlags) {
   EXPECT_THAT(help, HasSubstr("(default 64)"));
 }
 
+TEST(ArgsTest, GlobalFlagsBeforeTheCommandMoveBehindIt) {
+  EXPECT_THAT(
+      HoistGlobalFlags(
+          {"--addr", "/tmp/kv.sock", "-o", "json", "pool", "list"}),
+      ElementsAre("pool", "list", "--addr", "/tmp/kv.sock", "-o", "json"));
+  EXPECT_THAT(HoistGlobalFlags({"--timeout=2s", "status", "--addr", "x"}),
+              ElementsAre("status", "--addr", "x", "--timeout=2s"));
+  // Nothing to move; an unknown leading flag stays for the usage error.
+  EXPECT_THAT(HoistGlobalFlags({"status", "-o", "json"}),
+              ElementsAre("status", "-o", "json"));
+  EXPECT_THAT(HoistGlobalFlags({"--bogus", "status"}),
+              ElementsAre("--bogus", "status"));
+  EXPECT_THAT(HoistGlobalFlags({"--addr"}), ElementsAre("--addr"));
+}
+
 }  // namespace
 }  // namespace kvcache::ctl

@@ -37,7 +37,8 @@ constexpr char kTopHelp[] =
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
+  std::vector<std::string> args =
+      kvcache::ctl::HoistGlobalFlags({argv + 1, argv + argc});
   if (args.empty()) {
     std::cerr << kTopHelp;
     return kvcache::ctl::kExitUsage;
