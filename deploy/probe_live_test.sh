@@ -4,7 +4,10 @@
 # The probe's argv is read from the rendered sidecar manifest and the
 # daemon's command line is the image's ENTRYPOINT plus the manifest's args,
 # with only the paths moved into the test's folder (socket, config, a free
-# metrics port; the pools of the overlay's config shrunk to 2 blocks). Then:
+# metrics port; the pools of the overlay's config shrunk to 2 blocks) and,
+# as this machine has no GPU, the overlay's --backend=cuda replaced by
+# --backend=cpu and its pools' device: "cuda:N" dropped (the CPU backend's
+# default device). Then:
 #   no daemon yet            -> probe exits 3 (unreachable)
 #   daemon serving           -> probe exits 0 (startup/readiness/liveness ok),
 #                               its pools listed, /metrics served
@@ -62,16 +65,20 @@ for line in open(sys.argv[1]):
 [[ "${entrypoint[0]:-}" == /usr/local/bin/kvcached ]] || fail "ENTRYPOINT is \"${entrypoint[*]}\""
 mapfile -t margs < <(node "$check" daemon-args sidecar "$work/sidecar.yaml")
 port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-# The overlay's pools, each shrunk to 2 blocks (the real ones are ~1.3 GB).
-sed -E 's/num_blocks: [0-9]+/num_blocks: 2/' "$work/k8s/overlays/sidecar/kvcached.textproto" >"$work/kvcached.textproto"
+# The overlay's pools, each shrunk to 2 blocks (the real ones are ~1.3 GB)
+# and moved from the GPU to the CPU backend's default device.
+sed -E -e 's/num_blocks: [0-9]+/num_blocks: 2/' -e 's/device: "cuda:[0-9]+" //' \
+  "$work/k8s/overlays/sidecar/kvcached.textproto" >"$work/kvcached.textproto"
 grep -q 'pools {' "$work/kvcached.textproto" || fail "the sidecar config has no pools"
+! grep -q 'device:' "$work/kvcached.textproto" || fail "a pool device is left in $work/kvcached.textproto"
 cmd=("$daemon")
 for a in "${entrypoint[@]:1}" "${margs[@]}"; do
   case "$a" in
     "--listen=$manifest_socket") cmd+=("--listen=unix:$sock") ;;
     --config=/etc/kvcached/kvcached.textproto) cmd+=("--config=$work/kvcached.textproto") ;;
     --metrics_address=0.0.0.0:9400) cmd+=("--metrics_address=127.0.0.1:$port") ;;
-    --listen=* | --config=* | --metrics_address=*) fail "unexpected daemon flag $a" ;;
+    --backend=cuda) cmd+=("--backend=cpu") ;;
+    --listen=* | --config=* | --metrics_address=* | --backend=*) fail "unexpected daemon flag $a" ;;
     *) cmd+=("$a") ;;
   esac
 done

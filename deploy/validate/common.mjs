@@ -10,6 +10,8 @@ export const PROBE_ARGV = [
 ];
 export const KVCACHED_UID = 65532; // deploy/docker/Dockerfile
 export const METRICS_PORT = 9400;
+// NVIDIA's DRA driver's DeviceClass (overlays/sidecar/gpu-claim-template.yaml).
+export const GPU_DEVICE_CLASS = "gpu.nvidia.com";
 export const DRAIN_TIMEOUT_DEFAULT_S = 30; // kvcached --drain_timeout_s
 export const DRAIN_GRACE_DEFAULT_MS = 200; // kvcached --drain_grace_ms
 export const DRAIN_MARGIN_S = 5;           // SIGKILL comes no sooner than this after

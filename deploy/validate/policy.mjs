@@ -2,7 +2,7 @@
 // Standard, the kvcached probes, drain timing, metrics and socket wiring.
 import {
   CTL_TIMEOUT_S, DRAIN_GRACE_DEFAULT_MS, DRAIN_MARGIN_S, DRAIN_TIMEOUT_DEFAULT_S,
-  KVCACHED_UID, METRICS_PORT, PROBE_ARGV, RESTRICTED_VOLUMES, SOCKET_DIR,
+  GPU_DEVICE_CLASS, KVCACHED_UID, METRICS_PORT, PROBE_ARGV, RESTRICTED_VOLUMES, SOCKET_DIR,
   WORKLOAD_KINDS, allContainers, flagValue, isKvcached, mountOf, sameArgv, where,
 } from "./common.mjs";
 
@@ -38,7 +38,7 @@ function checkContainerPss(ctx, c, podSc, errors) {
   }
 }
 
-function checkKvcached(ctx, w, c, isInit, overlay, errors) {
+function checkKvcached(ctx, w, c, isInit, overlay, docs, errors) {
   const spec = w.spec.template.spec;
   const at = `${ctx}: container ${c.name}`;
   for (const kind of ["startupProbe", "readinessProbe", "livenessProbe"]) {
@@ -107,9 +107,62 @@ function checkKvcached(ctx, w, c, isInit, overlay, errors) {
         errors.push(`${ctx}: container ${other.name} does not share /dev/shm with kvcached`);
       }
     }
-    const gpus = allContainers(spec).some((x) => x.resources?.limits?.["nvidia.com/gpu"]);
-    if (!gpus) errors.push(`${ctx}: no container requests nvidia.com/gpu`);
+    checkSharedGpu(ctx, w, c, docs, errors);
   }
+}
+
+// The sidecar overlay: kvcached and every worker container share one GPU
+// through the same DRA claim (a ResourceClaimTemplate asking for exactly
+// one device of NVIDIA's class), kvcached runs the CUDA backend with its
+// pools on that GPU, and no container asks the device plugin for another.
+function checkSharedGpu(ctx, w, c, docs, errors) {
+  const spec = w.spec.template.spec;
+  const at = `${ctx}: container ${c.name}`;
+  const backend = flagValue(c.args, "backend") ?? "auto";
+  if (backend !== "cuda" && backend !== "auto") {
+    errors.push(`${at}: --backend=${backend}; the sidecar shares the pod's GPU, want cuda or auto`);
+  }
+  const mine = (c.resources?.claims ?? []).map((x) => x.name);
+  if (mine.length === 0) errors.push(`${at}: resources.claims is empty: kvcached has no GPU claim`);
+  for (const other of spec.containers) {
+    const theirs = new Set((other.resources?.claims ?? []).map((x) => x.name));
+    for (const name of mine) {
+      if (!theirs.has(name)) {
+        errors.push(`${ctx}: container ${other.name} does not share GPU claim ${name} with kvcached`);
+      }
+    }
+  }
+  for (const x of allContainers(spec)) {
+    for (const part of ["limits", "requests"]) {
+      if (x.resources?.[part]?.["nvidia.com/gpu"] !== undefined) {
+        errors.push(`${ctx}: container ${x.name} resources.${part} has nvidia.com/gpu: the device ` +
+                    `plugin's GPU is not the claimed one kvcached sees`);
+      }
+    }
+  }
+  for (const name of mine) {
+    const rc = (spec.resourceClaims ?? []).find((x) => x.name === name);
+    const t = docs.find((d) => d.kind === "ResourceClaimTemplate" &&
+                               d.metadata.name === rc?.resourceClaimTemplateName);
+    const reqs = t?.spec?.spec?.devices?.requests ?? [];
+    const ok = reqs.length === 1 && reqs[0].exactly?.deviceClassName === GPU_DEVICE_CLASS &&
+        (reqs[0].exactly.allocationMode ?? "ExactCount") === "ExactCount" &&
+        (reqs[0].exactly.count ?? 1) === 1;
+    if (!ok) {
+      errors.push(`${ctx}: claim ${name} must come from a ResourceClaimTemplate requesting exactly ` +
+                  `1 device of class ${GPU_DEVICE_CLASS}`);
+    }
+  }
+  const cfg = mountOf(c, "/etc/kvcached");
+  const cfgVol = cfg && (spec.volumes ?? []).find((v) => v.name === cfg.name);
+  const cm = docs.find((d) => d.kind === "ConfigMap" && d.metadata.name === cfgVol?.configMap?.name);
+  const pools = [...(cm?.data?.["kvcached.textproto"] ?? "").matchAll(/^\s*pools\s*\{(.*)\}\s*$/gm)];
+  if (pools.length === 0) errors.push(`${ctx}: kvcached's config has no pools`);
+  pools.forEach((p, i) => {
+    if (!/\bdevice:\s*"cuda:[0-9]+"/.test(p[1])) {
+      errors.push(`${ctx}: kvcached config pools[${i}] is not on a GPU (device: "cuda:N")`);
+    }
+  });
 }
 
 function checkHostPath(ctx, v, overlay, errors) {
@@ -163,7 +216,7 @@ export function checkPolicy(docs, overlay) {
       }
       if (isKvcached(c)) {
         daemons++;
-        checkKvcached(ctx, w, c, inits.includes(c), overlay, errors);
+        checkKvcached(ctx, w, c, inits.includes(c), overlay, docs, errors);
       } else if (c.name === "worker") {
         workers++;
         if (!mountOf(c, SOCKET_DIR)) errors.push(`${ctx}: worker does not mount ${SOCKET_DIR}`);

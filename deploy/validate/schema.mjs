@@ -47,11 +47,45 @@ function labelsMatch(selector, labels) {
   return want.length > 0 && want.every(([k, v]) => labels?.[k] === v);
 }
 
+// Dynamic Resource Allocation: the pod's spec.resourceClaims (unique names,
+// each from exactly one source, a template the overlay contains) and every
+// container's resources.claims[].name naming one of them.
+function checkClaimReferences(w, templates) {
+  const errors = [];
+  const spec = w.spec.template.spec;
+  const claims = new Set();
+  (spec.resourceClaims ?? []).forEach((rc, i) => {
+    const at = `${where(w)}: spec.resourceClaims[${i}]`;
+    if (claims.has(rc.name)) errors.push(`${at}: name ${rc.name} is not unique`);
+    claims.add(rc.name);
+    const sources = ["resourceClaimName", "resourceClaimTemplateName"].filter((k) => rc[k] !== undefined);
+    if (sources.length !== 1) {
+      errors.push(`${at}: needs exactly one of resourceClaimName, resourceClaimTemplateName; ` +
+                  `has ${sources.length}`);
+    }
+    const t = rc.resourceClaimTemplateName;
+    if (t !== undefined && !templates.has(t)) {
+      errors.push(`${at}: names ResourceClaimTemplate ${t}, which the overlay does not contain`);
+    }
+  });
+  for (const c of [...(spec.initContainers ?? []), ...spec.containers]) {
+    (c.resources?.claims ?? []).forEach((cl, i) => {
+      if (!claims.has(cl.name)) {
+        errors.push(`${where(w)}: container ${c.name} resources.claims[${i}].name ${cl.name} ` +
+                    `is not in spec.resourceClaims`);
+      }
+    });
+  }
+  return errors;
+}
+
 // References between objects that the schemas cannot see.
 export function checkReferences(docs) {
   const errors = [];
   const configMaps = new Set(
     docs.filter((d) => d.kind === "ConfigMap").map((d) => d.metadata.name));
+  const templates = new Set(
+    docs.filter((d) => d.kind === "ResourceClaimTemplate").map((d) => d.metadata.name));
   const workloads = docs.filter((d) => WORKLOAD_KINDS.has(d.kind));
   for (const w of workloads) {
     const t = w.spec.template;
@@ -73,6 +107,7 @@ export function checkReferences(docs) {
         }
       }
     }
+    errors.push(...checkClaimReferences(w, templates));
   }
   const services = docs.filter((d) => d.kind === "Service");
   for (const s of services) {

@@ -21,6 +21,12 @@ function workerOf(docs) {
   throw new Error("no worker container");
 }
 
+function templateOf(docs) {
+  const t = docs.find((d) => d.kind === "ResourceClaimTemplate");
+  if (!t) throw new Error("no ResourceClaimTemplate");
+  return t;
+}
+
 // Each mutation breaks one rule; the check must report it by `want`.
 const MUTATIONS = [
   ["schema", "image must be string", (d) => { kvcachedOf(d).c.image = 7; }],
@@ -86,7 +92,60 @@ const SIDECAR_MUTATIONS = [
     const { c } = workerOf(d);
     c.volumeMounts = c.volumeMounts.filter((m) => m.mountPath !== "/dev/shm");
   }],
-  ["policy", "no container requests nvidia.com/gpu", (d) => { delete workerOf(d).c.resources.limits["nvidia.com/gpu"]; }],
+  // The shared GPU (DRA): types and field names of the new objects and
+  // fields, the references between them, and the sharing rules.
+  ["schema", "deviceClassName must be string", (d) => {
+    templateOf(d).spec.spec.devices.requests[0].exactly.deviceClassName = 7;
+  }],
+  ["schema", "deviceClass is not a field of ExactDeviceRequest", (d) => {
+    templateOf(d).spec.spec.devices.requests[0].exactly.deviceClass = "gpu.nvidia.com";
+  }],
+  ["schema", "resourceClaimTemplate is not a field of PodResourceClaim", (d) => {
+    const rc = workerOf(d).w.spec.template.spec.resourceClaims[0];
+    rc.resourceClaimTemplate = rc.resourceClaimTemplateName;
+    delete rc.resourceClaimTemplateName;
+  }],
+  ["schema", "name must be string", (d) => { kvcachedOf(d).c.resources.claims[0].name = 1; }],
+  ["schema", "needs exactly one of resourceClaimName, resourceClaimTemplateName; has 2", (d) => {
+    workerOf(d).w.spec.template.spec.resourceClaims[0].resourceClaimName = "gpu-0";
+  }],
+  ["schema", "is not unique", (d) => {
+    const rcs = workerOf(d).w.spec.template.spec.resourceClaims;
+    rcs.push({ ...rcs[0] });
+  }],
+  ["schema", "names ResourceClaimTemplate kvcached-gpu, which the overlay does not contain", (d) => {
+    d.splice(d.findIndex((x) => x.kind === "ResourceClaimTemplate"), 1);
+  }],
+  ["schema", "container worker resources.claims[0].name gpuu is not in spec.resourceClaims", (d) => {
+    workerOf(d).c.resources.claims[0].name = "gpuu";
+  }],
+  ["policy", "--backend=cpu; the sidecar shares the pod's GPU", (d) => {
+    const { c } = kvcachedOf(d);
+    c.args = c.args.map((a) => (a.startsWith("--backend=") ? "--backend=cpu" : a));
+  }],
+  ["policy", "kvcached has no GPU claim", (d) => { delete kvcachedOf(d).c.resources.claims; }],
+  ["policy", "container worker does not share GPU claim gpu with kvcached", (d) => {
+    delete workerOf(d).c.resources.claims;
+  }],
+  ["policy", "container worker resources.limits has nvidia.com/gpu", (d) => {
+    workerOf(d).c.resources.limits["nvidia.com/gpu"] = 1;
+  }],
+  ["policy", "container kvcached resources.requests has nvidia.com/gpu", (d) => {
+    kvcachedOf(d).c.resources.requests["nvidia.com/gpu"] = 1;
+  }],
+  ["policy", "requesting exactly 1 device of class gpu.nvidia.com", (d) => {
+    templateOf(d).spec.spec.devices.requests[0].exactly.count = 2;
+  }],
+  ["policy", "requesting exactly 1 device of class gpu.nvidia.com", (d) => {
+    templateOf(d).spec.spec.devices.requests[0].exactly.deviceClassName = "gpu.example.com";
+  }],
+  ["policy", "config pools[1] is not on a GPU", (d) => {
+    const cm = d.find((x) => x.kind === "ConfigMap");
+    const lines = cm.data["kvcached.textproto"].split("\n");
+    const i = lines.map((l) => /^pools/.test(l)).lastIndexOf(true);
+    lines[i] = lines[i].replace(/device: "[^"]*" /, "");
+    cm.data["kvcached.textproto"] = lines.join("\n");
+  }],
 ];
 const DAEMONSET_MUTATIONS = [
   ["schema", "intervall is not a field of Endpoint", (d) => {
