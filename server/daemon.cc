@@ -109,8 +109,8 @@ absl::Status Daemon::Init() {
   sessions_ = std::make_unique<SessionManager>(options_.sessions);
   ServiceOptions service_options = options_.service;
   service_options.metrics = metrics_.get();
-  service_ = std::make_unique<KVCacheService>(
-      backend_.get(), pools_.get(), sessions_.get(), service_options);
+  service_ = std::make_unique<KVCacheService>(backend_.get(), pools_.get(),
+                                              sessions_.get(), service_options);
   service_->set_drain_hook([this] {
     if (server_ != nullptr) {
       server_->GetHealthCheckService()->SetServingStatus(false);
@@ -149,8 +149,8 @@ absl::Status Daemon::Init() {
   // Keep a second thread polling while one runs a handler, so the next
   // request does not wait for a poller to be woken (a thread wake-up costs
   // more than the whole request path on small VMs).
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS,
-                              2);
+  builder.SetSyncServerOption(
+      grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 2);
   builder.RegisterService(service_.get());
   server_ = builder.BuildAndStart();
   if (server_ == nullptr) {

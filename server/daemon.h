@@ -34,7 +34,7 @@ struct DaemonOptions {
   // "host:port" serves Prometheus GET /metrics over HTTP (port 0 picks a
   // free one); "" = off.
   std::string metrics_address;
-  mode_t shm_mode = 0600;        // 0660 with --shm_group_access
+  mode_t shm_mode = 0600;  // 0660 with --shm_group_access
   int64_t max_message_bytes = int64_t{64} << 20;
   int64_t max_pool_bytes = int64_t{1} << 40;
   absl::Duration reap_interval = absl::Milliseconds(500);

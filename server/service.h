@@ -75,9 +75,7 @@ class KVCacheService final : public v1::KVCache::Service {
   void set_drain_hook(std::function<void()> hook) {
     drain_hook_ = std::move(hook);
   }
-  bool draining() const {
-    return draining_.load() || !accepting_.load();
-  }
+  bool draining() const { return draining_.load() || !accepting_.load(); }
   // The RPC names by Rpc index (for ServerMetrics).
   static std::vector<std::string> RpcNames();
   // Gauges and counters as the Stats RPC returns them (also /metrics).
