@@ -133,6 +133,13 @@ class KVCacheService final : public v1::KVCache::Service {
 
   // Renews the lease of `session_id` when it is not empty.
   absl::Status TouchSession(absl::string_view session_id);
+  // The common start of Store and Load: renews the session, checks the GPU
+  // ordering fields against the backend, finds the pool and checks `layer`.
+  absl::StatusOr<std::shared_ptr<Pool>> DataTarget(absl::string_view session_id,
+                                                   absl::string_view pool,
+                                                   int64_t layer,
+                                                   absl::string_view wait_event,
+                                                   bool record_event);
 
   // The handlers (service_data.cc, service_index.cc).
   absl::Status DoStore(Ctx* ctx, const v1::StoreRequest& r,

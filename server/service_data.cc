@@ -49,20 +49,29 @@ absl::Status CheckOrdering(const Backend& backend, absl::string_view wait_event,
 
 }  // namespace
 
-absl::Status KVCacheService::DoStore(Ctx* ctx, const v1::StoreRequest& r,
-                                     v1::StoreResponse* out) {
-  if (absl::Status s = TouchSession(r.session_id()); !s.ok()) return s;
-  if (absl::Status s =
-          CheckOrdering(*backend_, r.wait_event_ipc_handle(), r.record_event());
+absl::StatusOr<std::shared_ptr<Pool>> KVCacheService::DataTarget(
+    absl::string_view session_id, absl::string_view pool_name, int64_t layer,
+    absl::string_view wait_event, bool record_event) {
+  if (absl::Status s = TouchSession(session_id); !s.ok()) return s;
+  if (absl::Status s = CheckOrdering(*backend_, wait_event, record_event);
       !s.ok()) {
     return s;
   }
-  absl::StatusOr<std::shared_ptr<Pool>> pool = pools_->Get("pool", r.pool());
+  absl::StatusOr<std::shared_ptr<Pool>> pool = pools_->Get("pool", pool_name);
   if (!pool.ok()) return pool.status();
-  const PoolLayout& layout = (*pool)->layout;
-  if (absl::Status s = CheckLayer("layer", r.layer(), layout); !s.ok()) {
+  if (absl::Status s = CheckLayer("layer", layer, (*pool)->layout); !s.ok()) {
     return s;
   }
+  return pool;
+}
+
+absl::Status KVCacheService::DoStore(Ctx* ctx, const v1::StoreRequest& r,
+                                     v1::StoreResponse* out) {
+  absl::StatusOr<std::shared_ptr<Pool>> pool =
+      DataTarget(r.session_id(), r.pool(), r.layer(), r.wait_event_ipc_handle(),
+                 r.record_event());
+  if (!pool.ok()) return pool.status();
+  const PoolLayout& layout = (*pool)->layout;
   int64_t dtype_bytes = 0;
   absl::StatusOr<InputDtype> dtype =
       ToInputDtype("dtype", r.dtype(), &dtype_bytes);
@@ -93,18 +102,11 @@ absl::Status KVCacheService::DoStore(Ctx* ctx, const v1::StoreRequest& r,
 
 absl::Status KVCacheService::DoLoad(Ctx* ctx, const v1::LoadRequest& r,
                                     v1::LoadResponse* out) {
-  if (absl::Status s = TouchSession(r.session_id()); !s.ok()) return s;
-  if (absl::Status s =
-          CheckOrdering(*backend_, r.wait_event_ipc_handle(), r.record_event());
-      !s.ok()) {
-    return s;
-  }
-  absl::StatusOr<std::shared_ptr<Pool>> pool = pools_->Get("pool", r.pool());
+  absl::StatusOr<std::shared_ptr<Pool>> pool =
+      DataTarget(r.session_id(), r.pool(), r.layer(), r.wait_event_ipc_handle(),
+                 r.record_event());
   if (!pool.ok()) return pool.status();
   const PoolLayout& layout = (*pool)->layout;
-  if (absl::Status s = CheckLayer("layer", r.layer(), layout); !s.ok()) {
-    return s;
-  }
   Scratch& sc = ThreadScratch();
   absl::Span<const int32_t> segments;
   int64_t total_k = 0;
