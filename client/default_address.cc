@@ -7,14 +7,18 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
-namespace kvcache {
+namespace kvdepot {
 
-std::string DefaultSocketPath() {
+std::string DefaultSocketDir() {
   const char* runtime_dir = std::getenv("XDG_RUNTIME_DIR");
   if (runtime_dir != nullptr && runtime_dir[0] == '/') {
-    return absl::StrCat(runtime_dir, "/kvcached.sock");
+    return absl::StrCat(runtime_dir, "/kvdepot");
   }
-  return absl::StrCat("/tmp/kvcached-", getuid(), ".sock");
+  return absl::StrCat("/tmp/kvdepot-", getuid());
+}
+
+std::string DefaultSocketPath() {
+  return absl::StrCat(DefaultSocketDir(), "/kvdepotd.sock");
 }
 
 std::string ResolveTarget(absl::string_view address) {
@@ -32,4 +36,4 @@ std::string UnixSocketPathOf(absl::string_view target) {
   return std::string(path);
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -1,18 +1,24 @@
 // The daemon's default listen address, shared by the daemon and its clients
 // so both sides agree without configuration.
 //
-//   $XDG_RUNTIME_DIR/kvcached.sock   when XDG_RUNTIME_DIR is set and absolute
-//   /tmp/kvcached-<uid>.sock         otherwise
-#ifndef KVCACHED_CLIENT_DEFAULT_ADDRESS_H_
-#define KVCACHED_CLIENT_DEFAULT_ADDRESS_H_
+//   $XDG_RUNTIME_DIR/kvdepot/kvdepotd.sock  when XDG_RUNTIME_DIR is set and
+//                                           absolute
+//   /tmp/kvdepot-<uid>/kvdepotd.sock        otherwise
+//
+// The directory is private to the daemon's user: the daemon creates it with
+// mode 0700 and refuses to serve from one that already exists with other
+// owners or with group/other permissions (SPEC §11).
+#ifndef KVDEPOT_CLIENT_DEFAULT_ADDRESS_H_
+#define KVDEPOT_CLIENT_DEFAULT_ADDRESS_H_
 
 #include <string>
 
 #include "absl/strings/string_view.h"
 
-namespace kvcache {
+namespace kvdepot {
 
-// The default Unix socket path (see above).
+// The default socket's directory and path (see above).
+std::string DefaultSocketDir();
 std::string DefaultSocketPath();
 
 // A gRPC target for `address`:
@@ -25,6 +31,6 @@ std::string ResolveTarget(absl::string_view address);
 // The socket path of a "unix:" target, or "" for any other target.
 std::string UnixSocketPathOf(absl::string_view target);
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_CLIENT_DEFAULT_ADDRESS_H_
+#endif  // KVDEPOT_CLIENT_DEFAULT_ADDRESS_H_

@@ -7,20 +7,20 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 TEST(DefaultAddressTest, XdgRuntimeDirWhenSetAndAbsolute) {
   setenv("XDG_RUNTIME_DIR", "/run/user/1234", 1);
-  EXPECT_EQ(DefaultSocketPath(), "/run/user/1234/kvcached.sock");
+  EXPECT_EQ(DefaultSocketPath(), "/run/user/1234/kvdepot/kvdepotd.sock");
   setenv("XDG_RUNTIME_DIR", "relative/dir", 1);
   EXPECT_EQ(DefaultSocketPath(),
-            absl::StrCat("/tmp/kvcached-", getuid(), ".sock"));
+            absl::StrCat("/tmp/kvdepot-", getuid(), "/kvdepotd.sock"));
   unsetenv("XDG_RUNTIME_DIR");
   EXPECT_EQ(DefaultSocketPath(),
-            absl::StrCat("/tmp/kvcached-", getuid(), ".sock"));
+            absl::StrCat("/tmp/kvdepot-", getuid(), "/kvdepotd.sock"));
   EXPECT_EQ(ResolveTarget(""),
-            absl::StrCat("unix:/tmp/kvcached-", getuid(), ".sock"));
+            absl::StrCat("unix:/tmp/kvdepot-", getuid(), "/kvdepotd.sock"));
 }
 
 TEST(DefaultAddressTest, Targets) {
@@ -33,4 +33,4 @@ TEST(DefaultAddressTest, Targets) {
 }
 
 }  // namespace
-}  // namespace kvcache
+}  // namespace kvdepot

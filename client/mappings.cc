@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 absl::StatusOr<ShmRegion> MapHandle(const v1::SharedHandle& h) {
@@ -62,4 +62,4 @@ v1::DataRef InlineOutput() {
   return ref;
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

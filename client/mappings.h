@@ -1,16 +1,16 @@
 // Mappings of daemon memory into the caller (CPU backend: POSIX shm). Both
 // are move-only RAII types opened by a static Open; destruction unmaps (the
 // daemon owns the shm names and unlinks them).
-#ifndef KVCACHED_CLIENT_MAPPINGS_H_
-#define KVCACHED_CLIENT_MAPPINGS_H_
+#ifndef KVDEPOT_CLIENT_MAPPINGS_H_
+#define KVDEPOT_CLIENT_MAPPINGS_H_
 
 #include <cstdint>
 
 #include "absl/status/statusor.h"
 #include "client/shm.h"
-#include "kvcache/v1/kvcache.pb.h"
+#include "kvdepot/v1/kvdepot.pb.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 // A pool mapped read-write. Layer l starts at data() + l * layer_stride.
 class PoolMapping {
@@ -67,6 +67,6 @@ class BufferMapping {
 v1::DataRef InlineData(std::string bytes);
 v1::DataRef InlineOutput();
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_CLIENT_MAPPINGS_H_
+#endif  // KVDEPOT_CLIENT_MAPPINGS_H_

@@ -14,10 +14,10 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
-constexpr absl::string_view kShmPrefix = "/kvcached-";
+constexpr absl::string_view kShmPrefix = "/kvdepot-";
 constexpr int kRandomBytes = 16;
 constexpr size_t kMaxShmNameChars = 250;
 
@@ -168,4 +168,4 @@ void ShmRegion::Reset() {
   name_.clear();
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -4,8 +4,8 @@
 // A region is a shm object (/dev/shm/<name>) mapped read-write. The creator
 // owns the name: it unlinks the object when the region is destroyed, so a
 // mapping held elsewhere stays valid but nobody new can open it.
-#ifndef KVCACHED_CLIENT_SHM_H_
-#define KVCACHED_CLIENT_SHM_H_
+#ifndef KVDEPOT_CLIENT_SHM_H_
+#define KVDEPOT_CLIENT_SHM_H_
 
 #include <sys/types.h>
 
@@ -15,12 +15,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 // 2 * num_bytes lowercase hex digits from getrandom(2).
 absl::StatusOr<std::string> RandomHex(int num_bytes);
 
-// "/kvcached-" followed by 32 hex digits from getrandom(2): unguessable.
+// "/kvdepot-" followed by 32 hex digits from getrandom(2): unguessable.
 absl::StatusOr<std::string> RandomShmName();
 
 // Checks that `name` is a valid shm object name: "/" then 1..249 characters
@@ -58,6 +58,6 @@ class ShmRegion {
   bool owner_ = false;       // unlink the name on destruction
 };
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_CLIENT_SHM_H_
+#endif  // KVDEPOT_CLIENT_SHM_H_

@@ -9,7 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 using ::testing::HasSubstr;
@@ -24,7 +24,7 @@ TEST(ShmTest, NamesAreRandomAndWellFormed) {
   for (int i = 0; i < 64; ++i) {
     absl::StatusOr<std::string> n = RandomShmName();
     ASSERT_TRUE(n.ok());
-    EXPECT_EQ(n->size(), std::string("/kvcached-").size() + 32);
+    EXPECT_EQ(n->size(), std::string("/kvdepot-").size() + 32);
     EXPECT_TRUE(ValidateShmName("n", *n).ok());
     names.insert(*n);
   }
@@ -66,7 +66,7 @@ TEST(ShmTest, OpenRejectsBadNamesSizesAndMissingObjects) {
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("character 2"));
   r = ShmRegion::Open("noslash", 10);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  r = ShmRegion::Open("/kvcached-none-such", 10);
+  r = ShmRegion::Open("/kvdepot-none-such", 10);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
   absl::StatusOr<ShmRegion> small = ShmRegion::Create(100, 0600);
   ASSERT_TRUE(small.ok());
@@ -79,4 +79,4 @@ TEST(ShmTest, OpenRejectsBadNamesSizesAndMissingObjects) {
 }
 
 }  // namespace
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -43,8 +43,8 @@ mutate root-user "must end as USER 65532:65532" "s.replace('USER 65532:65532', '
 mutate add-url "not ADD" "s.replace('COPY . .', 'ADD https://example.com/x.tgz /src/')"
 mutate no-set-e "does not start with" "s.replace('RUN set -eux; \\\\\n    bazel', 'RUN bazel', 1)"
 mutate shell-entrypoint "ENTRYPOINT is not an exec-form" \
-  "s.replace('ENTRYPOINT [\"/usr/local/bin/kvcached\", \"--listen=unix:/run/kvcached/kvcached.sock\"]', 'ENTRYPOINT /usr/local/bin/kvcached')"
-mutate wrong-socket "does not run /usr/local/bin/kvcached --listen" "s.replace('--listen=unix:/run/kvcached/kvcached.sock', '--listen=/tmp/x.sock')"
+  "s.replace('ENTRYPOINT [\"/usr/local/bin/kvdepotd\", \"--listen=unix:/run/kvdepot/kvdepotd.sock\"]', 'ENTRYPOINT /usr/local/bin/kvdepotd')"
+mutate wrong-socket "does not run /usr/local/bin/kvdepotd --listen" "s.replace('--listen=unix:/run/kvdepot/kvdepotd.sock', '--listen=/tmp/x.sock')"
 mutate bad-stage "names no earlier stage" "s.replace('--from=build', '--from=builder')"
 mutate short-timeout "must exceed kvcachectl" "s.replace('--timeout=7s', '--timeout=5s')"
 mutate probe "HEALTHCHECK CMD is not" "s.replace('\"status\", \"--addr\"', '\"ping\", \"--addr\"')"
@@ -55,14 +55,14 @@ mutate ignored-src "is excluded by" "s.replace('COPY tools/deps.sh tools/deps.sh
 
 # The runtime stage's /usr/local, from the real binaries.
 out="$work/usr-local"
-deploy/docker/bundle.sh "$out" server/kvcached client/kvcachectl/kvcachectl >"$work/bundle.log"
+deploy/docker/bundle.sh "$out" server/kvdepotd client/kvcachectl/kvcachectl >"$work/bundle.log"
 cat "$work/bundle.log"
-libdir="$(readlink -f "$out/lib/kvcached")"
-for bin in kvcached kvcachectl; do
+libdir="$(readlink -f "$out/lib/kvdepot")"
+for bin in kvdepotd kvcachectl; do
   [[ -x "$out/bin/$bin" ]] || fail "bundle has no bin/$bin"
   runpath="$(patchelf --print-rpath "$out/bin/$bin")"
   # shellcheck disable=SC2016  # a literal $ORIGIN
-  [[ "$runpath" == '$ORIGIN/../lib/kvcached' ]] || fail "$bin RUNPATH is \"$runpath\""
+  [[ "$runpath" == '$ORIGIN/../lib/kvdepot' ]] || fail "$bin RUNPATH is \"$runpath\""
   env -u LD_LIBRARY_PATH ldd "$out/bin/$bin" >"$work/$bin.ldd"
   if grep -q 'not found' "$work/$bin.ldd"; then
     cat "$work/$bin.ldd" >&2
@@ -84,7 +84,7 @@ for bin in kvcached kvcachectl; do
   [[ "$outside" -eq 0 ]] || fail "$bin loads $outside libraries from outside the bundle"
   passed=$((passed + 1))
 done
-libs=$(find "$out/lib/kvcached" -name '*.so*' | wc -l)
+libs=$(find "$out/lib/kvdepot" -name '*.so*' | wc -l)
 [[ "$libs" -gt 0 ]] || fail "the bundle has no libraries (the binaries link gRPC dynamically)"
 # The bundled kvcachectl runs, and computes the docs' pool-sizing figure.
 "$out/bin/kvcachectl" format layout V41 --block_size 64 -o json >"$work/layout.json"

@@ -47,15 +47,15 @@ for overlay in sidecar daemonset; do
   done
   # The probe is exactly the command of the interface (docs/DEPLOY.md).
   probe="$(node "$check" probe-argv "$overlay" "$rendered" | tr '\n' ' ')"
-  [[ "$probe" == "kvcachectl status --addr unix:/run/kvcached/kvcached.sock " ]] ||
+  [[ "$probe" == "kvcachectl status --addr unix:/run/kvdepot/kvdepotd.sock " ]] ||
     fail "$overlay probe is \"$probe\""
   passed=$((passed + 1))
 done
 
-# The sidecar's kvcached really is a native sidecar in the rendered output,
+# The sidecar's kvdepot really is a native sidecar in the rendered output,
 # and the daemonset's socket really is the host directory.
 grep -q 'restartPolicy: Always' "$work/sidecar.yaml" || fail "sidecar: no restartPolicy: Always"
-grep -q 'path: /run/kvcached' "$work/daemonset.yaml" || fail "daemonset: no hostPath /run/kvcached"
+grep -q 'path: /run/kvdepot' "$work/daemonset.yaml" || fail "daemonset: no hostPath /run/kvdepot"
 passed=$((passed + 1))
 
 echo "k8s_manifests_test: $passed passed, 0 failed"

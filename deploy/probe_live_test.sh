@@ -21,14 +21,14 @@ for tool in kubectl node python3; do
 done
 
 ctl="$PWD/client/kvcachectl/kvcachectl"
-daemon="$PWD/server/kvcached"
+daemon="$PWD/server/kvdepotd"
 check="$(readlink -f deploy/validate/check.mjs)"
 [[ -d "$(dirname "$check")/node_modules/kubernetes-models" ]] ||
   fail "$(dirname "$check")/node_modules is missing: run tools/deps.sh (npm ci)"
 work="$(mktemp -d "${TEST_TMPDIR:-/tmp}/probe.XXXXXX")"
 # sun_path holds 107 bytes: a short socket path of our own.
 sockdir="$(mktemp -d /tmp/kvprobe.XXXXXX)"
-sock="$sockdir/kvcached.sock"
+sock="$sockdir/kvdepotd.sock"
 pid=""
 cleanup() {
   if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null || true; fi
@@ -40,7 +40,7 @@ cp -rL deploy/k8s "$work/k8s"
 kubectl kustomize "$work/k8s/overlays/sidecar" >"$work/sidecar.yaml" 2>"$work/kustomize.err" ||
   { cat "$work/kustomize.err" >&2; fail "kubectl kustomize overlays/sidecar"; }
 
-manifest_socket="unix:/run/kvcached/kvcached.sock"
+manifest_socket="unix:/run/kvdepot/kvdepotd.sock"
 mapfile -t argv < <(node "$check" probe-argv sidecar "$work/sidecar.yaml")
 [[ "${argv[0]:-}" == kvcachectl ]] || fail "probe argv[0] is \"${argv[0]:-}\", want kvcachectl"
 probe=("$ctl")
@@ -62,20 +62,20 @@ for line in open(sys.argv[1]):
     if line.startswith("ENTRYPOINT "):
         print("\n".join(json.loads(line[len("ENTRYPOINT "):])))
 ' deploy/docker/Dockerfile)
-[[ "${entrypoint[0]:-}" == /usr/local/bin/kvcached ]] || fail "ENTRYPOINT is \"${entrypoint[*]}\""
+[[ "${entrypoint[0]:-}" == /usr/local/bin/kvdepotd ]] || fail "ENTRYPOINT is \"${entrypoint[*]}\""
 mapfile -t margs < <(node "$check" daemon-args sidecar "$work/sidecar.yaml")
 port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 # The overlay's pools, each shrunk to 2 blocks (the real ones are ~1.3 GB)
 # and moved from the GPU to the CPU backend's default device.
 sed -E -e 's/num_blocks: [0-9]+/num_blocks: 2/' -e 's/device: "cuda:[0-9]+" //' \
-  "$work/k8s/overlays/sidecar/kvcached.textproto" >"$work/kvcached.textproto"
-grep -q 'pools {' "$work/kvcached.textproto" || fail "the sidecar config has no pools"
-! grep -q 'device:' "$work/kvcached.textproto" || fail "a pool device is left in $work/kvcached.textproto"
+  "$work/k8s/overlays/sidecar/kvdepotd.textproto" >"$work/kvdepotd.textproto"
+grep -q 'pools {' "$work/kvdepotd.textproto" || fail "the sidecar config has no pools"
+! grep -q 'device:' "$work/kvdepotd.textproto" || fail "a pool device is left in $work/kvdepotd.textproto"
 cmd=("$daemon")
 for a in "${entrypoint[@]:1}" "${margs[@]}"; do
   case "$a" in
     "--listen=$manifest_socket") cmd+=("--listen=unix:$sock") ;;
-    --config=/etc/kvcached/kvcached.textproto) cmd+=("--config=$work/kvcached.textproto") ;;
+    --config=/etc/kvdepot/kvdepotd.textproto) cmd+=("--config=$work/kvdepotd.textproto") ;;
     --metrics_address=0.0.0.0:9400) cmd+=("--metrics_address=127.0.0.1:$port") ;;
     --backend=cuda) cmd+=("--backend=cpu") ;;
     --listen=* | --config=* | --metrics_address=* | --backend=*) fail "unexpected daemon flag $a" ;;
@@ -105,7 +105,7 @@ pid=$!
 # Like the startupProbe: poll until the probe passes (60 s at most).
 deadline=$((SECONDS + 60))
 while :; do
-  kill -0 "$pid" 2>/dev/null || { cat "$work/daemon.log" >&2; fail "kvcached exited at start"; }
+  kill -0 "$pid" 2>/dev/null || { cat "$work/daemon.log" >&2; fail "kvdepotd exited at start"; }
   run_probe
   [[ "$rc" -eq 0 ]] && break
   [[ "$rc" -eq 3 ]] || { cat "$work/probe.err" >&2; fail "starting: probe exit $rc, want 3 then 0"; }
@@ -116,7 +116,7 @@ cat "$work/probe.out"
 # Ready means its configured pools exist.
 while read -r pool; do
   grep -qE -- "^${pool}[[:space:]]" "$work/probe.out" || fail "status output does not list pool $pool"
-done < <(sed -nE 's/.*name: "([^"]+)".*/\1/p' "$work/kvcached.textproto")
+done < <(sed -nE 's/.*name: "([^"]+)".*/\1/p' "$work/kvdepotd.textproto")
 passed=$((passed + 1))
 # The manifest's --metrics_address serves Prometheus text (the scrape
 # annotations and the ServiceMonitor point at it).
@@ -142,7 +142,7 @@ while :; do
   ((SECONDS < deadline)) || fail "probe still exits 0 5 s after SIGTERM"
   sleep 0.1
 done
-kill -0 "$pid" 2>/dev/null || fail "kvcached exited before the drain grace ended"
+kill -0 "$pid" 2>/dev/null || fail "kvdepotd exited before the drain grace ended"
 passed=$((passed + 1))
 
 # Gone: the drain ends on its own and the daemon exits 0.
@@ -152,7 +152,7 @@ wait "$pid"
 drc=$?
 set -e
 pid=""
-[[ "$drc" -eq 0 ]] || { cat "$work/daemon.log" >&2; fail "kvcached exit $drc after SIGTERM, want 0"; }
+[[ "$drc" -eq 0 ]] || { cat "$work/daemon.log" >&2; fail "kvdepot exit $drc after SIGTERM, want 0"; }
 [[ ! -e "$sock" ]] || fail "the socket $sock is left behind"
 run_probe
 [[ "$rc" -eq 3 ]] || { cat "$work/probe.err" >&2; fail "daemon gone: probe exit $rc, want 3"; }

@@ -24,14 +24,14 @@
 // A pool is num_layers such layer regions, each starting on a 256-byte
 // boundary. FP4 (e2m1) packs element 2i in the low nibble and element 2i+1 in
 // the high nibble of byte i. All byte offsets are int64_t.
-#ifndef KVCACHED_KERNELS_FORMAT_H_
-#define KVCACHED_KERNELS_FORMAT_H_
+#ifndef KVDEPOT_KERNELS_FORMAT_H_
+#define KVDEPOT_KERNELS_FORMAT_H_
 
 #include <cstdint>
 
 #include "kernels/host_device.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 enum class QuantDtype : uint8_t {
   kNone = 0,  // BF16 records
@@ -192,6 +192,6 @@ KV_HD constexpr PoolLayout ComputePoolLayout(const KVCacheFormat& format,
   return l;
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_KERNELS_FORMAT_H_
+#endif  // KVDEPOT_KERNELS_FORMAT_H_

@@ -9,7 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 constexpr int32_t kMaxElements = 1 << 20;  // sanity bound on a record
@@ -337,4 +337,4 @@ std::string DescribeLayout(const PoolLayout& l) {
   return out;
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -1,8 +1,8 @@
 // Host-side helpers of the byte contract: validated construction of
 // KVCacheFormat and PoolLayout, the named formats of SPEC §2, and resolution
 // of a format from a byte width.
-#ifndef KVCACHED_KERNELS_FORMAT_HOST_H_
-#define KVCACHED_KERNELS_FORMAT_HOST_H_
+#ifndef KVDEPOT_KERNELS_FORMAT_HOST_H_
+#define KVDEPOT_KERNELS_FORMAT_HOST_H_
 
 #include <cstdint>
 #include <optional>
@@ -14,7 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "kernels/format.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 // The supported formats; names are part of the API ("V41", "BF16(512)").
 enum class FormatId : uint8_t {
@@ -77,6 +77,6 @@ absl::StatusOr<PoolLayout> MakePoolLayout(const KVCacheFormat& format,
 // Multi-line human-readable description of a layout (for CLIs and logs).
 std::string DescribeLayout(const PoolLayout& layout);
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_KERNELS_FORMAT_HOST_H_
+#endif  // KVDEPOT_KERNELS_FORMAT_HOST_H_

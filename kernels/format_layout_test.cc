@@ -11,7 +11,7 @@
 #include "kernels/format.h"
 #include "kernels/format_host.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 using ::testing::HasSubstr;
@@ -156,4 +156,4 @@ TEST(FormatLayoutTest, MakePoolLayoutRejections) {
 }
 
 }  // namespace
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -12,7 +12,7 @@
 #include "gtest/gtest.h"
 #include "kernels/format_host.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 using ::testing::AllOf;
@@ -193,4 +193,4 @@ TEST(FormatTest, ResolveFormat) {
 }
 
 }  // namespace
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -1,7 +1,7 @@
 // Marks functions callable from both host C++ and CUDA device code, so the
 // byte layout and the quantization math are written exactly once.
-#ifndef KVCACHED_KERNELS_HOST_DEVICE_H_
-#define KVCACHED_KERNELS_HOST_DEVICE_H_
+#ifndef KVDEPOT_KERNELS_HOST_DEVICE_H_
+#define KVDEPOT_KERNELS_HOST_DEVICE_H_
 
 #if defined(__CUDACC__)
 #define KV_HD __host__ __device__
@@ -9,4 +9,4 @@
 #define KV_HD
 #endif
 
-#endif  // KVCACHED_KERNELS_HOST_DEVICE_H_
+#endif  // KVDEPOT_KERNELS_HOST_DEVICE_H_

@@ -8,15 +8,15 @@
 //   e2m1:      S EE M,     bias 1, values 0 .5 1 1.5 2 3 4 6, no NaN/Inf.
 //   ue8m0:     EEEEEEEE,   value 2^(byte - 127) (byte 255 is invalid).
 //   bf16:      the top 16 bits of an fp32.
-#ifndef KVCACHED_KERNELS_QUANT_H_
-#define KVCACHED_KERNELS_QUANT_H_
+#ifndef KVDEPOT_KERNELS_QUANT_H_
+#define KVDEPOT_KERNELS_QUANT_H_
 
 #include <cstdint>
 #include <cstring>
 
 #include "kernels/host_device.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 inline constexpr float kE4M3Max = 448.0f;
 inline constexpr float kE2M1Max = 6.0f;
@@ -196,6 +196,6 @@ KV_HD inline GroupScale Fp32Scale(float amax) {
   return {FloatBits(s), 1.0f / s};
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_KERNELS_QUANT_H_
+#endif  // KVDEPOT_KERNELS_QUANT_H_

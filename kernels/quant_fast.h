@@ -3,14 +3,14 @@
 // rounding threshold and its neighbours; a disabled test sweeps all 2^32
 // fp32 inputs). Random data makes quant.h's branches unpredictable;
 // these compile to compares and conditional moves, and vectorize.
-#ifndef KVCACHED_KERNELS_QUANT_FAST_H_
-#define KVCACHED_KERNELS_QUANT_FAST_H_
+#ifndef KVDEPOT_KERNELS_QUANT_FAST_H_
+#define KVDEPOT_KERNELS_QUANT_FAST_H_
 
 #include <cstdint>
 
 #include "kernels/quant.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 // EncodeE2M1 as a count of rounding thresholds passed. The thresholds are
 // the midpoints between codes; at a midpoint ties go to the even code, so
@@ -66,6 +66,6 @@ inline float GroupAmaxFast(const float* x, int n) {
   return BitsToFloat(static_cast<uint32_t>(best));
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_KERNELS_QUANT_FAST_H_
+#endif  // KVDEPOT_KERNELS_QUANT_FAST_H_

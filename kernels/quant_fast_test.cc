@@ -15,7 +15,7 @@
 #include "gtest/gtest.h"
 #include "kernels/quant.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 // Calls check(x) for every input the structured sweep covers.
@@ -109,4 +109,4 @@ TEST_P(QuantFastSweep, DISABLED_MatchesQuantHOnEveryPattern) {
 INSTANTIATE_TEST_SUITE_P(Slices, QuantFastSweep, ::testing::Range(0u, 16u));
 
 }  // namespace
-}  // namespace kvcache
+}  // namespace kvdepot

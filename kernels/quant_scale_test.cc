@@ -10,7 +10,7 @@
 #include "gtest/gtest.h"
 #include "kernels/quant.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -154,4 +154,4 @@ TEST(QuantScaleTest, Fp32Scale) {
 }
 
 }  // namespace
-}  // namespace kvcache
+}  // namespace kvdepot

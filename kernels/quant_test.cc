@@ -12,7 +12,7 @@
 
 #include "gtest/gtest.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 // e4m3 (fn) code -> value; NaN for S.1111.111.
@@ -240,4 +240,4 @@ TEST(QuantBf16Test, EveryPatternRoundTrips) {
 }
 
 }  // namespace
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -33,7 +33,7 @@
 #include "kernels/quant_fast.h"
 #include "kernels/reference_internal.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 static_assert(std::endian::native == std::endian::little,
@@ -409,4 +409,4 @@ void DecodeToken(const KVCacheFormat& format, const uint8_t* data,
   });
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

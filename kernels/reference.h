@@ -6,8 +6,8 @@
 // single byte; on error nothing is written and the status is
 // INVALID_ARGUMENT naming the field and index, e.g.
 //   "slot_mapping[17] = 9000 is outside [-1, 8192)".
-#ifndef KVCACHED_KERNELS_REFERENCE_H_
-#define KVCACHED_KERNELS_REFERENCE_H_
+#ifndef KVDEPOT_KERNELS_REFERENCE_H_
+#define KVDEPOT_KERNELS_REFERENCE_H_
 
 #include <cstdint>
 
@@ -15,7 +15,7 @@
 #include "absl/types/span.h"
 #include "kernels/format.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 // Element type of the K/V handed to a store.
 enum class InputDtype : uint8_t {
@@ -82,6 +82,6 @@ void EncodeToken(const KVCacheFormat& format, const float* x, uint8_t* data,
 void DecodeToken(const KVCacheFormat& format, const uint8_t* data,
                  const uint8_t* scales, float* out);
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_KERNELS_REFERENCE_H_
+#endif  // KVDEPOT_KERNELS_REFERENCE_H_

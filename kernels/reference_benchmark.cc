@@ -23,7 +23,7 @@
 #include "kernels/quant.h"
 #include "kernels/reference.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 const char* const kFormats[] = {"V41",         "V41_FP4",
@@ -160,6 +160,6 @@ BENCHMARK(BM_Load)
     ->ArgsProduct({{0, 1, 2, 3, 4, 5}, {1, 64, 4096, 65536}});
 
 }  // namespace
-}  // namespace kvcache
+}  // namespace kvdepot
 
 BENCHMARK_MAIN();

@@ -13,7 +13,7 @@
 #include "kernels/format_host.h"
 #include "kernels/reference.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 struct Pool {
@@ -200,4 +200,4 @@ TEST(GoldenTest, ScaleRowsPadToWholeInt32s) {
 }
 
 }  // namespace
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -1,18 +1,18 @@
 // Checks shared by the store and load entry points of the CPU reference
 // (reference_validate.cc). Not part of the public API.
-#ifndef KVCACHED_KERNELS_REFERENCE_INTERNAL_H_
-#define KVCACHED_KERNELS_REFERENCE_INTERNAL_H_
+#ifndef KVDEPOT_KERNELS_REFERENCE_INTERNAL_H_
+#define KVDEPOT_KERNELS_REFERENCE_INTERNAL_H_
 
 #include "absl/status/status.h"
 #include "kernels/format.h"
 
-namespace kvcache::internal {
+namespace kvdepot::internal {
 
 // OK when `layout` is exactly what MakePoolLayout builds for its format,
 // block_size, num_blocks and num_layers (a hand-edited stride would send
 // writes out of the layer).
 absl::Status ValidateLayout(const PoolLayout& layout);
 
-}  // namespace kvcache::internal
+}  // namespace kvdepot::internal
 
-#endif  // KVCACHED_KERNELS_REFERENCE_INTERNAL_H_
+#endif  // KVDEPOT_KERNELS_REFERENCE_INTERNAL_H_

@@ -13,11 +13,11 @@
 #include "kernels/reference.h"
 #include "kernels/reference_test_util.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
-using ::kvcache::testing::AllFormatNames;
-using ::kvcache::testing::ParamName;
+using ::kvdepot::testing::AllFormatNames;
+using ::kvdepot::testing::ParamName;
 using ::testing::HasSubstr;
 
 constexpr int64_t kBlockSize = 7;
@@ -205,4 +205,4 @@ INSTANTIATE_TEST_SUITE_P(Formats, RejectTest,
                          });
 
 }  // namespace
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -20,15 +20,15 @@
 #include "kernels/quant.h"
 #include "kernels/reference_test_util.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
-using ::kvcache::testing::AllFormatNames;
-using ::kvcache::testing::ErrorBound;
-using ::kvcache::testing::GroupScaleValue;
-using ::kvcache::testing::ParamName;
-using ::kvcache::testing::RandomTokens;
-using ::kvcache::testing::ToBf16;
+using ::kvdepot::testing::AllFormatNames;
+using ::kvdepot::testing::ErrorBound;
+using ::kvdepot::testing::GroupScaleValue;
+using ::kvdepot::testing::ParamName;
+using ::kvdepot::testing::RandomTokens;
+using ::kvdepot::testing::ToBf16;
 
 struct Case {
   std::string format;
@@ -281,4 +281,4 @@ INSTANTIATE_TEST_SUITE_P(Formats, RoundTripTest,
                          });
 
 }  // namespace
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -1,8 +1,8 @@
 // Helpers shared by the reference tests: the formats under test, seeded
 // inputs, and an independent per-element error bound derived from a group's
 // scale (half a code step of the element type, plus saturation).
-#ifndef KVCACHED_KERNELS_REFERENCE_TEST_UTIL_H_
-#define KVCACHED_KERNELS_REFERENCE_TEST_UTIL_H_
+#ifndef KVDEPOT_KERNELS_REFERENCE_TEST_UTIL_H_
+#define KVDEPOT_KERNELS_REFERENCE_TEST_UTIL_H_
 
 #include <cmath>
 #include <cstdint>
@@ -15,7 +15,7 @@
 #include "kernels/format_host.h"
 #include "kernels/quant.h"
 
-namespace kvcache::testing {
+namespace kvdepot::testing {
 
 // Every supported format, plus two BF16 widths (one not a multiple of 32 B).
 inline std::vector<std::string> AllFormatNames() {
@@ -96,6 +96,6 @@ inline double ErrorBound(QuantDtype d, double scale, double x) {
   return scale * (half + (y - yc)) + 1e-6 * std::fabs(x);
 }
 
-}  // namespace kvcache::testing
+}  // namespace kvdepot::testing
 
-#endif  // KVCACHED_KERNELS_REFERENCE_TEST_UTIL_H_
+#endif  // KVDEPOT_KERNELS_REFERENCE_TEST_UTIL_H_

@@ -17,7 +17,7 @@
 #include "kernels/reference.h"
 #include "kernels/reference_internal.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace internal {
 
 absl::Status ValidateLayout(const PoolLayout& layout) {
@@ -188,4 +188,4 @@ absl::Status ValidateSegments(const PoolLayout& layout,
   return absl::OkStatus();
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 absl::Status CheckSize(absl::string_view name, size_t actual,
                        int64_t expected) {
@@ -165,4 +165,4 @@ absl::Status ValidateSwaInputs(const SequenceBatch& batch, int32_t num_states) {
   return ValidateValidStart(batch);
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -1,8 +1,8 @@
 // The host-side description of a batch of sequences that the planner reads:
 // per-sequence length arrays and a row-major block table. Nothing is owned;
 // every array is untrusted and is validated by the planner before use.
-#ifndef KVCACHED_PLANNER_BATCH_H_
-#define KVCACHED_PLANNER_BATCH_H_
+#ifndef KVDEPOT_PLANNER_BATCH_H_
+#define KVDEPOT_PLANNER_BATCH_H_
 
 #include <cstdint>
 
@@ -11,7 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 // Pivot fields of one prefill query row: {off1, len1, off2, len2}.
 inline constexpr int kPivotFields = 4;
@@ -75,6 +75,6 @@ absl::StatusOr<int32_t> ValidateSwaBatch(const SequenceBatch& batch,
 // Checks that `span` (named `name`) holds exactly `expected` elements.
 absl::Status CheckSize(absl::string_view name, size_t actual, int64_t expected);
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_PLANNER_BATCH_H_
+#endif  // KVDEPOT_PLANNER_BATCH_H_

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 // Writes one SWA decode row: `len` ring slots from position `start`, then
@@ -216,4 +216,4 @@ absl::Status BuildSwaDecodeIndex(const SequenceBatch& batch,
   return absl::OkStatus();
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -2,8 +2,8 @@
 // compressed-pool slots and the SWA decode index. Each validates all of its
 // structural inputs first; on error nothing is written and the status is
 // INVALID_ARGUMENT naming the field and index.
-#ifndef KVCACHED_PLANNER_DECODE_INDEX_H_
-#define KVCACHED_PLANNER_DECODE_INDEX_H_
+#ifndef KVDEPOT_PLANNER_DECODE_INDEX_H_
+#define KVDEPOT_PLANNER_DECODE_INDEX_H_
 
 #include <cstdint>
 
@@ -13,7 +13,7 @@
 #include "planner/batch.h"
 #include "planner/sequence_plans.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 // Decode top-k conversion, in place: logical compressed-token indices
 // become physical slots of the compressed pool.
@@ -63,6 +63,6 @@ absl::Status BuildSwaDecodeIndex(const SequenceBatch& batch,
                                  const SwaParams& params,
                                  absl::Span<int32_t> out);
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_PLANNER_DECODE_INDEX_H_
+#endif  // KVDEPOT_PLANNER_DECODE_INDEX_H_

@@ -9,7 +9,7 @@
 #include "planner/plan.h"
 #include "planner/test_util.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 using testing::BatchShape;
@@ -268,4 +268,4 @@ TEST(SwaDecodeBatchTest, RejectsWindowsTheRingNoLongerHolds) {
 }
 
 }  // namespace
-}  // namespace kvcache
+}  // namespace kvdepot

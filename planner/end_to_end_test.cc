@@ -19,7 +19,7 @@
 #include "planner/plan.h"
 #include "planner/test_util.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 using testing::BatchShape;
@@ -79,7 +79,7 @@ struct Pool {
              const std::vector<int32_t>& slots) {
     std::vector<float> kv(tokens.size() * kElements);
     for (size_t i = 0; i < tokens.size(); ++i) Encode(tokens[i], &kv[i * 4]);
-    ASSERT_TRUE(kvcache::Store(layout, layer.data(), kv.data(),
+    ASSERT_TRUE(kvdepot::Store(layout, layer.data(), kv.data(),
                                InputDtype::kFP32, slots)
                     .ok());
   }
@@ -311,4 +311,4 @@ INSTANTIATE_TEST_SUITE_P(Pools, EndToEndTest,
                                            std::make_tuple(1, 1, 17, 1)));
 
 }  // namespace
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "planner/batch.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 // Checks one pivot range [off, off + len) of row `row`.
@@ -121,4 +121,4 @@ absl::Status KvIndexCat(absl::Span<const int32_t> swa_index, int32_t swa_width,
   return absl::OkStatus();
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

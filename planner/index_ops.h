@@ -1,8 +1,8 @@
 // Prefill index operations of SPEC §7, on host arrays. Each validates all of
 // its inputs first; on error nothing is written and the status is
 // INVALID_ARGUMENT naming the field and index.
-#ifndef KVCACHED_PLANNER_INDEX_OPS_H_
-#define KVCACHED_PLANNER_INDEX_OPS_H_
+#ifndef KVDEPOT_PLANNER_INDEX_OPS_H_
+#define KVDEPOT_PLANNER_INDEX_OPS_H_
 
 #include <cstdint>
 
@@ -10,7 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 // Dense prefill SWA index from pivots (see ComputeSwaPivots):
 //   pivots: [rows][4] {off1, len1, off2, len2}; lengths >= 0,
@@ -33,6 +33,6 @@ absl::Status KvIndexCat(absl::Span<const int32_t> swa_index, int32_t swa_width,
                         int32_t main_kv_offset, int32_t compressed_rows,
                         absl::Span<int32_t> out);
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_PLANNER_INDEX_OPS_H_
+#endif  // KVDEPOT_PLANNER_INDEX_OPS_H_

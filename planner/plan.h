@@ -8,8 +8,8 @@
 //   prefill_layout.h prefill buffer layout and the SWA pivots of its queries
 //   index_ops.h      expand_swa_index, kv_index_cat
 //   decode_index.h   convert_topk, SWA decode index
-#ifndef KVCACHED_PLANNER_PLAN_H_
-#define KVCACHED_PLANNER_PLAN_H_
+#ifndef KVDEPOT_PLANNER_PLAN_H_
+#define KVDEPOT_PLANNER_PLAN_H_
 
 #include "planner/batch.h"           // IWYU pragma: export
 #include "planner/decode_index.h"    // IWYU pragma: export
@@ -18,4 +18,4 @@
 #include "planner/prefill_layout.h"  // IWYU pragma: export
 #include "planner/sequence_plans.h"  // IWYU pragma: export
 
-#endif  // KVCACHED_PLANNER_PLAN_H_
+#endif  // KVDEPOT_PLANNER_PLAN_H_

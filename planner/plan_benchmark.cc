@@ -22,7 +22,7 @@
 #include "benchmark/benchmark.h"
 #include "planner/plan.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 constexpr int32_t kBlockSize = 64;  // logical tokens per table entry
@@ -218,4 +218,4 @@ void BM_PlanCopyBaseline(benchmark::State& state) {
 BENCHMARK(BM_PlanCopyBaseline)->Arg(4096)->Arg(32768)->Arg(131072);
 
 }  // namespace
-}  // namespace kvcache
+}  // namespace kvdepot

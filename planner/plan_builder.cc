@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 constexpr int64_t kMaxRows = std::numeric_limits<int32_t>::max();
@@ -186,4 +186,4 @@ absl::Span<const int32_t> BlockLoadPlanBuilder::Finish() {
   return segments_;
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -15,8 +15,8 @@
 // Every Append* validates its arguments and is all-or-nothing: on error the
 // builder is unchanged. The segment vector keeps its capacity across Reset(),
 // so a reused builder does not allocate once it has grown to the batch size.
-#ifndef KVCACHED_PLANNER_PLAN_BUILDER_H_
-#define KVCACHED_PLANNER_PLAN_BUILDER_H_
+#ifndef KVDEPOT_PLANNER_PLAN_BUILDER_H_
+#define KVDEPOT_PLANNER_PLAN_BUILDER_H_
 
 #include <cstdint>
 #include <vector>
@@ -24,7 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 // Fields of one segment: {src_block_id, src_begin, src_end, dst_offset}.
 inline constexpr int kSegmentFields = 4;
@@ -102,6 +102,6 @@ class BlockLoadPlanBuilder {
   bool finished_;                  // Finish() called since the last Reset()
 };
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_PLANNER_PLAN_BUILDER_H_
+#endif  // KVDEPOT_PLANNER_PLAN_BUILDER_H_

@@ -6,7 +6,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 using ::testing::HasSubstr;
@@ -160,4 +160,4 @@ TEST(BlockLoadPlanBuilderTest, InvalidAppendsChangeNothing) {
 }
 
 }  // namespace
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -9,7 +9,7 @@
 #include "planner/plan.h"
 #include "planner/test_util.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 using testing::BatchShape;
@@ -163,4 +163,4 @@ INSTANTIATE_TEST_SUITE_P(RingSizes, SwaPlanTest,
                          ::testing::Values(1, 3, 7, 17, 64, 133));
 
 }  // namespace
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -9,7 +9,7 @@
 #include "planner/plan.h"
 #include "planner/test_util.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 using testing::BatchShape;
@@ -176,4 +176,4 @@ TEST(KvIndexCatTest, RejectsBadEntriesWithoutWriting) {
 }
 
 }  // namespace
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -11,8 +11,8 @@
 // where he = seqlen_k - seqlen_q is the end of the history and H =
 // swa_history_rows. Load the SWA history before storing this chunk's SWA
 // K/V: the store may overwrite ring slots that the load reads.
-#ifndef KVCACHED_PLANNER_PREFILL_LAYOUT_H_
-#define KVCACHED_PLANNER_PREFILL_LAYOUT_H_
+#ifndef KVDEPOT_PLANNER_PREFILL_LAYOUT_H_
+#define KVDEPOT_PLANNER_PREFILL_LAYOUT_H_
 
 #include <cstdint>
 
@@ -21,7 +21,7 @@
 #include "absl/types/span.h"
 #include "planner/batch.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 struct PrefillLayout {
   int32_t window = 0;            // W, 0 when the layer has no SWA
@@ -51,6 +51,6 @@ absl::Status ComputeSwaPivots(const SequenceBatch& batch,
                               const PrefillLayout& layout,
                               absl::Span<int32_t> pivots);
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_PLANNER_PREFILL_LAYOUT_H_
+#endif  // KVDEPOT_PLANNER_PREFILL_LAYOUT_H_

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
@@ -187,4 +187,4 @@ absl::Status BuildSwaStoreSlots(const SequenceBatch& batch,
   return absl::OkStatus();
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -6,8 +6,8 @@
 // INVALID_ARGUMENT naming the field and index. The builder is Reset() to the
 // right source pool and reserved once per call: a builder reused across
 // calls does not allocate per sequence.
-#ifndef KVCACHED_PLANNER_SEQUENCE_PLANS_H_
-#define KVCACHED_PLANNER_SEQUENCE_PLANS_H_
+#ifndef KVDEPOT_PLANNER_SEQUENCE_PLANS_H_
+#define KVDEPOT_PLANNER_SEQUENCE_PLANS_H_
 
 #include <cstdint>
 
@@ -17,7 +17,7 @@
 #include "planner/batch.h"
 #include "planner/plan_builder.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 // The compressed cache: one compressed token per `ratio` tokens, pool blocks
 // of block_size / ratio compressed tokens.
@@ -73,6 +73,6 @@ absl::Status BuildSwaStoreSlots(const SequenceBatch& batch,
 // Sum of seqlen_q, validated to fit int32 (the row count of a chunk).
 absl::StatusOr<int32_t> TotalQueries(const SequenceBatch& batch);
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_PLANNER_SEQUENCE_PLANS_H_
+#endif  // KVDEPOT_PLANNER_SEQUENCE_PLANS_H_

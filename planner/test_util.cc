@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-namespace kvcache {
+namespace kvdepot {
 namespace testing {
 
 SequenceBatch OwnedBatch::view() const {
@@ -112,4 +112,4 @@ OwnedBatch RandomBatch(std::mt19937& rng, const BatchShape& shape) {
 }
 
 }  // namespace testing
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -1,8 +1,8 @@
 // Test helpers: random batches that own their arrays, and a checker that
 // expands a plan into its per-row sources (verifying bounds, no overlap and
 // full coverage), for comparison with brute-force per-token references.
-#ifndef KVCACHED_PLANNER_TEST_UTIL_H_
-#define KVCACHED_PLANNER_TEST_UTIL_H_
+#ifndef KVDEPOT_PLANNER_TEST_UTIL_H_
+#define KVDEPOT_PLANNER_TEST_UTIL_H_
 
 #include <cstdint>
 #include <random>
@@ -12,7 +12,7 @@
 #include "gtest/gtest.h"
 #include "planner/plan.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace testing {
 
 // A batch owning its arrays; view() is valid while the object lives and is
@@ -61,6 +61,6 @@ struct RowSource {
                                       std::vector<RowSource>* rows);
 
 }  // namespace testing
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_PLANNER_TEST_UTIL_H_
+#endif  // KVDEPOT_PLANNER_TEST_UTIL_H_

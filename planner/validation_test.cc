@@ -8,7 +8,7 @@
 #include "gtest/gtest.h"
 #include "planner/plan.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 using ::testing::HasSubstr;
@@ -280,4 +280,4 @@ TEST(ValidationTest, BlockTableShape) {
 }
 
 }  // namespace
-}  // namespace kvcache
+}  // namespace kvdepot

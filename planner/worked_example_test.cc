@@ -7,7 +7,7 @@
 #include "gtest/gtest.h"
 #include "planner/plan.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 constexpr int32_t kState = 5;
@@ -127,4 +127,4 @@ TEST(WorkedExampleTest, StoreSlots) {
 }
 
 }  // namespace
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -1,12 +1,12 @@
 """Protocol Buffers and gRPC C++ code generation with Debian's protoc.
 
 Bazel's own proto rules would download protobuf; this macro runs the system
-protoc and grpc_cpp_plugin from a genrule instead. For `name = "kvcache"` and
-`src = "kvcache/v1/kvcache.proto"` it defines:
-  kvcache_proto     the .proto file (for other generators, e.g. Python)
-  kvcache_cc_proto  cc_library with the message classes
-  kvcache_cc_grpc   cc_library with the service stubs
-Generated headers are included as "kvcache/v1/kvcache.pb.h".
+protoc and grpc_cpp_plugin from a genrule instead. For `name = "kvdepot"` and
+`src = "kvdepot/v1/kvdepot.proto"` it defines:
+  kvdepot_proto     the .proto file (for other generators, e.g. Python)
+  kvdepot_cc_proto  cc_library with the message classes
+  kvdepot_cc_grpc   cc_library with the service stubs
+Generated headers are included as "kvdepot/v1/kvdepot.pb.h".
 """
 
 def cc_grpc_proto(name, src, visibility = None):

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 static_assert(std::endian::native == std::endian::little,
               "the wire format is little-endian; add byte swaps");
@@ -38,4 +38,4 @@ std::vector<int32_t> ReadInt32s(absl::string_view bytes) {
   return v;
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

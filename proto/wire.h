@@ -1,7 +1,7 @@
-// Packed little-endian integer arrays of the wire format (kvcache.proto):
+// Packed little-endian integer arrays of the wire format (kvdepot.proto):
 // a `bytes` field plus an explicit element count.
-#ifndef KVCACHED_PROTO_WIRE_H_
-#define KVCACHED_PROTO_WIRE_H_
+#ifndef KVDEPOT_PROTO_WIRE_H_
+#define KVDEPOT_PROTO_WIRE_H_
 
 #include <cstdint>
 #include <string>
@@ -11,7 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 // Decodes `count` int32 values from `bytes` into `out` (resized; capacity is
 // reused). Errors (INVALID_ARGUMENT naming the fields): count < 0, count >
@@ -26,6 +26,6 @@ void EncodeInt32s(absl::Span<const int32_t> values, std::string* out);
 // Reads the packed int32 array without validation (tests, clients).
 std::vector<int32_t> ReadInt32s(absl::string_view bytes);
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_PROTO_WIRE_H_
+#endif  // KVDEPOT_PROTO_WIRE_H_

@@ -6,7 +6,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 using ::testing::HasSubstr;
@@ -55,4 +55,4 @@ TEST(WireTest, RejectsCountAndLengthMismatches) {
 }
 
 }  // namespace
-}  // namespace kvcache
+}  // namespace kvdepot

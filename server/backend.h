@@ -5,8 +5,8 @@
 // device memory exported through CUDA IPC handles and launch the kernels
 // (its pointers are then device addresses: inline request data, which is
 // host memory, must be staged by the backend).
-#ifndef KVCACHED_SERVER_BACKEND_H_
-#define KVCACHED_SERVER_BACKEND_H_
+#ifndef KVDEPOT_SERVER_BACKEND_H_
+#define KVDEPOT_SERVER_BACKEND_H_
 
 #include <sys/types.h>
 
@@ -22,9 +22,9 @@
 #include "absl/types/span.h"
 #include "kernels/format.h"
 #include "kernels/reference.h"
-#include "kvcache/v1/kvcache.pb.h"
+#include "kvdepot/v1/kvdepot.pb.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 // A region of backend memory: a pool, a daemon-allocated buffer or an
 // imported one. Released (unmapped, unlinked when owned) on destruction.
@@ -42,7 +42,7 @@ struct BackendOptions {
   mode_t shm_mode = 0600;  // permission bits of shm objects (CPU)
 };
 
-// GPU ordering of one Store or Load (SPEC §9; kvcache.proto
+// GPU ordering of one Store or Load (SPEC §9; kvdepot.proto
 // wait_event_ipc_handle and record_event).
 struct GpuOrdering {
   // cudaIpcEventHandle_t bytes of a client event the kernels wait on;
@@ -141,12 +141,12 @@ class Backend {
 
 // Builds a backend: kind "auto" (CUDA when a GPU is visible, else CPU),
 // "cpu" or "cuda". A build without CUDA (no toolkit, or
-// KVCACHED_DISABLE_CUDA=1) picks CPU for "auto" and fails "cuda" with
+// KVDEPOT_DISABLE_CUDA=1) picks CPU for "auto" and fails "cuda" with
 // UNIMPLEMENTED; with CUDA, "cuda" fails with FAILED_PRECONDITION when no
 // device is visible.
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(
     absl::string_view kind, const BackendOptions& options);
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_SERVER_BACKEND_H_
+#endif  // KVDEPOT_SERVER_BACKEND_H_

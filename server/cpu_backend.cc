@@ -4,11 +4,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/shm.h"
-#ifdef KVCACHED_HAVE_CUDA
+#ifdef KVDEPOT_HAVE_CUDA
 #include "server/cuda/cuda_backend.h"
 #endif
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 class ShmMemory final : public Memory {
@@ -75,7 +75,7 @@ class CpuBackend final : public Backend {
   absl::Status Store(const PoolLayout& layout, const Memory& pool,
                      int64_t layer, const void* kv, InputDtype dtype,
                      absl::Span<const int32_t> slot_mapping) override {
-    return kvcache::Store(layout, pool.data() + layout.layer_offset(layer), kv,
+    return kvdepot::Store(layout, pool.data() + layout.layer_offset(layer), kv,
                           dtype, slot_mapping);
   }
 
@@ -99,7 +99,7 @@ std::unique_ptr<Backend> MakeCpuBackend(const BackendOptions& options) {
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(
     absl::string_view kind, const BackendOptions& options) {
   if (kind == "cpu") return MakeCpuBackend(options);
-#ifdef KVCACHED_HAVE_CUDA
+#ifdef KVDEPOT_HAVE_CUDA
   if (kind == "cuda") return MakeCudaBackend(options);
   if (kind == "auto") {
     absl::StatusOr<int> devices = CudaDeviceCount();
@@ -111,7 +111,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(
   if (kind == "cuda") {
     return absl::UnimplementedError(
         "--backend=cuda: this build has no CUDA backend (built without a "
-        "CUDA toolkit, or with KVCACHED_DISABLE_CUDA=1); use --backend=cpu "
+        "CUDA toolkit, or with KVDEPOT_DISABLE_CUDA=1); use --backend=cpu "
         "(or auto)");
   }
 #endif
@@ -119,4 +119,4 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(
       absl::StrCat("--backend = \"", kind, "\" is not one of auto, cpu, cuda"));
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

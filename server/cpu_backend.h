@@ -1,17 +1,17 @@
 // The CPU backend: pools and buffers in POSIX shared memory (mode 0600 by
 // default) that clients on the same host map; store and load run the CPU
 // reference (//kernels:reference).
-#ifndef KVCACHED_SERVER_CPU_BACKEND_H_
-#define KVCACHED_SERVER_CPU_BACKEND_H_
+#ifndef KVDEPOT_SERVER_CPU_BACKEND_H_
+#define KVDEPOT_SERVER_CPU_BACKEND_H_
 
 #include <memory>
 
 #include "server/backend.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 std::unique_ptr<Backend> MakeCpuBackend(const BackendOptions& options);
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_SERVER_CPU_BACKEND_H_
+#endif  // KVDEPOT_SERVER_CPU_BACKEND_H_

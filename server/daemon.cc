@@ -16,11 +16,12 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "client/default_address.h"
 #include "server/instrumented_backend.h"
 #include "spdlog/spdlog.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 // OK when nothing listens on `path` (a stale file is removed);
@@ -52,6 +53,30 @@ absl::Status ClaimSocketPath(const std::string& path) {
   }
   spdlog::warn("removing stale socket {}", path);
   unlink(path.c_str());
+  return absl::OkStatus();
+}
+
+// The default socket's directory is the daemon's own (SPEC §11): created
+// with mode 0700, or, when it exists, accepted only as a real directory of
+// this user that nobody else can enter or write. Clients refuse a socket in
+// a directory others can write, so serving from one would only fail later.
+absl::Status PreparePrivateSocketDir(const std::string& dir) {
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot create the socket directory \"", dir, "\": ",
+        std::strerror(errno)));
+  }
+  struct stat st;
+  if (lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the socket directory \"", dir, "\" is not a directory"));
+  }
+  if (st.st_uid != geteuid() || (st.st_mode & 0077) != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the socket directory \"%s\" has owner %d and mode %04o; it must "
+        "belong to uid %d with mode 0700 (remove it, or pass --listen)",
+        dir, st.st_uid, st.st_mode & 07777, geteuid()));
+  }
   return absl::OkStatus();
 }
 
@@ -127,13 +152,19 @@ absl::Status Daemon::Init() {
         });
     if (!m.ok()) return m.status();
     metrics_server_ = *std::move(m);
-    spdlog::info("kvcached metrics on http://{}/metrics",
+    spdlog::info("kvdepot metrics on http://{}/metrics",
                  metrics_server_->address());
   }
 
   target_ = ResolveTarget(options_.listen);
   socket_path_ = UnixSocketPathOf(target_);
   if (!socket_path_.empty()) {
+    if (socket_path_ == DefaultSocketPath()) {
+      if (absl::Status s = PreparePrivateSocketDir(DefaultSocketDir());
+          !s.ok()) {
+        return s;
+      }
+    }
     if (absl::Status s = ClaimSocketPath(socket_path_); !s.ok()) return s;
   }
   grpc::EnableDefaultHealthCheckService(true);
@@ -169,7 +200,7 @@ absl::Status Daemon::Init() {
   }
   server_->GetHealthCheckService()->SetServingStatus(true);
   reaper_ = std::thread([this] { ReapLoop(); });
-  spdlog::info("kvcached serving on {} backend={}", target_,
+  spdlog::info("kvdepot serving on {} backend={}", target_,
                std::string(backend_->name()));
   return absl::OkStatus();
 }
@@ -195,7 +226,7 @@ void Daemon::Shutdown() {
     }
     stopping_ = true;
   }
-  spdlog::info("kvcached draining");
+  spdlog::info("kvdepot draining");
   if (service_ != nullptr) service_->StartDraining();
   if (server_ != nullptr) {
     server_->GetHealthCheckService()->SetServingStatus(false);
@@ -212,11 +243,11 @@ void Daemon::Shutdown() {
   if (sessions_ != nullptr) sessions_->Clear();
   if (pools_ != nullptr) pools_->Clear();
   if (!socket_path_.empty() && server_ != nullptr) unlink(socket_path_.c_str());
-  spdlog::info("kvcached stopped");
+  spdlog::info("kvdepot stopped");
   absl::MutexLock lock(&mu_);
   stopped_ = true;
 }
 
 Daemon::~Daemon() { Shutdown(); }
 
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -1,8 +1,8 @@
 // The daemon as a library: the gRPC server with the KVCache service, health
 // (grpc.health.v1), reflection, the session reaper and graceful drain. The
-// kvcached binary is a thin main around it; tests start it in-process too.
-#ifndef KVCACHED_SERVER_DAEMON_H_
-#define KVCACHED_SERVER_DAEMON_H_
+// kvdepotd binary is a thin main around it; tests start it in-process too.
+#ifndef KVDEPOT_SERVER_DAEMON_H_
+#define KVDEPOT_SERVER_DAEMON_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -22,7 +22,7 @@
 #include "server/service.h"
 #include "server/sessions.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 struct DaemonOptions {
   // "" = the default Unix socket (client/default_address.h); "/path" or
@@ -93,6 +93,6 @@ class Daemon {
   std::thread reaper_;
 };
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_SERVER_DAEMON_H_
+#endif  // KVDEPOT_SERVER_DAEMON_H_

@@ -8,22 +8,22 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "client/kvcache_client.h"
+#include "client/kvdepot_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 using ::testing::HasSubstr;
 
 std::string TempSocket(const char* tag) {
-  return absl::StrCat("/tmp/kvcached-dt-", getpid(), "-", tag, ".sock");
+  return absl::StrCat("/tmp/kvdepot-dt-", getpid(), "-", tag, ".sock");
 }
 
 std::string WriteConfig(const std::string& text) {
   const std::string path =
-      absl::StrCat(std::getenv("TEST_TMPDIR"), "/kvcached.textproto");
+      absl::StrCat(std::getenv("TEST_TMPDIR"), "/kvdepotd.textproto");
   std::ofstream(path) << text;
   return path;
 }
@@ -61,6 +61,35 @@ TEST(DaemonTest, ConfigCreatesPoolsAndTcpListens) {
   EXPECT_EQ(stats->pools(), 2);
   c->reset();
   (*d)->Shutdown();
+}
+
+// The default socket lives in a directory the daemon creates with mode
+// 0700; one that others can enter or write is refused, not used.
+TEST(DaemonTest, DefaultSocketDirectoryIsPrivate) {
+  // Under /tmp: TEST_TMPDIR is too long for a socket path (108 bytes).
+  char tmpl[] = "/tmp/kvdepot-dt-xdg-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string runtime = tmpl;
+  setenv("XDG_RUNTIME_DIR", runtime.c_str(), 1);
+  DaemonOptions o;
+  {
+    absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(o);
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_EQ((*d)->target(),
+              absl::StrCat("unix:", runtime, "/kvdepot/kvdepotd.sock"));
+    struct stat st;
+    ASSERT_EQ(lstat((runtime + "/kvdepot").c_str(), &st), 0);
+    EXPECT_TRUE(S_ISDIR(st.st_mode));
+    EXPECT_EQ(st.st_mode & 07777, 0700);
+    (*d)->Shutdown();
+  }
+  ASSERT_EQ(chmod((runtime + "/kvdepot").c_str(), 0777), 0);
+  absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(o);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(d.status().message()), HasSubstr("mode 0777"));
+  unsetenv("XDG_RUNTIME_DIR");
+  rmdir((runtime + "/kvdepot").c_str());
+  rmdir(runtime.c_str());
 }
 
 TEST(DaemonTest, BadConfigNamesThePool) {
@@ -120,4 +149,4 @@ TEST(DaemonTest, OwnsItsSocket) {
 }
 
 }  // namespace
-}  // namespace kvcache
+}  // namespace kvdepot

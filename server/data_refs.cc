@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 absl::StatusOr<ByteRange> ResolveSlice(const SessionManager& sessions,
@@ -106,4 +106,4 @@ absl::Status CheckDisjoint(absl::string_view field_a, const ByteRange& a,
   return absl::OkStatus();
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -1,9 +1,9 @@
-// Resolution of the DataRef fields of a request (kvcache.proto): a slice of
+// Resolution of the DataRef fields of a request (kvdepot.proto): a slice of
 // a shared buffer, inline request bytes, or inline reply bytes. Every range
 // is checked against its buffer and against the size the request needs
 // before anything is read or written.
-#ifndef KVCACHED_SERVER_DATA_REFS_H_
-#define KVCACHED_SERVER_DATA_REFS_H_
+#ifndef KVDEPOT_SERVER_DATA_REFS_H_
+#define KVDEPOT_SERVER_DATA_REFS_H_
 
 #include <cstdint>
 #include <memory>
@@ -11,10 +11,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "kvcache/v1/kvcache.pb.h"
+#include "kvdepot/v1/kvdepot.pb.h"
 #include "server/sessions.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 // A resolved byte range; `buffer` keeps a shared buffer alive while used.
 struct ByteRange {
@@ -43,6 +43,6 @@ absl::StatusOr<ByteRange> ResolveOutput(const SessionManager& sessions,
 absl::Status CheckDisjoint(absl::string_view field_a, const ByteRange& a,
                            absl::string_view field_b, const ByteRange& b);
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_SERVER_DATA_REFS_H_
+#endif  // KVDEPOT_SERVER_DATA_REFS_H_

@@ -4,7 +4,7 @@
 #include "absl/time/time.h"
 #include "kernels/reference.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 int64_t MicrosSince(absl::Time start) {
@@ -71,4 +71,4 @@ absl::Status InstrumentedBackend::LoadOrdered(
   return s;
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -2,8 +2,8 @@
 // Store and Load, the tokens, bytes and time spent in ServerMetrics (the
 // daemon's "kernel time": wall clock of the backend call; with GPU
 // record_event only the launch is timed).
-#ifndef KVCACHED_SERVER_INSTRUMENTED_BACKEND_H_
-#define KVCACHED_SERVER_INSTRUMENTED_BACKEND_H_
+#ifndef KVDEPOT_SERVER_INSTRUMENTED_BACKEND_H_
+#define KVDEPOT_SERVER_INSTRUMENTED_BACKEND_H_
 
 #include <memory>
 #include <string>
@@ -11,7 +11,7 @@
 #include "server/backend.h"
 #include "server/metrics.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 class InstrumentedBackend final : public Backend {
  public:
@@ -61,6 +61,6 @@ class InstrumentedBackend final : public Backend {
   ServerMetrics* const metrics_;
 };
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_SERVER_INSTRUMENTED_BACKEND_H_
+#endif  // KVDEPOT_SERVER_INSTRUMENTED_BACKEND_H_

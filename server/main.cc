@@ -1,4 +1,4 @@
-// kvcached: parses flags, sets up logging, starts the daemon library and
+// kvdepot: parses flags, sets up logging, starts the daemon library and
 // drains it on SIGTERM or SIGINT (exit 0).
 #include <signal.h>
 
@@ -13,13 +13,13 @@
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, listen, "",
-          "Listen address: empty = Unix socket $XDG_RUNTIME_DIR/kvcached.sock "
-          "or /tmp/kvcached-$UID.sock; /path or unix:/path = that socket; "
+          "Listen address: empty = Unix socket $XDG_RUNTIME_DIR/kvdepot/kvdepotd.sock "
+          "or /tmp/kvdepot-$UID/kvdepotd.sock; /path or unix:/path = that socket; "
           "host:port = TCP (opt-in, no authentication).");
 ABSL_FLAG(std::string, backend, "auto",
           "auto (CUDA when a GPU is visible, else CPU), cpu or cuda.");
 ABSL_FLAG(std::string, config, "",
-          "Optional textproto kvcache.v1.DaemonConfig (pools to create).");
+          "Optional textproto kvdepot.v1.DaemonConfig (pools to create).");
 ABSL_FLAG(std::string, metrics_address, "",
           "host:port serving Prometheus metrics at /metrics over HTTP "
           "(e.g. 0.0.0.0:9400); empty = off.");
@@ -44,9 +44,9 @@ ABSL_FLAG(int64_t, drain_timeout_s, 30,
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "kvcached: the KV-cache daemon. See docs/DAEMON.md.");
+      "kvdepot: the KV-cache daemon. See docs/DAEMON.md.");
   absl::ParseCommandLine(argc, argv);
-  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%f %l kvcached %v");
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%f %l kvdepot %v");
   spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
 
   // Block the drain signals in every thread; this one waits for them.
@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
   // A client vanishing mid-write must not kill the daemon.
   signal(SIGPIPE, SIG_IGN);
 
-  kvcache::DaemonOptions options;
+  kvdepot::DaemonOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.backend = absl::GetFlag(FLAGS_backend);
   options.config_path = absl::GetFlag(FLAGS_config);
@@ -83,8 +83,8 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  absl::StatusOr<std::unique_ptr<kvcache::Daemon>> daemon =
-      kvcache::Daemon::Start(options);
+  absl::StatusOr<std::unique_ptr<kvdepot::Daemon>> daemon =
+      kvdepot::Daemon::Start(options);
   if (!daemon.ok()) {
     spdlog::error("cannot start: {}", daemon.status().ToString());
     return 1;

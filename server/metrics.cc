@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 constexpr auto kRelaxed = std::memory_order_relaxed;
@@ -121,29 +121,29 @@ void ServerMetrics::Fill(v1::StatsResponse* out) const {
 
 std::string RenderPrometheus(const v1::StatsResponse& s) {
   std::string out;
-  Family(&out, "kvcached_info", "gauge",
+  Family(&out, "kvdepot_info", "gauge",
          "Constant 1; the labels name the version and the backend.");
-  absl::StrAppend(&out, "kvcached_info{version=\"", Escape(s.version()),
+  absl::StrAppend(&out, "kvdepot_info{version=\"", Escape(s.version()),
                   "\",backend=\"", Escape(s.backend()), "\"} 1\n");
-  Family(&out, "kvcached_uptime_seconds", "gauge",
+  Family(&out, "kvdepot_uptime_seconds", "gauge",
          "Seconds since the daemon started.");
-  absl::StrAppend(&out, "kvcached_uptime_seconds ", s.uptime_s(), "\n");
-  Family(&out, "kvcached_draining", "gauge",
+  absl::StrAppend(&out, "kvdepot_uptime_seconds ", s.uptime_s(), "\n");
+  Family(&out, "kvdepot_draining", "gauge",
          "1 while the daemon drains (no new work accepted).");
-  absl::StrAppend(&out, "kvcached_draining ", s.draining() ? 1 : 0, "\n");
-  Family(&out, "kvcached_in_flight_requests", "gauge", "RPCs running now.");
-  absl::StrAppend(&out, "kvcached_in_flight_requests ", s.in_flight(), "\n");
+  absl::StrAppend(&out, "kvdepot_draining ", s.draining() ? 1 : 0, "\n");
+  Family(&out, "kvdepot_in_flight_requests", "gauge", "RPCs running now.");
+  absl::StrAppend(&out, "kvdepot_in_flight_requests ", s.in_flight(), "\n");
 
   const struct {
     const char* name;
     const char* help;
     int64_t value;
   } gauges[] = {
-      {"kvcached_pools", "Pools.", s.pools()},
-      {"kvcached_pool_bytes", "Bytes of all pools.", s.pool_bytes()},
-      {"kvcached_sessions", "Open client sessions.", s.sessions()},
-      {"kvcached_leased_buffers", "Buffers held by sessions.", s.buffers()},
-      {"kvcached_leased_buffer_bytes", "Bytes of the buffers held by sessions.",
+      {"kvdepot_pools", "Pools.", s.pools()},
+      {"kvdepot_pool_bytes", "Bytes of all pools.", s.pool_bytes()},
+      {"kvdepot_sessions", "Open client sessions.", s.sessions()},
+      {"kvdepot_leased_buffers", "Buffers held by sessions.", s.buffers()},
+      {"kvdepot_leased_buffer_bytes", "Bytes of the buffers held by sessions.",
        s.buffer_bytes()},
   };
   for (const auto& g : gauges) {
@@ -151,17 +151,17 @@ std::string RenderPrometheus(const v1::StatsResponse& s) {
     absl::StrAppend(&out, g.name, " ", g.value, "\n");
   }
 
-  Family(&out, "kvcached_requests_total", "counter",
+  Family(&out, "kvdepot_requests_total", "counter",
          "Finished RPCs by method and status code.");
   for (const v1::RpcStats& r : s.rpcs()) {
     for (const v1::CodeCount& c : r.codes()) {
-      absl::StrAppend(&out, "kvcached_requests_total{method=\"",
+      absl::StrAppend(&out, "kvdepot_requests_total{method=\"",
                       Escape(r.rpc()), "\",code=\"", Escape(c.code()), "\"} ",
                       c.calls(), "\n");
     }
   }
 
-  Family(&out, "kvcached_request_duration_seconds", "histogram",
+  Family(&out, "kvdepot_request_duration_seconds", "histogram",
          "RPC latency in the daemon by method.");
   for (const v1::RpcStats& r : s.rpcs()) {
     int64_t cumulative = 0;
@@ -172,12 +172,12 @@ std::string RenderPrometheus(const v1::StatsResponse& s) {
                                  ? Seconds(s.latency_bounds_us(i))
                                  : std::string("+Inf");
       absl::StrAppend(&out,
-                      "kvcached_request_duration_seconds_bucket{method=\"",
+                      "kvdepot_request_duration_seconds_bucket{method=\"",
                       method, "\",le=\"", le, "\"} ", cumulative, "\n");
     }
-    absl::StrAppend(&out, "kvcached_request_duration_seconds_sum{method=\"",
+    absl::StrAppend(&out, "kvdepot_request_duration_seconds_sum{method=\"",
                     method, "\"} ", Seconds(r.total_latency_us()), "\n");
-    absl::StrAppend(&out, "kvcached_request_duration_seconds_count{method=\"",
+    absl::StrAppend(&out, "kvdepot_request_duration_seconds_count{method=\"",
                     method, "\"} ", r.calls(), "\n");
   }
 
@@ -186,12 +186,12 @@ std::string RenderPrometheus(const v1::StatsResponse& s) {
     const char* help;
     int64_t value;
   } counters[] = {
-      {"kvcached_tokens_stored_total", "Tokens written by Store.",
+      {"kvdepot_tokens_stored_total", "Tokens written by Store.",
        s.tokens_stored()},
-      {"kvcached_stored_bytes_total", "Pool bytes written by Store.",
+      {"kvdepot_stored_bytes_total", "Pool bytes written by Store.",
        s.bytes_stored()},
-      {"kvcached_tokens_loaded_total", "Rows read by Load.", s.tokens_loaded()},
-      {"kvcached_loaded_bytes_total", "Output bytes written by Load.",
+      {"kvdepot_tokens_loaded_total", "Rows read by Load.", s.tokens_loaded()},
+      {"kvdepot_loaded_bytes_total", "Output bytes written by Load.",
        s.bytes_loaded()},
   };
   for (const auto& c : counters) {
@@ -199,20 +199,20 @@ std::string RenderPrometheus(const v1::StatsResponse& s) {
     absl::StrAppend(&out, c.name, " ", c.value, "\n");
   }
 
-  Family(&out, "kvcached_kernel_seconds_total", "counter",
+  Family(&out, "kvdepot_kernel_seconds_total", "counter",
          "Time in the backend's store and load kernels.");
-  absl::StrAppend(&out, "kvcached_kernel_seconds_total{op=\"store\"} ",
+  absl::StrAppend(&out, "kvdepot_kernel_seconds_total{op=\"store\"} ",
                   Seconds(s.store_kernel_us()), "\n");
-  absl::StrAppend(&out, "kvcached_kernel_seconds_total{op=\"load\"} ",
+  absl::StrAppend(&out, "kvdepot_kernel_seconds_total{op=\"load\"} ",
                   Seconds(s.load_kernel_us()), "\n");
 
-  Family(&out, "kvcached_rejections_total", "counter",
+  Family(&out, "kvdepot_rejections_total", "counter",
          "Failed RPCs by reason (draining, or the status code).");
   for (const v1::Rejection& r : s.rejections()) {
-    absl::StrAppend(&out, "kvcached_rejections_total{reason=\"",
+    absl::StrAppend(&out, "kvdepot_rejections_total{reason=\"",
                     Escape(r.reason()), "\"} ", r.count(), "\n");
   }
   return out;
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -2,8 +2,8 @@
 // /metrics page: calls by RPC and status code, latency histograms, tokens
 // and bytes stored and loaded, kernel time, rejections by reason. Lock-free
 // on the request path (relaxed atomics; no allocation per call).
-#ifndef KVCACHED_SERVER_METRICS_H_
-#define KVCACHED_SERVER_METRICS_H_
+#ifndef KVDEPOT_SERVER_METRICS_H_
+#define KVDEPOT_SERVER_METRICS_H_
 
 #include <array>
 #include <atomic>
@@ -14,9 +14,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "kvcache/v1/kvcache.pb.h"
+#include "kvdepot/v1/kvdepot.pb.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 // Upper bounds of the latency histogram buckets, microseconds.
 inline constexpr std::array<int64_t, 14> kLatencyBoundsUs = {
@@ -68,10 +68,10 @@ class ServerMetrics {
 };
 
 // The Prometheus text exposition (format 0.0.4) of a StatsResponse: every
-// family with HELP and TYPE, names prefixed kvcached_, latencies in
+// family with HELP and TYPE, names prefixed kvdepot_, latencies in
 // seconds.
 std::string RenderPrometheus(const v1::StatsResponse& stats);
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_SERVER_METRICS_H_
+#endif  // KVDEPOT_SERVER_METRICS_H_

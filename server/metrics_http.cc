@@ -10,7 +10,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     absl::string_view address, std::function<std::string()> render) {
@@ -32,7 +32,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
         res.set_content(render(), "text/plain; version=0.0.4; charset=utf-8");
       });
   m->http_->Get("/", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content("kvcached: metrics at /metrics\n", "text/plain");
+    res.set_content("kvdepot: metrics at /metrics\n", "text/plain");
   });
   const std::string h(host);
   int bound = port;
@@ -62,4 +62,4 @@ MetricsServer::~MetricsServer() {
   if (thread_.joinable()) thread_.join();
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

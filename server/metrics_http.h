@@ -1,7 +1,7 @@
 // The daemon's optional Prometheus endpoint: GET /metrics over plain HTTP
 // (cpp-httplib) on --metrics_address=host:port, rendered on each scrape.
-#ifndef KVCACHED_SERVER_METRICS_HTTP_H_
-#define KVCACHED_SERVER_METRICS_HTTP_H_
+#ifndef KVDEPOT_SERVER_METRICS_HTTP_H_
+#define KVDEPOT_SERVER_METRICS_HTTP_H_
 
 #include <functional>
 #include <memory>
@@ -15,7 +15,7 @@ namespace httplib {
 class Server;
 }
 
-namespace kvcache {
+namespace kvdepot {
 
 class MetricsServer {
  public:
@@ -41,6 +41,6 @@ class MetricsServer {
   std::string address_;
 };
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_SERVER_METRICS_HTTP_H_
+#endif  // KVDEPOT_SERVER_METRICS_HTTP_H_

@@ -5,7 +5,7 @@
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 TEST(ServerMetrics, CountsCallsCodesBucketsAndRejections) {
@@ -59,24 +59,24 @@ TEST(RenderPrometheus, HistogramIsCumulativeWithInfAndCounters) {
   m.Fill(&s);
   const std::string text = RenderPrometheus(s);
   EXPECT_TRUE(absl::StrContains(text,
-                                "kvcached_request_duration_seconds_bucket{"
+                                "kvdepot_request_duration_seconds_bucket{"
                                 "method=\"Ping\",le=\"0.000050\"} 1\n"))
       << text;
   EXPECT_TRUE(absl::StrContains(text,
-                                "kvcached_request_duration_seconds_bucket{"
+                                "kvdepot_request_duration_seconds_bucket{"
                                 "method=\"Ping\",le=\"0.000100\"} 3\n"));
   EXPECT_TRUE(absl::StrContains(text,
-                                "kvcached_request_duration_seconds_bucket{"
+                                "kvdepot_request_duration_seconds_bucket{"
                                 "method=\"Ping\",le=\"+Inf\"} 4\n"));
   EXPECT_TRUE(absl::StrContains(
-      text, "kvcached_request_duration_seconds_count{method=\"Ping\"} 4\n"));
+      text, "kvdepot_request_duration_seconds_count{method=\"Ping\"} 4\n"));
   EXPECT_TRUE(absl::StrContains(
-      text, "kvcached_requests_total{method=\"Ping\",code=\"OK\"} 4\n"));
+      text, "kvdepot_requests_total{method=\"Ping\",code=\"OK\"} 4\n"));
   EXPECT_TRUE(
-      absl::StrContains(text, "# TYPE kvcached_rejections_total counter\n"));
+      absl::StrContains(text, "# TYPE kvdepot_rejections_total counter\n"));
   EXPECT_TRUE(absl::StrContains(
-      text, "kvcached_info{version=\"0.1.0\",backend=\"cpu\"} 1\n"));
+      text, "kvdepot_info{version=\"0.1.0\",backend=\"cpu\"} 1\n"));
 }
 
 }  // namespace
-}  // namespace kvcache
+}  // namespace kvdepot

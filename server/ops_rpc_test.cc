@@ -7,13 +7,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "client/kvcache_client.h"
+#include "client/kvdepot_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/wire.h"
 #include "server/daemon.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 using ::testing::HasSubstr;
@@ -268,4 +268,4 @@ TEST(MetricsAddressTest, PortZeroBindsAFreePort) {
 }
 
 }  // namespace
-}  // namespace kvcache
+}  // namespace kvdepot

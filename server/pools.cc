@@ -8,7 +8,7 @@
 #include "kernels/format_host.h"
 #include "kernels/reference.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 constexpr size_t kMaxPoolNameChars = 64;
 }  // namespace
@@ -181,4 +181,4 @@ int64_t PoolRegistry::total_bytes() const {
   return total;
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -3,8 +3,8 @@
 // take it exclusively, loads shared), so requests on different pools never
 // wait on each other. A deleted pool stays alive until the requests that
 // hold it finish.
-#ifndef KVCACHED_SERVER_POOLS_H_
-#define KVCACHED_SERVER_POOLS_H_
+#ifndef KVDEPOT_SERVER_POOLS_H_
+#define KVDEPOT_SERVER_POOLS_H_
 
 #include <cstdint>
 #include <memory>
@@ -16,10 +16,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/format.h"
-#include "kvcache/v1/kvcache.pb.h"
+#include "kvdepot/v1/kvdepot.pb.h"
 #include "server/backend.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 struct Pool {
   std::string name;
@@ -64,6 +64,6 @@ class PoolRegistry {
 // Checks a pool name: 1..64 characters of [A-Za-z0-9_.-].
 absl::Status ValidatePoolName(absl::string_view field, absl::string_view name);
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_SERVER_POOLS_H_
+#endif  // KVDEPOT_SERVER_POOLS_H_

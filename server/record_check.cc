@@ -8,7 +8,7 @@
 #include "kernels/quant.h"
 #include "kernels/reference.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 float LoadFp32(const uint8_t* p) {
@@ -114,4 +114,4 @@ std::string DescribeProblem(const PoolLayout& layout, const uint8_t* block,
                       h.inf_values, " Inf of ", f.elements(), " values");
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

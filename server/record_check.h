@@ -1,15 +1,15 @@
 // Decoding and sanity checks of one stored token record, for the Inspect
 // and Verify RPCs. Pure functions over host bytes (a block copied out of
 // the pool), so they are unit-tested without a daemon.
-#ifndef KVCACHED_SERVER_RECORD_CHECK_H_
-#define KVCACHED_SERVER_RECORD_CHECK_H_
+#ifndef KVDEPOT_SERVER_RECORD_CHECK_H_
+#define KVDEPOT_SERVER_RECORD_CHECK_H_
 
 #include <cstdint>
 #include <string>
 
 #include "kernels/format.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 struct RecordHealth {
   int64_t bad_scales = 0;  // UE8M0 255, NaN or negative E4M3 / FP32
@@ -42,6 +42,6 @@ RecordHealth CheckRecord(const PoolLayout& layout, const uint8_t* block,
 std::string DescribeProblem(const PoolLayout& layout, const uint8_t* block,
                             int64_t t, int64_t slot, const RecordHealth& h);
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_SERVER_RECORD_CHECK_H_
+#endif  // KVDEPOT_SERVER_RECORD_CHECK_H_

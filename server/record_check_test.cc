@@ -10,7 +10,7 @@
 #include "kernels/format_host.h"
 #include "kernels/reference.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 // A one-block layout of `format` with `block_size` slots, each slot encoded
@@ -112,4 +112,4 @@ TEST(RecordCheck, ZeroRecordIsAllZeroAndHealthy) {
 }
 
 }  // namespace
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -3,7 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "proto/wire.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 absl::Status CheckLayer(absl::string_view field, int64_t layer,
                         const PoolLayout& layout) {
@@ -100,4 +100,4 @@ absl::Status BuildSequenceLoadPlan(const DecodedSequences& seqs,
                              absl::MakeSpan(*cu_rows));
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -1,7 +1,7 @@
 // Request-level checks shared by the handlers: layers, dtypes, sequence
 // plans. Each returns INVALID_ARGUMENT naming the field.
-#ifndef KVCACHED_SERVER_REQUEST_CHECKS_H_
-#define KVCACHED_SERVER_REQUEST_CHECKS_H_
+#ifndef KVDEPOT_SERVER_REQUEST_CHECKS_H_
+#define KVDEPOT_SERVER_REQUEST_CHECKS_H_
 
 #include <cstdint>
 #include <vector>
@@ -11,10 +11,10 @@
 #include "absl/strings/string_view.h"
 #include "kernels/format.h"
 #include "kernels/reference.h"
-#include "kvcache/v1/kvcache.pb.h"
+#include "kvdepot/v1/kvdepot.pb.h"
 #include "planner/plan.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 // `layer` in [0, num_layers).
 absl::Status CheckLayer(absl::string_view field, int64_t layer,
@@ -54,6 +54,6 @@ absl::Status BuildSequenceLoadPlan(const DecodedSequences& seqs,
 BlockTableView DenseTable(const std::vector<int32_t>& data, int64_t num_rows,
                           int64_t num_cols);
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_SERVER_REQUEST_CHECKS_H_
+#endif  // KVDEPOT_SERVER_REQUEST_CHECKS_H_

@@ -8,7 +8,7 @@
 //   bazel run -c opt //server:rpc_benchmark -- --iterations=2000
 //
 // By default the daemon runs in this process (its own server threads, a
-// temporary socket); --address measures an external kvcached instead.
+// temporary socket); --address measures an external kvdepot instead.
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,7 +24,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "client/kvcache_client.h"
+#include "client/kvdepot_client.h"
 #include "kernels/format_host.h"
 #include "kernels/quant.h"
 #include "kernels/reference.h"
@@ -39,7 +39,7 @@ ABSL_FLAG(int, warmup, 200, "Unmeasured requests per kind first.");
 ABSL_FLAG(int, tokens, 256, "Tokens per Store/Load (a decode step).");
 ABSL_FLAG(std::string, json, "", "Also write the results to this JSON file.");
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 constexpr int64_t kBlockSize = 64;
@@ -83,7 +83,7 @@ int Run() {
   std::unique_ptr<Daemon> daemon;
   if (address.empty()) {
     DaemonOptions options;
-    options.listen = absl::StrCat("/tmp/kvcached-bench-", getpid(), ".sock");
+    options.listen = absl::StrCat("/tmp/kvdepot-bench-", getpid(), ".sock");
     options.backend = "cpu";
     absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(options);
     if (!d.ok()) {
@@ -262,9 +262,9 @@ int Run() {
 }
 
 }  // namespace
-}  // namespace kvcache
+}  // namespace kvdepot
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  return kvcache::Run();
+  return kvdepot::Run();
 }

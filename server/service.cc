@@ -11,7 +11,7 @@
 #include "server/version.h"
 #include "spdlog/spdlog.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 constexpr const char* kRpcNames[] = {
@@ -110,11 +110,11 @@ grpc::Status KVCacheService::Run(Rpc rpc, Ctx* ctx, absl::string_view pool,
   if (draining_.load(std::memory_order_relaxed)) {
     refused_by_drain = true;
     status = absl::UnavailableError(
-        "kvcached is draining (shutting down); retry on another daemon");
+        "kvdepot is draining (shutting down); retry on another daemon");
   } else if (IsNewWork(rpc) && !accepting_.load(std::memory_order_relaxed)) {
     refused_by_drain = true;
     status = absl::UnavailableError(
-        "kvcached is draining (kvcachectl drain): no new work is accepted; "
+        "kvdepot is draining (kvcachectl drain): no new work is accepted; "
         "retry on another daemon");
   } else {
     status = CheckAlive(ctx);
@@ -350,7 +350,7 @@ void KVCacheService::FillStats(v1::StatsResponse* out) const {
   out->set_buffer_bytes(s.buffer_bytes);
   out->set_backend(std::string(backend_->name()));
   out->set_uptime_s(absl::ToInt64Seconds(absl::Now() - start_time_));
-  out->set_version(kKvcachedVersion);
+  out->set_version(kKvdepotVersion);
   std::set<std::string> devices;
   for (const std::shared_ptr<Pool>& p : pools) devices.insert(p->device);
   for (const std::string& d : devices) out->add_devices(d);
@@ -382,4 +382,4 @@ grpc::Status KVCacheService::Drain(Ctx* ctx, const v1::DrainRequest* /*r*/,
   return Run(Rpc::kDrain, ctx, "", [&]() { return DoDrain(out); });
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

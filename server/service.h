@@ -1,9 +1,9 @@
-// The kvcache.v1.KVCache gRPC service: validates every request in full,
+// The kvdepot.v1.KVCache gRPC service: validates every request in full,
 // then runs it on the backend. Errors are absl::Status inside and become
 // grpc::Status once, in Run(). Every call logs one structured line
 // (rpc, pool, status, latency_us) and updates the per-RPC counters.
-#ifndef KVCACHED_SERVER_SERVICE_H_
-#define KVCACHED_SERVER_SERVICE_H_
+#ifndef KVDEPOT_SERVER_SERVICE_H_
+#define KVDEPOT_SERVER_SERVICE_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -17,13 +17,13 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "kvcache/v1/kvcache.grpc.pb.h"
+#include "kvdepot/v1/kvdepot.grpc.pb.h"
 #include "server/backend.h"
 #include "server/metrics.h"
 #include "server/pools.h"
 #include "server/sessions.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 struct ServiceOptions {
   int64_t max_array_elements = int64_t{1} << 24;  // per packed int32 field
@@ -181,6 +181,6 @@ absl::Status CheckAlive(const grpc::ServerContext* ctx);
 // absl -> grpc status (the codes share their numbering).
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_SERVER_SERVICE_H_
+#endif  // KVDEPOT_SERVER_SERVICE_H_

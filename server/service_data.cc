@@ -11,7 +11,7 @@
 #include "server/request_checks.h"
 #include "server/service.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 // Per-thread scratch: decoded arrays and plan builders keep their capacity
@@ -209,4 +209,4 @@ absl::Status KVCacheService::DoBuildPlan(const v1::BuildPlanRequest& r,
   return absl::OkStatus();
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

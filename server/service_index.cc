@@ -8,7 +8,7 @@
 #include "server/request_checks.h"
 #include "server/service.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 struct IndexScratch {
@@ -58,7 +58,7 @@ absl::Status KVCacheService::DoConvertTopk(const v1::ConvertTopkRequest& r,
                      r.batch() * r.max_blocks_per_seq(), max, &sc.d);
   }
   if (!s.ok()) return s;
-  absl::StatusOr<int64_t> invalid = kvcache::ConvertTopk(
+  absl::StatusOr<int64_t> invalid = kvdepot::ConvertTopk(
       absl::MakeSpan(sc.a), static_cast<int32_t>(r.k()), sc.b, sc.c,
       DenseTable(sc.d, r.batch(), r.max_blocks_per_seq()),
       static_cast<int32_t>(l.block_size), static_cast<int32_t>(l.num_blocks));
@@ -179,4 +179,4 @@ absl::Status KVCacheService::DoPrefillIndex(const v1::PrefillIndexRequest& r,
   return absl::OkStatus();
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -14,7 +14,7 @@
 #include "server/service.h"
 #include "spdlog/spdlog.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 // Copies block `block` of layer `layer` (block_stride bytes) into `host`.
@@ -212,10 +212,10 @@ absl::Status KVCacheService::DoDrain(v1::DrainResponse* out) {
   out->set_sessions(s.sessions);
   out->set_buffers(s.buffers);
   if (started) {
-    spdlog::warn("kvcached draining on request: no new work accepted");
+    spdlog::warn("kvdepot draining on request: no new work accepted");
     if (drain_hook_) drain_hook_();
   }
   return absl::OkStatus();
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

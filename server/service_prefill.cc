@@ -20,7 +20,7 @@
 #include "server/request_checks.h"
 #include "server/service.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 struct PrefillScratch {
@@ -252,4 +252,4 @@ absl::Status KVCacheService::DoPrefillLoad(Ctx* ctx,
                          sc.store_slots);
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/shm.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 constexpr int kSessionIdBytes = 16;
 }  // namespace
@@ -163,4 +163,4 @@ SessionStats SessionManager::Stats() const {
   return st;
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

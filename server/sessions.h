@@ -6,8 +6,8 @@
 // Buffers are addressed daemon-wide by id (a scheduler may name a worker's
 // buffer); a request holds a shared_ptr while it uses one, so a release
 // during the request frees the memory only when the request is done.
-#ifndef KVCACHED_SERVER_SESSIONS_H_
-#define KVCACHED_SERVER_SESSIONS_H_
+#ifndef KVDEPOT_SERVER_SESSIONS_H_
+#define KVDEPOT_SERVER_SESSIONS_H_
 
 #include <cstdint>
 #include <memory>
@@ -22,7 +22,7 @@
 #include "absl/time/time.h"
 #include "server/backend.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 struct Buffer {
   uint64_t id = 0;                 // daemon-wide, > 0
@@ -108,6 +108,6 @@ class SessionManager {
   int64_t buffer_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_SERVER_SESSIONS_H_
+#endif  // KVDEPOT_SERVER_SESSIONS_H_

@@ -5,7 +5,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 using ::testing::HasSubstr;
@@ -104,4 +104,4 @@ TEST(SessionsTest, CloseLimitsAndClampedLeases) {
 }
 
 }  // namespace
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -1,11 +1,11 @@
-// The kvcached release version, reported by Stats and /metrics.
-#ifndef KVCACHED_SERVER_VERSION_H_
-#define KVCACHED_SERVER_VERSION_H_
+// The kvdepot release version, reported by Stats and /metrics.
+#ifndef KVDEPOT_SERVER_VERSION_H_
+#define KVDEPOT_SERVER_VERSION_H_
 
-namespace kvcache {
+namespace kvdepot {
 
-inline constexpr char kKvcachedVersion[] = "0.1.0";
+inline constexpr char kKvdepotVersion[] = "0.1.0";
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_SERVER_VERSION_H_
+#endif  // KVDEPOT_SERVER_VERSION_H_

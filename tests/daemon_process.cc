@@ -16,7 +16,7 @@
 
 extern char** environ;
 
-namespace kvcache::testing {
+namespace kvdepot::testing {
 namespace {
 
 constexpr absl::Duration kPoll = absl::Milliseconds(5);
@@ -45,7 +45,7 @@ int ExitCode(int status) {
 
 std::string FreshSocketPath() {
   static std::atomic<int> counter{0};
-  return absl::StrCat("/tmp/kvcached-test-", getpid(), "-", counter++, ".sock");
+  return absl::StrCat("/tmp/kvdepot-test-", getpid(), "-", counter++, ".sock");
 }
 
 absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv,
@@ -112,10 +112,10 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
     if (waitpid(*pid, &status, WNOHANG) == *pid) {
       d->reaped_ = true;
       return absl::InternalError(absl::StrCat(
-          "kvcached exited with code ", ExitCode(status), " before serving"));
+          "kvdepotd exited with code ", ExitCode(status), " before serving"));
     }
     if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError("kvcached did not start in time");
+      return absl::DeadlineExceededError("kvdepot did not start in time");
     }
     absl::SleepFor(kPoll);
   }
@@ -141,4 +141,4 @@ DaemonProcess::~DaemonProcess() {
   unlink(socket_path_.c_str());
 }
 
-}  // namespace kvcache::testing
+}  // namespace kvdepot::testing

@@ -1,7 +1,7 @@
-// Test harness: the kvcached binary as a child process on a fresh Unix
+// Test harness: the kvdepotd binary as a child process on a fresh Unix
 // socket, waited on with a deadline (never a fixed sleep).
-#ifndef KVCACHED_TESTS_DAEMON_PROCESS_H_
-#define KVCACHED_TESTS_DAEMON_PROCESS_H_
+#ifndef KVDEPOT_TESTS_DAEMON_PROCESS_H_
+#define KVDEPOT_TESTS_DAEMON_PROCESS_H_
 
 #include <sys/types.h>
 
@@ -12,10 +12,10 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
-namespace kvcache::testing {
+namespace kvdepot::testing {
 
-// Runfiles path of the daemon (tests list //server:kvcached in `data`).
-inline constexpr char kDaemonBinary[] = "server/kvcached";
+// Runfiles path of the daemon (tests list //server:kvdepotd in `data`).
+inline constexpr char kDaemonBinary[] = "server/kvdepotd";
 
 class DaemonProcess {
  public:
@@ -59,6 +59,6 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv,
 // A socket path that no other test uses (short: sun_path holds 107 bytes).
 std::string FreshSocketPath();
 
-}  // namespace kvcache::testing
+}  // namespace kvdepot::testing
 
-#endif  // KVCACHED_TESTS_DAEMON_PROCESS_H_
+#endif  // KVDEPOT_TESTS_DAEMON_PROCESS_H_

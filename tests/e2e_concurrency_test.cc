@@ -12,7 +12,7 @@
 #include "tests/daemon_process.h"
 #include "tests/e2e_util.h"
 
-namespace kvcache::testing {
+namespace kvdepot::testing {
 namespace {
 
 constexpr int kClients = 8;
@@ -158,4 +158,4 @@ TEST(ConcurrencyTest, EightClientsThousandMixedRequests) {
 }
 
 }  // namespace
-}  // namespace kvcache::testing
+}  // namespace kvdepot::testing

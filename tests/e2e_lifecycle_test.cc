@@ -20,7 +20,7 @@
 #include "tests/daemon_process.h"
 #include "tests/e2e_util.h"
 
-namespace kvcache::testing {
+namespace kvdepot::testing {
 namespace {
 
 bool ShmExists(const std::string& name) {
@@ -144,7 +144,7 @@ TEST(LifecycleTest, ReflectionListsTheService) {
   absl::StatusOr<std::string> services =
       ListServicesByReflection((*d)->socket_path());
   ASSERT_TRUE(services.ok()) << services.status();
-  EXPECT_NE(services->find("kvcache.v1.KVCache"), std::string::npos);
+  EXPECT_NE(services->find("kvdepot.v1.KVCache"), std::string::npos);
   EXPECT_NE(services->find("grpc.health.v1.Health"), std::string::npos);
 }
 
@@ -262,4 +262,4 @@ TEST(LifecycleTest, SigtermDrainsAndExitsZero) {
 }
 
 }  // namespace
-}  // namespace kvcache::testing
+}  // namespace kvdepot::testing

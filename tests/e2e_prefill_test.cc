@@ -15,7 +15,7 @@
 #include "tests/daemon_process.h"
 #include "tests/e2e_util.h"
 
-namespace kvcache::testing {
+namespace kvdepot::testing {
 namespace {
 
 constexpr int32_t kSeqlenK = 10000, kSeqlenQ = 1024, kRatio = 4;
@@ -237,4 +237,4 @@ TEST_F(PrefillTest, IndexRpcsMatchHandComputedRows) {
 }
 
 }  // namespace
-}  // namespace kvcache::testing
+}  // namespace kvdepot::testing

@@ -1,4 +1,4 @@
-// End to end: a kvcached process on a temporary socket; a client stores
+// End to end: a kvdepotd process on a temporary socket; a client stores
 // tokens through a shared buffer and through inline bytes, loads them back
 // by explicit segments and by block tables, and every byte is checked
 // against the CPU reference run on a local copy of the pool.
@@ -16,7 +16,7 @@
 #include "tests/daemon_process.h"
 #include "tests/e2e_util.h"
 
-namespace kvcache::testing {
+namespace kvdepot::testing {
 namespace {
 
 class StoreLoadTest
@@ -242,4 +242,4 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple("BF16", 3)));
 
 }  // namespace
-}  // namespace kvcache::testing
+}  // namespace kvdepot::testing

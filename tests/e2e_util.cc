@@ -7,7 +7,7 @@
 #include "kernels/quant.h"
 #include "proto/wire.h"
 
-namespace kvcache::testing {
+namespace kvdepot::testing {
 
 LocalPool LocalPool::FromInfo(const v1::PoolInfo& info) {
   const v1::PoolLayout& l = info.layout();
@@ -116,4 +116,4 @@ v1::Segments SegmentsProto(absl::Span<const int32_t> segments,
   return s;
 }
 
-}  // namespace kvcache::testing
+}  // namespace kvdepot::testing

@@ -1,7 +1,7 @@
 // Helpers of the end-to-end tests: a local mirror of a daemon pool run
 // through the CPU reference, random K/V, packing.
-#ifndef KVCACHED_TESTS_E2E_UTIL_H_
-#define KVCACHED_TESTS_E2E_UTIL_H_
+#ifndef KVDEPOT_TESTS_E2E_UTIL_H_
+#define KVDEPOT_TESTS_E2E_UTIL_H_
 
 #include <cstdint>
 #include <memory>
@@ -10,12 +10,12 @@
 #include <vector>
 
 #include "absl/types/span.h"
-#include "client/kvcache_client.h"
+#include "client/kvdepot_client.h"
 #include "kernels/format.h"
 #include "kernels/reference.h"
-#include "kvcache/v1/kvcache.pb.h"
+#include "kvdepot/v1/kvdepot.pb.h"
 
-namespace kvcache::testing {
+namespace kvdepot::testing {
 
 // A host copy of a pool: the expected bytes, computed with the reference.
 struct LocalPool {
@@ -53,6 +53,6 @@ v1::StoreRequest StoreRequest(const std::string& pool, int64_t layer,
 // Segments DataRef-free request parts.
 v1::Segments SegmentsProto(absl::Span<const int32_t> segments, int64_t total_k);
 
-}  // namespace kvcache::testing
+}  // namespace kvdepot::testing
 
-#endif  // KVCACHED_TESTS_E2E_UTIL_H_
+#endif  // KVDEPOT_TESTS_E2E_UTIL_H_

@@ -11,7 +11,7 @@
 #include "tests/daemon_process.h"
 #include "tests/e2e_util.h"
 
-namespace kvcache::testing {
+namespace kvdepot::testing {
 namespace {
 
 using ::testing::HasSubstr;
@@ -326,9 +326,9 @@ TEST_F(ValidationTest, IndexPoolBufferAndSessionRequestsAreChecked) {
   EXPECT_REJECTED(c_->AllocateBuffer(0), kInvalidArgument, "size = 0");
   v1::ImportBufferRequest ib;
   ib.set_session_id(c_->session_id());
-  ib.mutable_handle()->set_shm_name("/kvcached-does-not-exist");
+  ib.mutable_handle()->set_shm_name("/kvdepot-does-not-exist");
   ib.mutable_handle()->set_size(4096);
-  EXPECT_REJECTED(c_->ImportBuffer(ib), kNotFound, "/kvcached-does-not-exist");
+  EXPECT_REJECTED(c_->ImportBuffer(ib), kNotFound, "/kvdepot-does-not-exist");
   ib.mutable_handle()->set_size(int64_t{1} << 50);
   EXPECT_REJECTED(c_->ImportBuffer(ib), kInvalidArgument,
                   "handle.size = 1125899906842624 is outside [1, ");
@@ -339,4 +339,4 @@ TEST_F(ValidationTest, IndexPoolBufferAndSessionRequestsAreChecked) {
 }
 
 }  // namespace
-}  // namespace kvcache::testing
+}  // namespace kvdepot::testing

@@ -7,30 +7,30 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "client/kvcache_client.h"
+#include "client/kvdepot_client.h"
 
 int main(int argc, char** argv) {
   if (argc != 3) {
     std::fprintf(stderr, "usage: lease_client SOCKET LEASE_MS\n");
     return 2;
   }
-  kvcache::ClientOptions options;
+  kvdepot::ClientOptions options;
   options.address = argv[1];
   options.client_name = "lease_client";
   options.lease = absl::Milliseconds(std::atol(argv[2]));
-  absl::StatusOr<std::unique_ptr<kvcache::KVCacheClient>> c =
-      kvcache::KVCacheClient::Connect(options);
+  absl::StatusOr<std::unique_ptr<kvdepot::KVCacheClient>> c =
+      kvdepot::KVCacheClient::Connect(options);
   if (!c.ok()) {
     std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
     return 1;
   }
   for (int i = 0; i < 2; ++i) {
-    absl::StatusOr<kvcache::v1::BufferInfo> info;
-    kvcache::v1::AllocateBufferRequest r;
+    absl::StatusOr<kvdepot::v1::BufferInfo> info;
+    kvdepot::v1::AllocateBufferRequest r;
     r.set_session_id((*c)->session_id());
     r.set_size(4096 * (i + 1));
     grpc::ClientContext ctx;
-    kvcache::v1::BufferInfo out;
+    kvdepot::v1::BufferInfo out;
     grpc::Status s = (*c)->stub()->AllocateBuffer(&ctx, r, &out);
     if (!s.ok()) {
       std::fprintf(stderr, "AllocateBuffer: %s\n", s.error_message().c_str());

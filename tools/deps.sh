@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages kvcached needs. Idempotent and quiet when
+# Installs the Debian 12 packages kvdepot needs. Idempotent and quiet when
 # everything is present; needs root (or sudo) only when something is missing.
-#   kvcached_install_deps       build and run (tools/run.sh, the image)
-#   kvcached_install_test_deps  that, plus what the tests use (tools/test.sh)
+#   kvdepot_install_deps       build and run (tools/run.sh, the image)
+#   kvdepot_install_test_deps  that, plus what the tests use (tools/test.sh)
 set -euo pipefail
 
-KVCACHED_PACKAGES=(
+KVDEPOT_PACKAGES=(
   bazel-bootstrap bazel-rules-java g++ git python3
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev
   libabsl-dev libspdlog-dev libfmt-dev
@@ -16,25 +16,25 @@ KVCACHED_PACKAGES=(
 
 # Test-only: the Python client's tests (grpcio, protobuf) and promtool
 # (prometheus) for the metrics test.
-KVCACHED_TEST_PACKAGES=(python3-grpcio python3-protobuf prometheus)
+KVDEPOT_TEST_PACKAGES=(python3-grpcio python3-protobuf prometheus)
 
 # Test-only, for deploy/: its tests (deploy/BUILD.bazel) lint with yamllint and shellcheck, bundle
 # with patchelf, render with any `kubectl` on PATH (Debian's is in
 # kubernetes-client) and validate with Node.js packages that `npm ci`
 # installs into deploy/validate/node_modules from its package-lock.json.
-KVCACHED_DEPLOY_PACKAGES=(yamllint shellcheck patchelf)
+KVDEPOT_DEPLOY_PACKAGES=(yamllint shellcheck patchelf)
 
-kvcached_install_deps() {
-  _kvcached_install "${KVCACHED_PACKAGES[@]}"
+kvdepot_install_deps() {
+  _kvdepot_install "${KVDEPOT_PACKAGES[@]}"
 }
 
-kvcached_install_test_deps() {
-  _kvcached_install "${KVCACHED_PACKAGES[@]}" "${KVCACHED_TEST_PACKAGES[@]}"
-  _kvcached_install_deploy_validation
+kvdepot_install_test_deps() {
+  _kvdepot_install "${KVDEPOT_PACKAGES[@]}" "${KVDEPOT_TEST_PACKAGES[@]}"
+  _kvdepot_install_deploy_validation
 }
 
 # Installs the Debian packages given that are not installed yet.
-_kvcached_install() {
+_kvdepot_install() {
   local missing=()
   local p
   for p in "$@"; do
@@ -43,7 +43,7 @@ _kvcached_install() {
     fi
   done
   if [ "${#missing[@]}" -gt 0 ]; then
-    echo "kvcached: installing missing Debian packages: ${missing[*]}" >&2
+    echo "kvdepot: installing missing Debian packages: ${missing[*]}" >&2
     local sudo=()
     [ "$(id -u)" -ne 0 ] && sudo=(sudo)
     export DEBIAN_FRONTEND=noninteractive
@@ -52,15 +52,15 @@ _kvcached_install() {
   fi
 }
 
-_kvcached_install_deploy_validation() {
-  local packages=("${KVCACHED_DEPLOY_PACKAGES[@]}")
+_kvdepot_install_deploy_validation() {
+  local packages=("${KVDEPOT_DEPLOY_PACKAGES[@]}")
   local validate
   validate="$(dirname "${BASH_SOURCE[0]}")/../deploy/validate"
   command -v kubectl >/dev/null 2>&1 || packages+=(kubernetes-client)
   command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
-  _kvcached_install "${packages[@]}"
+  _kvdepot_install "${packages[@]}"
   if ! [ "$validate/node_modules/.package-lock.json" -nt "$validate/package-lock.json" ]; then
-    echo "kvcached: installing deploy/validate's npm packages" >&2
+    echo "kvdepot: installing deploy/validate's npm packages" >&2
     npm ci --prefix "$validate" --no-audit --no-fund --loglevel=error >/dev/null
   fi
 }

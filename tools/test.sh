@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/deps.sh
-kvcached_install_test_deps
+kvdepot_install_test_deps
 exec bazel test //... "$@"

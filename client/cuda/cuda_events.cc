@@ -7,7 +7,7 @@
 #include "client/cuda/cuda_mappings.h"
 #include "kernels/cuda/cuda_status.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 absl::Status ValidateEventHandle(absl::string_view field,
                                  absl::string_view bytes) {
@@ -99,4 +99,4 @@ absl::Status CudaIpcEvent::Synchronize() const {
   return absl::OkStatus();
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

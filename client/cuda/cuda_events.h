@@ -1,11 +1,11 @@
 // Interprocess CUDA events (SPEC §9, GPU ordering): one process creates an
 // event with cudaEventInterprocess | cudaEventDisableTiming, records it on a
-// stream and sends its cudaIpcEventHandle_t bytes (kvcache.proto
+// stream and sends its cudaIpcEventHandle_t bytes (kvdepot.proto
 // wait_event_ipc_handle / recorded_event_ipc_handle); the other process
 // opens those bytes and makes a stream wait on the event (or waits on the
 // host) before it touches the data.
-#ifndef KVCACHED_CLIENT_CUDA_CUDA_EVENTS_H_
-#define KVCACHED_CLIENT_CUDA_CUDA_EVENTS_H_
+#ifndef KVDEPOT_CLIENT_CUDA_CUDA_EVENTS_H_
+#define KVDEPOT_CLIENT_CUDA_CUDA_EVENTS_H_
 
 #include <cuda_runtime_api.h>
 
@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 // INVALID_ARGUMENT unless `bytes` has the size of a cudaIpcEventHandle_t;
 // the message names `field`.
@@ -65,6 +65,6 @@ class CudaIpcEvent {
   std::string handle_;  // cudaIpcEventHandle_t bytes
 };
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_CLIENT_CUDA_CUDA_EVENTS_H_
+#endif  // KVDEPOT_CLIENT_CUDA_CUDA_EVENTS_H_

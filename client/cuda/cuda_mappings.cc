@@ -12,7 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "kernels/cuda/cuda_status.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 static_assert(sizeof(cudaIpcMemHandle_t) == kCudaIpcHandleBytes);
@@ -227,4 +227,4 @@ int CudaIpcMapping::RefCount(absl::string_view handle_bytes) {
   return it == registry.open.end() ? 0 : it->second.refs;
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -1,5 +1,5 @@
 // CUDA IPC memory mappings: memory that another process allocated with
-// cudaMalloc and exported with cudaIpcGetMemHandle (kvcache.proto
+// cudaMalloc and exported with cudaIpcGetMemHandle (kvdepot.proto
 // SharedHandle.cuda_ipc_handle), mapped into this process.
 //
 // A process may open a given IPC handle only once, so mappings are cached
@@ -10,8 +10,8 @@
 //   allocation base (handle)                       base + handle.size
 //   |<- handle.offset ->|<------ size() ------>|...|
 //                       data()
-#ifndef KVCACHED_CLIENT_CUDA_CUDA_MAPPINGS_H_
-#define KVCACHED_CLIENT_CUDA_CUDA_MAPPINGS_H_
+#ifndef KVDEPOT_CLIENT_CUDA_CUDA_MAPPINGS_H_
+#define KVDEPOT_CLIENT_CUDA_CUDA_MAPPINGS_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -20,9 +20,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "kvcache/v1/kvcache.pb.h"
+#include "kvdepot/v1/kvdepot.pb.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 // Bytes of a cudaIpcMemHandle_t / cudaIpcEventHandle_t (checked against the
 // CUDA headers in the .cc files).
@@ -94,6 +94,6 @@ class CudaIpcMapping {
   int device_ = -1;          // device the mapping was opened on
 };
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_CLIENT_CUDA_CUDA_MAPPINGS_H_
+#endif  // KVDEPOT_CLIENT_CUDA_CUDA_MAPPINGS_H_

@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
-namespace kvcache::ctl {
+namespace kvdepot::ctl {
 namespace {
 
 const FlagSpec* FindFlag(const CommandSpec& spec, absl::string_view name) {
@@ -145,4 +145,4 @@ std::vector<std::string> HoistGlobalFlags(std::vector<std::string> args) {
   return out;
 }
 
-}  // namespace kvcache::ctl
+}  // namespace kvdepot::ctl

@@ -5,8 +5,8 @@
 // boolean flags, `--help`/`-h`, and positional arguments. Unknown flags and
 // missing values are usage errors (exit code 2), so a typo never silently
 // runs a different request.
-#ifndef KVCACHED_CLIENT_KVCACHECTL_ARGS_H_
-#define KVCACHED_CLIENT_KVCACHECTL_ARGS_H_
+#ifndef KVDEPOT_CLIENT_KVCACHECTL_ARGS_H_
+#define KVDEPOT_CLIENT_KVCACHECTL_ARGS_H_
 
 #include <cstdint>
 #include <map>
@@ -16,7 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
-namespace kvcache::ctl {
+namespace kvdepot::ctl {
 
 // Exit codes of kvcachectl (documented in the README).
 inline constexpr int kExitOk = 0;
@@ -71,6 +71,6 @@ std::string HelpText(const CommandSpec& spec);
 // behind the command words, where the command's parser reads them.
 std::vector<std::string> HoistGlobalFlags(std::vector<std::string> args);
 
-}  // namespace kvcache::ctl
+}  // namespace kvdepot::ctl
 
-#endif  // KVCACHED_CLIENT_KVCACHECTL_ARGS_H_
+#endif  // KVDEPOT_CLIENT_KVCACHECTL_ARGS_H_

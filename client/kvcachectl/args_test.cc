@@ -3,7 +3,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace kvcache::ctl {
+namespace kvdepot::ctl {
 namespace {
 
 using ::testing::ElementsAre;
@@ -84,4 +84,4 @@ TEST(ArgsTest, GlobalFlagsBeforeTheCommandMoveBehindIt) {
 }
 
 }  // namespace
-}  // namespace kvcache::ctl
+}  // namespace kvdepot::ctl

@@ -1,14 +1,14 @@
 // The daemon-talking kvcachectl commands. Each returns the process exit
 // code (args.h: 0 ok, 1 request failed, 2 usage, 3 daemon unreachable) and
 // takes everything after its command word.
-#ifndef KVCACHED_CLIENT_KVCACHECTL_COMMANDS_H_
-#define KVCACHED_CLIENT_KVCACHECTL_COMMANDS_H_
+#ifndef KVDEPOT_CLIENT_KVCACHECTL_COMMANDS_H_
+#define KVDEPOT_CLIENT_KVCACHECTL_COMMANDS_H_
 
 #include <ostream>
 #include <string>
 #include <vector>
 
-namespace kvcache::ctl {
+namespace kvdepot::ctl {
 
 using Args = std::vector<std::string>;
 
@@ -30,6 +30,6 @@ int RunVerifyCommand(const Args& args, std::ostream& out, std::ostream& err);
 // drain: stop accepting new work; report in-flight requests.
 int RunDrainCommand(const Args& args, std::ostream& out, std::ostream& err);
 
-}  // namespace kvcache::ctl
+}  // namespace kvdepot::ctl
 
-#endif  // KVCACHED_CLIENT_KVCACHECTL_COMMANDS_H_
+#endif  // KVDEPOT_CLIENT_KVCACHECTL_COMMANDS_H_

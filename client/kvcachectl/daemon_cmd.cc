@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
-namespace kvcache::ctl {
+namespace kvdepot::ctl {
 
 std::vector<FlagSpec> DaemonFlags(std::vector<FlagSpec> own) {
   own.push_back({"addr",
@@ -130,4 +130,4 @@ void PrintTable(const std::vector<std::vector<std::string>>& rows,
   }
 }
 
-}  // namespace kvcache::ctl
+}  // namespace kvdepot::ctl

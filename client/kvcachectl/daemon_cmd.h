@@ -2,8 +2,8 @@
 // (--addr, -o/--output, --timeout), connecting without a session, status
 // -> exit code mapping (UNAVAILABLE / DEADLINE_EXCEEDED on connect = 3, a
 // failed request = 1), JSON output of protos, and small table helpers.
-#ifndef KVCACHED_CLIENT_KVCACHECTL_DAEMON_CMD_H_
-#define KVCACHED_CLIENT_KVCACHECTL_DAEMON_CMD_H_
+#ifndef KVDEPOT_CLIENT_KVCACHECTL_DAEMON_CMD_H_
+#define KVDEPOT_CLIENT_KVCACHECTL_DAEMON_CMD_H_
 
 #include <google/protobuf/message.h>
 
@@ -16,10 +16,10 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "client/kvcache_client.h"
+#include "client/kvdepot_client.h"
 #include "client/kvcachectl/args.h"
 
-namespace kvcache::ctl {
+namespace kvdepot::ctl {
 
 // --addr, --output (-o), --timeout: append to a command's flags.
 std::vector<FlagSpec> DaemonFlags(std::vector<FlagSpec> own);
@@ -61,6 +61,6 @@ std::string HumanBytes(int64_t bytes);
 void PrintTable(const std::vector<std::vector<std::string>>& rows,
                 std::ostream& out);
 
-}  // namespace kvcache::ctl
+}  // namespace kvdepot::ctl
 
-#endif  // KVCACHED_CLIENT_KVCACHECTL_DAEMON_CMD_H_
+#endif  // KVDEPOT_CLIENT_KVCACHECTL_DAEMON_CMD_H_

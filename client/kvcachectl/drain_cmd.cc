@@ -3,7 +3,7 @@
 #include "client/kvcachectl/commands.h"
 #include "client/kvcachectl/daemon_cmd.h"
 
-namespace kvcache::ctl {
+namespace kvdepot::ctl {
 
 namespace {
 
@@ -44,4 +44,4 @@ int RunDrainCommand(const Args& args, std::ostream& out, std::ostream& err) {
   return kExitOk;
 }
 
-}  // namespace kvcache::ctl
+}  // namespace kvdepot::ctl

@@ -17,7 +17,7 @@
 #include "kernels/quant.h"
 #include "kernels/reference.h"
 
-namespace kvcache::ctl {
+namespace kvdepot::ctl {
 namespace {
 
 const FlagSpec kOutputFlag{"output", "output format: table or json", "table"};
@@ -357,4 +357,4 @@ int RunFormatCommand(const std::vector<std::string>& args, std::ostream& out,
                kFormatSpec);
 }
 
-}  // namespace kvcache::ctl
+}  // namespace kvdepot::ctl

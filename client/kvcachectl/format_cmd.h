@@ -8,19 +8,19 @@
 //                              (+ --scales_out, packed as the load packs
 //                              them) for index formats; --dequantize gives
 //                              BF16 for index formats too
-#ifndef KVCACHED_CLIENT_KVCACHECTL_FORMAT_CMD_H_
-#define KVCACHED_CLIENT_KVCACHECTL_FORMAT_CMD_H_
+#ifndef KVDEPOT_CLIENT_KVCACHECTL_FORMAT_CMD_H_
+#define KVDEPOT_CLIENT_KVCACHECTL_FORMAT_CMD_H_
 
 #include <ostream>
 #include <string>
 #include <vector>
 
-namespace kvcache::ctl {
+namespace kvdepot::ctl {
 
 // Runs `kvcachectl format <args...>`; returns the process exit code.
 int RunFormatCommand(const std::vector<std::string>& args, std::ostream& out,
                      std::ostream& err);
 
-}  // namespace kvcache::ctl
+}  // namespace kvdepot::ctl
 
-#endif  // KVCACHED_CLIENT_KVCACHECTL_FORMAT_CMD_H_
+#endif  // KVDEPOT_CLIENT_KVCACHECTL_FORMAT_CMD_H_

@@ -5,7 +5,7 @@
 #include "client/kvcachectl/commands.h"
 #include "client/kvcachectl/daemon_cmd.h"
 
-namespace kvcache::ctl {
+namespace kvdepot::ctl {
 namespace {
 
 const CommandSpec kInspectSpec{
@@ -95,4 +95,4 @@ int RunInspectCommand(const Args& args, std::ostream& out, std::ostream& err) {
   return kExitOk;
 }
 
-}  // namespace kvcache::ctl
+}  // namespace kvdepot::ctl

@@ -1,4 +1,4 @@
-// kvcachectl: the operator's CLI for kvcached. main() only dispatches; each
+// kvcachectl: the operator's CLI for kvdepot. main() only dispatches; each
 // command lives in its own library.
 #include <iostream>
 #include <string>
@@ -12,7 +12,7 @@
 namespace {
 
 constexpr char kTopHelp[] =
-    "kvcachectl controls and inspects kvcached, the KV-cache daemon.\n"
+    "kvcachectl controls and inspects kvdepot, the KV-cache daemon.\n"
     "\n"
     "Usage: kvcachectl COMMAND [SUBCOMMAND] [ARGS] [flags]\n"
     "\n"
@@ -38,34 +38,34 @@ constexpr char kTopHelp[] =
 
 int main(int argc, char** argv) {
   std::vector<std::string> args =
-      kvcache::ctl::HoistGlobalFlags({argv + 1, argv + argc});
+      kvdepot::ctl::HoistGlobalFlags({argv + 1, argv + argc});
   if (args.empty()) {
     std::cerr << kTopHelp;
-    return kvcache::ctl::kExitUsage;
+    return kvdepot::ctl::kExitUsage;
   }
   const std::string command = args[0];
   args.erase(args.begin());
   if (command == "--help" || command == "-h" || command == "help") {
     std::cout << kTopHelp;
-    return kvcache::ctl::kExitOk;
+    return kvdepot::ctl::kExitOk;
   }
   using Command =
       int (*)(const std::vector<std::string>&, std::ostream&, std::ostream&);
   const std::pair<const char*, Command> kCommands[] = {
-      {"status", kvcache::ctl::RunStatusCommand},
-      {"pool", kvcache::ctl::RunPoolCommand},
-      {"stats", kvcache::ctl::RunStatsCommand},
-      {"plan", kvcache::ctl::RunPlanCommand},
-      {"inspect", kvcache::ctl::RunInspectCommand},
-      {"verify", kvcache::ctl::RunVerifyCommand},
-      {"drain", kvcache::ctl::RunDrainCommand},
+      {"status", kvdepot::ctl::RunStatusCommand},
+      {"pool", kvdepot::ctl::RunPoolCommand},
+      {"stats", kvdepot::ctl::RunStatsCommand},
+      {"plan", kvdepot::ctl::RunPlanCommand},
+      {"inspect", kvdepot::ctl::RunInspectCommand},
+      {"verify", kvdepot::ctl::RunVerifyCommand},
+      {"drain", kvdepot::ctl::RunDrainCommand},
   };
   for (const auto& [name, run] : kCommands) {
     if (command == name) return run(args, std::cout, std::cerr);
   }
   if (command == "format") {
-    return kvcache::ctl::RunFormatCommand(args, std::cout, std::cerr);
+    return kvdepot::ctl::RunFormatCommand(args, std::cout, std::cerr);
   }
   std::cerr << "error: unknown command \"" << command << "\"\n\n" << kTopHelp;
-  return kvcache::ctl::kExitUsage;
+  return kvdepot::ctl::kExitUsage;
 }

@@ -15,7 +15,7 @@
 #include "client/kvcachectl/daemon_cmd.h"
 #include "proto/wire.h"
 
-namespace kvcache::ctl {
+namespace kvdepot::ctl {
 namespace {
 
 const CommandSpec kPlanSpec{
@@ -219,4 +219,4 @@ int RunPlanCommand(const Args& args, std::ostream& out, std::ostream& err) {
   return kExitOk;
 }
 
-}  // namespace kvcache::ctl
+}  // namespace kvdepot::ctl

@@ -3,7 +3,7 @@
 #include "client/kvcachectl/commands.h"
 #include "client/kvcachectl/daemon_cmd.h"
 
-namespace kvcache::ctl {
+namespace kvdepot::ctl {
 namespace {
 
 const CommandSpec kPoolSpec{
@@ -215,4 +215,4 @@ int RunPoolCommand(const Args& args, std::ostream& out, std::ostream& err) {
                     kPoolSpec, err);
 }
 
-}  // namespace kvcache::ctl
+}  // namespace kvdepot::ctl

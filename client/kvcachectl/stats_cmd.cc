@@ -5,7 +5,7 @@
 #include "client/kvcachectl/commands.h"
 #include "client/kvcachectl/daemon_cmd.h"
 
-namespace kvcache::ctl {
+namespace kvdepot::ctl {
 namespace {
 
 const CommandSpec kStatsSpec{
@@ -97,4 +97,4 @@ int RunStatsCommand(const Args& args, std::ostream& out, std::ostream& err) {
   return kExitOk;
 }
 
-}  // namespace kvcache::ctl
+}  // namespace kvdepot::ctl

@@ -10,7 +10,7 @@
 #include "client/kvcachectl/commands.h"
 #include "client/kvcachectl/daemon_cmd.h"
 
-namespace kvcache::ctl {
+namespace kvdepot::ctl {
 namespace {
 
 const CommandSpec kStatusSpec{
@@ -19,7 +19,7 @@ const CommandSpec kStatusSpec{
     "Exit 0 only when health is SERVING, 1 when the daemon answers but is\n"
     "NOT_SERVING (draining), 3 when it cannot be reached: usable as a\n"
     "Kubernetes exec probe:\n"
-    "  kvcachectl status --addr unix:/run/kvcached/kvcached.sock",
+    "  kvcachectl status --addr unix:/run/kvdepot/kvdepotd.sock",
     DaemonFlags({})};
 
 // grpc.health.v1.Health/Check with service "" (an empty request). The
@@ -145,10 +145,10 @@ int RunStatusCommand(const Args& args, std::ostream& out, std::ostream& err) {
     }
   }
   if (!serving) {
-    err << "kvcached is " << HealthName(*health) << "\n";
+    err << "kvdepot is " << HealthName(*health) << "\n";
     return kExitFailed;
   }
   return kExitOk;
 }
 
-}  // namespace kvcache::ctl
+}  // namespace kvdepot::ctl

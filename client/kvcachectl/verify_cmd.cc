@@ -10,7 +10,7 @@
 #include "client/kvcachectl/commands.h"
 #include "client/kvcachectl/daemon_cmd.h"
 
-namespace kvcache::ctl {
+namespace kvdepot::ctl {
 namespace {
 
 const CommandSpec kVerifySpec{
@@ -151,4 +151,4 @@ int RunVerifyCommand(const Args& args, std::ostream& out, std::ostream& err) {
   return kExitOk;
 }
 
-}  // namespace kvcache::ctl
+}  // namespace kvdepot::ctl

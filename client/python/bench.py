@@ -1,4 +1,4 @@
-"""Median latency of kvcached_client calls against a running daemon.
+"""Median latency of kvdepot calls against a running daemon.
 
     /usr/bin/python3 client/python/bench.py [ADDRESS]
 
@@ -11,7 +11,7 @@ import statistics
 import sys
 import time
 
-import kvcached_client as kc
+import kvdepot as kc
 
 ROW = 512 * 2  # one V41 token of BF16 input, and one BF16 output row
 

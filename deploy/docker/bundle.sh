@@ -3,11 +3,11 @@
 # layout of the container image's /usr/local (deploy/docker/Dockerfile):
 #
 #   OUT/bin/NAME             each binary, debug info stripped
-#   OUT/lib/kvcached/*.so*   every library ldd lists for them, except the C
+#   OUT/lib/kvdepot/*.so*   every library ldd lists for them, except the C
 #                            and C++ runtime that the base image provides and
 #                            the NVIDIA driver's libcuda (mounted at run time)
 #
-# Binaries get RUNPATH $ORIGIN/../lib/kvcached and libraries RUNPATH
+# Binaries get RUNPATH $ORIGIN/../lib/kvdepot and libraries RUNPATH
 # $ORIGIN (patchelf), so the image resolves them without LD_LIBRARY_PATH or
 # ldconfig and no other program in the image sees them.
 #
@@ -33,7 +33,7 @@ is_system_lib() {
   return 1
 }
 
-mkdir -p "$out/bin" "$out/lib/kvcached"
+mkdir -p "$out/bin" "$out/lib/kvdepot"
 for bin in "$@"; do
   name=$(basename "$bin")
   cp -L "$bin" "$out/bin/$name"
@@ -46,7 +46,7 @@ for bin in "$@"; do
   fi
   while read -r lib; do
     is_system_lib "$lib" && continue
-    dest="$out/lib/kvcached/$(basename "$lib")"
+    dest="$out/lib/kvdepot/$(basename "$lib")"
     [[ -e "$dest" ]] && continue
     cp -L "$lib" "$dest"
     chmod 0644 "$dest"
@@ -54,7 +54,7 @@ for bin in "$@"; do
     patchelf --set-rpath '$ORIGIN' "$dest"
   done < <(ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3}')
   # shellcheck disable=SC2016
-  patchelf --set-rpath '$ORIGIN/../lib/kvcached' "$out/bin/$name"
+  patchelf --set-rpath '$ORIGIN/../lib/kvdepot' "$out/bin/$name"
 done
-echo "bundle.sh: $# binaries, $(find "$out/lib/kvcached" -type f | wc -l) libraries," \
+echo "bundle.sh: $# binaries, $(find "$out/lib/kvdepot" -type f | wc -l) libraries," \
   "$(du -sk "$out" | cut -f1) KiB in $out"

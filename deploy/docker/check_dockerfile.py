@@ -13,7 +13,7 @@ Checks the rules the image depends on and prints one line per problem:
     two binaries, which exist as Bazel targets, then deploy/docker/bundle.sh;
   - the final stage runs as a fixed numeric non-root UID:GID (65532, the
     group deploy/k8s relies on), ENTRYPOINT and HEALTHCHECK are exec-form
-    JSON arrays: the daemon on unix:/run/kvcached/kvcached.sock and the
+    JSON arrays: the daemon on unix:/run/kvdepot/kvdepotd.sock and the
     probe command of /tmp/iface.md, with a timeout above kvcachectl's 5 s.
 With RUN_SCRIPTS_DIR, each RUN body is also written there as run_N.sh (for
 shellcheck). Exit 0 when clean, 1 otherwise.
@@ -25,9 +25,9 @@ import re
 import sys
 
 UID = "65532"
-SOCKET = "unix:/run/kvcached/kvcached.sock"
+SOCKET = "unix:/run/kvdepot/kvdepotd.sock"
 PROBE = ["/usr/local/bin/kvcachectl", "status", "--addr", SOCKET]
-TARGETS = {"//server:kvcached": "server", "//client/kvcachectl:kvcachectl": "client/kvcachectl"}
+TARGETS = {"//server:kvdepotd": "server", "//client/kvcachectl:kvcachectl": "client/kvcachectl"}
 
 
 def instructions(text):
@@ -186,8 +186,8 @@ def main(argv):
         errors.append("runtime stage needs exactly one ENTRYPOINT")
     else:
         argv = exec_form("ENTRYPOINT", entry[0][1], entry[0][0])
-        if argv[:1] != ["/usr/local/bin/kvcached"] or f"--listen={SOCKET}" not in argv:
-            errors.append(f"ENTRYPOINT {argv} does not run /usr/local/bin/kvcached --listen={SOCKET}")
+        if argv[:1] != ["/usr/local/bin/kvdepotd"] or f"--listen={SOCKET}" not in argv:
+            errors.append(f"ENTRYPOINT {argv} does not run /usr/local/bin/kvdepotd --listen={SOCKET}")
     health = [(n, r) for n, kw, r in final if kw == "HEALTHCHECK"]
     if len(health) != 1:
         errors.append("runtime stage needs exactly one HEALTHCHECK")

@@ -6,26 +6,26 @@
 //       prometheus-operator CRDs, plus the references between objects
 //       (volumes, ConfigMaps, Service and ServiceMonitor selectors);
 //   node check.mjs policy  OVERLAY RENDERED.yaml  the restricted Pod Security
-//       Standard on every pod template, the kvcached probes, drain timing,
+//       Standard on every pod template, the kvdepot probes, drain timing,
 //       metrics and socket wiring;
 //   node check.mjs selftest OVERLAY RENDERED.yaml  breaks the rendered objects
 //       one way at a time and expects each check to name the breakage.
-//   node check.mjs probe-argv OVERLAY RENDERED.yaml  prints the kvcached
+//   node check.mjs probe-argv OVERLAY RENDERED.yaml  prints the kvdepot
 //       probe's argv, one element per line (for the live probe test);
-//   node check.mjs daemon-args OVERLAY RENDERED.yaml  prints the kvcached
+//   node check.mjs daemon-args OVERLAY RENDERED.yaml  prints the kvdepot
 //       container's args, one per line (ditto).
 //
 // Exit 0 when everything holds; 1 with one line per problem otherwise.
 import { readFileSync } from "node:fs";
 
-import { WORKLOAD_KINDS, allContainers, isKvcached, loadDocs } from "./common.mjs";
+import { WORKLOAD_KINDS, allContainers, isKvdepot, loadDocs } from "./common.mjs";
 import { checkPolicy } from "./policy.mjs";
 import { checkSchema } from "./schema.mjs";
 import { selftest } from "./selftest.mjs";
 
 export function daemonArgs(docs) {
   for (const w of docs.filter((d) => WORKLOAD_KINDS.has(d.kind))) {
-    const c = allContainers(w.spec.template.spec).find(isKvcached);
+    const c = allContainers(w.spec.template.spec).find(isKvdepot);
     if (c) return c.args ?? [];
   }
   return null;
@@ -33,7 +33,7 @@ export function daemonArgs(docs) {
 
 export function probeArgv(docs) {
   for (const w of docs.filter((d) => WORKLOAD_KINDS.has(d.kind))) {
-    const c = allContainers(w.spec.template.spec).find(isKvcached);
+    const c = allContainers(w.spec.template.spec).find(isKvdepot);
     if (c?.readinessProbe?.exec?.command) return c.readinessProbe.exec.command;
   }
   return null;
@@ -60,7 +60,7 @@ async function main() {
     if (errors.length === 0) errors = await selftest(text, overlay);
   } else if (mode === "probe-argv" || mode === "daemon-args") {
     const list = mode === "probe-argv" ? probeArgv(docs) : daemonArgs(docs);
-    if (list === null) errors = [`no kvcached ${mode}`];
+    if (list === null) errors = [`no kvdepot ${mode}`];
     else {
       process.stdout.write(list.map((x) => `${x}\n`).join(""));
       errors = [];

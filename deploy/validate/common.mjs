@@ -2,18 +2,18 @@
 // agree with, YAML loading, and small accessors of pod specs.
 import yaml from "js-yaml";
 
-// The probe command every kvcached container must run (/tmp/iface.md,
+// The probe command every kvdepot container must run (/tmp/iface.md,
 // docs/DEPLOY.md): exit 0 only while the daemon's health is SERVING.
-export const SOCKET_DIR = "/run/kvcached";
+export const SOCKET_DIR = "/run/kvdepot";
 export const PROBE_ARGV = [
-  "kvcachectl", "status", "--addr", `unix:${SOCKET_DIR}/kvcached.sock`,
+  "kvcachectl", "status", "--addr", `unix:${SOCKET_DIR}/kvdepotd.sock`,
 ];
-export const KVCACHED_UID = 65532; // deploy/docker/Dockerfile
+export const KVDEPOT_UID = 65532; // deploy/docker/Dockerfile
 export const METRICS_PORT = 9400;
 // NVIDIA's DRA driver's DeviceClass (overlays/sidecar/gpu-claim-template.yaml).
 export const GPU_DEVICE_CLASS = "gpu.nvidia.com";
-export const DRAIN_TIMEOUT_DEFAULT_S = 30; // kvcached --drain_timeout_s
-export const DRAIN_GRACE_DEFAULT_MS = 200; // kvcached --drain_grace_ms
+export const DRAIN_TIMEOUT_DEFAULT_S = 30; // kvdepotd --drain_timeout_s
+export const DRAIN_GRACE_DEFAULT_MS = 200; // kvdepotd --drain_grace_ms
 export const DRAIN_MARGIN_S = 5;           // SIGKILL comes no sooner than this after
 export const CTL_TIMEOUT_S = 5;            // kvcachectl --timeout default
 // Volume types the restricted Pod Security Standard allows.
@@ -37,8 +37,8 @@ export function allContainers(spec) {
   return [...(spec.initContainers ?? []), ...(spec.containers ?? [])];
 }
 
-export function isKvcached(c) {
-  return c.name === "kvcached";
+export function isKvdepot(c) {
+  return c.name === "kvdepot";
 }
 
 export function flagValue(args, name) {

@@ -1,9 +1,9 @@
 // Policy checks of rendered pod templates: the restricted Pod Security
-// Standard, the kvcached probes, drain timing, metrics and socket wiring.
+// Standard, the kvdepot probes, drain timing, metrics and socket wiring.
 import {
   CTL_TIMEOUT_S, DRAIN_GRACE_DEFAULT_MS, DRAIN_MARGIN_S, DRAIN_TIMEOUT_DEFAULT_S,
-  GPU_DEVICE_CLASS, KVCACHED_UID, METRICS_PORT, PROBE_ARGV, RESTRICTED_VOLUMES, SOCKET_DIR,
-  WORKLOAD_KINDS, allContainers, flagValue, isKvcached, mountOf, sameArgv, where,
+  GPU_DEVICE_CLASS, KVDEPOT_UID, METRICS_PORT, PROBE_ARGV, RESTRICTED_VOLUMES, SOCKET_DIR,
+  WORKLOAD_KINDS, allContainers, flagValue, isKvdepot, mountOf, sameArgv, where,
 } from "./common.mjs";
 
 function checkContainerPss(ctx, c, podSc, errors) {
@@ -38,7 +38,7 @@ function checkContainerPss(ctx, c, podSc, errors) {
   }
 }
 
-function checkKvcached(ctx, w, c, isInit, overlay, docs, errors) {
+function checkKvdepot(ctx, w, c, isInit, overlay, docs, errors) {
   const spec = w.spec.template.spec;
   const at = `${ctx}: container ${c.name}`;
   for (const kind of ["startupProbe", "readinessProbe", "livenessProbe"]) {
@@ -58,9 +58,9 @@ function checkKvcached(ctx, w, c, isInit, overlay, docs, errors) {
   }
   const sc = c.securityContext ?? {};
   const podSc = spec.securityContext ?? {};
-  if ((sc.runAsUser ?? podSc.runAsUser) !== KVCACHED_UID ||
-      (sc.runAsGroup ?? podSc.runAsGroup) !== KVCACHED_UID) {
-    errors.push(`${at}: runAsUser/runAsGroup must be ${KVCACHED_UID} (the image's user)`);
+  if ((sc.runAsUser ?? podSc.runAsUser) !== KVDEPOT_UID ||
+      (sc.runAsGroup ?? podSc.runAsGroup) !== KVDEPOT_UID) {
+    errors.push(`${at}: runAsUser/runAsGroup must be ${KVDEPOT_UID} (the image's user)`);
   }
   const socketMount = mountOf(c, SOCKET_DIR);
   if (!socketMount) errors.push(`${at}: ${SOCKET_DIR} is not mounted`);
@@ -69,11 +69,11 @@ function checkKvcached(ctx, w, c, isInit, overlay, docs, errors) {
   if (shmVol?.emptyDir?.medium !== "Memory") {
     errors.push(`${at}: /dev/shm must be a memory-backed emptyDir`);
   }
-  const cfg = mountOf(c, "/etc/kvcached");
+  const cfg = mountOf(c, "/etc/kvdepot");
   const cfgVol = cfg && (spec.volumes ?? []).find((v) => v.name === cfg.name);
-  if (!cfgVol?.configMap) errors.push(`${at}: /etc/kvcached is not a ConfigMap volume`);
-  if (flagValue(c.args, "config") !== "/etc/kvcached/kvcached.textproto") {
-    errors.push(`${at}: --config=/etc/kvcached/kvcached.textproto missing`);
+  if (!cfgVol?.configMap) errors.push(`${at}: /etc/kvdepot is not a ConfigMap volume`);
+  if (flagValue(c.args, "config") !== "/etc/kvdepot/kvdepotd.textproto") {
+    errors.push(`${at}: --config=/etc/kvdepot/kvdepotd.textproto missing`);
   }
   if (flagValue(c.args, "metrics_address") !== `0.0.0.0:${METRICS_PORT}`) {
     errors.push(`${at}: --metrics_address=0.0.0.0:${METRICS_PORT} missing`);
@@ -100,20 +100,20 @@ function checkKvcached(ctx, w, c, isInit, overlay, docs, errors) {
     for (const other of spec.containers) {
       const m = mountOf(other, SOCKET_DIR);
       if (!m || m.name !== socketMount?.name) {
-        errors.push(`${ctx}: container ${other.name} does not share ${SOCKET_DIR} with kvcached`);
+        errors.push(`${ctx}: container ${other.name} does not share ${SOCKET_DIR} with kvdepot`);
       }
       const s = mountOf(other, "/dev/shm");
       if (!s || s.name !== shm?.name) {
-        errors.push(`${ctx}: container ${other.name} does not share /dev/shm with kvcached`);
+        errors.push(`${ctx}: container ${other.name} does not share /dev/shm with kvdepot`);
       }
     }
     checkSharedGpu(ctx, w, c, docs, errors);
   }
 }
 
-// The sidecar overlay: kvcached and every worker container share one GPU
+// The sidecar overlay: kvdepot and every worker container share one GPU
 // through the same DRA claim (a ResourceClaimTemplate asking for exactly
-// one device of NVIDIA's class), kvcached runs the CUDA backend with its
+// one device of NVIDIA's class), kvdepot runs the CUDA backend with its
 // pools on that GPU, and no container asks the device plugin for another.
 function checkSharedGpu(ctx, w, c, docs, errors) {
   const spec = w.spec.template.spec;
@@ -123,12 +123,12 @@ function checkSharedGpu(ctx, w, c, docs, errors) {
     errors.push(`${at}: --backend=${backend}; the sidecar shares the pod's GPU, want cuda or auto`);
   }
   const mine = (c.resources?.claims ?? []).map((x) => x.name);
-  if (mine.length === 0) errors.push(`${at}: resources.claims is empty: kvcached has no GPU claim`);
+  if (mine.length === 0) errors.push(`${at}: resources.claims is empty: kvdepot has no GPU claim`);
   for (const other of spec.containers) {
     const theirs = new Set((other.resources?.claims ?? []).map((x) => x.name));
     for (const name of mine) {
       if (!theirs.has(name)) {
-        errors.push(`${ctx}: container ${other.name} does not share GPU claim ${name} with kvcached`);
+        errors.push(`${ctx}: container ${other.name} does not share GPU claim ${name} with kvdepot`);
       }
     }
   }
@@ -136,7 +136,7 @@ function checkSharedGpu(ctx, w, c, docs, errors) {
     for (const part of ["limits", "requests"]) {
       if (x.resources?.[part]?.["nvidia.com/gpu"] !== undefined) {
         errors.push(`${ctx}: container ${x.name} resources.${part} has nvidia.com/gpu: the device ` +
-                    `plugin's GPU is not the claimed one kvcached sees`);
+                    `plugin's GPU is not the claimed one kvdepot sees`);
       }
     }
   }
@@ -153,20 +153,20 @@ function checkSharedGpu(ctx, w, c, docs, errors) {
                   `1 device of class ${GPU_DEVICE_CLASS}`);
     }
   }
-  const cfg = mountOf(c, "/etc/kvcached");
+  const cfg = mountOf(c, "/etc/kvdepot");
   const cfgVol = cfg && (spec.volumes ?? []).find((v) => v.name === cfg.name);
   const cm = docs.find((d) => d.kind === "ConfigMap" && d.metadata.name === cfgVol?.configMap?.name);
-  const pools = [...(cm?.data?.["kvcached.textproto"] ?? "").matchAll(/^\s*pools\s*\{(.*)\}\s*$/gm)];
-  if (pools.length === 0) errors.push(`${ctx}: kvcached's config has no pools`);
+  const pools = [...(cm?.data?.["kvdepotd.textproto"] ?? "").matchAll(/^\s*pools\s*\{(.*)\}\s*$/gm)];
+  if (pools.length === 0) errors.push(`${ctx}: kvdepot's config has no pools`);
   pools.forEach((p, i) => {
     if (!/\bdevice:\s*"cuda:[0-9]+"/.test(p[1])) {
-      errors.push(`${ctx}: kvcached config pools[${i}] is not on a GPU (device: "cuda:N")`);
+      errors.push(`${ctx}: kvdepot config pools[${i}] is not on a GPU (device: "cuda:N")`);
     }
   });
 }
 
 function checkHostPath(ctx, v, overlay, errors) {
-  if (overlay === "daemonset" && v.name === "kvcached-socket" &&
+  if (overlay === "daemonset" && v.name === "kvdepot-socket" &&
       v.hostPath.path === SOCKET_DIR && v.hostPath.type === "Directory") {
     return; // the one documented exception (overlays/daemonset)
   }
@@ -214,26 +214,26 @@ export function checkPolicy(docs, overlay) {
           c.image.endsWith(":latest")) {
         errors.push(`${ctx}: container ${c.name}: image ${c.image} is not a pinned registry image`);
       }
-      if (isKvcached(c)) {
+      if (isKvdepot(c)) {
         daemons++;
-        checkKvcached(ctx, w, c, inits.includes(c), overlay, docs, errors);
+        checkKvdepot(ctx, w, c, inits.includes(c), overlay, docs, errors);
       } else if (c.name === "worker") {
         workers++;
         if (!mountOf(c, SOCKET_DIR)) errors.push(`${ctx}: worker does not mount ${SOCKET_DIR}`);
         const groups = podSc.supplementalGroups ?? [];
         const gid = c.securityContext?.runAsGroup ?? podSc.runAsGroup;
-        if (gid !== KVCACHED_UID && !groups.includes(KVCACHED_UID)) {
-          errors.push(`${ctx}: worker is not in group ${KVCACHED_UID} (supplementalGroups)`);
+        if (gid !== KVDEPOT_UID && !groups.includes(KVDEPOT_UID)) {
+          errors.push(`${ctx}: worker is not in group ${KVDEPOT_UID} (supplementalGroups)`);
         }
       }
     }
   }
-  if (daemons === 0) errors.push("no kvcached container in any pod template");
+  if (daemons === 0) errors.push("no kvdepot container in any pod template");
   if (workers === 0) errors.push("no worker container in any pod template");
   if (overlay === "daemonset") {
     if (!workloads.some((w) => w.kind === "DaemonSet" &&
-                       w.spec.template.spec.containers.some(isKvcached))) {
-      errors.push("daemonset: kvcached is not a DaemonSet");
+                       w.spec.template.spec.containers.some(isKvdepot))) {
+      errors.push("daemonset: kvdepot is not a DaemonSet");
     }
     if (!docs.some((d) => d.kind === "ServiceMonitor")) errors.push("daemonset: no ServiceMonitor");
   }

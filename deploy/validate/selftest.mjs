@@ -1,16 +1,16 @@
 // Mutation self-test: breaks the rendered objects one way at a time and
 // expects the schema or policy check to report each breakage, so that a
 // check that can no longer fail does not go unnoticed.
-import { WORKLOAD_KINDS, allContainers, isKvcached, loadDocs, mountOf } from "./common.mjs";
+import { WORKLOAD_KINDS, allContainers, isKvdepot, loadDocs, mountOf } from "./common.mjs";
 import { checkPolicy } from "./policy.mjs";
 import { checkSchema } from "./schema.mjs";
 
-function kvcachedOf(docs) {
+function kvdepotOf(docs) {
   for (const w of docs.filter((d) => WORKLOAD_KINDS.has(d.kind))) {
-    const c = allContainers(w.spec.template.spec).find(isKvcached);
+    const c = allContainers(w.spec.template.spec).find(isKvdepot);
     if (c) return { w, c };
   }
-  throw new Error("no kvcached container");
+  throw new Error("no kvdepot container");
 }
 
 function workerOf(docs) {
@@ -29,53 +29,53 @@ function templateOf(docs) {
 
 // Each mutation breaks one rule; the check must report it by `want`.
 const MUTATIONS = [
-  ["schema", "image must be string", (d) => { kvcachedOf(d).c.image = 7; }],
-  ["schema", "must be integer", (d) => { kvcachedOf(d).w.spec.template.spec.terminationGracePeriodSeconds = "45"; }],
+  ["schema", "image must be string", (d) => { kvdepotOf(d).c.image = 7; }],
+  ["schema", "must be integer", (d) => { kvdepotOf(d).w.spec.template.spec.terminationGracePeriodSeconds = "45"; }],
   ["schema", "which the overlay does not contain", (d) => {
     const cm = d.find((x) => x.kind === "ConfigMap");
     cm.metadata.name += "-stale";
   }],
   ["schema", "readOnlyRootFileSystem is not a field of SecurityContext", (d) => {
-    kvcachedOf(d).c.securityContext.readOnlyRootFileSystem = true;
+    kvdepotOf(d).c.securityContext.readOnlyRootFileSystem = true;
   }],
   ["schema", "sizeLimitt is not a field of EmptyDirVolumeSource", (d) => {
-    const { w, c } = kvcachedOf(d);
+    const { w, c } = kvdepotOf(d);
     const name = mountOf(c, "/dev/shm").name;
     w.spec.template.spec.volumes.find((v) => v.name === name).emptyDir.sizeLimitt = "1Gi";
   }],
   ["schema", "restartPolicyy is not a field of Container", (d) => { workerOf(d).c.restartPolicyy = "Always"; }],
-  ["schema", "mounts unknown volume", (d) => { kvcachedOf(d).c.volumeMounts[0].name = "nope"; }],
-  ["schema", "selector does not match", (d) => { kvcachedOf(d).w.spec.template.metadata.labels = { a: "b" }; }],
+  ["schema", "mounts unknown volume", (d) => { kvdepotOf(d).c.volumeMounts[0].name = "nope"; }],
+  ["schema", "selector does not match", (d) => { kvdepotOf(d).w.spec.template.metadata.labels = { a: "b" }; }],
   ["policy", "allowPrivilegeEscalation must be false", (d) => {
     delete workerOf(d).c.securityContext.allowPrivilegeEscalation;
   }],
-  ["policy", "capabilities.drop must include ALL", (d) => { kvcachedOf(d).c.securityContext.capabilities.drop = ["NET_RAW"]; }],
-  ["policy", "readOnlyRootFilesystem must be true", (d) => { kvcachedOf(d).c.securityContext.readOnlyRootFilesystem = false; }],
+  ["policy", "capabilities.drop must include ALL", (d) => { kvdepotOf(d).c.securityContext.capabilities.drop = ["NET_RAW"]; }],
+  ["policy", "readOnlyRootFilesystem must be true", (d) => { kvdepotOf(d).c.securityContext.readOnlyRootFilesystem = false; }],
   ["policy", "runAsNonRoot must be true", (d) => { delete workerOf(d).w.spec.template.spec.securityContext.runAsNonRoot; }],
   ["policy", "seccompProfile.type must be RuntimeDefault", (d) => {
-    kvcachedOf(d).c.securityContext.seccompProfile = { type: "Unconfined" };
+    kvdepotOf(d).c.securityContext.seccompProfile = { type: "Unconfined" };
   }],
   ["policy", "hostPID", (d) => { workerOf(d).w.spec.template.spec.hostPID = true; }],
   ["policy", "hostPath is not allowed", (d) => {
     workerOf(d).w.spec.template.spec.volumes.push({ name: "h", hostPath: { path: "/var" } });
   }],
-  ["policy", "readinessProbe.exec.command is", (d) => { kvcachedOf(d).c.readinessProbe.exec.command[1] = "ping"; }],
-  ["policy", "no livenessProbe", (d) => { delete kvcachedOf(d).c.livenessProbe; }],
-  ["policy", "startupProbe.timeoutSeconds 5 does not exceed", (d) => { kvcachedOf(d).c.startupProbe.timeoutSeconds = 5; }],
+  ["policy", "readinessProbe.exec.command is", (d) => { kvdepotOf(d).c.readinessProbe.exec.command[1] = "ping"; }],
+  ["policy", "no livenessProbe", (d) => { delete kvdepotOf(d).c.livenessProbe; }],
+  ["policy", "startupProbe.timeoutSeconds 5 does not exceed", (d) => { kvdepotOf(d).c.startupProbe.timeoutSeconds = 5; }],
   ["policy", "terminationGracePeriodSeconds 30 is shorter than the drain", (d) => {
-    kvcachedOf(d).w.spec.template.spec.terminationGracePeriodSeconds = 30;
+    kvdepotOf(d).w.spec.template.spec.terminationGracePeriodSeconds = 30;
   }],
   ["policy", "= 96 s", (d) => {
-    const { c } = kvcachedOf(d);
+    const { c } = kvdepotOf(d);
     c.args = c.args.map((a) => (a.startsWith("--drain_timeout_s=") ? "--drain_timeout_s=90" : a));
   }],
   ["policy", "/dev/shm must be a memory-backed emptyDir", (d) => {
-    const { w, c } = kvcachedOf(d);
+    const { w, c } = kvdepotOf(d);
     const name = mountOf(c, "/dev/shm").name;
     w.spec.template.spec.volumes.find((v) => v.name === name).emptyDir = {};
   }],
   ["policy", "--metrics_address=0.0.0.0:9400 missing", (d) => {
-    const { c } = kvcachedOf(d);
+    const { c } = kvdepotOf(d);
     c.args = c.args.filter((a) => !a.startsWith("--metrics_address="));
   }],
   ["policy", "is not a pinned registry image", (d) => { workerOf(d).c.image = "llm-worker"; }],
@@ -87,8 +87,8 @@ const MUTATIONS = [
   }],
 ];
 const SIDECAR_MUTATIONS = [
-  ["policy", "initContainers entry with restartPolicy: Always", (d) => { delete kvcachedOf(d).c.restartPolicy; }],
-  ["policy", "does not share /dev/shm with kvcached", (d) => {
+  ["policy", "initContainers entry with restartPolicy: Always", (d) => { delete kvdepotOf(d).c.restartPolicy; }],
+  ["policy", "does not share /dev/shm with kvdepot", (d) => {
     const { c } = workerOf(d);
     c.volumeMounts = c.volumeMounts.filter((m) => m.mountPath !== "/dev/shm");
   }],
@@ -105,7 +105,7 @@ const SIDECAR_MUTATIONS = [
     rc.resourceClaimTemplate = rc.resourceClaimTemplateName;
     delete rc.resourceClaimTemplateName;
   }],
-  ["schema", "name must be string", (d) => { kvcachedOf(d).c.resources.claims[0].name = 1; }],
+  ["schema", "name must be string", (d) => { kvdepotOf(d).c.resources.claims[0].name = 1; }],
   ["schema", "needs exactly one of resourceClaimName, resourceClaimTemplateName; has 2", (d) => {
     workerOf(d).w.spec.template.spec.resourceClaims[0].resourceClaimName = "gpu-0";
   }],
@@ -113,25 +113,25 @@ const SIDECAR_MUTATIONS = [
     const rcs = workerOf(d).w.spec.template.spec.resourceClaims;
     rcs.push({ ...rcs[0] });
   }],
-  ["schema", "names ResourceClaimTemplate kvcached-gpu, which the overlay does not contain", (d) => {
+  ["schema", "names ResourceClaimTemplate kvdepot-gpu, which the overlay does not contain", (d) => {
     d.splice(d.findIndex((x) => x.kind === "ResourceClaimTemplate"), 1);
   }],
   ["schema", "container worker resources.claims[0].name gpuu is not in spec.resourceClaims", (d) => {
     workerOf(d).c.resources.claims[0].name = "gpuu";
   }],
   ["policy", "--backend=cpu; the sidecar shares the pod's GPU", (d) => {
-    const { c } = kvcachedOf(d);
+    const { c } = kvdepotOf(d);
     c.args = c.args.map((a) => (a.startsWith("--backend=") ? "--backend=cpu" : a));
   }],
-  ["policy", "kvcached has no GPU claim", (d) => { delete kvcachedOf(d).c.resources.claims; }],
-  ["policy", "container worker does not share GPU claim gpu with kvcached", (d) => {
+  ["policy", "kvdepot has no GPU claim", (d) => { delete kvdepotOf(d).c.resources.claims; }],
+  ["policy", "container worker does not share GPU claim gpu with kvdepot", (d) => {
     delete workerOf(d).c.resources.claims;
   }],
   ["policy", "container worker resources.limits has nvidia.com/gpu", (d) => {
     workerOf(d).c.resources.limits["nvidia.com/gpu"] = 1;
   }],
-  ["policy", "container kvcached resources.requests has nvidia.com/gpu", (d) => {
-    kvcachedOf(d).c.resources.requests["nvidia.com/gpu"] = 1;
+  ["policy", "container kvdepot resources.requests has nvidia.com/gpu", (d) => {
+    kvdepotOf(d).c.resources.requests["nvidia.com/gpu"] = 1;
   }],
   ["policy", "requesting exactly 1 device of class gpu.nvidia.com", (d) => {
     templateOf(d).spec.spec.devices.requests[0].exactly.count = 2;
@@ -141,10 +141,10 @@ const SIDECAR_MUTATIONS = [
   }],
   ["policy", "config pools[1] is not on a GPU", (d) => {
     const cm = d.find((x) => x.kind === "ConfigMap");
-    const lines = cm.data["kvcached.textproto"].split("\n");
+    const lines = cm.data["kvdepotd.textproto"].split("\n");
     const i = lines.map((l) => /^pools/.test(l)).lastIndexOf(true);
     lines[i] = lines[i].replace(/device: "[^"]*" /, "");
-    cm.data["kvcached.textproto"] = lines.join("\n");
+    cm.data["kvdepotd.textproto"] = lines.join("\n");
   }],
 ];
 const DAEMONSET_MUTATIONS = [
@@ -154,7 +154,7 @@ const DAEMONSET_MUTATIONS = [
   ["schema", "endpoint port metrix", (d) => { d.find((x) => x.kind === "ServiceMonitor").spec.endpoints[0].port = "metrix"; }],
   ["schema", "selector matches no pod template", (d) => { d.find((x) => x.kind === "Service").spec.selector = { a: "b" }; }],
   ["policy", "hostPath is not allowed", (d) => {
-    const { w } = kvcachedOf(d);
+    const { w } = kvdepotOf(d);
     w.spec.template.spec.volumes.find((v) => v.hostPath).hostPath.type = "DirectoryOrCreate";
   }],
   ["policy", "no ServiceMonitor", (d) => { d.splice(d.findIndex((x) => x.kind === "ServiceMonitor"), 1); }],

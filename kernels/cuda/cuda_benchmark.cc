@@ -36,7 +36,7 @@ ABSL_FLAG(std::string, json, "", "write results as JSON to this file");
 ABSL_FLAG(int, iters, 20, "timed launches per bandwidth point");
 ABSL_FLAG(int, graph_launches, 200, "launches per CUDA graph (latency)");
 
-namespace kvcache::gpu {
+namespace kvdepot::gpu {
 namespace {
 
 #define CHECK_OK(expr)                                        \
@@ -401,9 +401,9 @@ int Main() {
   return 0;
 }
 
-}  // namespace kvcache::gpu
+}  // namespace kvdepot::gpu
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  return kvcache::gpu::Main();
+  return kvdepot::gpu::Main();
 }

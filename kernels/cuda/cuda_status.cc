@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace kvcache::gpu {
+namespace kvdepot::gpu {
 
 absl::Status ToStatus(cudaError_t error, absl::string_view detail) {
   if (error == cudaSuccess) return absl::OkStatus();
@@ -26,4 +26,4 @@ absl::Status ToStatus(cudaError_t error, absl::string_view detail) {
   }
 }
 
-}  // namespace kvcache::gpu
+}  // namespace kvdepot::gpu

@@ -1,15 +1,15 @@
 // One conversion from CUDA runtime errors to absl::Status, plus a
 // return-if-error macro, so every CUDA call site reports the same way:
 //   RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(...), "copying slot_mapping");
-#ifndef KVCACHED_KERNELS_CUDA_CUDA_STATUS_H_
-#define KVCACHED_KERNELS_CUDA_CUDA_STATUS_H_
+#ifndef KVDEPOT_KERNELS_CUDA_CUDA_STATUS_H_
+#define KVDEPOT_KERNELS_CUDA_CUDA_STATUS_H_
 
 #include <cuda_runtime_api.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
-namespace kvcache::gpu {
+namespace kvdepot::gpu {
 
 // OK for cudaSuccess; otherwise a status whose message names `detail`, the
 // error's symbol and its description. Out-of-memory becomes
@@ -17,14 +17,14 @@ namespace kvcache::gpu {
 // unusable device FAILED_PRECONDITION, everything else INTERNAL.
 absl::Status ToStatus(cudaError_t error, absl::string_view detail);
 
-}  // namespace kvcache::gpu
+}  // namespace kvdepot::gpu
 
 #define RETURN_IF_CUDA_ERROR(expr, detail)                       \
   do {                                                           \
     const cudaError_t kv_cuda_error_ = (expr);                   \
     if (kv_cuda_error_ != cudaSuccess) {                         \
-      return ::kvcache::gpu::ToStatus(kv_cuda_error_, (detail)); \
+      return ::kvdepot::gpu::ToStatus(kv_cuda_error_, (detail)); \
     }                                                            \
   } while (false)
 
-#endif  // KVCACHED_KERNELS_CUDA_CUDA_STATUS_H_
+#endif  // KVDEPOT_KERNELS_CUDA_CUDA_STATUS_H_

@@ -1,6 +1,6 @@
 // A move-only owner of device memory for the GPU tests and the benchmark.
-#ifndef KVCACHED_KERNELS_CUDA_DEVICE_BUFFER_H_
-#define KVCACHED_KERNELS_CUDA_DEVICE_BUFFER_H_
+#ifndef KVDEPOT_KERNELS_CUDA_DEVICE_BUFFER_H_
+#define KVDEPOT_KERNELS_CUDA_DEVICE_BUFFER_H_
 
 #include <cuda_runtime_api.h>
 
@@ -12,7 +12,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/cuda/cuda_status.h"
 
-namespace kvcache::gpu {
+namespace kvdepot::gpu {
 
 class DeviceBuffer {
  public:
@@ -66,6 +66,6 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
-}  // namespace kvcache::gpu
+}  // namespace kvdepot::gpu
 
-#endif  // KVCACHED_KERNELS_CUDA_DEVICE_BUFFER_H_
+#endif  // KVDEPOT_KERNELS_CUDA_DEVICE_BUFFER_H_

@@ -1,13 +1,13 @@
 // Word-vector loads and stores of 4, 8, 16 or 32 bytes (BF16 copy kernels,
 // where the alignment of a row is only known at run time). CUDA-only header.
-#ifndef KVCACHED_KERNELS_CUDA_DEVICE_BYTES_CUH_
-#define KVCACHED_KERNELS_CUDA_DEVICE_BYTES_CUH_
+#ifndef KVDEPOT_KERNELS_CUDA_DEVICE_BYTES_CUH_
+#define KVDEPOT_KERNELS_CUDA_DEVICE_BYTES_CUH_
 
 #include <cstdint>
 
 #include "kernels/cuda/device_util.cuh"
 
-namespace kvcache::gpu::internal {
+namespace kvdepot::gpu::internal {
 
 // REQUIRES: p aligned to min(kBytes, 16).
 template <int kBytes>
@@ -54,6 +54,6 @@ __device__ __forceinline__ void ZeroWords(uint32_t (&w)[kBytes / 4]) {
   for (int k = 0; k < kBytes / 4; ++k) w[k] = 0;
 }
 
-}  // namespace kvcache::gpu::internal
+}  // namespace kvdepot::gpu::internal
 
-#endif  // KVCACHED_KERNELS_CUDA_DEVICE_BYTES_CUH_
+#endif  // KVDEPOT_KERNELS_CUDA_DEVICE_BYTES_CUH_

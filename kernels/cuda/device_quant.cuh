@@ -5,8 +5,8 @@
 // e2m1 encoding rounds by fma onto three grids and takes the minimum
 // (Hopper has no e2m1 cast); the test suite checks both against quant.h over
 // all 2^32 fp32 inputs.
-#ifndef KVCACHED_KERNELS_CUDA_DEVICE_QUANT_CUH_
-#define KVCACHED_KERNELS_CUDA_DEVICE_QUANT_CUH_
+#ifndef KVDEPOT_KERNELS_CUDA_DEVICE_QUANT_CUH_
+#define KVDEPOT_KERNELS_CUDA_DEVICE_QUANT_CUH_
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -17,7 +17,7 @@
 #include "kernels/format.h"
 #include "kernels/quant.h"
 
-namespace kvcache::gpu::internal {
+namespace kvdepot::gpu::internal {
 
 // Compile-time description of a quantized format (one per Kind).
 template <QuantDtype D, int kE, int kG, ScaleFormat S, bool kInterleave>
@@ -260,6 +260,6 @@ __device__ __forceinline__ uint4 Encode16(const float (&x)[16], float mult) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-}  // namespace kvcache::gpu::internal
+}  // namespace kvdepot::gpu::internal
 
-#endif  // KVCACHED_KERNELS_CUDA_DEVICE_QUANT_CUH_
+#endif  // KVDEPOT_KERNELS_CUDA_DEVICE_QUANT_CUH_

@@ -1,7 +1,7 @@
 // Device-side plumbing shared by the kernels: Programmatic Dependent Launch,
 // streaming 16-byte memory access and the launch helper. CUDA-only header.
-#ifndef KVCACHED_KERNELS_CUDA_DEVICE_UTIL_CUH_
-#define KVCACHED_KERNELS_CUDA_DEVICE_UTIL_CUH_
+#ifndef KVDEPOT_KERNELS_CUDA_DEVICE_UTIL_CUH_
+#define KVDEPOT_KERNELS_CUDA_DEVICE_UTIL_CUH_
 
 #include <cuda_runtime.h>
 
@@ -10,7 +10,7 @@
 
 #include "kernels/cuda/launch_internal.h"
 
-namespace kvcache::gpu::internal {
+namespace kvdepot::gpu::internal {
 
 inline constexpr unsigned kFullMask = 0xFFFFFFFFu;
 inline constexpr int kWarp = 32;
@@ -134,6 +134,6 @@ cudaError_t LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block,
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
-}  // namespace kvcache::gpu::internal
+}  // namespace kvdepot::gpu::internal
 
-#endif  // KVCACHED_KERNELS_CUDA_DEVICE_UTIL_CUH_
+#endif  // KVDEPOT_KERNELS_CUDA_DEVICE_UTIL_CUH_

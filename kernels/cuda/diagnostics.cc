@@ -5,7 +5,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch_internal.h"
 
-namespace kvcache::gpu {
+namespace kvdepot::gpu {
 
 absl::Status LaunchEmptyKernel(const LaunchOptions& options) {
   RETURN_IF_CUDA_ERROR(
@@ -52,4 +52,4 @@ absl::StatusOr<EncoderCheck> CheckEncoders() {
   return check;
 }
 
-}  // namespace kvcache::gpu
+}  // namespace kvdepot::gpu

@@ -1,7 +1,7 @@
 // Test and benchmark hooks of the CUDA kernels: the empty-kernel launch
 // baseline and the exhaustive encoder check.
-#ifndef KVCACHED_KERNELS_CUDA_DIAGNOSTICS_H_
-#define KVCACHED_KERNELS_CUDA_DIAGNOSTICS_H_
+#ifndef KVDEPOT_KERNELS_CUDA_DIAGNOSTICS_H_
+#define KVDEPOT_KERNELS_CUDA_DIAGNOSTICS_H_
 
 #include <cstdint>
 
@@ -9,7 +9,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/cuda/kernels.h"
 
-namespace kvcache::gpu {
+namespace kvdepot::gpu {
 
 // Launches a kernel that does nothing (one warp), with options' stream/PDL.
 absl::Status LaunchEmptyKernel(const LaunchOptions& options = {});
@@ -25,6 +25,6 @@ struct EncoderCheck {
 // the current device (synchronous, about a second).
 absl::StatusOr<EncoderCheck> CheckEncoders();
 
-}  // namespace kvcache::gpu
+}  // namespace kvdepot::gpu
 
-#endif  // KVCACHED_KERNELS_CUDA_DIAGNOSTICS_H_
+#endif  // KVDEPOT_KERNELS_CUDA_DIAGNOSTICS_H_

@@ -9,7 +9,7 @@
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch_internal.h"
 
-namespace kvcache::gpu::internal {
+namespace kvdepot::gpu::internal {
 namespace {
 
 constexpr int kThreads = 256;
@@ -174,4 +174,4 @@ cudaError_t LaunchKvIndexCat(const int32_t* swa, int32_t swa_width,
                       compressed_width, rows, main_kv_offset, out);
 }
 
-}  // namespace kvcache::gpu::internal
+}  // namespace kvdepot::gpu::internal

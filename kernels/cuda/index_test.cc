@@ -14,7 +14,7 @@
 #include "planner/index_ops.h"
 #include "planner/sequence_plans.h"
 
-namespace kvcache::gpu {
+namespace kvdepot::gpu {
 namespace {
 
 using ::testing::HasSubstr;
@@ -64,7 +64,7 @@ TEST(IndexOpsTest, ConvertTopkMatchesPlanner) {
     for (int32_t& x : topk) x = Uniform(rng, -3, cols * block_size + 10);
     BlockTableView view{table, seqs, cols, stride, lens};
     std::vector<int32_t> want = topk;
-    const absl::StatusOr<int64_t> invalid = kvcache::ConvertTopk(
+    const absl::StatusOr<int64_t> invalid = kvdepot::ConvertTopk(
         absl::MakeSpan(want), k, valid, tokens, view, block_size, num_blocks);
     ASSERT_TRUE(invalid.ok()) << invalid.status();
     ASSERT_GT(*invalid, 0);
@@ -126,7 +126,7 @@ TEST(IndexOpsTest, ExpandSwaIndexMatchesPlanner) {
   }
   std::vector<int32_t> want(rows * width);
   ASSERT_TRUE(
-      kvcache::ExpandSwaIndex(pivots, width, kv_rows, absl::MakeSpan(want))
+      kvdepot::ExpandSwaIndex(pivots, width, kv_rows, absl::MakeSpan(want))
           .ok());
   ASSERT_FALSE(AllNegativeOne(want));
   std::vector<DeviceBuffer> keep;
@@ -143,7 +143,7 @@ TEST(IndexOpsTest, KvIndexCatMatchesPlanner) {
   for (int32_t& x : swa) x = Uniform(rng, -1, offset - 1);
   for (int32_t& x : comp) x = Uniform(rng, -1, comp_rows - 1);
   std::vector<int32_t> want(rows * (sw + cw));
-  ASSERT_TRUE(kvcache::KvIndexCat(swa, sw, comp, cw, rows, offset, comp_rows,
+  ASSERT_TRUE(kvdepot::KvIndexCat(swa, sw, comp, cw, rows, offset, comp_rows,
                                   absl::MakeSpan(want))
                   .ok());
   std::vector<DeviceBuffer> keep;
@@ -172,4 +172,4 @@ TEST(IndexOpsTest, RejectsBadShapes) {
 }
 
 }  // namespace
-}  // namespace kvcache::gpu
+}  // namespace kvdepot::gpu

@@ -10,7 +10,7 @@
 #include "kernels/cuda/launch_internal.h"
 #include "kernels/format_host.h"
 
-namespace kvcache::gpu {
+namespace kvdepot::gpu {
 namespace {
 
 using internal::Kind;
@@ -238,4 +238,4 @@ absl::Status KvIndexCat(const int32_t* swa, int32_t swa_width,
   return absl::OkStatus();
 }
 
-}  // namespace kvcache::gpu
+}  // namespace kvdepot::gpu

@@ -1,4 +1,4 @@
-// The CUDA kernels of kvcached (SPEC §3-§5, §7) behind a host-only API: no
+// The CUDA kernels of kvdepot (SPEC §3-§5, §7) behind a host-only API: no
 // CUDA syntax here, streams travel as opaque pointers. Every pointer below is
 // device memory unless it says otherwise.
 //
@@ -12,8 +12,8 @@
 // kernel is launched with Programmatic Dependent Launch: it may start while
 // the previous kernel of the stream finishes and waits (griddepcontrol.wait)
 // before reading any input.
-#ifndef KVCACHED_KERNELS_CUDA_KERNELS_H_
-#define KVCACHED_KERNELS_CUDA_KERNELS_H_
+#ifndef KVDEPOT_KERNELS_CUDA_KERNELS_H_
+#define KVDEPOT_KERNELS_CUDA_KERNELS_H_
 
 #include <cstdint>
 
@@ -22,7 +22,7 @@
 #include "kernels/format.h"
 #include "kernels/reference.h"
 
-namespace kvcache::gpu {
+namespace kvdepot::gpu {
 
 struct LaunchOptions {
   void* stream = nullptr;  // a cudaStream_t; nullptr = the default stream
@@ -105,6 +105,6 @@ absl::Status KvIndexCat(const int32_t* swa, int32_t swa_width,
                         int64_t rows, int32_t main_kv_offset, int32_t* out,
                         const LaunchOptions& options = {});
 
-}  // namespace kvcache::gpu
+}  // namespace kvdepot::gpu
 
-#endif  // KVCACHED_KERNELS_CUDA_KERNELS_H_
+#endif  // KVDEPOT_KERNELS_CUDA_KERNELS_H_

@@ -2,8 +2,8 @@
 // and the CUDA translation units (*.cu, compiled by nvcc without absl). The
 // launchers validate and dispatch; the functions declared here only size the
 // grid and launch, and return the launch's cudaError_t.
-#ifndef KVCACHED_KERNELS_CUDA_LAUNCH_INTERNAL_H_
-#define KVCACHED_KERNELS_CUDA_LAUNCH_INTERNAL_H_
+#ifndef KVDEPOT_KERNELS_CUDA_LAUNCH_INTERNAL_H_
+#define KVDEPOT_KERNELS_CUDA_LAUNCH_INTERNAL_H_
 
 #include <cuda_runtime_api.h>
 
@@ -11,7 +11,7 @@
 
 #include "kernels/format.h"
 
-namespace kvcache::gpu::internal {
+namespace kvdepot::gpu::internal {
 
 // The kernel family of a format; chosen once per call on the host.
 enum class Kind : uint8_t {
@@ -73,6 +73,6 @@ cudaError_t LaunchKvIndexCat(const int32_t* swa, int32_t swa_width,
                              int32_t main_kv_offset, int32_t* out,
                              const Launch& launch);
 
-}  // namespace kvcache::gpu::internal
+}  // namespace kvdepot::gpu::internal
 
-#endif  // KVCACHED_KERNELS_CUDA_LAUNCH_INTERNAL_H_
+#endif  // KVDEPOT_KERNELS_CUDA_LAUNCH_INTERNAL_H_

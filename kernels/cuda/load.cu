@@ -24,7 +24,7 @@
 #include "kernels/format.h"
 #include "kernels/quant.h"
 
-namespace kvcache::gpu::internal {
+namespace kvdepot::gpu::internal {
 namespace {
 
 constexpr int kThreads = 128;
@@ -363,4 +363,4 @@ cudaError_t LaunchLoad(Kind kind, const PoolLayout& layout,
   return cudaErrorInvalidValue;
 }
 
-}  // namespace kvcache::gpu::internal
+}  // namespace kvdepot::gpu::internal

@@ -10,7 +10,7 @@
 #include "kernels/cuda/launch_internal.h"
 #include "kernels/quant.h"
 
-namespace kvcache::gpu::internal {
+namespace kvdepot::gpu::internal {
 namespace {
 
 __global__ void EmptyKernel() {
@@ -60,4 +60,4 @@ cudaError_t LaunchEncodeCheck(unsigned long long* mismatches, uint32_t* first,
                       dim3(kCheckThreads), launch, mismatches, first, 1.0f);
 }
 
-}  // namespace kvcache::gpu::internal
+}  // namespace kvdepot::gpu::internal

@@ -30,7 +30,7 @@
 #include "kernels/format.h"
 #include "kernels/quant.h"
 
-namespace kvcache::gpu::internal {
+namespace kvdepot::gpu::internal {
 namespace {
 
 constexpr int kThreads = 128;
@@ -259,4 +259,4 @@ cudaError_t LaunchStore(Kind kind, const PoolLayout& layout, uint8_t* layer,
                                  launch);
 }
 
-}  // namespace kvcache::gpu::internal
+}  // namespace kvdepot::gpu::internal

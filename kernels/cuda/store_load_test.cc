@@ -18,7 +18,7 @@
 #include "kernels/format_host.h"
 #include "kernels/reference.h"
 
-namespace kvcache::gpu {
+namespace kvdepot::gpu {
 namespace {
 
 using ::testing::HasSubstr;
@@ -365,4 +365,4 @@ TEST(LauncherTest, ValidationIsTheReferences) {
 }
 
 }  // namespace
-}  // namespace kvcache::gpu
+}  // namespace kvdepot::gpu

@@ -7,7 +7,7 @@
 
 #include "kernels/quant.h"
 
-namespace kvcache::gpu {
+namespace kvdepot::gpu {
 namespace {
 
 float Special(std::mt19937& rng) {
@@ -96,4 +96,4 @@ bool AllZero(const std::vector<uint8_t>& bytes) {
                      [](uint8_t b) { return b == 0; });
 }
 
-}  // namespace kvcache::gpu
+}  // namespace kvdepot::gpu

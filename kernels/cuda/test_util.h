@@ -1,8 +1,8 @@
 // Random inputs shared by the GPU tests and the benchmark: K/V values with
 // special values sprinkled in, slot mappings with -1 padding and load plans
 // with gaps and zero-fill segments. All deterministic given the generator.
-#ifndef KVCACHED_KERNELS_CUDA_TEST_UTIL_H_
-#define KVCACHED_KERNELS_CUDA_TEST_UTIL_H_
+#ifndef KVDEPOT_KERNELS_CUDA_TEST_UTIL_H_
+#define KVDEPOT_KERNELS_CUDA_TEST_UTIL_H_
 
 #include <cstdint>
 #include <random>
@@ -11,7 +11,7 @@
 #include "kernels/format.h"
 #include "kernels/reference.h"
 
-namespace kvcache::gpu {
+namespace kvdepot::gpu {
 
 // n * elements input values of `dtype` as raw bytes: normal values times a
 // per-token magnitude in [1e-6, 1e4], with about 1 in 256 special (NaN, +-Inf,
@@ -35,6 +35,6 @@ std::vector<uint8_t> RandomBytes(std::mt19937& rng, int64_t n);
 
 bool AllZero(const std::vector<uint8_t>& bytes);
 
-}  // namespace kvcache::gpu
+}  // namespace kvdepot::gpu
 
-#endif  // KVCACHED_KERNELS_CUDA_TEST_UTIL_H_
+#endif  // KVDEPOT_KERNELS_CUDA_TEST_UTIL_H_

@@ -16,7 +16,7 @@
 #include "server/cuda/devices.h"
 #include "server/cuda/staging.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 #define KV_RETURN_IF_ERROR(expr)             \
@@ -25,7 +25,7 @@ namespace {
     if (!kv_status_.ok()) return kv_status_; \
   } while (false)
 
-// The request field of GpuOrdering::wait_event (kvcache.proto).
+// The request field of GpuOrdering::wait_event (kvdepot.proto).
 constexpr absl::string_view kWaitField = "wait_event_ipc_handle";
 
 // Where a kernel operand lives.
@@ -411,4 +411,4 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(
   return std::unique_ptr<Backend>(new CudaBackend(*count));
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -1,4 +1,4 @@
-// The CUDA backend of kvcached (SPEC §9): pools and buffers are device
+// The CUDA backend of kvdepot (SPEC §9): pools and buffers are device
 // memory exported by CUDA IPC handles, client allocations are imported by
 // handle, and Store/Load run the kernels of //kernels/cuda on a stream per
 // pool.
@@ -20,8 +20,8 @@
 // pool's interprocess event after the work and returns at once (unless an
 // output is host memory, which must be copied back first); the client
 // waits on the event.
-#ifndef KVCACHED_SERVER_CUDA_CUDA_BACKEND_H_
-#define KVCACHED_SERVER_CUDA_CUDA_BACKEND_H_
+#ifndef KVDEPOT_SERVER_CUDA_CUDA_BACKEND_H_
+#define KVDEPOT_SERVER_CUDA_CUDA_BACKEND_H_
 
 #include <memory>
 
@@ -30,7 +30,7 @@
 #include "absl/strings/string_view.h"
 #include "server/backend.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 // The CUDA device count, or FAILED_PRECONDITION naming the CUDA error (no
 // driver, no device).
@@ -40,6 +40,6 @@ absl::StatusOr<int> CudaDeviceCount();
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(
     const BackendOptions& options);
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_SERVER_CUDA_CUDA_BACKEND_H_
+#endif  // KVDEPOT_SERVER_CUDA_CUDA_BACKEND_H_

@@ -6,7 +6,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "server/cuda/devices.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 absl::StatusOr<std::unique_ptr<CudaAllocation>> CudaAllocation::Create(
     int64_t size, int device, std::shared_ptr<DeviceRanges> ranges) {
@@ -95,4 +95,4 @@ CudaImport::~CudaImport() {
   ranges_->Remove(mapping_.base());
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -1,8 +1,8 @@
 // Device memory of the CUDA backend: daemon allocations (pools and buffers,
 // each its own cudaMalloc exported by IPC handle) and client allocations
 // imported by handle. Both register their address ranges (DeviceRanges).
-#ifndef KVCACHED_SERVER_CUDA_CUDA_MEMORY_H_
-#define KVCACHED_SERVER_CUDA_CUDA_MEMORY_H_
+#ifndef KVDEPOT_SERVER_CUDA_CUDA_MEMORY_H_
+#define KVDEPOT_SERVER_CUDA_CUDA_MEMORY_H_
 
 #include <cuda_runtime_api.h>
 
@@ -19,7 +19,7 @@
 #include "server/backend.h"
 #include "server/cuda/device_ranges.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 // A zero-filled cudaMalloc of a pool or buffer, exported with
 // cudaIpcGetMemHandle, with the stream its kernels run on and (created on
@@ -96,6 +96,6 @@ class CudaImport final : public Memory {
   std::shared_ptr<DeviceRanges> ranges_;
 };
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_SERVER_CUDA_CUDA_MEMORY_H_
+#endif  // KVDEPOT_SERVER_CUDA_CUDA_MEMORY_H_

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 void DeviceRanges::Add(const void* base, int64_t size, int device) {
   const uintptr_t key = reinterpret_cast<uintptr_t>(base);
@@ -57,4 +57,4 @@ bool DeviceRanges::IsExported(const std::string& handle_bytes) const {
   return exported_.contains(handle_bytes);
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -3,8 +3,8 @@
 // whether a request pointer is device memory a kernel may use in place or
 // host memory (inline request or reply bytes) that must be staged. Plain
 // C++ (no CUDA headers), so it is tested in CPU-only builds too.
-#ifndef KVCACHED_SERVER_CUDA_DEVICE_RANGES_H_
-#define KVCACHED_SERVER_CUDA_DEVICE_RANGES_H_
+#ifndef KVDEPOT_SERVER_CUDA_DEVICE_RANGES_H_
+#define KVDEPOT_SERVER_CUDA_DEVICE_RANGES_H_
 
 #include <cstdint>
 #include <map>
@@ -16,7 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 // Address ranges of the backend's live device memory. Imports of one
 // handle share a base: a range counts its Adds and keeps the largest size.
@@ -47,6 +47,6 @@ class DeviceRanges {
   absl::flat_hash_set<std::string> exported_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_SERVER_CUDA_DEVICE_RANGES_H_
+#endif  // KVDEPOT_SERVER_CUDA_DEVICE_RANGES_H_

@@ -6,7 +6,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 using ::testing::HasSubstr;
@@ -88,4 +88,4 @@ TEST(DeviceRangesTest, RemembersExportedHandles) {
 }
 
 }  // namespace
-}  // namespace kvcache
+}  // namespace kvdepot

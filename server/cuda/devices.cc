@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 absl::StatusOr<int> ParseCudaDevice(absl::string_view field,
                                     absl::string_view requested,
@@ -52,4 +52,4 @@ absl::StatusOr<int64_t> RoundUpAllocation(int64_t size) {
   return (size + g - 1) / g * g;
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

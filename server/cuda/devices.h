@@ -1,7 +1,7 @@
 // Device strings and allocation sizes of the CUDA backend. Plain C++ (no
 // CUDA headers), so it is tested in CPU-only builds too.
-#ifndef KVCACHED_SERVER_CUDA_DEVICES_H_
-#define KVCACHED_SERVER_CUDA_DEVICES_H_
+#ifndef KVDEPOT_SERVER_CUDA_DEVICES_H_
+#define KVDEPOT_SERVER_CUDA_DEVICES_H_
 
 #include <cstdint>
 #include <string>
@@ -9,7 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 // Every exported allocation is its own cudaMalloc rounded up to this, so
 // mapping one never exposes a neighbour's bytes.
@@ -29,6 +29,6 @@ std::string CudaDeviceName(int ordinal);
 // when size <= 0 or the rounded size overflows int64.
 absl::StatusOr<int64_t> RoundUpAllocation(int64_t size);
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_SERVER_CUDA_DEVICES_H_
+#endif  // KVDEPOT_SERVER_CUDA_DEVICES_H_

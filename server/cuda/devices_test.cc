@@ -7,7 +7,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 using ::testing::HasSubstr;
@@ -82,4 +82,4 @@ TEST(RoundUpAllocationTest, RejectsNonPositiveAndOverflowingSizes) {
 }
 
 }  // namespace
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -7,7 +7,7 @@
 #include "client/cuda/cuda_mappings.h"
 #include "kernels/cuda/cuda_status.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 constexpr int64_t kMinCapacity = int64_t{64} << 10;
@@ -94,4 +94,4 @@ void StagingPool::Return(std::unique_ptr<Staging> staging) {
   free_[staging->device()].push_back(std::move(staging));
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -7,8 +7,8 @@
 // buffers, so calls that return without synchronizing (GPU ordering by
 // events) never see their staged bytes overwritten. Buffers only grow:
 // steady-state requests allocate nothing.
-#ifndef KVCACHED_SERVER_CUDA_STAGING_H_
-#define KVCACHED_SERVER_CUDA_STAGING_H_
+#ifndef KVDEPOT_SERVER_CUDA_STAGING_H_
+#define KVDEPOT_SERVER_CUDA_STAGING_H_
 
 #include <cuda_runtime_api.h>
 
@@ -21,7 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 // Regions inside a Staging start on this boundary (enough for every kernel
 // operand, 16 bytes, and for coalesced copies).
@@ -95,6 +95,6 @@ inline int64_t StagingRound(int64_t bytes) {
          kStagingAlignment;
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_SERVER_CUDA_STAGING_H_
+#endif  // KVDEPOT_SERVER_CUDA_STAGING_H_

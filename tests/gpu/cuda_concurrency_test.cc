@@ -22,7 +22,7 @@
 #include "tests/gpu/gpu_fixture.h"
 #include "tests/gpu/gpu_test_util.h"
 
-namespace kvcache::testing {
+namespace kvdepot::testing {
 namespace {
 
 constexpr int kThreads = 4;
@@ -127,7 +127,7 @@ void Worker(int t, const LocalPool& shared) {
     store.mutable_kv()->set_inline_data(kv);
     absl::StatusOr<v1::StoreResponse> sr = c->Store(store);
     ASSERT_TRUE(sr.ok()) << sr.status();
-    ASSERT_TRUE(kvcache::Store(own_ref.layout, own_ref.layer(0), kv.data(),
+    ASSERT_TRUE(kvdepot::Store(own_ref.layout, own_ref.layer(0), kv.data(),
                                InputDtype::kBF16, slots)
                     .ok());
   }
@@ -164,7 +164,7 @@ TEST_F(CudaConcurrencyTest, ParallelClientsAgreeWithTheReference) {
       StoreRequest("cc_shared", 0, all, v1::INPUT_DTYPE_BF16);
   store.mutable_kv()->set_inline_data(kv);
   ASSERT_TRUE(client_->Store(store).ok());
-  ASSERT_OK(kvcache::Store(shared.layout, shared.layer(0), kv.data(),
+  ASSERT_OK(kvdepot::Store(shared.layout, shared.layer(0), kv.data(),
                            InputDtype::kBF16, all));
 
   std::vector<std::thread> threads;
@@ -188,4 +188,4 @@ TEST_F(CudaConcurrencyTest, AutoBackendPicksCuda) {
 }
 
 }  // namespace
-}  // namespace kvcache::testing
+}  // namespace kvdepot::testing

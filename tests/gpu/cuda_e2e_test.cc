@@ -1,4 +1,4 @@
-// End to end on a GPU: kvcached (--backend=cuda) in a child process, this
+// End to end on a GPU: kvdepot (--backend=cuda) in a child process, this
 // test as its client in another process. Pools and buffers are shared by
 // CUDA IPC: the client writes BF16 K/V into a daemon buffer it mapped,
 // calls Store, then Load into another mapped buffer, and compares the pool
@@ -26,7 +26,7 @@
 #include "tests/gpu/gpu_fixture.h"
 #include "tests/gpu/gpu_test_util.h"
 
-namespace kvcache::testing {
+namespace kvdepot::testing {
 namespace {
 
 // Work the client queues before its event starts this late: a daemon that
@@ -185,7 +185,7 @@ TEST_P(RoundTripTest, StoreThenLoadMatchesTheCpuReference) {
   } else {
     EXPECT_TRUE(stored->recorded_event_ipc_handle().empty());
   }
-  ASSERT_OK(kvcache::Store(layout, ref.layer(layer), kv_bf16.data(),
+  ASSERT_OK(kvdepot::Store(layout, ref.layer(layer), kv_bf16.data(),
                            InputDtype::kBF16, slots));
   ASSERT_OK(
       Cuda(cudaMemcpyAsync(pool_host->data(), pool->data(), layout.total_bytes,
@@ -208,7 +208,7 @@ TEST_P(RoundTripTest, StoreThenLoadMatchesTheCpuReference) {
   const uint8_t before = c.out == Place::kInline ? 0 : kFill;
   std::vector<uint8_t> want_data(data_bytes, before);
   std::vector<uint8_t> want_scales(scale_bytes, before);
-  ASSERT_OK(kvcache::LoadSegments(layout, ref.layer(layer), segments, total_k,
+  ASSERT_OK(kvdepot::LoadSegments(layout, ref.layer(layer), segments, total_k,
                                   want_data.data(),
                                   f.do_cast ? nullptr : want_scales.data()));
   ASSERT_GT(std::count_if(want_data.begin(), want_data.end(),
@@ -320,4 +320,4 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Case>& p) { return p.param.name; });
 
 }  // namespace
-}  // namespace kvcache::testing
+}  // namespace kvdepot::testing

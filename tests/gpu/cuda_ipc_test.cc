@@ -17,7 +17,7 @@
 #include "tests/gpu/gpu_fixture.h"
 #include "tests/gpu/gpu_test_util.h"
 
-namespace kvcache::testing {
+namespace kvdepot::testing {
 namespace {
 
 using ::testing::HasSubstr;
@@ -143,7 +143,7 @@ TEST_F(CudaIpcTest, StoresFromAnImportedClientBuffer) {
   absl::StatusOr<v1::StoreResponse> stored = client_->Store(store);
   ASSERT_TRUE(stored.ok()) << stored.status();
   EXPECT_EQ(stored->tokens_written(), n - 1);
-  ASSERT_OK(kvcache::Store(ref.layout, ref.layer(0), kv.data(),
+  ASSERT_OK(kvdepot::Store(ref.layout, ref.layer(0), kv.data(),
                            InputDtype::kBF16, slots));
   absl::StatusOr<CudaIpcMapping> pool = CudaIpcMapping::Open(info->handle());
   ASSERT_TRUE(pool.ok()) << pool.status();
@@ -192,7 +192,7 @@ TEST_F(CudaIpcTest, RefusesHandlesItCannotImport) {
   bad.push_back(
       {h, "handle.offset = " + std::to_string(h.size()) + " is outside [0, "});
   h.Clear();
-  h.set_shm_name("/kvcached-0123");
+  h.set_shm_name("/kvdepot-0123");
   h.set_size(4096);
   bad.push_back({h, "needs cuda_ipc_handle (got shm_name)"});
   for (const Bad& b : bad) {
@@ -260,4 +260,4 @@ TEST_F(CudaIpcTest, BadWaitEventsChangeNothing) {
 }
 
 }  // namespace
-}  // namespace kvcache::testing
+}  // namespace kvdepot::testing

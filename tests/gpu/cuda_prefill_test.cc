@@ -1,7 +1,7 @@
 // PrefillLoad on the CUDA backend against the CPU backend: the same pools,
-// the same stored K/V and the same request go to kvcached --backend=cuda
+// the same stored K/V and the same request go to kvdepotd --backend=cuda
 // (chunk and output in device buffers shared by IPC) and to a second
-// kvcached --backend=cpu (inline bytes). The outputs, the replies and the
+// kvdepotd --backend=cpu (inline bytes). The outputs, the replies and the
 // SWA rings after the chunk's store must be byte-identical (SPEC §3: the
 // GPU kernels are bit-exact with the CPU reference).
 #include <cuda_runtime_api.h>
@@ -18,7 +18,7 @@
 #include "tests/gpu/gpu_fixture.h"
 #include "tests/gpu/gpu_test_util.h"
 
-namespace kvcache::testing {
+namespace kvdepot::testing {
 namespace {
 
 constexpr int kElements = 512;  // V41
@@ -155,4 +155,4 @@ TEST_F(CudaPrefillTest, MatchesTheCpuBackendByteForByte) {
 }
 
 }  // namespace
-}  // namespace kvcache::testing
+}  // namespace kvdepot::testing

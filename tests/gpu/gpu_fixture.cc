@@ -6,7 +6,7 @@
 #include "tests/daemon_process.h"
 #include "tests/e2e_util.h"
 
-namespace kvcache::testing {
+namespace kvdepot::testing {
 namespace {
 
 class DaemonEnvironment : public ::testing::Environment {
@@ -20,7 +20,7 @@ class DaemonEnvironment : public ::testing::Environment {
         DaemonProcess::Start({"--backend=cuda", "--log_level=warn"}, binary);
     if (!d.ok()) {
       ADD_FAILURE() << "starting " << binary
-                    << " --backend=cuda (set KVCACHED_BINARY to override): "
+                    << " --backend=cuda (set KVDEPOT_BINARY to override): "
                     << d.status();
       return;
     }
@@ -68,4 +68,4 @@ void GpuTest::SetUp() {
   stream_.emplace(*std::move(s));
 }
 
-}  // namespace kvcache::testing
+}  // namespace kvdepot::testing

@@ -1,20 +1,20 @@
-// The fixture of the GPU end-to-end tests: one kvcached --backend=cuda
+// The fixture of the GPU end-to-end tests: one kvdepotd --backend=cuda
 // child process for the whole test binary (started by a gtest environment,
 // stopped with SIGTERM at the end, its exit code checked), a client
 // connected to it and a stream of this process.
-#ifndef KVCACHED_TESTS_GPU_GPU_FIXTURE_H_
-#define KVCACHED_TESTS_GPU_GPU_FIXTURE_H_
+#ifndef KVDEPOT_TESTS_GPU_GPU_FIXTURE_H_
+#define KVDEPOT_TESTS_GPU_GPU_FIXTURE_H_
 
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "absl/status/status.h"
-#include "client/kvcache_client.h"
+#include "client/kvdepot_client.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
 
-namespace kvcache::testing {
+namespace kvdepot::testing {
 
 #define ASSERT_OK(expr)                          \
   do {                                           \
@@ -37,6 +37,6 @@ class GpuTest : public ::testing::Test {
   std::optional<Stream> stream_;
 };
 
-}  // namespace kvcache::testing
+}  // namespace kvdepot::testing
 
-#endif  // KVCACHED_TESTS_GPU_GPU_FIXTURE_H_
+#endif  // KVDEPOT_TESTS_GPU_GPU_FIXTURE_H_

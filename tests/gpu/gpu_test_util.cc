@@ -7,18 +7,18 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace kvcache::testing {
+namespace kvdepot::testing {
 
 std::string DaemonBinary() {
-  if (const char* env = std::getenv("KVCACHED_BINARY"); env != nullptr) {
+  if (const char* env = std::getenv("KVDEPOT_BINARY"); env != nullptr) {
     return env;
   }
-  if (access("server/kvcached", X_OK) == 0) return "server/kvcached";
+  if (access("server/kvdepotd", X_OK) == 0) return "server/kvdepotd";
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n <= 0) return "kvcached";
+  if (n <= 0) return "kvdepot";
   std::string path(self, static_cast<size_t>(n));
-  return path.substr(0, path.rfind('/') + 1) + "kvcached";
+  return path.substr(0, path.rfind('/') + 1) + "kvdepot";
 }
 
 absl::Status Cuda(cudaError_t e, const std::string& what) {
@@ -131,4 +131,4 @@ std::string DescribePoolOffset(const PoolLayout& layout, int64_t offset) {
                       ", scale byte ", s % f.sf_bytes(), ")");
 }
 
-}  // namespace kvcache::testing
+}  // namespace kvdepot::testing

@@ -2,8 +2,8 @@
 // pinned host memory, a delay queued on a stream so that a missing event
 // wait shows up as wrong bytes), buffers allocated through the raw RPC, and
 // byte comparisons that say where they differ.
-#ifndef KVCACHED_TESTS_GPU_GPU_TEST_UTIL_H_
-#define KVCACHED_TESTS_GPU_GPU_TEST_UTIL_H_
+#ifndef KVDEPOT_TESTS_GPU_GPU_TEST_UTIL_H_
+#define KVDEPOT_TESTS_GPU_GPU_TEST_UTIL_H_
 
 #include <cuda_runtime_api.h>
 
@@ -13,14 +13,14 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "client/kvcache_client.h"
+#include "client/kvdepot_client.h"
 #include "kernels/format.h"
-#include "kvcache/v1/kvcache.pb.h"
+#include "kvdepot/v1/kvdepot.pb.h"
 
-namespace kvcache::testing {
+namespace kvdepot::testing {
 
-// The daemon binary: $KVCACHED_BINARY, else the Bazel runfile
-// server/kvcached, else "kvcached" beside this test's executable (the GPU
+// The daemon binary: $KVDEPOT_BINARY, else the Bazel runfile
+// server/kvdepotd, else "kvdepot" beside this test's executable (the GPU
 // bundle puts both in bin/).
 std::string DaemonBinary();
 
@@ -95,6 +95,6 @@ std::string CompareBytes(const uint8_t* expected, const uint8_t* actual,
 // offset into a pool.
 std::string DescribePoolOffset(const PoolLayout& layout, int64_t offset);
 
-}  // namespace kvcache::testing
+}  // namespace kvdepot::testing
 
-#endif  // KVCACHED_TESTS_GPU_GPU_TEST_UTIL_H_
+#endif  // KVDEPOT_TESTS_GPU_GPU_TEST_UTIL_H_

@@ -1,4 +1,4 @@
-"""kvcachectl against a live kvcached (CPU backend) on a temporary socket.
+"""kvcachectl against a live kvdepot (CPU backend) on a temporary socket.
 
 Every subcommand in table and JSON form; a corrupted block (a UE8M0 scale
 set to 255 and a NaN in BF16 data, written through the mapped shm pool) is
@@ -7,7 +7,7 @@ and change after a write; status exits 0 / 1 (draining) / 3 (no daemon);
 /metrics is scraped during traffic and validated by `promtool check
 metrics`.
 
-Usage (Bazel passes these): ops_test.py KVCACHED KVCACHECTL TRAFFIC
+Usage (Bazel passes these): ops_test.py KVDEPOT KVCACHECTL TRAFFIC
 """
 
 import json
@@ -26,7 +26,7 @@ import time
 import unittest
 import urllib.request
 
-KVCACHED, KVCACHECTL, TRAFFIC = (os.path.abspath(p) for p in sys.argv[1:4])
+KVDEPOT, KVCACHECTL, TRAFFIC = (os.path.abspath(p) for p in sys.argv[1:4])
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 
 
@@ -41,17 +41,17 @@ class Daemon:
     def __init__(self):
         self.dir = tempfile.mkdtemp(prefix="kvops", dir="/tmp")
         self.sock = os.path.join(self.dir, "d.sock")
-        self.log_path = os.path.join(self.dir, "kvcached.log")
+        self.log_path = os.path.join(self.dir, "kvdepotd.log")
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [KVCACHED, "--listen=" + self.sock, "--backend=cpu",
+            [KVDEPOT, "--listen=" + self.sock, "--backend=cpu",
              "--metrics_address=127.0.0.1:0", "--drain_grace_ms=0"],
             stdout=self.log, stderr=subprocess.STDOUT)
         self.metrics_url = None
         deadline = time.time() + 60
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError("kvcached exited: " + self.read_log())
+                raise RuntimeError("kvdepotd exited: " + self.read_log())
             m = re.search(r"metrics on (http://\S+/metrics)", self.read_log())
             if m and os.path.exists(self.sock):
                 self.metrics_url = m.group(1)
@@ -59,7 +59,7 @@ class Daemon:
                 if rc == 0:
                     return
             time.sleep(0.05)
-        raise RuntimeError("kvcached did not come up: " + self.read_log())
+        raise RuntimeError("kvdepot did not come up: " + self.read_log())
 
     def read_log(self):
         with open(self.log_path) as f:
@@ -358,17 +358,17 @@ class OpsTest(unittest.TestCase):
                                capture_output=True, text=True, timeout=60)
             self.assertEqual(p.returncode, 0, p.stdout + p.stderr + text)
         last = texts[-1]
-        m = re.search(r'kvcached_requests_total\{method="Store",code="OK"\} (\d+)',
+        m = re.search(r'kvdepot_requests_total\{method="Store",code="OK"\} (\d+)',
                       last)
         self.assertIsNotNone(m, last)
         self.assertGreaterEqual(int(m.group(1)), 40)
-        self.assertRegex(last, r"kvcached_pools 2\n")
-        self.assertRegex(last, r"kvcached_tokens_stored_total [1-9]\d*\n")
+        self.assertRegex(last, r"kvdepot_pools 2\n")
+        self.assertRegex(last, r"kvdepot_tokens_stored_total [1-9]\d*\n")
         self.assertRegex(
-            last, r'kvcached_request_duration_seconds_bucket\{method="Load",'
+            last, r'kvdepot_request_duration_seconds_bucket\{method="Load",'
                   r'le="\+Inf"\} [1-9]')
-        self.assertRegex(last, r'kvcached_rejections_total\{reason="invalid_argument"\} [1-9]')
-        self.assertRegex(last, r'kvcached_kernel_seconds_total\{op="store"\} ')
+        self.assertRegex(last, r'kvdepot_rejections_total\{reason="invalid_argument"\} [1-9]')
+        self.assertRegex(last, r'kvdepot_kernel_seconds_total\{op="store"\} ')
 
     def check_stats(self):
         out = self.ctl_ok("stats")

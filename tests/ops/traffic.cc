@@ -9,7 +9,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "client/kvcache_client.h"
+#include "client/kvdepot_client.h"
 #include "proto/wire.h"
 
 ABSL_FLAG(std::string, addr, "", "daemon address");
@@ -22,10 +22,10 @@ ABSL_FLAG(int, rounds, 1, "store+load rounds");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  kvcache::ClientOptions o;
+  kvdepot::ClientOptions o;
   o.address = absl::GetFlag(FLAGS_addr);
   o.client_name = "ops_traffic";
-  auto client = kvcache::KVCacheClient::Connect(o);
+  auto client = kvdepot::KVCacheClient::Connect(o);
   if (!client.ok()) {
     std::fprintf(stderr, "connect: %s\n", client.status().ToString().c_str());
     return 1;
@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "get pool: %s\n", pool.status().ToString().c_str());
     return 1;
   }
-  const kvcache::v1::PoolLayout& l = pool->layout();
+  const kvdepot::v1::PoolLayout& l = pool->layout();
   const int64_t n = absl::GetFlag(FLAGS_tokens);
   std::mt19937 rng(absl::GetFlag(FLAGS_seed));
   std::normal_distribution<float> dist(0.0f, 3.0f);
@@ -46,23 +46,23 @@ int main(int argc, char** argv) {
   for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
     std::vector<float> kv(static_cast<size_t>(n * l.elements()));
     for (float& v : kv) v = dist(rng);
-    kvcache::v1::StoreRequest s;
+    kvdepot::v1::StoreRequest s;
     s.set_pool(pool->name());
     s.set_layer(absl::GetFlag(FLAGS_layer));
     s.set_num_tokens(n);
-    kvcache::EncodeInt32s(slots, s.mutable_slot_mapping());
-    s.set_dtype(kvcache::v1::INPUT_DTYPE_FP32);
+    kvdepot::EncodeInt32s(slots, s.mutable_slot_mapping());
+    s.set_dtype(kvdepot::v1::INPUT_DTYPE_FP32);
     s.mutable_kv()->set_inline_data(kv.data(), kv.size() * sizeof(float));
     auto stored = (*client)->Store(s);
     if (!stored.ok()) {
       std::fprintf(stderr, "store: %s\n", stored.status().ToString().c_str());
       return 1;
     }
-    kvcache::v1::LoadRequest r;
+    kvdepot::v1::LoadRequest r;
     r.set_pool(pool->name());
     r.set_layer(absl::GetFlag(FLAGS_layer));
     const int32_t rows = static_cast<int32_t>(l.block_size());
-    kvcache::EncodeInt32s({0, 0, rows, 0},
+    kvdepot::EncodeInt32s({0, 0, rows, 0},
                           r.mutable_segments()->mutable_segments());
     r.mutable_segments()->set_num_segments(1);
     r.mutable_segments()->set_total_k(rows);

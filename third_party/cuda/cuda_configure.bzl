@@ -4,12 +4,12 @@ Generates @local_cuda with:
   defs.bzl   CUDA_AVAILABLE (bool) and NVCC (absolute path or "").
   :cuda_headers  the toolkit's include directory (only when available).
   :cudart_static the static CUDA runtime and the libraries it needs.
-Set KVCACHED_DISABLE_CUDA=1 to force a CPU-only build; CUDA_PATH overrides
+Set KVDEPOT_DISABLE_CUDA=1 to force a CPU-only build; CUDA_PATH overrides
 the default /usr/local/cuda.
 """
 
 def _cuda_configure_impl(ctx):
-    disabled = ctx.os.environ.get("KVCACHED_DISABLE_CUDA", "") not in ("", "0")
+    disabled = ctx.os.environ.get("KVDEPOT_DISABLE_CUDA", "") not in ("", "0")
     root = ctx.os.environ.get("CUDA_PATH", "/usr/local/cuda")
     nvcc = ctx.path(root + "/bin/nvcc")
     cudart = ctx.path(root + "/lib64/libcudart_static.a")
@@ -44,6 +44,6 @@ cc_library(
 
 cuda_configure = repository_rule(
     implementation = _cuda_configure_impl,
-    environ = ["CUDA_PATH", "KVCACHED_DISABLE_CUDA"],
+    environ = ["CUDA_PATH", "KVDEPOT_DISABLE_CUDA"],
     local = True,
 )

@@ -7,9 +7,9 @@ import unittest
 
 import grpc
 
-from kvcached_client import KVCacheError, pack_int32, unpack_int32
-from kvcached_client import _address
-from kvcached_client._arrays import data_bytes, infer_dtype, pack_int32_2d
+from kvdepot import KVCacheError, pack_int32, unpack_int32
+from kvdepot import _address
+from kvdepot._arrays import data_bytes, infer_dtype, pack_int32_2d
 
 try:
     import numpy
@@ -93,13 +93,13 @@ class PackTest(unittest.TestCase):
         try:
             os.environ["XDG_RUNTIME_DIR"] = "/run/user/7"
             self.assertEqual(_address.resolve_target(""),
-                             "unix:/run/user/7/kvcached.sock")
+                             "unix:/run/user/7/kvdepot/kvdepotd.sock")
             os.environ["XDG_RUNTIME_DIR"] = "relative"
             self.assertEqual(_address.default_socket_path(),
-                             f"/tmp/kvcached-{os.getuid()}.sock")
+                             f"/tmp/kvdepot-{os.getuid()}/kvdepotd.sock")
             del os.environ["XDG_RUNTIME_DIR"]
             self.assertEqual(_address.default_socket_path(),
-                             f"/tmp/kvcached-{os.getuid()}.sock")
+                             f"/tmp/kvdepot-{os.getuid()}/kvdepotd.sock")
         finally:
             if saved is not None:
                 os.environ["XDG_RUNTIME_DIR"] = saved

@@ -1,4 +1,4 @@
-"""kvcached_client against a real kvcached child process (CPU backend)."""
+"""kvdepot against a real kvdepotd child process (CPU backend)."""
 
 import array
 import ctypes
@@ -8,8 +8,8 @@ import unittest
 
 import grpc
 
-import kvcached_client
-from kvcached_client import INLINE, KVCacheError
+import kvdepot
+from kvdepot import INLINE, KVCacheError
 from daemon import (Daemon, ctl_decode, ctl_encode, random_bf16,
                     record_bytes, segments_for)
 
@@ -44,7 +44,7 @@ class ClientTest(unittest.TestCase):
     def tearDownClass(cls):
         cls.kv.close()
         rc = cls.daemon.stop()
-        assert rc == 0, f"kvcached exited {rc}:\n{cls.daemon.log_text()}"
+        assert rc == 0, f"kvdepotd exited {rc}:\n{cls.daemon.log_text()}"
 
     def assertFails(self, code, text, fn, *args, **kwargs):
         with self.assertRaises(KVCacheError) as cm:
@@ -255,7 +255,7 @@ class ClientTest(unittest.TestCase):
 
     def test_unreachable_daemon_is_unavailable(self):
         self.assertFails(grpc.StatusCode.UNAVAILABLE, "did not answer",
-                         kvcached_client.connect,
+                         kvdepot.connect,
                          self.daemon.dir + "/missing.sock",
                          connect_timeout=0.3)
 

@@ -1,6 +1,6 @@
-"""Test helpers: a kvcached child process on a temporary socket, and the
+"""Test helpers: a kvdepotd child process on a temporary socket, and the
 kvcachectl format encoder/decoder, located through environment variables
-the sh_test runner sets (KVCACHED_BIN, KVCACHECTL_BIN)."""
+the sh_test runner sets (KVDEPOT_BIN, KVCACHECTL_BIN)."""
 
 import os
 import random
@@ -10,23 +10,23 @@ import subprocess
 import tempfile
 from typing import List, Optional, Tuple
 
-import kvcached_client
+import kvdepot
 
 
 class Daemon:
-    """kvcached --listen=<tmp>/kv.sock; stop() drains it with SIGTERM."""
+    """kvdepotd --listen=<tmp>/kv.sock; stop() drains it with SIGTERM."""
 
     def __init__(self, *extra_flags: str):
         self.dir = tempfile.mkdtemp(prefix="kvpy")
         self.socket = os.path.join(self.dir, "kv.sock")
-        self.log = open(os.path.join(self.dir, "kvcached.log"), "wb")
+        self.log = open(os.path.join(self.dir, "kvdepotd.log"), "wb")
         self.proc = subprocess.Popen(
-            [os.environ["KVCACHED_BIN"], f"--listen={self.socket}",
+            [os.environ["KVDEPOT_BIN"], f"--listen={self.socket}",
              *extra_flags], stdout=self.log, stderr=subprocess.STDOUT)
 
-    def connect(self, **options) -> kvcached_client.Client:
+    def connect(self, **options) -> kvdepot.Client:
         options.setdefault("connect_timeout", 20.0)
-        return kvcached_client.connect(self.socket, **options)
+        return kvdepot.connect(self.socket, **options)
 
     def stop(self) -> int:
         """SIGTERM, then the exit code (0 = drained cleanly)."""
@@ -42,7 +42,7 @@ class Daemon:
         return rc
 
     def log_text(self) -> str:
-        with open(os.path.join(self.dir, "kvcached.log"), "rb") as f:
+        with open(os.path.join(self.dir, "kvdepotd.log"), "rb") as f:
             return f.read().decode(errors="replace")
 
 

@@ -1,6 +1,6 @@
-"""The Python client of kvcached: a typed wrapper over the gRPC stubs.
+"""The Python client of kvdepot: a typed wrapper over the gRPC stubs.
 
-    with kvcached_client.connect() as kv:          # default socket, session
+    with kvdepot.connect() as kv:          # default socket, session
         kv.create_or_get_pool("main", "V41", block_size=64, num_blocks=1024,
                               num_layers=1)
         n = kv.store("main", 0, slot_mapping=range(256), kv=bf16_bytes)
@@ -8,7 +8,7 @@
 
 Every method raises KVCacheError (gRPC code + the daemon's message) on
 failure. Pool, stats and buffer-info replies are the proto messages
-(kvcache.v1.PoolInfo ...); the cache operations return small dataclasses
+(kvdepot.v1.PoolInfo ...); the cache operations return small dataclasses
 whose int32 arrays are array.array('i') (numpy.asarray() views them).
 """
 
@@ -19,8 +19,8 @@ from typing import Any, List, Optional, Union
 
 import grpc
 
-from kvcache.v1 import kvcache_pb2 as pb
-from kvcache.v1 import kvcache_pb2_grpc as pb_grpc
+from kvdepot.v1 import kvdepot_pb2 as pb
+from kvdepot.v1 import kvdepot_pb2_grpc as pb_grpc
 
 from ._address import resolve_target
 from ._arrays import (data_bytes, infer_dtype, pack_int32, pack_int32_2d,
@@ -28,7 +28,7 @@ from ._arrays import (data_bytes, infer_dtype, pack_int32, pack_int32_2d,
 from ._buffers import INLINE, Buffer, PoolMapping, Slice
 from ._errors import KVCacheError, from_rpc_error, invalid_argument
 
-_log = logging.getLogger("kvcached_client")
+_log = logging.getLogger("kvdepot")
 _DTYPES = {"bf16": pb.INPUT_DTYPE_BF16, "fp32": pb.INPUT_DTYPE_FP32}
 
 
@@ -113,11 +113,11 @@ def _optional_ints(value: Any, field: str) -> bytes:
 
 
 class Client:
-    """A connection to kvcached with an open session (unless
+    """A connection to kvdepot with an open session (unless
     open_session=False) renewed by a background thread every lease / 3."""
 
     def __init__(self, address: str = "", *,
-                 client_name: str = "kvcached_client.py",
+                 client_name: str = "kvdepot.py",
                  open_session: bool = True, lease_ms: int = 0,
                  keep_alive: bool = True, timeout: float = 30.0,
                  connect_timeout: float = 10.0,
@@ -139,7 +139,7 @@ class Client:
             self._channel.close()
             raise KVCacheError(
                 grpc.StatusCode.UNAVAILABLE,
-                f"kvcached at {self.target} did not answer within "
+                f"kvdepot at {self.target} did not answer within "
                 f"{connect_timeout:g} s") from None
         self._stub = pb_grpc.KVCacheStub(self._channel)
         if open_session:
@@ -152,7 +152,7 @@ class Client:
             self.session_id, self.lease_ms = r.session_id, r.lease_ms
             if keep_alive:
                 self._thread = threading.Thread(
-                    target=self._keep_alive_loop, name="kvcached-keepalive",
+                    target=self._keep_alive_loop, name="kvdepot-keepalive",
                     daemon=True)
                 self._thread.start()
 
@@ -160,7 +160,7 @@ class Client:
 
     @property
     def stub(self) -> Any:
-        """The raw kvcache.v1.KVCache stub, for anything not wrapped."""
+        """The raw kvdepot.v1.KVCache stub, for anything not wrapped."""
         return self._stub
 
     def _call(self, method: str, request: Any) -> Any:
@@ -175,7 +175,7 @@ class Client:
             try:
                 self.keep_alive()
             except KVCacheError as e:
-                _log.warning("kvcached keep-alive failed: %s", e)
+                _log.warning("kvdepot keep-alive failed: %s", e)
 
     def keep_alive(self) -> int:
         """Renews the session's lease; returns the milliseconds left."""
@@ -194,7 +194,7 @@ class Client:
                 self._call("CloseSession", pb.CloseSessionRequest(
                     session_id=self.session_id))
             except KVCacheError as e:
-                _log.info("kvcached CloseSession: %s", e)
+                _log.info("kvdepot CloseSession: %s", e)
             self.session_id = ""
         self._channel.close()
 

@@ -1,8 +1,14 @@
-"""Python client of kvcached, the KV-cache daemon. See docs/PYTHON.md.
+"""Python client of kvdepot, the KV-cache daemon. See docs/PYTHON.md.
 
-Needs the generated stubs (module kvcache.v1.kvcache_pb2 and _pb2_grpc,
-built by //client/python:stubs) on sys.path next to this package.
+Needs the generated stubs (module kvdepot.v1.kvdepot_pb2 and _pb2_grpc,
+built by //client/python:stubs): either inside this package's folder
+(kvdepot/v1/) or in a folder named kvdepot under another sys.path entry
+(Bazel's gen/kvdepot/v1/), which the __path__ extension below finds.
 """
+
+import pkgutil
+
+__path__ = pkgutil.extend_path(__path__, __name__)
 
 from ._address import default_socket_path, resolve_target
 from ._arrays import pack_int32, unpack_int32

@@ -1,14 +1,15 @@
-"""Where the daemon listens by default (the same rule as kvcached's)."""
+"""Where the daemon listens by default (the same rule as kvdepot's)."""
 
 import os
 
 
 def default_socket_path() -> str:
-    """$XDG_RUNTIME_DIR/kvcached.sock, or /tmp/kvcached-$UID.sock."""
+    """$XDG_RUNTIME_DIR/kvdepot/kvdepotd.sock, or
+    /tmp/kvdepot-$UID/kvdepotd.sock (a directory private to the daemon)."""
     runtime_dir = os.environ.get("XDG_RUNTIME_DIR", "")
     if runtime_dir.startswith("/"):
-        return runtime_dir + "/kvcached.sock"
-    return f"/tmp/kvcached-{os.getuid()}.sock"
+        return runtime_dir + "/kvdepot/kvdepotd.sock"
+    return f"/tmp/kvdepot-{os.getuid()}/kvdepotd.sock"
 
 
 def resolve_target(address: str = "") -> str:

@@ -1,4 +1,4 @@
-#include "client/kvcache_client.h"
+#include "client/kvdepot_client.h"
 
 #include <chrono>
 #include <utility>
@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/default_address.h"
 
-namespace kvcache {
+namespace kvdepot {
 namespace {
 
 using Stub = v1::KVCache::Stub;
@@ -56,7 +56,7 @@ absl::StatusOr<std::unique_ptr<KVCacheClient>> KVCacheClient::Connect(
           std::chrono::system_clock::now() +
           absl::ToChronoMilliseconds(options.connect_timeout))) {
     return absl::UnavailableError(
-        absl::StrCat("cannot connect to kvcached at \"", target, "\" within ",
+        absl::StrCat("cannot connect to kvdepot at \"", target, "\" within ",
                      absl::FormatDuration(options.connect_timeout)));
   }
   std::unique_ptr<KVCacheClient> client(
@@ -249,4 +249,4 @@ absl::Status KVCacheClient::KeepAlive() {
   return Call(stub_.get(), &Stub::KeepAlive, r, options_.timeout).status();
 }
 
-}  // namespace kvcache
+}  // namespace kvdepot

@@ -1,4 +1,4 @@
-// The C++ client of kvcached. Connects (default: the daemon's default Unix
+// The C++ client of kvdepot. Connects (default: the daemon's default Unix
 // socket), opens a session kept alive by a background thread, wraps every
 // RPC as absl::StatusOr, and maps pools and buffers into the caller (opened
 // once and cached per pool).
@@ -8,8 +8,8 @@
 //   (*c)->MapPool("main"); absl::StatusOr<BufferMapping> buf =
 //   (*c)->AllocateBuffer(1 << 20);
 //   ... write K/V into buf->data(), then (*c)->Store(request) ...
-#ifndef KVCACHED_CLIENT_KVCACHE_CLIENT_H_
-#define KVCACHED_CLIENT_KVCACHE_CLIENT_H_
+#ifndef KVDEPOT_CLIENT_KVDEPOT_CLIENT_H_
+#define KVDEPOT_CLIENT_KVDEPOT_CLIENT_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -24,14 +24,14 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/mappings.h"
-#include "kvcache/v1/kvcache.grpc.pb.h"
+#include "kvdepot/v1/kvdepot.grpc.pb.h"
 
-namespace kvcache {
+namespace kvdepot {
 
 struct ClientOptions {
   // "" = the default Unix socket; "/path", "unix:/path" or "host:port".
   std::string address;
-  std::string client_name = "kvcache_client";
+  std::string client_name = "kvdepot_client";
   // Open a session (needed for buffers); 0 lease = the daemon's default.
   bool open_session = true;
   absl::Duration lease = absl::ZeroDuration();
@@ -117,6 +117,6 @@ class KVCacheClient {
 // grpc -> absl status (the codes share their numbering).
 absl::Status FromGrpcStatus(const grpc::Status& status);
 
-}  // namespace kvcache
+}  // namespace kvdepot
 
-#endif  // KVCACHED_CLIENT_KVCACHE_CLIENT_H_
+#endif  // KVDEPOT_CLIENT_KVDEPOT_CLIENT_H_

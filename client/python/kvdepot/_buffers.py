@@ -1,7 +1,7 @@
 """Shared memory the daemon exports: buffers of a session, and pools.
 
-On the CPU backend a handle names a POSIX shm object ("/kvcached-<hex>"),
-which Linux exposes as /dev/shm/kvcached-<hex>: it is mapped with mmap and
+On the CPU backend a handle names a POSIX shm object ("/kvdepot-<hex>"),
+which Linux exposes as /dev/shm/kvdepot-<hex>: it is mapped with mmap and
 offered as a writable memoryview. On the CUDA backend the handle is the
 64-byte cudaIpcMemHandle_t of the allocation base (see docs/PYTHON.md for
 opening it in PyTorch); nothing is mapped here.
