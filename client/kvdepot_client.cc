@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "client/default_address.h"
+#include "common/default_address.h"
 
 namespace kvdepot {
 namespace {

@@ -11,7 +11,7 @@ absl::StatusOr<ShmRegion> MapHandle(const v1::SharedHandle& h) {
   if (h.kind_case() != v1::SharedHandle::kShmName) {
     return absl::UnimplementedError(
         "the handle is a CUDA IPC handle, not a shm name: open it with "
-        "CudaIpcMapping (//client/cuda:cuda_mappings)");
+        "CudaIpcMapping (//common/cuda:cuda_mappings)");
   }
   if (h.offset() < 0 || h.offset() > h.size()) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
-#include "client/shm.h"
+#include "common/shm.h"
 #include "kvdepot/v1/kvdepot.pb.h"
 
 namespace kvdepot {

@@ -17,7 +17,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "client/default_address.h"
+#include "common/default_address.h"
+#include "common/status_macros.h"
+#include "server/backend/factory.h"
 #include "server/instrumented_backend.h"
 #include "spdlog/spdlog.h"
 
@@ -62,14 +64,14 @@ absl::Status ClaimSocketPath(const std::string& path) {
 // a directory others can write, so serving from one would only fail later.
 absl::Status PreparePrivateSocketDir(const std::string& dir) {
   if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cannot create the socket directory \"", dir, "\": ",
-        std::strerror(errno)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create the socket directory \"", dir,
+                     "\": ", std::strerror(errno)));
   }
   struct stat st;
   if (lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the socket directory \"", dir, "\" is not a directory"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the socket directory \"", dir, "\" is not a directory"));
   }
   if (st.st_uid != geteuid() || (st.st_mode & 0077) != 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -87,7 +89,7 @@ Daemon::Daemon(const DaemonOptions& options) : options_(options) {}
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
     const DaemonOptions& options) {
   std::unique_ptr<Daemon> daemon(new Daemon(options));
-  if (absl::Status s = daemon->Init(); !s.ok()) return s;
+  RETURN_IF_ERROR(daemon->Init());
   return daemon;
 }
 
@@ -141,7 +143,7 @@ absl::Status Daemon::Init() {
       server_->GetHealthCheckService()->SetServingStatus(false);
     }
   });
-  if (absl::Status s = ApplyConfig(); !s.ok()) return s;
+  RETURN_IF_ERROR(ApplyConfig());
   if (!options_.metrics_address.empty()) {
     KVCacheService* service = service_.get();
     absl::StatusOr<std::unique_ptr<MetricsServer>> m =
@@ -160,12 +162,9 @@ absl::Status Daemon::Init() {
   socket_path_ = UnixSocketPathOf(target_);
   if (!socket_path_.empty()) {
     if (socket_path_ == DefaultSocketPath()) {
-      if (absl::Status s = PreparePrivateSocketDir(DefaultSocketDir());
-          !s.ok()) {
-        return s;
-      }
+      RETURN_IF_ERROR(PreparePrivateSocketDir(DefaultSocketDir()));
     }
-    if (absl::Status s = ClaimSocketPath(socket_path_); !s.ok()) return s;
+    RETURN_IF_ERROR(ClaimSocketPath(socket_path_));
   }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/backend.h"
+#include "server/backend/backend.h"
 #include "server/metrics.h"
 #include "server/metrics_http.h"
 #include "server/pools.h"
@@ -25,7 +25,7 @@
 namespace kvdepot {
 
 struct DaemonOptions {
-  // "" = the default Unix socket (client/default_address.h); "/path" or
+  // "" = the default Unix socket (common/default_address.h); "/path" or
   // "unix:/path" = that socket (mode 0660); "host:port" = TCP (port 0 picks
   // a free one).
   std::string listen;

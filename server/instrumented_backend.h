@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "server/backend.h"
+#include "server/backend/backend.h"
 #include "server/metrics.h"
 
 namespace kvdepot {

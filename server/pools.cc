@@ -5,6 +5,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/format_host.h"
 #include "kernels/reference.h"
 
@@ -64,7 +65,7 @@ void Pool::ToProto(v1::PoolInfo* info) const {
 
 absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(
     const v1::CreatePoolRequest& r) {
-  if (absl::Status s = ValidatePoolName("name", r.name()); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidatePoolName("name", r.name()));
   absl::StatusOr<std::string> device = backend_->ResolveDevice(r.device());
   if (!device.ok()) return device.status();
   // "BF16" + elements, or any full name ("V41", "BF16(512)").

@@ -17,7 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "kernels/format.h"
 #include "kvdepot/v1/kvdepot.pb.h"
-#include "server/backend.h"
+#include "server/backend/backend.h"
 
 namespace kvdepot {
 

@@ -1,6 +1,7 @@
 #include "server/request_checks.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "proto/wire.h"
 
 namespace kvdepot {
@@ -64,21 +65,14 @@ absl::Status DecodeSequencePlan(absl::string_view field,
         absl::StrCat(f, ".max_blocks_per_seq = ", plan.max_blocks_per_seq(),
                      " is outside [1, 2^31)"));
   }
-  if (absl::Status s =
-          DecodeInt32s(absl::StrCat(f, ".seqlen_k"), plan.seqlen_k(),
-                       absl::StrCat(f, ".num_seqs"), plan.num_seqs(),
-                       max_elements, &out->seqlen_k);
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(DecodeInt32s(absl::StrCat(f, ".seqlen_k"), plan.seqlen_k(),
+                               absl::StrCat(f, ".num_seqs"), plan.num_seqs(),
+                               max_elements, &out->seqlen_k));
   const int64_t cells = plan.num_seqs() * plan.max_blocks_per_seq();
-  if (absl::Status s =
-          DecodeInt32s(absl::StrCat(f, ".block_table"), plan.block_table(),
-                       absl::StrCat(f, ".num_seqs * max_blocks_per_seq"), cells,
-                       max_elements, &out->block_table);
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(
+      DecodeInt32s(absl::StrCat(f, ".block_table"), plan.block_table(),
+                   absl::StrCat(f, ".num_seqs * max_blocks_per_seq"), cells,
+                   max_elements, &out->block_table));
   absl::StatusOr<int32_t> ratio = CheckRatio(absl::StrCat(f, ".compress_ratio"),
                                              plan.compress_ratio(), layout);
   if (!ratio.ok()) return ratio.status();

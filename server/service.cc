@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "server/version.h"
 #include "spdlog/spdlog.h"
 
@@ -229,7 +230,7 @@ grpc::Status KVCacheService::AllocateBuffer(Ctx* ctx,
           absl::StrCat("size = ", r->size(), " is outside [1, ",
                        options_.max_buffer_bytes, "] (--max_buffer_bytes)"));
     }
-    if (absl::Status s = TouchSession(r->session_id()); !s.ok()) return s;
+    RETURN_IF_ERROR(TouchSession(r->session_id()));
     if (r->session_id().empty()) {
       return absl::InvalidArgumentError(
           "session_id is required: buffers belong to a session");
@@ -255,7 +256,7 @@ grpc::Status KVCacheService::ImportBuffer(Ctx* ctx,
       return absl::InvalidArgumentError(
           "session_id is required: buffers belong to a session");
     }
-    if (absl::Status s = TouchSession(r->session_id()); !s.ok()) return s;
+    RETURN_IF_ERROR(TouchSession(r->session_id()));
     if (r->handle().size() <= 0 ||
         r->handle().size() > options_.max_buffer_bytes) {
       return absl::InvalidArgumentError(

@@ -18,7 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "kvdepot/v1/kvdepot.grpc.pb.h"
-#include "server/backend.h"
+#include "server/backend/backend.h"
 #include "server/metrics.h"
 #include "server/pools.h"
 #include "server/sessions.h"

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/quant.h"
 #include "planner/prefill_layout.h"
 #include "proto/wire.h"
@@ -52,16 +53,11 @@ absl::Status CheckOrdering(const Backend& backend, absl::string_view wait_event,
 absl::StatusOr<std::shared_ptr<Pool>> KVCacheService::DataTarget(
     absl::string_view session_id, absl::string_view pool_name, int64_t layer,
     absl::string_view wait_event, bool record_event) {
-  if (absl::Status s = TouchSession(session_id); !s.ok()) return s;
-  if (absl::Status s = CheckOrdering(*backend_, wait_event, record_event);
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(TouchSession(session_id));
+  RETURN_IF_ERROR(CheckOrdering(*backend_, wait_event, record_event));
   absl::StatusOr<std::shared_ptr<Pool>> pool = pools_->Get("pool", pool_name);
   if (!pool.ok()) return pool.status();
-  if (absl::Status s = CheckLayer("layer", layer, (*pool)->layout); !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(CheckLayer("layer", layer, (*pool)->layout));
   return pool;
 }
 
@@ -77,13 +73,10 @@ absl::Status KVCacheService::DoStore(Ctx* ctx, const v1::StoreRequest& r,
       ToInputDtype("dtype", r.dtype(), &dtype_bytes);
   if (!dtype.ok()) return dtype.status();
   Scratch& sc = ThreadScratch();
-  if (absl::Status s =
-          DecodeInt32s("slot_mapping", r.slot_mapping(), "num_tokens",
-                       r.num_tokens(), options_.max_array_elements, &sc.slots);
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = ValidateSlotMapping(layout, sc.slots); !s.ok()) return s;
+  RETURN_IF_ERROR(DecodeInt32s("slot_mapping", r.slot_mapping(), "num_tokens",
+                               r.num_tokens(), options_.max_array_elements,
+                               &sc.slots));
+  RETURN_IF_ERROR(ValidateSlotMapping(layout, sc.slots));
   absl::StatusOr<ByteRange> kv =
       ResolveInput(*sessions_, "kv", r.kv(),
                    r.num_tokens() * layout.format.elements() * dtype_bytes);
@@ -93,7 +86,7 @@ absl::Status KVCacheService::DoStore(Ctx* ctx, const v1::StoreRequest& r,
   out->set_tokens_written(written);
   const GpuOrdering ordering{r.wait_event_ipc_handle(), r.record_event()};
   if (r.num_tokens() == 0 && ordering.empty()) return absl::OkStatus();
-  if (absl::Status s = CheckAlive(ctx); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckAlive(ctx));
   absl::MutexLock lock(&(*pool)->mu);
   return backend_->StoreOrdered(layout, *(*pool)->memory, r.layer(), kv->data,
                                 *dtype, sc.slots, ordering,
@@ -118,12 +111,9 @@ absl::Status KVCacheService::DoLoad(Ctx* ctx, const v1::LoadRequest& r,
             absl::StrCat("segments.num_segments = ", p.num_segments(),
                          " exceeds ", options_.max_array_elements / 4));
       }
-      if (absl::Status s = DecodeInt32s(
-              "segments.segments", p.segments(), "4 * segments.num_segments",
-              4 * p.num_segments(), options_.max_array_elements, &sc.segments);
-          !s.ok()) {
-        return s;
-      }
+      RETURN_IF_ERROR(DecodeInt32s(
+          "segments.segments", p.segments(), "4 * segments.num_segments",
+          4 * p.num_segments(), options_.max_array_elements, &sc.segments));
       if (p.total_k() < 0 || p.total_k() > INT32_MAX) {
         return absl::InvalidArgumentError(absl::StrCat(
             "segments.total_k = ", p.total_k(), " is outside [0, 2^31)"));
@@ -133,17 +123,10 @@ absl::Status KVCacheService::DoLoad(Ctx* ctx, const v1::LoadRequest& r,
       break;
     }
     case v1::LoadRequest::kSequences: {
-      if (absl::Status s =
-              DecodeSequencePlan("sequences", r.sequences(), layout,
-                                 options_.max_array_elements, &sc.seqs);
-          !s.ok()) {
-        return s;
-      }
-      if (absl::Status s =
-              BuildSequenceLoadPlan(sc.seqs, &sc.builder, &sc.cu_rows);
-          !s.ok()) {
-        return s;
-      }
+      RETURN_IF_ERROR(DecodeSequencePlan("sequences", r.sequences(), layout,
+                                         options_.max_array_elements,
+                                         &sc.seqs));
+      RETURN_IF_ERROR(BuildSequenceLoadPlan(sc.seqs, &sc.builder, &sc.cu_rows));
       segments = sc.builder.Finish();
       total_k = sc.builder.total_k();
       EncodeInt32s(sc.cu_rows, out->mutable_cu_rows());
@@ -152,9 +135,7 @@ absl::Status KVCacheService::DoLoad(Ctx* ctx, const v1::LoadRequest& r,
     default:
       return absl::InvalidArgumentError("plan: set segments or sequences");
   }
-  if (absl::Status s = ValidateSegments(layout, segments, total_k); !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(ValidateSegments(layout, segments, total_k));
   const KVCacheFormat& f = layout.format;
   const int64_t scale_row = f.do_cast ? 0 : LoadScaleRowBytes(f);
   if (f.do_cast && r.has_scales() &&
@@ -170,14 +151,11 @@ absl::Status KVCacheService::DoLoad(Ctx* ctx, const v1::LoadRequest& r,
       ResolveOutput(*sessions_, "scales", r.scales(), total_k * scale_row,
                     options_.max_inline_bytes, out->mutable_scales());
   if (!scales.ok()) return scales.status();
-  if (absl::Status s = CheckDisjoint("data", *data, "scales", *scales);
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(CheckDisjoint("data", *data, "scales", *scales));
   out->set_total_k(total_k);
   const GpuOrdering ordering{r.wait_event_ipc_handle(), r.record_event()};
   if (segments.empty() && ordering.empty()) return absl::OkStatus();
-  if (absl::Status s = CheckAlive(ctx); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckAlive(ctx));
   absl::ReaderMutexLock lock(&(*pool)->mu);
   return backend_->LoadOrdered(layout, *(*pool)->memory, r.layer(), segments,
                                total_k, data->data,
@@ -190,16 +168,10 @@ absl::Status KVCacheService::DoBuildPlan(const v1::BuildPlanRequest& r,
   absl::StatusOr<std::shared_ptr<Pool>> pool = pools_->Get("pool", r.pool());
   if (!pool.ok()) return pool.status();
   Scratch& sc = ThreadScratch();
-  if (absl::Status s =
-          DecodeSequencePlan("sequences", r.sequences(), (*pool)->layout,
-                             options_.max_array_elements, &sc.seqs);
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = BuildSequenceLoadPlan(sc.seqs, &sc.builder, &sc.cu_rows);
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(DecodeSequencePlan("sequences", r.sequences(),
+                                     (*pool)->layout,
+                                     options_.max_array_elements, &sc.seqs));
+  RETURN_IF_ERROR(BuildSequenceLoadPlan(sc.seqs, &sc.builder, &sc.cu_rows));
   absl::Span<const int32_t> segments = sc.builder.Finish();
   v1::Segments* plan = out->mutable_plan();
   plan->set_num_segments(static_cast<int64_t>(segments.size()) / 4);

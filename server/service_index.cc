@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "proto/wire.h"
 #include "server/request_checks.h"
 #include "server/service.h"
@@ -79,16 +80,13 @@ absl::Status KVCacheService::DoSwaDecodeIndex(
     return absl::InvalidArgumentError(
         absl::StrCat("num_queries = ", r.num_queries(), " exceeds ", max / 3));
   }
-  if (absl::Status s = DecodeInt32s("queries", r.queries(), "3 * num_queries",
-                                    3 * r.num_queries(), max, &sc.a);
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(DecodeInt32s("queries", r.queries(), "3 * num_queries",
+                               3 * r.num_queries(), max, &sc.a));
   SwaParams params;
   params.window = r.window();
   params.ring_size = static_cast<int32_t>(l.block_size);
   params.num_states = static_cast<int32_t>(l.num_blocks);
-  if (absl::Status s = ValidateSwaParams(params); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateSwaParams(params));
   if (r.num_queries() * r.window() > max) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_queries * window = ", r.num_queries() * r.window(),
@@ -104,11 +102,8 @@ absl::Status KVCacheService::DoSwaDecodeIndex(
     sc.d[i] = sc.a[3 * i + 2];
   }
   sc.e.assign(n * static_cast<size_t>(r.window()), -1);
-  if (absl::Status s =
-          ExpandSwaDecodeIndex(sc.b, sc.c, sc.d, params, absl::MakeSpan(sc.e));
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(
+      ExpandSwaDecodeIndex(sc.b, sc.c, sc.d, params, absl::MakeSpan(sc.e)));
   EncodeInt32s(sc.e, out->mutable_slots());
   return absl::OkStatus();
 }

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 #include "server/record_check.h"
 #include "server/service.h"
 #include "spdlog/spdlog.h"
@@ -41,25 +42,17 @@ absl::Status KVCacheService::DoInspect(const v1::InspectRequest& r,
   absl::StatusOr<std::shared_ptr<Pool>> pool = pools_->Get("pool", r.pool());
   if (!pool.ok()) return pool.status();
   const PoolLayout& l = (*pool)->layout;
-  if (absl::Status s = CheckRange("layer", r.layer(), l.num_layers); !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(CheckRange("layer", r.layer(), l.num_layers));
   int64_t block = 0, first = 0, count = l.block_size;
   switch (r.target_case()) {
     case v1::InspectRequest::kSlot:
-      if (absl::Status s = CheckRange("slot", r.slot(), l.num_slots());
-          !s.ok()) {
-        return s;
-      }
+      RETURN_IF_ERROR(CheckRange("slot", r.slot(), l.num_slots()));
       block = r.slot() / l.block_size;
       first = r.slot() % l.block_size;
       count = 1;
       break;
     case v1::InspectRequest::kBlock:
-      if (absl::Status s = CheckRange("block", r.block(), l.num_blocks);
-          !s.ok()) {
-        return s;
-      }
+      RETURN_IF_ERROR(CheckRange("block", r.block(), l.num_blocks));
       block = r.block();
       break;
     default:
@@ -71,10 +64,7 @@ absl::Status KVCacheService::DoInspect(const v1::InspectRequest& r,
         absl::StrCat("max_values = ", r.max_values(), " must be >= 0"));
   }
   std::vector<uint8_t> host;
-  if (absl::Status s = ReadBlock(backend_, **pool, r.layer(), block, &host);
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(ReadBlock(backend_, **pool, r.layer(), block, &host));
   const KVCacheFormat& f = l.format;
   const int n_values =
       r.all_values() ? f.elements() : std::min(r.max_values(), f.elements());
@@ -114,11 +104,8 @@ absl::Status KVCacheService::DoVerify(
   const PoolLayout& l = (*pool)->layout;
   std::vector<int64_t> layers;
   for (int i = 0; i < r.layers_size(); ++i) {
-    if (absl::Status s = CheckRange(absl::StrCat("layers[", i, "]"),
-                                    r.layers(i), l.num_layers);
-        !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(
+        CheckRange(absl::StrCat("layers[", i, "]"), r.layers(i), l.num_layers));
     for (int j = 0; j < i; ++j) {
       if (r.layers(j) == r.layers(i)) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -147,11 +134,8 @@ absl::Status KVCacheService::DoVerify(
   int64_t done = 0;
   for (int64_t layer : layers) {
     for (int64_t block = 0; block < l.num_blocks; ++block) {
-      if (absl::Status s = CheckAlive(ctx); !s.ok()) return s;
-      if (absl::Status s = ReadBlock(backend_, **pool, layer, block, &host);
-          !s.ok()) {
-        return s;
-      }
+      RETURN_IF_ERROR(CheckAlive(ctx));
+      RETURN_IF_ERROR(ReadBlock(backend_, **pool, layer, block, &host));
       const uint64_t sum = XXH3_64bits(host.data(), host.size());
       sums.push_back(sum);
       v1::BlockChecksum* c = progress.add_checksums();

@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "client/shm.h"
+#include "common/shm.h"
 
 namespace kvdepot {
 namespace {

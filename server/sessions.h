@@ -20,7 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/backend.h"
+#include "server/backend/backend.h"
 
 namespace kvdepot {
 

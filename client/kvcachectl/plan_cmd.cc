@@ -13,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "client/kvcachectl/commands.h"
 #include "client/kvcachectl/daemon_cmd.h"
+#include "common/status_macros.h"
 #include "proto/wire.h"
 
 namespace kvdepot::ctl {
@@ -132,18 +133,12 @@ absl::Status FromFlags(const ParsedArgs& p, Sequences* s) {
     return absl::InvalidArgumentError(
         "--seqlens and --block_table (or --file) are required");
   }
-  if (absl::Status st = ParseInts("--seqlens", p.Get("seqlens"), &s->seqlen_k);
-      !st.ok()) {
-    return st;
-  }
+  RETURN_IF_ERROR(ParseInts("--seqlens", p.Get("seqlens"), &s->seqlen_k));
   int i = 0;
   for (absl::string_view row : absl::StrSplit(p.Get("block_table"), ';')) {
     s->block_table.emplace_back();
-    if (absl::Status st = ParseInts(absl::StrCat("--block_table row ", i), row,
-                                    &s->block_table.back());
-        !st.ok()) {
-      return st;
-    }
+    RETURN_IF_ERROR(ParseInts(absl::StrCat("--block_table row ", i), row,
+                              &s->block_table.back()));
     ++i;
   }
   absl::StatusOr<int64_t> r = p.GetInt("compress_ratio", 1, INT32_MAX);

@@ -8,8 +8,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "client/cuda/cuda_events.h"
-#include "client/cuda/cuda_mappings.h"
+#include "common/cuda/cuda_events.h"
+#include "common/cuda/cuda_mappings.h"
+#include "common/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/kernels.h"
 #include "server/cuda/cuda_memory.h"
@@ -18,12 +19,6 @@
 
 namespace kvdepot {
 namespace {
-
-#define KV_RETURN_IF_ERROR(expr)             \
-  do {                                       \
-    const absl::Status kv_status_ = (expr);  \
-    if (!kv_status_.ok()) return kv_status_; \
-  } while (false)
 
 // The request field of GpuOrdering::wait_event (kvdepot.proto).
 constexpr absl::string_view kWaitField = "wait_event_ipc_handle";
@@ -78,7 +73,7 @@ class CudaBackend final : public Backend {
 
   absl::StatusOr<std::unique_ptr<Memory>> Import(
       const v1::SharedHandle& handle) override {
-    KV_RETURN_IF_ERROR(ValidateCudaHandle("handle", handle, device_count_));
+    RETURN_IF_ERROR(ValidateCudaHandle("handle", handle, device_count_));
     if (ranges_->IsExported(handle.cuda_ipc_handle())) {
       return absl::InvalidArgumentError(
           "handle.cuda_ipc_handle names memory this daemon allocated (a pool "
@@ -190,7 +185,7 @@ class CudaBackend final : public Backend {
                       absl::Span<const Operand> host_outputs,
                       std::string* recorded_event) {
     cudaStream_t st = mem->stream();
-    KV_RETURN_IF_ERROR(lease->MarkUsed(st));
+    RETURN_IF_ERROR(lease->MarkUsed(st));
     if (ordering.record_event) {
       absl::StatusOr<std::string> handle = mem->RecordEvent();
       if (!handle.ok()) return handle.status();
@@ -251,7 +246,7 @@ absl::Status CudaBackend::StoreOrdered(const PoolLayout& layout,
 
   cudaStream_t st = (*mem)->stream();
   Queued queued{st};
-  if (wait->has_value()) KV_RETURN_IF_ERROR((*wait)->Wait(st));
+  if (wait->has_value()) RETURN_IF_ERROR((*wait)->Wait(st));
   uint8_t* host = (*lease)->host();
   uint8_t* dev = (*lease)->dev();
   if (n > 0) {
@@ -274,7 +269,7 @@ absl::Status CudaBackend::StoreOrdered(const PoolLayout& layout,
         kv_op->where == Where::kDevice ? kv : dev + kv_op->offset;
     gpu::LaunchOptions launch;
     launch.stream = st;
-    KV_RETURN_IF_ERROR(
+    RETURN_IF_ERROR(
         gpu::Store(layout, (*mem)->data() + layout.layer_offset(layer), kv_dev,
                    dtype, reinterpret_cast<const int32_t*>(dev), n, launch));
   }
@@ -323,7 +318,7 @@ absl::Status CudaBackend::LoadOrdered(const PoolLayout& layout,
 
   cudaStream_t st = (*mem)->stream();
   Queued queued{st};
-  if (wait->has_value()) KV_RETURN_IF_ERROR((*wait)->Wait(st));
+  if (wait->has_value()) RETURN_IF_ERROR((*wait)->Wait(st));
   uint8_t* host = (*lease)->host();
   uint8_t* dev = (*lease)->dev();
   Operand host_outputs[2];  // copied back after the synchronize
@@ -359,7 +354,7 @@ absl::Status CudaBackend::LoadOrdered(const PoolLayout& layout,
     };
     gpu::LaunchOptions launch;
     launch.stream = st;
-    KV_RETURN_IF_ERROR(gpu::LoadSegments(
+    RETURN_IF_ERROR(gpu::LoadSegments(
         layout, (*mem)->data() + layout.layer_offset(layer),
         reinterpret_cast<const int32_t*>(dev), num_segments, at(*data_op),
         f.do_cast ? nullptr : at(*scale_op), launch));

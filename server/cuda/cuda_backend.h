@@ -28,7 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "server/backend.h"
+#include "server/backend/backend.h"
 
 namespace kvdepot {
 

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
 #include "server/cuda/devices.h"
 
@@ -68,7 +69,7 @@ absl::StatusOr<std::string> CudaAllocation::RecordEvent() {
     if (!e.ok()) return e.status();
     event_.emplace(*std::move(e));
   }
-  if (absl::Status s = event_->Record(stream_); !s.ok()) return s;
+  RETURN_IF_ERROR(event_->Record(stream_));
   return event_->handle();
 }
 

@@ -14,9 +14,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "client/cuda/cuda_events.h"
-#include "client/cuda/cuda_mappings.h"
-#include "server/backend.h"
+#include "common/cuda/cuda_events.h"
+#include "common/cuda/cuda_mappings.h"
+#include "server/backend/backend.h"
 #include "server/cuda/device_ranges.h"
 
 namespace kvdepot {

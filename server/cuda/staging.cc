@@ -4,7 +4,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "client/cuda/cuda_mappings.h"
+#include "common/cuda/cuda_mappings.h"
+#include "common/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
 
 namespace kvdepot {
@@ -85,7 +86,7 @@ absl::StatusOr<StagingPool::Lease> StagingPool::Acquire(int device,
   }
   // On failure the Staging goes back to the pool (its event is valid).
   Lease lease(this, std::move(staging));
-  if (absl::Status s = lease->Prepare(bytes); !s.ok()) return s;
+  RETURN_IF_ERROR(lease->Prepare(bytes));
   return lease;
 }
 

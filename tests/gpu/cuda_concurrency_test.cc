@@ -13,8 +13,8 @@
 #include <thread>
 #include <vector>
 
-#include "client/cuda/cuda_events.h"
-#include "client/cuda/cuda_mappings.h"
+#include "common/cuda/cuda_events.h"
+#include "common/cuda/cuda_mappings.h"
 #include "gtest/gtest.h"
 #include "kernels/reference.h"
 #include "tests/daemon_process.h"

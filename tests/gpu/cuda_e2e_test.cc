@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "client/cuda/cuda_events.h"
-#include "client/cuda/cuda_mappings.h"
+#include "common/cuda/cuda_events.h"
+#include "common/cuda/cuda_mappings.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/reference.h"

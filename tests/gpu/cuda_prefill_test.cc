@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "client/cuda/cuda_mappings.h"
+#include "common/cuda/cuda_mappings.h"
 #include "gtest/gtest.h"
 #include "tests/daemon_process.h"
 #include "tests/e2e_util.h"

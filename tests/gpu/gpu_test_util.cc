@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace kvdepot::testing {
 
@@ -29,12 +30,8 @@ absl::Status Cuda(cudaError_t e, const std::string& what) {
 
 absl::StatusOr<Stream> Stream::Create() {
   cudaStream_t s = nullptr;
-  if (absl::Status st =
-          Cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
-               "cudaStreamCreateWithFlags");
-      !st.ok()) {
-    return st;
-  }
+  RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
+                       "cudaStreamCreateWithFlags"));
   return Stream(s);
 }
 
@@ -51,11 +48,8 @@ absl::Status Stream::Sync() const {
 
 absl::StatusOr<Pinned> Pinned::Create(int64_t bytes) {
   void* p = nullptr;
-  if (absl::Status st = Cuda(cudaMallocHost(&p, static_cast<size_t>(bytes)),
-                             absl::StrCat("cudaMallocHost(", bytes, ")"));
-      !st.ok()) {
-    return st;
-  }
+  RETURN_IF_ERROR(Cuda(cudaMallocHost(&p, static_cast<size_t>(bytes)),
+                       absl::StrCat("cudaMallocHost(", bytes, ")")));
   return Pinned(static_cast<uint8_t*>(p), bytes);
 }
 

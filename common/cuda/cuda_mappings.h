@@ -10,8 +10,8 @@
 //   allocation base (handle)                       base + handle.size
 //   |<- handle.offset ->|<------ size() ------>|...|
 //                       data()
-#ifndef KVDEPOT_CLIENT_CUDA_CUDA_MAPPINGS_H_
-#define KVDEPOT_CLIENT_CUDA_CUDA_MAPPINGS_H_
+#ifndef KVDEPOT_COMMON_CUDA_CUDA_MAPPINGS_H_
+#define KVDEPOT_COMMON_CUDA_CUDA_MAPPINGS_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -96,4 +96,4 @@ class CudaIpcMapping {
 
 }  // namespace kvdepot
 
-#endif  // KVDEPOT_CLIENT_CUDA_CUDA_MAPPINGS_H_
+#endif  // KVDEPOT_COMMON_CUDA_CUDA_MAPPINGS_H_

@@ -1,12 +1,10 @@
-#include "server/cpu_backend.h"
+#include "server/cpu/cpu_backend.h"
 
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "client/shm.h"
-#ifdef KVDEPOT_HAVE_CUDA
-#include "server/cuda/cuda_backend.h"
-#endif
+#include "common/shm.h"
+#include "common/status_macros.h"
 
 namespace kvdepot {
 namespace {
@@ -54,10 +52,7 @@ class CpuBackend final : public Backend {
       return absl::InvalidArgumentError(
           "handle: the cpu backend imports shm_name handles only");
     }
-    if (absl::Status s = ValidateShmName("handle.shm_name", handle.shm_name());
-        !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(ValidateShmName("handle.shm_name", handle.shm_name()));
     if (handle.size() <= 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("handle.size = ", handle.size(), " must be > 0"));
@@ -94,29 +89,6 @@ class CpuBackend final : public Backend {
 
 std::unique_ptr<Backend> MakeCpuBackend(const BackendOptions& options) {
   return std::make_unique<CpuBackend>(options);
-}
-
-absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(
-    absl::string_view kind, const BackendOptions& options) {
-  if (kind == "cpu") return MakeCpuBackend(options);
-#ifdef KVDEPOT_HAVE_CUDA
-  if (kind == "cuda") return MakeCudaBackend(options);
-  if (kind == "auto") {
-    absl::StatusOr<int> devices = CudaDeviceCount();
-    if (devices.ok() && *devices > 0) return MakeCudaBackend(options);
-    return MakeCpuBackend(options);
-  }
-#else
-  if (kind == "auto") return MakeCpuBackend(options);
-  if (kind == "cuda") {
-    return absl::UnimplementedError(
-        "--backend=cuda: this build has no CUDA backend (built without a "
-        "CUDA toolkit, or with KVDEPOT_DISABLE_CUDA=1); use --backend=cpu "
-        "(or auto)");
-  }
-#endif
-  return absl::InvalidArgumentError(
-      absl::StrCat("--backend = \"", kind, "\" is not one of auto, cpu, cuda"));
 }
 
 }  // namespace kvdepot

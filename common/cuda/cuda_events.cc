@@ -1,10 +1,11 @@
-#include "client/cuda/cuda_events.h"
+#include "common/cuda/cuda_events.h"
 
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "client/cuda/cuda_mappings.h"
+#include "common/cuda/cuda_mappings.h"
+#include "common/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
 
 namespace kvdepot {
@@ -40,9 +41,7 @@ absl::StatusOr<CudaIpcEvent> CudaIpcEvent::Create(int device) {
 absl::StatusOr<CudaIpcEvent> CudaIpcEvent::Open(absl::string_view field,
                                                 absl::string_view handle_bytes,
                                                 int device) {
-  if (absl::Status s = ValidateEventHandle(field, handle_bytes); !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(ValidateEventHandle(field, handle_bytes));
   absl::StatusOr<ScopedCudaDevice> scoped = ScopedCudaDevice::Enter(device);
   if (!scoped.ok()) return scoped.status();
   cudaIpcEventHandle_t h;

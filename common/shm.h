@@ -4,8 +4,8 @@
 // A region is a shm object (/dev/shm/<name>) mapped read-write. The creator
 // owns the name: it unlinks the object when the region is destroyed, so a
 // mapping held elsewhere stays valid but nobody new can open it.
-#ifndef KVDEPOT_CLIENT_SHM_H_
-#define KVDEPOT_CLIENT_SHM_H_
+#ifndef KVDEPOT_COMMON_SHM_H_
+#define KVDEPOT_COMMON_SHM_H_
 
 #include <sys/types.h>
 
@@ -60,4 +60,4 @@ class ShmRegion {
 
 }  // namespace kvdepot
 
-#endif  // KVDEPOT_CLIENT_SHM_H_
+#endif  // KVDEPOT_COMMON_SHM_H_

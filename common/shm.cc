@@ -1,4 +1,4 @@
-#include "client/shm.h"
+#include "common/shm.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace kvdepot {
 namespace {
@@ -108,7 +109,7 @@ absl::StatusOr<ShmRegion> ShmRegion::Create(int64_t size, mode_t mode) {
 
 absl::StatusOr<ShmRegion> ShmRegion::Open(absl::string_view name,
                                           int64_t size) {
-  if (absl::Status s = ValidateShmName("shm name", name); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateShmName("shm name", name));
   if (size <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("shm size = ", size, " must be > 0"));

@@ -1,4 +1,4 @@
-#include "client/shm.h"
+#include "common/shm.h"
 
 #include <sys/stat.h>
 

@@ -5,8 +5,8 @@
 // device memory exported through CUDA IPC handles and launch the kernels
 // (its pointers are then device addresses: inline request data, which is
 // host memory, must be staged by the backend).
-#ifndef KVDEPOT_SERVER_BACKEND_H_
-#define KVDEPOT_SERVER_BACKEND_H_
+#ifndef KVDEPOT_SERVER_BACKEND_BACKEND_H_
+#define KVDEPOT_SERVER_BACKEND_BACKEND_H_
 
 #include <sys/types.h>
 
@@ -139,14 +139,6 @@ class Backend {
   }
 };
 
-// Builds a backend: kind "auto" (CUDA when a GPU is visible, else CPU),
-// "cpu" or "cuda". A build without CUDA (no toolkit, or
-// KVDEPOT_DISABLE_CUDA=1) picks CPU for "auto" and fails "cuda" with
-// UNIMPLEMENTED; with CUDA, "cuda" fails with FAILED_PRECONDITION when no
-// device is visible.
-absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(
-    absl::string_view kind, const BackendOptions& options);
-
 }  // namespace kvdepot
 
-#endif  // KVDEPOT_SERVER_BACKEND_H_
+#endif  // KVDEPOT_SERVER_BACKEND_BACKEND_H_

@@ -1,4 +1,4 @@
-#include "client/cuda/cuda_mappings.h"
+#include "common/cuda/cuda_mappings.h"
 
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
 
 namespace kvdepot {
@@ -131,10 +132,7 @@ absl::StatusOr<CudaIpcMapping> CudaIpcMapping::Open(
     const v1::SharedHandle& handle) {
   int device_count = 0;
   RETURN_IF_CUDA_ERROR(cudaGetDeviceCount(&device_count), "cudaGetDeviceCount");
-  if (absl::Status s = ValidateCudaHandle("handle", handle, device_count);
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(ValidateCudaHandle("handle", handle, device_count));
   const std::string& key = handle.cuda_ipc_handle();
   Registry& registry = GetRegistry();
   absl::MutexLock lock(&registry.mu);

@@ -8,8 +8,8 @@
 // The directory is private to the daemon's user: the daemon creates it with
 // mode 0700 and refuses to serve from one that already exists with other
 // owners or with group/other permissions (SPEC §11).
-#ifndef KVDEPOT_CLIENT_DEFAULT_ADDRESS_H_
-#define KVDEPOT_CLIENT_DEFAULT_ADDRESS_H_
+#ifndef KVDEPOT_COMMON_DEFAULT_ADDRESS_H_
+#define KVDEPOT_COMMON_DEFAULT_ADDRESS_H_
 
 #include <string>
 
@@ -33,4 +33,4 @@ std::string UnixSocketPathOf(absl::string_view target);
 
 }  // namespace kvdepot
 
-#endif  // KVDEPOT_CLIENT_DEFAULT_ADDRESS_H_
+#endif  // KVDEPOT_COMMON_DEFAULT_ADDRESS_H_

@@ -4,8 +4,8 @@
 // wait_event_ipc_handle / recorded_event_ipc_handle); the other process
 // opens those bytes and makes a stream wait on the event (or waits on the
 // host) before it touches the data.
-#ifndef KVDEPOT_CLIENT_CUDA_CUDA_EVENTS_H_
-#define KVDEPOT_CLIENT_CUDA_CUDA_EVENTS_H_
+#ifndef KVDEPOT_COMMON_CUDA_CUDA_EVENTS_H_
+#define KVDEPOT_COMMON_CUDA_CUDA_EVENTS_H_
 
 #include <cuda_runtime_api.h>
 
@@ -67,4 +67,4 @@ class CudaIpcEvent {
 
 }  // namespace kvdepot
 
-#endif  // KVDEPOT_CLIENT_CUDA_CUDA_EVENTS_H_
+#endif  // KVDEPOT_COMMON_CUDA_CUDA_EVENTS_H_

@@ -1,0 +1,124 @@
+#include "server/prefill_load.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/quant.h"
+#include "planner/sequence_plans.h"
+
+namespace kvdepot {
+
+void CastBackRows(const KVCacheFormat& f, const uint8_t* kv, InputDtype dtype,
+                  int64_t n, uint8_t* out, PrefillHostScratch* sc) {
+  const int64_t e = f.elements();
+  sc->token.resize(static_cast<size_t>(e));
+  sc->decoded.resize(static_cast<size_t>(e));
+  sc->record.resize(static_cast<size_t>(f.bytes_per_token()));
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < e; ++j) {
+      if (dtype == InputDtype::kBF16) {
+        uint16_t h;
+        std::memcpy(&h, kv + (i * e + j) * 2, 2);
+        sc->token[j] = Bf16ToFloat(h);
+      } else {
+        std::memcpy(&sc->token[j], kv + (i * e + j) * 4, 4);
+      }
+    }
+    if (f.quantized()) {
+      EncodeToken(f, sc->token.data(), sc->record.data(),
+                  sc->record.data() + f.data_bytes());
+      DecodeToken(f, sc->record.data(), sc->record.data() + f.data_bytes(),
+                  sc->decoded.data());
+    } else {
+      std::copy(sc->token.begin(), sc->token.end(), sc->decoded.begin());
+    }
+    for (int64_t j = 0; j < e; ++j) {
+      const uint16_t h = FloatToBf16(sc->decoded[j]);
+      std::memcpy(out + (i * e + j) * 2, &h, 2);
+    }
+  }
+}
+
+absl::Status PlanPrefillLoad(const PoolLayout& sl, const PoolLayout& ml,
+                             const SequenceBatch& batch, int32_t window,
+                             int32_t ratio, PrefillLoadPlan* plan) {
+  if (!sl.format.do_cast || !ml.format.do_cast ||
+      sl.format.elements() != ml.format.elements()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "swa_pool and main_pool must be do_cast formats with the same "
+        "elements (got ",
+        sl.format.elements(), " and ", ml.format.elements(), ")"));
+  }
+  if (window < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("window = ", window, " must be >= 1"));
+  }
+  SwaParams swa_params;
+  swa_params.window = window;
+  swa_params.ring_size = static_cast<int32_t>(sl.block_size);
+  swa_params.num_states = static_cast<int32_t>(sl.num_blocks);
+  CompressedParams cparams;
+  cparams.ratio = ratio;
+  cparams.block_size = static_cast<int32_t>(ml.block_size * ratio);
+  cparams.num_blocks = static_cast<int32_t>(ml.num_blocks);
+  RETURN_IF_ERROR(ValidateSwaParams(swa_params));
+  ASSIGN_OR_RETURN(plan->layout, ComputePrefillLayout(batch, window, ratio));
+  const PrefillLayout& pl = plan->layout;
+  // The SWA plan, copied out: the builder is reused for the compressed plan.
+  RETURN_IF_ERROR(BuildSwaPlan(batch, swa_params, &plan->builder));
+  const absl::Span<const int32_t> swa_plan = plan->builder.Finish();
+  plan->swa_segments.assign(swa_plan.begin(), swa_plan.end());
+  plan->store_slots.assign(static_cast<size_t>(pl.chunk_rows), -1);
+  RETURN_IF_ERROR(
+      BuildSwaStoreSlots(batch, swa_params, absl::MakeSpan(plan->store_slots)));
+  if (absl::Status s = ValidateSlotMapping(sl, plan->store_slots); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "swa_state_id: two sequences share a ring slot (SWA store ",
+        s.message(), ")"));
+  }
+  plan->cu_compressed.assign(static_cast<size_t>(batch.num_seqs() + 1), 0);
+  RETURN_IF_ERROR(BuildCompressedPlan(batch, cparams, &plan->builder,
+                                      absl::MakeSpan(plan->cu_compressed)));
+  const absl::Span<const int32_t> main_plan = plan->builder.Finish();
+  plan->main_segments.assign(main_plan.begin(), main_plan.end());
+  RETURN_IF_ERROR(
+      ValidateSegments(sl, plan->swa_segments, pl.swa_history_rows));
+  RETURN_IF_ERROR(
+      ValidateSegments(ml, plan->main_segments, pl.compressed_rows));
+  return absl::OkStatus();
+}
+
+absl::Status RunPrefillLoad(Backend& backend, const LayerRef& swa,
+                            const LayerRef& main, const PrefillLoadPlan& plan,
+                            const uint8_t* chunk_kv, InputDtype dtype,
+                            uint8_t* output, PrefillHostScratch* sc) {
+  const PrefillLayout& pl = plan.layout;
+  const PoolLayout& sl = *swa.layout;
+  const int64_t row_bytes = LoadDataRowBytes(main.layout->format);
+  RETURN_IF_ERROR(backend.Load(sl, *swa.memory, swa.layer, plan.swa_segments,
+                               pl.swa_history_rows, output, nullptr));
+  RETURN_IF_ERROR(backend.Load(*main.layout, *main.memory, main.layer,
+                               plan.main_segments, pl.compressed_rows,
+                               output + int64_t{pl.main_kv_offset} * row_bytes,
+                               nullptr));
+  if (pl.chunk_rows == 0) return absl::OkStatus();
+  // The cast-back runs on the host: the chunk and its output rows may be
+  // device memory (CUDA backend), so it works on host copies.
+  const int64_t in_bytes = int64_t{pl.chunk_rows} * sl.format.elements() *
+                           (dtype == InputDtype::kBF16 ? 2 : 4);
+  const int64_t out_bytes = int64_t{pl.chunk_rows} * row_bytes;
+  sc->chunk_in.resize(static_cast<size_t>(in_bytes));
+  sc->chunk_out.resize(static_cast<size_t>(out_bytes));
+  RETURN_IF_ERROR(backend.CopyBytes(sc->chunk_in.data(), chunk_kv, in_bytes));
+  CastBackRows(sl.format, sc->chunk_in.data(), dtype, pl.chunk_rows,
+               sc->chunk_out.data(), sc);
+  RETURN_IF_ERROR(
+      backend.CopyBytes(output + int64_t{pl.swa_history_rows} * row_bytes,
+                        sc->chunk_out.data(), out_bytes));
+  return backend.Store(sl, *swa.memory, swa.layer, chunk_kv, dtype,
+                       plan.store_slots);
+}
+
+}  // namespace kvdepot
