@@ -22,6 +22,7 @@
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch_internal.h"
 #include "kernels/format.h"
+#include "kernels/named_formats.h"
 #include "kernels/quant.h"
 
 namespace kvdepot::gpu::internal {
@@ -337,27 +338,27 @@ cudaError_t LoadBf16(const PoolLayout& layout, const uint8_t* layer,
 
 }  // namespace
 
-cudaError_t LaunchLoad(Kind kind, const PoolLayout& layout,
+cudaError_t LaunchLoad(FormatId id, const PoolLayout& layout,
                        const uint8_t* layer, const int32_t* segments,
                        int64_t num_segments, void* data, void* scales,
                        const Launch& launch) {
-  switch (kind) {
-    case Kind::kV41:
+  switch (id) {
+    case FormatId::kV41:
       return LoadCast<V41Format>(layout, layer, segments, num_segments, data,
                                  launch);
-    case Kind::kV41Fp4:
+    case FormatId::kV41Fp4:
       return LoadCast<V41Fp4Format>(layout, layer, segments, num_segments, data,
                                     launch);
-    case Kind::kFp4Index:
+    case FormatId::kFp4Index:
       return LoadIndex<Fp4IndexFormat>(layout, layer, segments, num_segments,
                                        data, scales, launch);
-    case Kind::kFp8Fp32Sf:
+    case FormatId::kFp8Fp32SfIndex:
       return LoadIndex<Fp8Fp32SfFormat>(layout, layer, segments, num_segments,
                                         data, scales, launch);
-    case Kind::kMxfp8Index:
+    case FormatId::kMxfp8Index:
       return LoadIndex<Mxfp8IndexFormat>(layout, layer, segments, num_segments,
                                          data, scales, launch);
-    case Kind::kBf16:
+    case FormatId::kBf16:
       return LoadBf16(layout, layer, segments, num_segments, data, launch);
   }
   return cudaErrorInvalidValue;
