@@ -6,7 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/format_host.h"
-#include "kernels/reference.h"
+#include "kernels/store_load_host.h"
 
 namespace kvdepot {
 namespace {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/quant.h"
+#include "kernels/store_load_host.h"
 #include "planner/prefill_layout.h"
 #include "proto/wire.h"
 #include "server/data_refs.h"

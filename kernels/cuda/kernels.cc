@@ -9,6 +9,9 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch_internal.h"
 #include "kernels/format_host.h"
+#include "kernels/named_formats.h"
+#include "kernels/store_load.h"
+#include "kernels/store_load_host.h"
 
 namespace kvdepot::gpu {
 namespace {
