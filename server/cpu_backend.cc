@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/shm.h"
-#include "kernels/reference.h"
+#include "kernels/reference/reference.h"
 #ifdef KVDEPOT_HAVE_CUDA
 #include "server/cuda/cuda_backend.h"
 #endif

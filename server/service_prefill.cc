@@ -15,7 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/quant.h"
-#include "kernels/reference.h"
+#include "kernels/reference/reference.h"
 #include "kernels/store_load_host.h"
 #include "proto/wire.h"
 #include "server/data_refs.h"

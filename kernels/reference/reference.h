@@ -7,8 +7,8 @@
 // error nothing is written and the status is INVALID_ARGUMENT naming the
 // field and index, e.g.
 //   "slot_mapping[17] = 9000 is outside [-1, 8192)".
-#ifndef KVDEPOT_KERNELS_REFERENCE_H_
-#define KVDEPOT_KERNELS_REFERENCE_H_
+#ifndef KVDEPOT_KERNELS_REFERENCE_REFERENCE_H_
+#define KVDEPOT_KERNELS_REFERENCE_REFERENCE_H_
 
 #include <cstdint>
 
@@ -53,4 +53,4 @@ void DecodeToken(const KVCacheFormat& format, const uint8_t* data,
 
 }  // namespace kvdepot
 
-#endif  // KVDEPOT_KERNELS_REFERENCE_H_
+#endif  // KVDEPOT_KERNELS_REFERENCE_REFERENCE_H_

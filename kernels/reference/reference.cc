@@ -16,7 +16,7 @@
 //                        scales [round_up(sf_bytes, 4)] (a copy, zero padded:
 //                        UE8M0 bytes packed four per little-endian int32,
 //                        fp32 scales one float per row)
-#include "kernels/reference.h"
+#include "kernels/reference/reference.h"
 
 #include <array>
 #include <bit>
@@ -30,8 +30,8 @@
 #include "kernels/format.h"
 #include "kernels/format_host.h"
 #include "kernels/quant.h"
-#include "kernels/quant_fast.h"
-#include "kernels/reference_internal.h"
+#include "kernels/reference/quant_fast.h"
+#include "kernels/reference/reference_internal.h"
 #include "kernels/store_load.h"
 #include "kernels/store_load_host.h"
 

@@ -1,12 +1,12 @@
 // The layout check of the CPU reference's entry points. The checks of the
 // requests themselves (slots, segments) are the contract's
-// (kernels/store_load_host.h).
+// (//kernels:format, kernels/store_load_host.h).
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
 #include "kernels/format.h"
 #include "kernels/format_host.h"
-#include "kernels/reference_internal.h"
+#include "kernels/reference/reference_internal.h"
 
 namespace kvdepot::internal {
 
