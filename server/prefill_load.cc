@@ -6,6 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/quant.h"
+#include "kernels/reference/reference.h"
+#include "kernels/store_load_host.h"
 #include "planner/sequence_plans.h"
 
 namespace kvdepot {

@@ -15,6 +15,8 @@
 #include "gtest/gtest.h"
 #include "kernels/format_host.h"
 #include "kernels/quant.h"
+#include "kernels/reference/reference.h"
+#include "kernels/store_load_host.h"
 #include "server/cpu/cpu_backend.h"
 #include "server/request_checks.h"
 

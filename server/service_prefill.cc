@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/store_load_host.h"
 #include "proto/wire.h"
 #include "server/data_refs.h"
 #include "server/prefill_load.h"
