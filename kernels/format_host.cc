@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "kernels/named_formats.h"
 
 namespace kvdepot {
@@ -104,14 +105,14 @@ absl::StatusOr<KVCacheFormat> MakeFormat(QuantDtype dtype,
   const KVCacheFormat f{
       dtype,   quantized_elements, elements_per_sf,  bf16_elements,
       do_cast, sf_format,          token_interleaved};
-  if (absl::Status s = ValidateFormat(f); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateFormat(f));
   return f;
 }
 
 absl::StatusOr<KVCacheFormat> NamedFormat(FormatId id, int32_t bf16_elements) {
   if (id == FormatId::kBf16) {
     const KVCacheFormat f = Bf16Format(bf16_elements);
-    if (absl::Status s = ValidateFormat(f); !s.ok()) return s;
+    RETURN_IF_ERROR(ValidateFormat(f));
     return f;
   }
   for (const NamedEntry& e : kQuantizedFormats) {
@@ -249,7 +250,7 @@ absl::StatusOr<PoolLayout> MakePoolLayout(const KVCacheFormat& format,
                                           int64_t block_size,
                                           int64_t num_blocks,
                                           int64_t num_layers) {
-  if (absl::Status s = ValidateFormat(format); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateFormat(format));
   if (block_size <= 0 || num_blocks <= 0 || num_layers <= 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "block_size, num_blocks and num_layers must be positive, got %d, %d, "

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "common/status_macros.h"
 #include "kernels/format.h"
 #include "kernels/format_host.h"
 #include "kernels/store_load.h"
@@ -54,7 +55,7 @@ int64_t LoadScaleRowBytes(const KVCacheFormat& format) {
 }
 
 absl::Status ValidateQuantization(const KVCacheFormat& f) {
-  if (absl::Status s = ValidateFormat(f); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateFormat(f));
   if (f.quantized() && !HasQuantizationMath(f)) {
     return absl::UnimplementedError(absl::StrCat(
         "no quantization math for ", QuantDtypeName(f.quantized_dtype),

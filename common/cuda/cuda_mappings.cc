@@ -10,8 +10,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/cuda/cuda_status.h"
 #include "common/status_macros.h"
-#include "kernels/cuda/cuda_status.h"
 
 namespace kvdepot {
 namespace {

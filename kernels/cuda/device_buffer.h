@@ -10,7 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/cuda/cuda_status.h"
+#include "common/cuda/cuda_status.h"
 
 namespace kvdepot::gpu {
 

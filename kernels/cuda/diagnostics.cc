@@ -2,7 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "kernels/cuda/cuda_status.h"
+#include "common/cuda/cuda_status.h"
 #include "kernels/cuda/launch_internal.h"
 
 namespace kvdepot::gpu {

@@ -6,7 +6,8 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/cuda_status.h"
+#include "common/cuda/cuda_status.h"
+#include "common/status_macros.h"
 #include "kernels/cuda/launch_internal.h"
 #include "kernels/format_host.h"
 #include "kernels/named_formats.h"
@@ -70,12 +71,6 @@ absl::Status CheckGrid(int64_t rows, int64_t width, absl::string_view what) {
   return absl::OkStatus();
 }
 
-#define KV_RETURN_IF_ERROR(expr)             \
-  do {                                       \
-    const absl::Status kv_status_ = (expr);  \
-    if (!kv_status_.ok()) return kv_status_; \
-  } while (false)
-
 }  // namespace
 
 absl::Status ValidateStore(const PoolLayout& layout,
@@ -93,12 +88,12 @@ absl::Status Store(const PoolLayout& layout, void* layer, const void* kv,
                    int64_t num_tokens, const LaunchOptions& options) {
   const absl::StatusOr<FormatId> id = FormatIdOf(layout.format);
   if (!id.ok()) return id.status();
-  KV_RETURN_IF_ERROR(CheckLayout(layout));
-  KV_RETURN_IF_ERROR(CheckCount(num_tokens, "num_tokens"));
+  RETURN_IF_ERROR(CheckLayout(layout));
+  RETURN_IF_ERROR(CheckCount(num_tokens, "num_tokens"));
   if (num_tokens == 0) return absl::OkStatus();
-  KV_RETURN_IF_ERROR(CheckPointer(layer, "layer", 16));
-  KV_RETURN_IF_ERROR(CheckPointer(kv, "kv", 16));
-  KV_RETURN_IF_ERROR(CheckPointer(slot_mapping, "slot_mapping", 4));
+  RETURN_IF_ERROR(CheckPointer(layer, "layer", 16));
+  RETURN_IF_ERROR(CheckPointer(kv, "kv", 16));
+  RETURN_IF_ERROR(CheckPointer(slot_mapping, "slot_mapping", 4));
   RETURN_IF_CUDA_ERROR(
       internal::LaunchStore(*id, layout, static_cast<uint8_t*>(layer), kv,
                             dtype == InputDtype::kFP32, slot_mapping,
@@ -113,18 +108,18 @@ absl::Status LoadSegments(const PoolLayout& layout, const void* layer,
                           const LaunchOptions& options) {
   const absl::StatusOr<FormatId> id = FormatIdOf(layout.format);
   if (!id.ok()) return id.status();
-  KV_RETURN_IF_ERROR(CheckLayout(layout));
-  KV_RETURN_IF_ERROR(CheckCount(num_segments, "num_segments"));
+  RETURN_IF_ERROR(CheckLayout(layout));
+  RETURN_IF_ERROR(CheckCount(num_segments, "num_segments"));
   if (num_segments == 0) return absl::OkStatus();
   if (num_segments > INT32_MAX) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_segments = ", num_segments, " exceeds ", INT32_MAX));
   }
-  KV_RETURN_IF_ERROR(CheckPointer(layer, "layer", 16));
-  KV_RETURN_IF_ERROR(CheckPointer(segments, "segments", 4));
-  KV_RETURN_IF_ERROR(CheckPointer(data, "data", 16));
+  RETURN_IF_ERROR(CheckPointer(layer, "layer", 16));
+  RETURN_IF_ERROR(CheckPointer(segments, "segments", 4));
+  RETURN_IF_ERROR(CheckPointer(data, "data", 16));
   if (!layout.format.do_cast) {
-    KV_RETURN_IF_ERROR(CheckPointer(scales, "scales", 4));
+    RETURN_IF_ERROR(CheckPointer(scales, "scales", 4));
   }
   RETURN_IF_CUDA_ERROR(
       internal::LaunchLoad(*id, layout, static_cast<const uint8_t*>(layer),
@@ -141,8 +136,8 @@ absl::Status ConvertTopk(int32_t* topk, int64_t num_seqs, int32_t k,
                          int32_t block_size, int32_t num_blocks,
                          unsigned long long* invalid_count,
                          const LaunchOptions& options) {
-  KV_RETURN_IF_ERROR(CheckCount(num_seqs, "num_seqs"));
-  KV_RETURN_IF_ERROR(CheckCount(k, "k"));
+  RETURN_IF_ERROR(CheckCount(num_seqs, "num_seqs"));
+  RETURN_IF_ERROR(CheckCount(k, "k"));
   if (block_size <= 0 || num_blocks <= 0 || num_cols < 0 ||
       row_stride < num_cols) {
     return absl::InvalidArgumentError(
@@ -151,12 +146,12 @@ absl::Status ConvertTopk(int32_t* topk, int64_t num_seqs, int32_t k,
                      ": need positive sizes and row_stride >= num_cols"));
   }
   if (num_seqs == 0 || k == 0) return absl::OkStatus();
-  KV_RETURN_IF_ERROR(CheckGrid(num_seqs, k, "convert_topk"));
-  KV_RETURN_IF_ERROR(CheckPointer(topk, "topk", 4));
-  KV_RETURN_IF_ERROR(CheckPointer(valid_count, "valid_count", 4));
-  KV_RETURN_IF_ERROR(CheckPointer(num_tokens, "num_tokens", 4));
+  RETURN_IF_ERROR(CheckGrid(num_seqs, k, "convert_topk"));
+  RETURN_IF_ERROR(CheckPointer(topk, "topk", 4));
+  RETURN_IF_ERROR(CheckPointer(valid_count, "valid_count", 4));
+  RETURN_IF_ERROR(CheckPointer(num_tokens, "num_tokens", 4));
   if (num_cols > 0) {
-    KV_RETURN_IF_ERROR(CheckPointer(block_table, "block_table", 4));
+    RETURN_IF_ERROR(CheckPointer(block_table, "block_table", 4));
   }
   RETURN_IF_CUDA_ERROR(
       internal::LaunchConvertTopk(topk, num_seqs, k, valid_count, num_tokens,
@@ -171,18 +166,18 @@ absl::Status SwaDecodeIndex(const int32_t* state_ids, const int32_t* starts,
                             const int32_t* valid_lens, int64_t n,
                             int32_t window, int32_t ring_size, int32_t* out,
                             const LaunchOptions& options) {
-  KV_RETURN_IF_ERROR(CheckCount(n, "n"));
+  RETURN_IF_ERROR(CheckCount(n, "n"));
   if (window <= 0 || ring_size < window) {
     return absl::InvalidArgumentError(
         absl::StrCat("window = ", window, ", ring_size = ", ring_size,
                      ": need 0 < window <= ring_size"));
   }
   if (n == 0) return absl::OkStatus();
-  KV_RETURN_IF_ERROR(CheckGrid(n, window, "swa_decode_index"));
-  KV_RETURN_IF_ERROR(CheckPointer(state_ids, "state_ids", 4));
-  KV_RETURN_IF_ERROR(CheckPointer(starts, "starts", 4));
-  KV_RETURN_IF_ERROR(CheckPointer(valid_lens, "valid_lens", 4));
-  KV_RETURN_IF_ERROR(CheckPointer(out, "out", 4));
+  RETURN_IF_ERROR(CheckGrid(n, window, "swa_decode_index"));
+  RETURN_IF_ERROR(CheckPointer(state_ids, "state_ids", 4));
+  RETURN_IF_ERROR(CheckPointer(starts, "starts", 4));
+  RETURN_IF_ERROR(CheckPointer(valid_lens, "valid_lens", 4));
+  RETURN_IF_ERROR(CheckPointer(out, "out", 4));
   RETURN_IF_CUDA_ERROR(
       internal::LaunchSwaDecodeIndex(state_ids, starts, valid_lens, n, window,
                                      ring_size, out, ToLaunch(options)),
@@ -192,12 +187,12 @@ absl::Status SwaDecodeIndex(const int32_t* state_ids, const int32_t* starts,
 
 absl::Status ExpandSwaIndex(const int32_t* pivots, int64_t rows, int32_t width,
                             int32_t* out, const LaunchOptions& options) {
-  KV_RETURN_IF_ERROR(CheckCount(rows, "rows"));
-  KV_RETURN_IF_ERROR(CheckCount(width, "width"));
+  RETURN_IF_ERROR(CheckCount(rows, "rows"));
+  RETURN_IF_ERROR(CheckCount(width, "width"));
   if (rows == 0 || width == 0) return absl::OkStatus();
-  KV_RETURN_IF_ERROR(CheckGrid(rows, width, "expand_swa_index"));
-  KV_RETURN_IF_ERROR(CheckPointer(pivots, "pivots", 16));
-  KV_RETURN_IF_ERROR(CheckPointer(out, "out", 4));
+  RETURN_IF_ERROR(CheckGrid(rows, width, "expand_swa_index"));
+  RETURN_IF_ERROR(CheckPointer(pivots, "pivots", 16));
+  RETURN_IF_ERROR(CheckPointer(out, "out", 4));
   RETURN_IF_CUDA_ERROR(internal::LaunchExpandSwaIndex(pivots, rows, width, out,
                                                       ToLaunch(options)),
                        "launching expand_swa_index");
@@ -208,19 +203,19 @@ absl::Status KvIndexCat(const int32_t* swa, int32_t swa_width,
                         const int32_t* compressed, int32_t compressed_width,
                         int64_t rows, int32_t main_kv_offset, int32_t* out,
                         const LaunchOptions& options) {
-  KV_RETURN_IF_ERROR(CheckCount(rows, "rows"));
-  KV_RETURN_IF_ERROR(CheckCount(swa_width, "swa_width"));
-  KV_RETURN_IF_ERROR(CheckCount(compressed_width, "compressed_width"));
+  RETURN_IF_ERROR(CheckCount(rows, "rows"));
+  RETURN_IF_ERROR(CheckCount(swa_width, "swa_width"));
+  RETURN_IF_ERROR(CheckCount(compressed_width, "compressed_width"));
   if (rows == 0 || swa_width + compressed_width == 0) {
     return absl::OkStatus();
   }
-  KV_RETURN_IF_ERROR(
+  RETURN_IF_ERROR(
       CheckGrid(rows, int64_t{swa_width} + compressed_width, "kv_index_cat"));
-  if (swa_width > 0) KV_RETURN_IF_ERROR(CheckPointer(swa, "swa", 4));
+  if (swa_width > 0) RETURN_IF_ERROR(CheckPointer(swa, "swa", 4));
   if (compressed_width > 0) {
-    KV_RETURN_IF_ERROR(CheckPointer(compressed, "compressed", 4));
+    RETURN_IF_ERROR(CheckPointer(compressed, "compressed", 4));
   }
-  KV_RETURN_IF_ERROR(CheckPointer(out, "out", 4));
+  RETURN_IF_ERROR(CheckPointer(out, "out", 4));
   RETURN_IF_CUDA_ERROR(
       internal::LaunchKvIndexCat(swa, swa_width, compressed, compressed_width,
                                  rows, main_kv_offset, out, ToLaunch(options)),

@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "common/status_macros.h"
 #include "kernels/format.h"
 #include "kernels/format_host.h"
 #include "kernels/quant.h"
@@ -297,16 +298,14 @@ void LoadCastSegment(const PoolLayout& layout, const uint8_t* layer,
 
 absl::Status Store(const PoolLayout& layout, uint8_t* layer, const void* kv,
                    InputDtype dtype, absl::Span<const int32_t> slot_mapping) {
-  if (absl::Status s = internal::ValidateLayout(layout); !s.ok()) return s;
-  if (absl::Status s = ValidateQuantization(layout.format); !s.ok()) return s;
+  RETURN_IF_ERROR(internal::ValidateLayout(layout));
+  RETURN_IF_ERROR(ValidateQuantization(layout.format));
   if (dtype != InputDtype::kBF16 && dtype != InputDtype::kFP32) {
     return absl::InvalidArgumentError(
         absl::StrCat("dtype = ", static_cast<int>(dtype),
                      " is neither BF16 (0) nor FP32 (1)"));
   }
-  if (absl::Status s = ValidateSlotMapping(layout, slot_mapping); !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(ValidateSlotMapping(layout, slot_mapping));
   if (slot_mapping.empty()) return absl::OkStatus();
   if (layer == nullptr || kv == nullptr) {
     return absl::InvalidArgumentError(
@@ -327,15 +326,13 @@ absl::Status Store(const PoolLayout& layout, uint8_t* layer, const void* kv,
 absl::Status LoadSegments(const PoolLayout& layout, const uint8_t* layer,
                           absl::Span<const int32_t> segments, int64_t total_k,
                           void* data, void* scales) {
-  if (absl::Status s = internal::ValidateLayout(layout); !s.ok()) return s;
+  RETURN_IF_ERROR(internal::ValidateLayout(layout));
   const KVCacheFormat& f = layout.format;
   const bool cast = f.do_cast && f.quantized();
   if (cast) {
-    if (absl::Status s = ValidateQuantization(f); !s.ok()) return s;
+    RETURN_IF_ERROR(ValidateQuantization(f));
   }
-  if (absl::Status s = ValidateSegments(layout, segments, total_k); !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(ValidateSegments(layout, segments, total_k));
   if (segments.empty() || total_k == 0) return absl::OkStatus();
   if (layer == nullptr || data == nullptr ||
       (scales == nullptr && LoadScaleRowBytes(f) > 0)) {

@@ -3,8 +3,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda/cuda_status.h"
 #include "common/status_macros.h"
-#include "kernels/cuda/cuda_status.h"
 #include "server/cuda/devices.h"
 
 namespace kvdepot {

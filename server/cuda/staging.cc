@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda/cuda_mappings.h"
+#include "common/cuda/cuda_status.h"
 #include "common/status_macros.h"
-#include "kernels/cuda/cuda_status.h"
 
 namespace kvdepot {
 namespace {

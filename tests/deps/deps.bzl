@@ -27,7 +27,8 @@ def dependency_rule(name, roots, from_prefix, to_prefixes, allowed = [],
         ['filter("%s", deps(%s))' % (_re(p), universe) for p in to_prefixes],
     )
     if allowed:
-        targets = "(%s) except (%s)" % (targets, " + ".join(allowed))
+        # An allowed library and its own files (depth 1), not what it uses.
+        targets = "(%s) except deps(%s, 1)" % (targets, " + ".join(allowed))
     native.genquery(
         name = name + "_paths",
         expression = 'allpaths(filter("%s", %s), %s)' % (

@@ -1,8 +1,8 @@
 // One conversion from CUDA runtime errors to absl::Status, plus a
 // return-if-error macro, so every CUDA call site reports the same way:
 //   RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(...), "copying slot_mapping");
-#ifndef KVDEPOT_KERNELS_CUDA_CUDA_STATUS_H_
-#define KVDEPOT_KERNELS_CUDA_CUDA_STATUS_H_
+#ifndef KVDEPOT_COMMON_CUDA_CUDA_STATUS_H_
+#define KVDEPOT_COMMON_CUDA_CUDA_STATUS_H_
 
 #include <cuda_runtime_api.h>
 
@@ -27,4 +27,4 @@ absl::Status ToStatus(cudaError_t error, absl::string_view detail);
     }                                                            \
   } while (false)
 
-#endif  // KVDEPOT_KERNELS_CUDA_CUDA_STATUS_H_
+#endif  // KVDEPOT_COMMON_CUDA_CUDA_STATUS_H_
