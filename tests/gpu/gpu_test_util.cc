@@ -17,9 +17,9 @@ std::string DaemonBinary() {
   if (access("server/kvdepotd", X_OK) == 0) return "server/kvdepotd";
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n <= 0) return "kvdepot";
+  if (n <= 0) return "kvdepotd";
   std::string path(self, static_cast<size_t>(n));
-  return path.substr(0, path.rfind('/') + 1) + "kvdepot";
+  return path.substr(0, path.rfind('/') + 1) + "kvdepotd";
 }
 
 absl::Status Cuda(cudaError_t e, const std::string& what) {
