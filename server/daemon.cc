@@ -160,6 +160,8 @@ absl::Status Daemon::Init() {
 
   target_ = ResolveTarget(options_.listen);
   socket_path_ = UnixSocketPathOf(target_);
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                   ServerCredentialsFor(target_, options_.tls));
   if (!socket_path_.empty()) {
     if (socket_path_ == DefaultSocketPath()) {
       RETURN_IF_ERROR(PreparePrivateSocketDir(DefaultSocketDir()));
@@ -170,7 +172,7 @@ absl::Status Daemon::Init() {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(target_, grpc::InsecureServerCredentials(),
+  builder.AddListeningPort(target_, credentials,
                            socket_path_.empty() ? &port : nullptr);
   builder.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<int64_t>(options_.max_message_bytes, INT32_MAX)));

@@ -21,6 +21,7 @@
 #include "server/pools.h"
 #include "server/service.h"
 #include "server/sessions.h"
+#include "server/tls.h"
 
 namespace kvdepot {
 
@@ -29,6 +30,8 @@ struct DaemonOptions {
   // "unix:/path" = that socket (mode 0660); "host:port" = TCP (port 0 picks
   // a free one).
   std::string listen;
+  // TCP beyond loopback needs mutual TLS (server/tls.h).
+  TlsOptions tls;
   std::string backend = "auto";  // auto | cpu | cuda
   std::string config_path;       // textproto DaemonConfig, or ""
   // "host:port" serves Prometheus GET /metrics over HTTP (port 0 picks a

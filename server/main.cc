@@ -15,7 +15,15 @@
 ABSL_FLAG(std::string, listen, "",
           "Listen address: empty = Unix socket $XDG_RUNTIME_DIR/kvdepot/kvdepotd.sock "
           "or /tmp/kvdepot-$UID/kvdepotd.sock; /path or unix:/path = that socket; "
-          "host:port = TCP (opt-in, no authentication).");
+          "host:port = TCP (opt-in; beyond loopback only with mutual TLS).");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain for TCP with mutual TLS (required, with "
+          "--tls_key and --tls_client_ca, to listen beyond loopback).");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM roots that client certificates must chain to.");
+ABSL_FLAG(int64_t, tls_refresh_s, 60,
+          "How often the TLS files are re-read (rotation without restart).");
 ABSL_FLAG(std::string, backend, "auto",
           "auto (CUDA when a GPU is visible, else CPU), cpu or cuda.");
 ABSL_FLAG(std::string, config, "",
@@ -60,6 +68,10 @@ int main(int argc, char** argv) {
 
   kvdepot::DaemonOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
+  options.tls.cert_path = absl::GetFlag(FLAGS_tls_cert);
+  options.tls.key_path = absl::GetFlag(FLAGS_tls_key);
+  options.tls.client_ca_path = absl::GetFlag(FLAGS_tls_client_ca);
+  options.tls.refresh = absl::Seconds(absl::GetFlag(FLAGS_tls_refresh_s));
   options.backend = absl::GetFlag(FLAGS_backend);
   options.config_path = absl::GetFlag(FLAGS_config);
   options.metrics_address = absl::GetFlag(FLAGS_metrics_address);

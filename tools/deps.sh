@@ -14,9 +14,10 @@ KVDEPOT_PACKAGES=(
   libcpp-httplib-dev libssl-dev zlib1g-dev libbrotli-dev
 )
 
-# Test-only: the Python client's tests (grpcio, protobuf) and promtool
-# (prometheus) for the metrics test.
-KVDEPOT_TEST_PACKAGES=(python3-grpcio python3-protobuf prometheus)
+# Test-only: the Python client's tests (grpcio, protobuf), promtool
+# (prometheus) for the metrics test, openssl to make the TLS test's
+# certificates.
+KVDEPOT_TEST_PACKAGES=(python3-grpcio python3-protobuf prometheus openssl)
 
 # Test-only, for deploy/: its tests (deploy/BUILD.bazel) lint with yamllint and shellcheck, bundle
 # with patchelf, render with any `kubectl` on PATH (Debian's is in
