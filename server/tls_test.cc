@@ -101,8 +101,8 @@ grpc::Status Ping(const std::string& target,
                   std::string* server_cn = nullptr) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 200);
-  auto stub = v1::KVCache::NewStub(
-      grpc::CreateCustomChannel(target, creds, args));
+  auto stub =
+      v1::KVCache::NewStub(grpc::CreateCustomChannel(target, creds, args));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   v1::PingRequest req;
@@ -117,8 +117,8 @@ grpc::Status Ping(const std::string& target,
   return s;
 }
 
-std::shared_ptr<grpc::ChannelCredentials> ClientCreds(
-    const std::string& ca, const std::string& name) {
+std::shared_ptr<grpc::ChannelCredentials> ClientCreds(const std::string& ca,
+                                                      const std::string& name) {
   grpc::SslCredentialsOptions o;
   o.pem_root_certs = Read(Dir() + "/" + ca + ".pem");
   if (!name.empty()) {
