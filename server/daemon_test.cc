@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "client/kvdepot_client.h"
@@ -90,6 +91,50 @@ TEST(DaemonTest, DefaultSocketDirectoryIsPrivate) {
   unsetenv("XDG_RUNTIME_DIR");
   rmdir((runtime + "/kvdepot").c_str());
   rmdir(runtime.c_str());
+}
+
+// On shutdown the daemon's own grace period refuses new calls with the
+// service's UNAVAILABLE (naming the drain) while the listener still answers;
+// only then does the listener close. A daemon that kept accepting work
+// during the grace period, or skipped it, fails here.
+TEST(DaemonTest, DrainGraceRefusesNewCallsBeforeTheListenerCloses) {
+  DaemonOptions o;
+  o.listen = TempSocket("drain");
+  o.backend = "cpu";
+  o.drain_grace = absl::Seconds(2);
+  absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ClientOptions co;
+  co.address = (*d)->target();
+  absl::StatusOr<std::unique_ptr<KVCacheClient>> c = KVCacheClient::Connect(co);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE((*c)->Ping().ok());
+  const absl::Time shutdown_start = absl::Now();
+  std::thread stopper([&] { (*d)->Shutdown(); });
+  absl::Status s;
+  const absl::Time deadline = absl::Now() + absl::Seconds(1);
+  do {
+    s = (*c)->Ping();
+  } while (s.ok() && absl::Now() < deadline);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("draining"));
+  // Well inside the grace period: still the service's answer, for new work
+  // too, not a closed transport.
+  absl::StatusOr<v1::PoolInfo> p = (*c)->CreatePool([] {
+    v1::CreatePoolRequest r;
+    r.set_name("late");
+    r.set_format("V41");
+    r.set_block_size(4);
+    r.set_num_blocks(2);
+    r.set_num_layers(1);
+    return r;
+  }());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("draining"));
+  stopper.join();
+  EXPECT_GE(absl::Now() - shutdown_start, absl::Milliseconds(1900))
+      << "the drain grace period was cut short";
+  EXPECT_FALSE((*c)->Ping().ok()) << "the listener is still open";
 }
 
 TEST(DaemonTest, BadConfigNamesThePool) {

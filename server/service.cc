@@ -105,7 +105,15 @@ template <typename Body>
 grpc::Status KVCacheService::Run(Rpc rpc, Ctx* ctx, absl::string_view pool,
                                  Body&& body) {
   const absl::Time start = absl::Now();
-  in_flight_.fetch_add(1);
+  // Counted until Run returns, however the body ends: a leaked count would
+  // make every drain wait its full timeout.
+  struct InFlight {
+    std::atomic<int64_t>& n;
+    explicit InFlight(std::atomic<int64_t>& count) : n(count) {
+      n.fetch_add(1);
+    }
+    ~InFlight() { n.fetch_sub(1); }
+  } in_flight(in_flight_);
   absl::Status status;
   bool refused_by_drain = false;
   if (draining_.load(std::memory_order_relaxed)) {
@@ -121,7 +129,6 @@ grpc::Status KVCacheService::Run(Rpc rpc, Ctx* ctx, absl::string_view pool,
     status = CheckAlive(ctx);
     if (status.ok()) status = body();
   }
-  in_flight_.fetch_sub(1);
   const int64_t latency_us = absl::ToInt64Microseconds(absl::Now() - start);
   metrics_->RecordCall(static_cast<int>(rpc), status.code(), latency_us,
                        refused_by_drain);
