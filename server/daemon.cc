@@ -183,6 +183,14 @@ absl::Status Daemon::Init() {
   // more than the whole request path on small VMs).
   builder.SetSyncServerOption(
       grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 2);
+  // Threads are bounded whatever clients do (e.g. thousands of streams they
+  // never read): past the quota a call gets RESOURCE_EXHAUSTED, and the
+  // calls already running, and new ones once threads free up, go on.
+  grpc::ResourceQuota quota("kvdepotd");
+  quota.SetMaxThreads(options_.max_threads);
+  builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             options_.max_streams_per_connection);
   builder.RegisterService(service_.get());
   server_ = builder.BuildAndStart();
   if (server_ == nullptr) {

@@ -39,6 +39,10 @@ struct DaemonOptions {
   std::string metrics_address;
   mode_t shm_mode = 0600;  // 0660 with --shm_group_access
   int64_t max_message_bytes = int64_t{64} << 20;
+  // gRPC threads in all (pollers and handlers), and calls in flight on one
+  // connection (docs/DAEMON.md "Limits").
+  int max_threads = 64;
+  int max_streams_per_connection = 32;
   int64_t max_pool_bytes = int64_t{1} << 40;
   absl::Duration reap_interval = absl::Milliseconds(500);
   absl::Duration drain_timeout = absl::Seconds(30);

@@ -37,6 +37,10 @@ ABSL_FLAG(bool, shm_group_access, false,
           "Create shared-memory pools and buffers with mode 0660, not 0600.");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20,
           "Largest gRPC message received or sent.");
+ABSL_FLAG(int, max_threads, 64,
+          "gRPC threads in all; calls beyond them get RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int, max_streams_per_connection, 32,
+          "Calls in flight on one client connection.");
 ABSL_FLAG(int64_t, max_pool_bytes, int64_t{1} << 40, "Largest pool.");
 ABSL_FLAG(int64_t, max_buffer_bytes, int64_t{16} << 30,
           "Largest AllocateBuffer.");
@@ -68,6 +72,9 @@ int main(int argc, char** argv) {
 
   kvdepot::DaemonOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
+  options.max_threads = absl::GetFlag(FLAGS_max_threads);
+  options.max_streams_per_connection =
+      absl::GetFlag(FLAGS_max_streams_per_connection);
   options.tls.cert_path = absl::GetFlag(FLAGS_tls_cert);
   options.tls.key_path = absl::GetFlag(FLAGS_tls_key);
   options.tls.client_ca_path = absl::GetFlag(FLAGS_tls_client_ca);
