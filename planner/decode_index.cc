@@ -62,7 +62,8 @@ absl::StatusOr<int64_t> ConvertTopk(absl::Span<int32_t> topk, int32_t k,
     // Past this index the block is beyond the row or the sequence.
     const int64_t limit = std::min<int64_t>(
         num_tokens[b], static_cast<int64_t>(row.size()) * block_size);
-    int32_t* entries = &topk[b * k];
+    // data() + offset: with k = 0 the span is empty and has no element 0.
+    int32_t* entries = topk.data() + b * k;
     const int32_t count = valid_count[b];
     for (int32_t c = 0; c < count; ++c) {
       const int32_t x = entries[c];

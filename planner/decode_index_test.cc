@@ -122,6 +122,23 @@ TEST(ConvertTopkTest, RejectsBadShapesWithoutWriting) {
   }
 }
 
+// Issue #12: k = 0 with batch >= 1 is valid (every sequence selects
+// nothing) and used to abort on an absl span bounds assertion.
+TEST(ConvertTopkTest, KZeroWithBatchOne) {
+  const std::vector<int32_t> table = {0, 1, 2};
+  const BlockTableView view{
+      .data = table, .num_rows = 3, .num_cols = 1, .row_stride = 1};
+  for (int64_t n : {1, 3}) {
+    std::vector<int32_t> topk;
+    const std::vector<int32_t> valid(n, 0), tokens(n, 5);
+    absl::StatusOr<int64_t> r =
+        ConvertTopk(absl::MakeSpan(topk), 0, valid, tokens, view, 4, 8);
+    ASSERT_TRUE(r.ok()) << "batch " << n << ": " << r.status();
+    EXPECT_EQ(*r, 0);
+    EXPECT_TRUE(topk.empty());
+  }
+}
+
 TEST(SwaDecodeIndexTest, ExplicitWindowsWrapAroundTheRing) {
   const std::vector<int32_t> states = {2, 0, 1};
   const std::vector<int32_t> starts = {5, 0, 100};

@@ -109,7 +109,8 @@ absl::Status KvIndexCat(absl::Span<const int32_t> swa_index, int32_t swa_width,
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
-    int32_t* row = &out[r * width];
+    // data() + offset: with width 0 the span is empty and has no element 0.
+    int32_t* row = out.data() + r * width;
     const int32_t* swa = swa_index.data() + r * swa_width;
     std::copy(swa, swa + swa_width, row);
     const int32_t* comp = compressed_index.data() + r * compressed_width;

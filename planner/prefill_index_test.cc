@@ -155,6 +155,14 @@ TEST(KvIndexCatTest, ShiftsCompressedEntriesOnly) {
   EXPECT_GT(minus, 0);
 }
 
+// Found by //tests/fuzz:index_fuzz: rows > 0 with both widths 0 (an empty
+// output) aborted on an absl span bounds assertion.
+TEST(KvIndexCatTest, ZeroWidthRows) {
+  std::vector<int32_t> out;
+  const absl::Status s = KvIndexCat({}, 0, {}, 0, 3, 10, 20, absl::MakeSpan(out));
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 TEST(KvIndexCatTest, RejectsBadEntriesWithoutWriting) {
   std::vector<int32_t> out(6, -9);
   absl::Status s =

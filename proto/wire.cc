@@ -1,6 +1,7 @@
 #include "proto/wire.h"
 
 #include <bit>
+#include <cstdint>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -17,10 +18,14 @@ absl::Status DecodeInt32s(absl::string_view field, absl::string_view bytes,
     return absl::InvalidArgumentError(absl::StrCat(
         count_field, " = ", count, " is outside [0, ", max_count, "]"));
   }
-  if (static_cast<int64_t>(bytes.size()) != count * 4) {
+  // Compared by division: count * 4 overflows int64 when max_count is
+  // beyond 2^61.
+  if (bytes.size() % 4 != 0 ||
+      static_cast<uint64_t>(bytes.size() / 4) != static_cast<uint64_t>(count)) {
     return absl::InvalidArgumentError(absl::StrCat(
         field, " holds ", bytes.size(), " bytes, expected 4 bytes x (",
-        count_field, " = ", count, ") = ", count * 4));
+        count_field, " = ", count, ")",
+        count <= INT64_MAX / 4 ? absl::StrCat(" = ", count * 4) : ""));
   }
   out->resize(static_cast<size_t>(count));
   if (count > 0) std::memcpy(out->data(), bytes.data(), bytes.size());

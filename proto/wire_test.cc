@@ -54,5 +54,17 @@ TEST(WireTest, RejectsCountAndLengthMismatches) {
   EXPECT_EQ(out, before);
 }
 
+// Found by //tests/fuzz:wire_fuzz (UBSan): with a limit beyond 2^61 the
+// length check multiplied count * 4 and overflowed int64.
+TEST(WireTest, HugeCountWithHugeLimitDoesNotOverflow) {
+  std::vector<int32_t> out;
+  const int64_t huge = int64_t{0x5555555555555556};
+  const absl::Status s =
+      DecodeInt32s("f", "abcd", "n", huge, INT64_MAX, &out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("f holds 4 bytes, expected 4 bytes x "
+                                     "(n = 6148914691236517206)"));
+}
+
 }  // namespace
 }  // namespace kvdepot
