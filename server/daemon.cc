@@ -1,5 +1,6 @@
 #include "server/daemon.h"
 
+#include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -82,6 +83,22 @@ absl::Status PreparePrivateSocketDir(const std::string& dir) {
   return absl::OkStatus();
 }
 
+// Collects the textproto parser's first error as "line L column C: reason"
+// (1-based, as editors count).
+class FirstError : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    if (error_.empty()) {
+      error_ = absl::StrCat("line ", line + 1, " column ", column + 1, ": ",
+                            message);
+    }
+  }
+  const std::string& error() const { return error_; }
+
+ private:
+  std::string error_;
+};
+
 }  // namespace
 
 Daemon::Daemon(const DaemonOptions& options) : options_(options) {}
@@ -98,15 +115,20 @@ absl::Status Daemon::ApplyConfig() {
   std::ifstream in(options_.config_path);
   if (!in) {
     return absl::NotFoundError(
-        absl::StrCat("--config: cannot read \"", options_.config_path, "\""));
+        absl::StrCat("--config: cannot read \"", options_.config_path,
+                     "\": ", std::strerror(errno)));
   }
   std::stringstream text;
   text << in.rdbuf();
   v1::DaemonConfig config;
-  if (!google::protobuf::TextFormat::ParseFromString(text.str(), &config)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--config: \"", options_.config_path,
-                     "\" is not a valid textproto DaemonConfig"));
+  google::protobuf::TextFormat::Parser parser;
+  FirstError error;
+  parser.RecordErrorsTo(&error);
+  if (!parser.ParseFromString(text.str(), &config)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--config: \"", options_.config_path,
+        "\" is not a valid textproto kvdepot.v1.DaemonConfig: ",
+        error.error()));
   }
   for (int i = 0; i < config.pools_size(); ++i) {
     absl::StatusOr<std::shared_ptr<Pool>> pool =
@@ -151,7 +173,8 @@ absl::Status Daemon::Init() {
           v1::StatsResponse stats;
           service->FillStats(&stats);
           return RenderPrometheus(stats);
-        });
+        },
+        [service] { return !service->draining(); });
     if (!m.ok()) return m.status();
     metrics_server_ = *std::move(m);
     spdlog::info("kvdepot metrics on http://{}/metrics",
@@ -174,6 +197,9 @@ absl::Status Daemon::Init() {
   int port = 0;
   builder.AddListeningPort(target_, credentials,
                            socket_path_.empty() ? &port : nullptr);
+  // A TCP port is this daemon's alone: no SO_REUSEPORT, so a second daemon
+  // on the same port fails to start instead of sharing its connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<int64_t>(options_.max_message_bytes, INT32_MAX)));
   builder.SetMaxSendMessageSize(static_cast<int>(
@@ -207,6 +233,10 @@ absl::Status Daemon::Init() {
       target_ = absl::StrCat(target_.substr(0, colon), ":", port);
     }
   }
+  // grpc.health.v1 answers for "" (the whole server) and for the service's
+  // own name; SetServingStatus(bool) below and on drain covers both.
+  server_->GetHealthCheckService()->SetServingStatus(
+      v1::KVCache::service_full_name(), true);
   server_->GetHealthCheckService()->SetServingStatus(true);
   reaper_ = std::thread([this] { ReapLoop(); });
   spdlog::info("kvdepot serving on {} backend={}", target_,
@@ -235,7 +265,10 @@ void Daemon::Shutdown() {
     }
     stopping_ = true;
   }
-  spdlog::info("kvdepot draining");
+  // A start that failed part-way only releases what it made: nothing was
+  // served, so there is nothing to drain and no "stopped" to report.
+  const bool served = reaper_.joinable();
+  if (served) spdlog::info("kvdepot draining");
   if (service_ != nullptr) service_->StartDraining();
   if (server_ != nullptr) {
     server_->GetHealthCheckService()->SetServingStatus(false);
@@ -252,7 +285,7 @@ void Daemon::Shutdown() {
   if (sessions_ != nullptr) sessions_->Clear();
   if (pools_ != nullptr) pools_->Clear();
   if (!socket_path_.empty() && server_ != nullptr) unlink(socket_path_.c_str());
-  spdlog::info("kvdepot stopped");
+  if (served) spdlog::info("kvdepot stopped");
   absl::MutexLock lock(&mu_);
   stopped_ = true;
 }

@@ -1,15 +1,19 @@
-// kvdepot: parses flags, sets up logging, starts the daemon library and
-// drains it on SIGTERM or SIGINT (exit 0).
+// kvdepotd: parses flags, sets up logging, starts the daemon library and
+// drains it on SIGTERM or SIGINT (exit 0). Exit 2 for a bad flag, value or
+// config file; 1 when it cannot start otherwise (e.g. the address is taken).
 #include <signal.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/time/time.h"
+#include "server/command_line.h"
 #include "server/daemon.h"
+#include "server/logging.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, listen, "",
@@ -32,7 +36,10 @@ ABSL_FLAG(std::string, metrics_address, "",
           "host:port serving Prometheus metrics at /metrics over HTTP "
           "(e.g. 0.0.0.0:9400); empty = off.");
 ABSL_FLAG(std::string, log_level, "info",
-          "trace, debug (one line per data RPC), info, warn, error.");
+          "trace, debug (one line per data RPC), info, warn, error or off.");
+ABSL_FLAG(std::string, log_format, "text",
+          "Logs on stderr as text lines or json (one object per line); "
+          "timestamps are ISO 8601 with the zone offset.");
 ABSL_FLAG(bool, shm_group_access, false,
           "Create shared-memory pools and buffers with mode 0660, not 0600.");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20,
@@ -54,12 +61,45 @@ ABSL_FLAG(int64_t, drain_grace_ms, 200,
 ABSL_FLAG(int64_t, drain_timeout_s, 30,
           "On SIGTERM, how long in-flight calls may run before cancellation.");
 
+namespace {
+
+constexpr char kAbout[] =
+    "kvdepotd: the kvdepot KV-cache daemon. It owns paged KV-cache pools\n"
+    "(GPU memory, or POSIX shared memory on the CPU backend) and serves\n"
+    "store, load and index RPCs over gRPC (kvdepot.v1.KVCache) on a Unix\n"
+    "socket or TCP. Operate it with kvcachectl; see docs/DAEMON.md and\n"
+    "docs/OPERATING.md.";
+
+int UsageError(absl::string_view message) {
+  std::cerr << "kvdepotd: " << message << " (see kvdepotd --help)\n";
+  return kvdepot::kExitUsage;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "kvdepot: the KV-cache daemon. See docs/DAEMON.md.");
+  absl::SetProgramUsageMessage("kvdepotd [--flag=value ...]");
+  if (int rc = kvdepot::HandleHelpAndVersion(argc, argv, kAbout,
+                                             "server/main.cc", std::cout);
+      rc >= 0) {
+    return rc;
+  }
+  if (absl::Status s = kvdepot::CheckFlagSyntax(argc, argv); !s.ok()) {
+    return UsageError(s.message());
+  }
   absl::ParseCommandLine(argc, argv);
-  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%f %l kvdepot %v");
-  spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
+  for (absl::Status s :
+       {kvdepot::InitLogging(absl::GetFlag(FLAGS_log_level),
+                             absl::GetFlag(FLAGS_log_format)),
+        kvdepot::CheckAddressFlag("listen", absl::GetFlag(FLAGS_listen),
+                                  /*unix_allowed=*/true),
+        absl::GetFlag(FLAGS_metrics_address).empty()
+            ? absl::OkStatus()
+            : kvdepot::CheckAddressFlag("metrics_address",
+                                        absl::GetFlag(FLAGS_metrics_address),
+                                        /*unix_allowed=*/false)}) {
+    if (!s.ok()) return UsageError(s.message());
+  }
 
   // Block the drain signals in every thread; this one waits for them.
   sigset_t signals;
@@ -98,15 +138,19 @@ int main(int argc, char** argv) {
   options.drain_grace = absl::Milliseconds(absl::GetFlag(FLAGS_drain_grace_ms));
   if (options.sessions.default_lease <= absl::ZeroDuration() ||
       options.reap_interval <= absl::ZeroDuration()) {
-    spdlog::error("--lease_ms and --reap_interval_ms must be > 0");
-    return 2;
+    return UsageError("--lease_ms and --reap_interval_ms must be > 0");
   }
 
   absl::StatusOr<std::unique_ptr<kvdepot::Daemon>> daemon =
       kvdepot::Daemon::Start(options);
   if (!daemon.ok()) {
-    spdlog::error("cannot start: {}", daemon.status().ToString());
-    return 1;
+    spdlog::error("cannot start: {}", std::string(daemon.status().message()));
+    // Flag values and the config file are the operator's to fix (exit 2).
+    const absl::StatusCode code = daemon.status().code();
+    return code == absl::StatusCode::kInvalidArgument ||
+                   code == absl::StatusCode::kNotFound
+               ? kvdepot::kExitUsage
+               : kvdepot::kExitStartFailed;
   }
   int sig = 0;
   sigwait(&signals, &sig);

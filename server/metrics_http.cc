@@ -1,7 +1,10 @@
 #include "server/metrics_http.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
+#include <cerrno>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -13,7 +16,8 @@
 namespace kvdepot {
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
-    absl::string_view address, std::function<std::string()> render) {
+    absl::string_view address, std::function<std::string()> render,
+    std::function<bool()> serving) {
   const size_t colon = address.rfind(':');
   int port = -1;
   if (colon == absl::string_view::npos || colon == 0 ||
@@ -27,12 +31,26 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   if (absl::ConsumePrefix(&host, "[")) absl::ConsumeSuffix(&host, "]");
   std::unique_ptr<MetricsServer> m(new MetricsServer());
   m->http_ = std::make_unique<httplib::Server>();
+  // httplib's default options add SO_REUSEPORT, which lets a second process
+  // bind the same port and take half the scrapes. SO_REUSEADDR alone still
+  // allows a restart while old connections sit in TIME_WAIT.
+  m->http_->set_socket_options([](int sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   m->http_->Get(
       "/metrics", [render](const httplib::Request&, httplib::Response& res) {
         res.set_content(render(), "text/plain; version=0.0.4; charset=utf-8");
       });
+  m->http_->Get("/healthz", [serving](const httplib::Request&,
+                                       httplib::Response& res) {
+    const bool ok = serving();
+    res.status = ok ? 200 : 503;
+    res.set_content(ok ? "SERVING\n" : "NOT_SERVING\n", "text/plain");
+  });
   m->http_->Get("/", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content("kvdepot: metrics at /metrics\n", "text/plain");
+    res.set_content("kvdepot: metrics at /metrics, health at /healthz\n",
+                    "text/plain");
   });
   const std::string h(host);
   int bound = port;
@@ -42,9 +60,12 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   } else if (!m->http_->bind_to_port(h, port)) {
     bound = -1;
   }
+  const int e = errno;  // from the failed bind or listen
   if (bound <= 0) {
-    return absl::UnavailableError(
-        absl::StrCat("--metrics_address: cannot listen on \"", address, "\""));
+    return absl::UnavailableError(absl::StrCat(
+        "--metrics_address: cannot listen on \"", address, "\": ",
+        e == EADDRINUSE ? "the port is in use (another daemon?)"
+                        : std::strerror(e)));
   }
   m->address_ = absl::StrCat(address.substr(0, colon), ":", bound);
   httplib::Server* http = m->http_.get();

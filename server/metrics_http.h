@@ -1,5 +1,7 @@
 // The daemon's optional Prometheus endpoint: GET /metrics over plain HTTP
-// (cpp-httplib) on --metrics_address=host:port, rendered on each scrape.
+// (cpp-httplib) on --metrics_address=host:port, rendered on each scrape,
+// and GET /healthz for HTTP probes. The port is bound exclusively (no
+// SO_REUSEPORT): a second daemon on the same port fails to start.
 #ifndef KVDEPOT_SERVER_METRICS_HTTP_H_
 #define KVDEPOT_SERVER_METRICS_HTTP_H_
 
@@ -19,12 +21,14 @@ namespace kvdepot {
 
 class MetricsServer {
  public:
-  // Serves GET /metrics (the text `render` returns) and GET / (a pointer
-  // to /metrics) on `address` = "host:port"; port 0 picks a free one.
-  // INVALID_ARGUMENT for a malformed address, UNAVAILABLE when it cannot
-  // bind.
+  // Serves GET /metrics (the text `render` returns), GET /healthz (200
+  // "SERVING" while `serving` returns true, else 503 "NOT_SERVING") and
+  // GET / (a pointer to both) on `address` = "host:port"; port 0 picks a
+  // free one. INVALID_ARGUMENT for a malformed address, UNAVAILABLE when
+  // it cannot bind (the message names the port and the reason).
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
-      absl::string_view address, std::function<std::string()> render);
+      absl::string_view address, std::function<std::string()> render,
+      std::function<bool()> serving);
 
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "server/version.h"
+#include "server/logging.h"
 #include "spdlog/spdlog.h"
 
 namespace kvdepot {
@@ -61,9 +62,6 @@ bool IsNewWork(Rpc rpc) {
       return false;
   }
 }
-
-// fmt cannot format Debian's absl::string_view (not std::string_view).
-std::string_view Sv(absl::string_view s) { return {s.data(), s.size()}; }
 
 }  // namespace
 
@@ -133,16 +131,19 @@ grpc::Status KVCacheService::Run(Rpc rpc, Ctx* ctx, absl::string_view pool,
   metrics_->RecordCall(static_cast<int>(rpc), status.code(), latency_us,
                        refused_by_drain);
   const char* name = kRpcNames[static_cast<int>(rpc)];
+  // The pool name and the message (which may quote a client's value) are
+  // the client's: escaped and cut so they cannot forge or flood a line.
   if (!status.ok()) {
-    spdlog::info("rpc={} pool={} status={} latency_us={} error=\"{}\"", name,
-                 Sv(pool), absl::StatusCodeToString(status.code()), latency_us,
-                 Sv(status.message()));
+    spdlog::info("rpc={} pool=\"{}\" status={} latency_us={} error=\"{}\"",
+                 name, EscapeForLog(pool),
+                 absl::StatusCodeToString(status.code()), latency_us,
+                 EscapeForLog(status.message()));
   } else if (IsAdmin(rpc)) {
-    spdlog::info("rpc={} pool={} status=OK latency_us={}", name, Sv(pool),
-                 latency_us);
+    spdlog::info("rpc={} pool=\"{}\" status=OK latency_us={}", name,
+                 EscapeForLog(pool), latency_us);
   } else {
-    spdlog::debug("rpc={} pool={} status=OK latency_us={}", name, Sv(pool),
-                  latency_us);
+    spdlog::debug("rpc={} pool=\"{}\" status=OK latency_us={}", name,
+                  EscapeForLog(pool), latency_us);
   }
   return ToGrpcStatus(status);
 }

@@ -1,0 +1,107 @@
+#include "server/logging.h"
+
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "spdlog/pattern_formatter.h"
+#include "spdlog/sinks/stdout_sinks.h"
+#include "spdlog/spdlog.h"
+
+namespace kvdepot {
+namespace {
+
+constexpr const char* kLevels[] = {"trace", "debug", "info",
+                                   "warn",  "error", "off"};
+constexpr spdlog::level::level_enum kLevelValues[] = {
+    spdlog::level::trace, spdlog::level::debug, spdlog::level::info,
+    spdlog::level::warn,  spdlog::level::err,   spdlog::level::off};
+
+// %* in a pattern: the message as the inside of a JSON string.
+class JsonMessageFlag : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, const std::tm&,
+              spdlog::memory_buf_t& dest) override {
+    const std::string s =
+        JsonEscape(absl::string_view(msg.payload.data(), msg.payload.size()));
+    dest.append(s.data(), s.data() + s.size());
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override {
+    return std::make_unique<JsonMessageFlag>();
+  }
+};
+
+}  // namespace
+
+std::string EscapeForLog(absl::string_view value, size_t max_bytes) {
+  std::string out;
+  const absl::string_view kept = value.substr(0, max_bytes);
+  out.reserve(kept.size());
+  for (const char c : kept) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u >= 0x7f || c == '"' || c == '\\') {
+      absl::StrAppendFormat(&out, "\\x%02x", u);
+    } else {
+      out.push_back(c);
+    }
+  }
+  if (kept.size() < value.size()) {
+    absl::StrAppend(&out, "...(", value.size(), " bytes)");
+  }
+  return out;
+}
+
+std::string JsonEscape(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out.push_back('\\');
+      out.push_back(c);
+    } else if (u < 0x20) {
+      absl::StrAppendFormat(&out, "\\u%04x", u);
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+absl::Status CheckLogFlags(absl::string_view level, absl::string_view format) {
+  bool known = false;
+  for (const char* l : kLevels) known = known || level == l;
+  if (!known) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--log_level = \"", EscapeForLog(level),
+        "\" is not one of trace, debug, info, warn, error, off"));
+  }
+  if (format != "text" && format != "json") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--log_format = \"", EscapeForLog(format), "\" is not text or json"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InitLogging(absl::string_view level, absl::string_view format) {
+  if (absl::Status s = CheckLogFlags(level, format); !s.ok()) return s;
+  auto logger = std::make_shared<spdlog::logger>(
+      "kvdepotd", std::make_shared<spdlog::sinks::stderr_sink_mt>());
+  auto formatter = std::make_unique<spdlog::pattern_formatter>();
+  if (format == "json") {
+    formatter->add_flag<JsonMessageFlag>('*').set_pattern(
+        R"({"time":"%Y-%m-%dT%H:%M:%S.%f%z","level":"%l","logger":"%n","msg":"%*"})");
+  } else {
+    formatter->set_pattern("%Y-%m-%dT%H:%M:%S.%f%z %l %n %v");
+  }
+  logger->set_formatter(std::move(formatter));
+  for (size_t i = 0; i < std::size(kLevels); ++i) {
+    if (level == kLevels[i]) logger->set_level(kLevelValues[i]);
+  }
+  logger->flush_on(spdlog::level::trace);
+  spdlog::set_default_logger(std::move(logger));
+  return absl::OkStatus();
+}
+
+}  // namespace kvdepot

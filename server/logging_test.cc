@@ -1,0 +1,55 @@
+#include "server/logging.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace kvdepot {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(EscapeForLogTest, ControlCharactersQuotesAndHighBytesBecomeHex) {
+  EXPECT_EQ(EscapeForLog("pool-1"), "pool-1");
+  EXPECT_EQ(EscapeForLog("a\nb"), "a\\x0ab");
+  EXPECT_EQ(EscapeForLog("\x1b[31mred"), "\\x1b[31mred");
+  EXPECT_EQ(EscapeForLog("q\"\\"), "q\\x22\\x5c");
+  EXPECT_EQ(EscapeForLog(std::string("z\0z", 3)), "z\\x00z");
+  EXPECT_EQ(EscapeForLog("\x7f\xc3\xa9"), "\\x7f\\xc3\\xa9");
+}
+
+TEST(EscapeForLogTest, LongValuesAreCutAndSaySo) {
+  const std::string s(1000, 'a');
+  const std::string e = EscapeForLog(s, 10);
+  EXPECT_EQ(e, "aaaaaaaaaa...(1000 bytes)");
+  EXPECT_EQ(EscapeForLog(s), std::string(kMaxLoggedValueBytes, 'a') + "...(1000 bytes)");
+}
+
+TEST(EscapeForLogTest, EveryByteComesOutPrintable) {
+  std::string all;
+  for (int c = 0; c < 256; ++c) all.push_back(static_cast<char>(c));
+  for (char c : EscapeForLog(all, all.size())) {
+    EXPECT_GE(c, 0x20);
+    EXPECT_LT(c, 0x7f);
+    EXPECT_NE(c, '"');
+  }
+}
+
+TEST(JsonEscapeTest, QuotesBackslashesAndControls) {
+  EXPECT_EQ(JsonEscape("a\"b\\c\nd\x01"), "a\\\"b\\\\c\\u000ad\\u0001");
+}
+
+TEST(CheckLogFlagsTest, RefusesUnknownValuesNamingTheFlag) {
+  EXPECT_TRUE(CheckLogFlags("info", "text").ok());
+  EXPECT_TRUE(CheckLogFlags("off", "json").ok());
+  absl::Status s = CheckLogFlags("verbose", "text");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("--log_level = \"verbose\""));
+  s = CheckLogFlags("info", "xml");
+  EXPECT_THAT(s.message(), HasSubstr("--log_format = \"xml\""));
+  EXPECT_FALSE(InitLogging("INFO", "text").ok());
+}
+
+}  // namespace
+}  // namespace kvdepot
