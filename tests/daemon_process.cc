@@ -44,8 +44,11 @@ int ExitCode(int status) {
 }  // namespace
 
 std::string FreshSocketPath() {
-  static std::atomic<int> counter{0};
-  return absl::StrCat("/tmp/kvdepot-test-", getpid(), "-", counter++, ".sock");
+  // A private (0700) directory of its own: clients refuse sockets in
+  // directories others can write, like /tmp itself.
+  char dir[] = "/tmp/kvdepot-test-XXXXXX";
+  if (mkdtemp(dir) == nullptr) return "/nonexistent/kv.sock";
+  return absl::StrCat(dir, "/kv.sock");
 }
 
 absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv,
@@ -139,6 +142,9 @@ DaemonProcess::~DaemonProcess() {
   int status = 0;
   waitpid(pid_, &status, 0);
   unlink(socket_path_.c_str());
+  unlink(absl::StrCat(socket_path_.substr(0, socket_path_.size() - 5), ".ctl")
+             .c_str());
+  rmdir(socket_path_.substr(0, socket_path_.rfind('/')).c_str());
 }
 
 }  // namespace kvdepot::testing

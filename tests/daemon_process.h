@@ -56,7 +56,8 @@ absl::StatusOr<int> WaitForExit(pid_t pid, absl::Duration timeout);
 absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv,
                             int* stdout_fd);
 
-// A socket path that no other test uses (short: sun_path holds 107 bytes).
+// A socket path that no other test uses, "kv.sock" in a fresh 0700
+// directory under /tmp (short: sun_path holds 107 bytes).
 std::string FreshSocketPath();
 
 }  // namespace kvdepot::testing
