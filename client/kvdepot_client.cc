@@ -1,10 +1,13 @@
 #include "client/kvdepot_client.h"
 
+#include <grpcpp/support/client_interceptor.h>
+
 #include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/default_address.h"
+#include "common/status_macros.h"
 
 namespace kvdepot {
 namespace {
@@ -13,6 +16,41 @@ using Stub = v1::KVCache::Stub;
 
 template <typename Req, typename Resp>
 using Method = grpc::Status (Stub::*)(grpc::ClientContext*, const Req&, Resp*);
+
+// Adds the session id to the metadata of every call on the channel (also
+// calls made through stub() directly), so requests without a session_id
+// field carry it too.
+class SessionInterceptor : public grpc::experimental::Interceptor {
+ public:
+  explicit SessionInterceptor(std::shared_ptr<std::string> id)
+      : id_(std::move(id)) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* m) override {
+    if (m->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::
+                PRE_SEND_INITIAL_METADATA) &&
+        !id_->empty()) {
+      m->GetSendInitialMetadata()->insert({"kvdepot-session-id", *id_});
+    }
+    m->Proceed();
+  }
+
+ private:
+  std::shared_ptr<std::string> id_;
+};
+
+class SessionInterceptorFactory
+    : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit SessionInterceptorFactory(std::shared_ptr<std::string> id)
+      : id_(std::move(id)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo* /*info*/) override {
+    return new SessionInterceptor(id_);
+  }
+
+ private:
+  std::shared_ptr<std::string> id_;
+};
 
 }  // namespace
 
@@ -36,22 +74,48 @@ static absl::StatusOr<Resp> Call(Stub* stub, Method<Req, Resp> method,
 }
 
 KVCacheClient::KVCacheClient(const ClientOptions& options, std::string target,
-                             std::shared_ptr<grpc::Channel> channel)
+                             std::shared_ptr<grpc::Channel> channel,
+                             std::shared_ptr<std::string> session_id,
+                             std::unique_ptr<CompanionConnection> companion)
     : options_(options),
       target_(std::move(target)),
       channel_(std::move(channel)),
-      stub_(v1::KVCache::NewStub(channel_)) {}
+      stub_(v1::KVCache::NewStub(channel_)),
+      session_id_(std::move(session_id)),
+      companion_(std::move(companion)) {}
 
 absl::StatusOr<std::unique_ptr<KVCacheClient>> KVCacheClient::Connect(
     const ClientOptions& options) {
   const std::string target = ResolveTarget(options.address);
+  const std::string socket = UnixSocketPathOf(target);
+  auto session_id = std::make_shared<std::string>();
+  std::unique_ptr<CompanionConnection> companion;
+  if (!socket.empty()) {
+    RETURN_IF_ERROR(CheckSocketDirectory(socket));
+    if (options.open_session) {
+      ASSIGN_OR_RETURN(
+          companion,
+          CompanionConnection::Open(
+              CompanionSocketPathOf(socket),
+              ExpectedDaemonUid(options.expected_daemon_uid),
+              options.client_name));
+      *session_id = companion->session_id();
+    }
+  }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<int64_t>(options.max_message_bytes, INT32_MAX)));
   args.SetMaxSendMessageSize(static_cast<int>(
       std::min<int64_t>(options.max_message_bytes, INT32_MAX)));
-  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
-      target, grpc::InsecureChannelCredentials(), args);
+  std::vector<
+      std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>
+      interceptors;
+  interceptors.push_back(
+      std::make_unique<SessionInterceptorFactory>(session_id));
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::experimental::CreateCustomChannelWithInterceptors(
+          target, grpc::InsecureChannelCredentials(), args,
+          std::move(interceptors));
   if (!channel->WaitForConnected(
           std::chrono::system_clock::now() +
           absl::ToChronoMilliseconds(options.connect_timeout))) {
@@ -59,16 +123,17 @@ absl::StatusOr<std::unique_ptr<KVCacheClient>> KVCacheClient::Connect(
         absl::StrCat("cannot connect to kvdepot at \"", target, "\" within ",
                      absl::FormatDuration(options.connect_timeout)));
   }
-  std::unique_ptr<KVCacheClient> client(
-      new KVCacheClient(options, target, std::move(channel)));
-  if (options.open_session) {
+  std::unique_ptr<KVCacheClient> client(new KVCacheClient(
+      options, target, std::move(channel), session_id, std::move(companion)));
+  if (options.open_session && socket.empty()) {
+    // TCP: an anonymous lease session (SPEC §11).
     v1::OpenSessionRequest r;
     r.set_client_name(options.client_name);
     r.set_lease_ms(absl::ToInt64Milliseconds(options.lease));
     absl::StatusOr<v1::OpenSessionResponse> s =
         Call(client->stub_.get(), &Stub::OpenSession, r, options.timeout);
     if (!s.ok()) return s.status();
-    client->session_id_ = s->session_id();
+    *client->session_id_ = s->session_id();
     if (options.keep_alive) {
       const absl::Duration period = absl::Milliseconds(s->lease_ms()) / 3;
       KVCacheClient* c = client.get();
@@ -96,9 +161,10 @@ KVCacheClient::~KVCacheClient() {
     stopping_ = true;
   }
   if (keep_alive_.joinable()) keep_alive_.join();
-  if (!session_id_.empty()) {
+  // A companion session ends when its connection closes (companion_).
+  if (companion_ == nullptr && !session_id_->empty()) {
     v1::CloseSessionRequest r;
-    r.set_session_id(session_id_);
+    r.set_session_id(*session_id_);
     (void)Call(stub_.get(), &Stub::CloseSession, r, absl::Seconds(2));
   }
 }
@@ -150,61 +216,82 @@ absl::Status KVCacheClient::DeletePool(const std::string& name) {
 
 absl::StatusOr<const PoolMapping*> KVCacheClient::MapPool(
     const std::string& name) {
-  absl::StatusOr<v1::PoolInfo> info = GetPool(name);
-  if (!info.ok()) return info.status();
-  const std::string key = info->handle().shm_name();
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pools_.find(name);
+    if (it != pools_.end()) return it->second.get();
+  }
+  if (companion_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "MapPool needs a session on the companion socket (a Unix socket "
+        "address and open_session)");
+  }
+  v1::CompanionRequest r;
+  r.mutable_map_pool()->set_name(name);
+  UniqueFd fd;
+  ASSIGN_OR_RETURN(v1::CompanionReply reply, companion_->Call(r, -1, &fd));
+  ASSIGN_OR_RETURN(PoolMapping mapping,
+                   PoolMapping::Open(reply.pool(), std::move(fd)));
   absl::MutexLock lock(&mu_);
-  auto it = pools_.find(key);
+  auto it = pools_.find(name);
   if (it != pools_.end()) return it->second.get();
-  absl::StatusOr<PoolMapping> mapping = PoolMapping::Open(*info);
-  if (!mapping.ok()) return mapping.status();
-  auto owned = std::make_unique<PoolMapping>(*std::move(mapping));
+  auto owned = std::make_unique<PoolMapping>(std::move(mapping));
   const PoolMapping* p = owned.get();
-  pools_.emplace(key, std::move(owned));
+  pools_.emplace(name, std::move(owned));
   return p;
 }
 
 absl::StatusOr<BufferMapping> KVCacheClient::AllocateBuffer(int64_t size) {
-  v1::AllocateBufferRequest r;
-  r.set_session_id(session_id_);
-  r.set_size(size);
-  absl::StatusOr<v1::BufferInfo> info =
-      Call(stub_.get(), &Stub::AllocateBuffer, r, options_.timeout);
-  if (!info.ok()) return info.status();
-  return BufferMapping::Open(*info);
+  if (companion_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "AllocateBuffer needs a session on the companion socket (a Unix "
+        "socket address and open_session)");
+  }
+  v1::CompanionRequest r;
+  r.mutable_allocate_buffer()->set_size(size);
+  UniqueFd fd;
+  ASSIGN_OR_RETURN(v1::CompanionReply reply, companion_->Call(r, -1, &fd));
+  return BufferMapping::Open(reply.buffer(), std::move(fd));
 }
 
 absl::StatusOr<v1::BufferInfo> KVCacheClient::ImportBuffer(
-    const ShmRegion& region) {
-  v1::ImportBufferRequest r;
-  r.set_session_id(session_id_);
-  v1::SharedHandle* h = r.mutable_handle();
-  h->set_shm_name(region.name());
-  h->set_size(region.size());
-  h->set_device_ordinal(-1);
-  return Call(stub_.get(), &Stub::ImportBuffer, r, options_.timeout);
+    const MemfdRegion& region) {
+  if (companion_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "ImportBuffer needs a session on the companion socket");
+  }
+  v1::CompanionRequest r;
+  r.mutable_import_buffer()->set_size(region.size());
+  ASSIGN_OR_RETURN(v1::CompanionReply reply,
+                   companion_->Call(r, region.fd(), nullptr));
+  return reply.buffer();
 }
 
 absl::StatusOr<v1::BufferInfo> KVCacheClient::ImportBuffer(
     v1::ImportBufferRequest r) {
-  if (r.session_id().empty()) r.set_session_id(session_id_);
+  if (r.session_id().empty()) r.set_session_id(*session_id_);
   return Call(stub_.get(), &Stub::ImportBuffer, r, options_.timeout);
+}
+
+absl::Status KVCacheClient::Grant(v1::GrantRequest r) {
+  if (r.session_id().empty()) r.set_session_id(*session_id_);
+  return Call(stub_.get(), &Stub::Grant, r, options_.timeout).status();
 }
 
 absl::Status KVCacheClient::ReleaseBuffer(uint64_t buffer_id) {
   v1::ReleaseBufferRequest r;
-  r.set_session_id(session_id_);
+  r.set_session_id(*session_id_);
   r.set_buffer_id(buffer_id);
   return Call(stub_.get(), &Stub::ReleaseBuffer, r, options_.timeout).status();
 }
 
 absl::StatusOr<v1::StoreResponse> KVCacheClient::Store(v1::StoreRequest r) {
-  if (r.session_id().empty()) r.set_session_id(session_id_);
+  if (r.session_id().empty()) r.set_session_id(*session_id_);
   return Call(stub_.get(), &Stub::Store, r, options_.timeout);
 }
 
 absl::StatusOr<v1::LoadResponse> KVCacheClient::Load(v1::LoadRequest r) {
-  if (r.session_id().empty()) r.set_session_id(session_id_);
+  if (r.session_id().empty()) r.set_session_id(*session_id_);
   return Call(stub_.get(), &Stub::Load, r, options_.timeout);
 }
 
@@ -215,7 +302,7 @@ absl::StatusOr<v1::BuildPlanResponse> KVCacheClient::BuildPlan(
 
 absl::StatusOr<v1::PrefillLoadResponse> KVCacheClient::PrefillLoad(
     v1::PrefillLoadRequest r) {
-  if (r.session_id().empty()) r.set_session_id(session_id_);
+  if (r.session_id().empty()) r.set_session_id(*session_id_);
   return Call(stub_.get(), &Stub::PrefillLoad, r, options_.timeout);
 }
 
@@ -245,7 +332,7 @@ absl::Status KVCacheClient::Ping() {
 
 absl::Status KVCacheClient::KeepAlive() {
   v1::KeepAliveRequest r;
-  r.set_session_id(session_id_);
+  r.set_session_id(*session_id_);
   return Call(stub_.get(), &Stub::KeepAlive, r, options_.timeout).status();
 }
 

@@ -1,7 +1,9 @@
 // The C++ client of kvdepot. Connects (default: the daemon's default Unix
-// socket), opens a session kept alive by a background thread, wraps every
-// RPC as absl::StatusOr, and maps pools and buffers into the caller (opened
-// once and cached per pool).
+// socket), opens a session on the companion socket (after checking the
+// socket directory and the daemon's uid; over TCP: an anonymous lease
+// session kept alive by a background thread), attaches the session id to
+// every call, wraps every RPC as absl::StatusOr, and maps pools and buffers
+// from descriptors the daemon hands over (pools cached per name).
 //
 //   absl::StatusOr<std::unique_ptr<KVCacheClient>> c =
 //   KVCacheClient::Connect({}); absl::StatusOr<const PoolMapping*> pool =
@@ -23,7 +25,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/companion_connection.h"
 #include "client/mappings.h"
+#include "common/memfd.h"
 #include "kvdepot/v1/kvdepot.grpc.pb.h"
 
 namespace kvdepot {
@@ -32,8 +36,12 @@ struct ClientOptions {
   // "" = the default Unix socket; "/path", "unix:/path" or "host:port".
   std::string address;
   std::string client_name = "kvdepot_client";
-  // Open a session (needed for buffers); 0 lease = the daemon's default.
+  // Open a session (needed for everything but Stats, Ping and reading pool
+  // layouts); 0 lease = the daemon's default (TCP only).
   bool open_session = true;
+  // The daemon uid accepted on the companion socket; -1 =
+  // $KVDEPOT_DAEMON_UID, else the client's own uid or root.
+  int64_t expected_daemon_uid = -1;
   absl::Duration lease = absl::ZeroDuration();
   // Renew the lease from a background thread every lease / 3.
   bool keep_alive = true;
@@ -55,7 +63,13 @@ class KVCacheClient {
   ~KVCacheClient();
 
   const std::string& target() const { return target_; }
-  const std::string& session_id() const { return session_id_; }
+  const std::string& session_id() const { return *session_id_; }
+  // The public number of the session (for Grant), 0 over TCP.
+  uint64_t session_number() const {
+    return companion_ != nullptr ? companion_->hello().session_number() : 0;
+  }
+  // The companion connection (null over TCP or without a session).
+  CompanionConnection* companion() const { return companion_.get(); }
   v1::KVCache::Stub* stub() const { return stub_.get(); }
   // The channel (e.g. for grpc.health.v1 or generic calls).
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
@@ -68,17 +82,20 @@ class KVCacheClient {
   absl::StatusOr<v1::PoolInfo> GetPool(const std::string& name);
   absl::StatusOr<v1::ListPoolsResponse> ListPools();
   absl::Status DeletePool(const std::string& name);
-  // Maps a pool (GetPool + shm mmap), once: later calls return the cached
-  // mapping, valid until the client is destroyed.
+  // Maps a pool (its memfd from the companion socket), once: later calls
+  // return the cached mapping, valid until the client is destroyed.
   absl::StatusOr<const PoolMapping*> MapPool(const std::string& name);
 
   // Buffers of this session, mapped.
   absl::StatusOr<BufferMapping> AllocateBuffer(int64_t size);
-  // Registers a client-owned shm region with the daemon.
-  absl::StatusOr<v1::BufferInfo> ImportBuffer(const ShmRegion& region);
-  // Any import (e.g. a CUDA IPC handle); session_id filled in when empty.
+  // Hands a client-owned memfd (MemfdRegion::Create) to the daemon.
+  absl::StatusOr<v1::BufferInfo> ImportBuffer(const MemfdRegion& region);
+  // A legacy import (a CUDA IPC handle, --legacy_cuda_ipc daemons);
+  // session_id filled in when empty.
   absl::StatusOr<v1::BufferInfo> ImportBuffer(v1::ImportBufferRequest r);
   absl::Status ReleaseBuffer(uint64_t buffer_id);
+  // Grants a pool or a buffer (session_id filled in when empty).
+  absl::Status Grant(v1::GrantRequest r);
 
   // Cache operations; session_id is filled in when empty.
   absl::StatusOr<v1::StoreResponse> Store(v1::StoreRequest r);
@@ -98,18 +115,23 @@ class KVCacheClient {
 
  private:
   KVCacheClient(const ClientOptions& options, std::string target,
-                std::shared_ptr<grpc::Channel> channel);
+                std::shared_ptr<grpc::Channel> channel,
+                std::shared_ptr<std::string> session_id,
+                std::unique_ptr<CompanionConnection> companion);
   void KeepAliveLoop(absl::Duration period);
 
   const ClientOptions options_;
   const std::string target_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::KVCache::Stub> stub_;
-  std::string session_id_;
+  // Shared with the channel's interceptor; set before any call but
+  // OpenSession, never changed after.
+  std::shared_ptr<std::string> session_id_;
+  std::unique_ptr<CompanionConnection> companion_;
 
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<PoolMapping>> pools_
-      ABSL_GUARDED_BY(mu_);  // key: shm name
+      ABSL_GUARDED_BY(mu_);  // key: pool name
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread keep_alive_;
 };

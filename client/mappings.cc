@@ -3,48 +3,36 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace kvdepot {
-namespace {
 
-absl::StatusOr<ShmRegion> MapHandle(const v1::SharedHandle& h) {
-  if (h.kind_case() != v1::SharedHandle::kShmName) {
-    return absl::UnimplementedError(
-        "the handle is a CUDA IPC handle, not a shm name: open it with "
-        "CudaIpcMapping (//common/cuda:cuda_mappings)");
-  }
-  if (h.offset() < 0 || h.offset() > h.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "handle.offset = ", h.offset(), " is outside [0, ", h.size(), "]"));
-  }
-  return ShmRegion::Open(h.shm_name(), h.size());
+absl::StatusOr<PoolMapping> PoolMapping::Open(const v1::PoolInfo& info,
+                                              UniqueFd fd) {
+  ASSIGN_OR_RETURN(
+      MemfdRegion region,
+      MemfdRegion::Import(absl::StrCat("pool \"", info.name(), "\""),
+                          std::move(fd), info.layout().total_bytes()));
+  return PoolMapping(std::move(region), info);
 }
 
-}  // namespace
-
-absl::StatusOr<PoolMapping> PoolMapping::Open(const v1::PoolInfo& info) {
-  absl::StatusOr<ShmRegion> region = MapHandle(info.handle());
-  if (!region.ok()) return region.status();
-  if (info.handle().offset() + info.layout().total_bytes() >
-      info.handle().size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pool \"", info.name(), "\": total_bytes ", info.layout().total_bytes(),
-        " do not fit the handle's ", info.handle().size(), " bytes"));
-  }
-  return PoolMapping(*std::move(region), info.handle().offset(), info);
-}
-
-absl::StatusOr<BufferMapping> BufferMapping::Open(const v1::BufferInfo& info) {
-  absl::StatusOr<ShmRegion> region = MapHandle(info.handle());
-  if (!region.ok()) return region.status();
-  return BufferMapping(*std::move(region), info.buffer_id(),
-                       info.handle().offset(), info.size());
+absl::StatusOr<BufferMapping> BufferMapping::Open(const v1::BufferInfo& info,
+                                                  UniqueFd fd) {
+  ASSIGN_OR_RETURN(
+      MemfdRegion region,
+      MemfdRegion::Import(absl::StrCat("buffer ", info.buffer_id()),
+                          std::move(fd), info.size()));
+  return BufferMapping(std::move(region), info.buffer_id());
 }
 
 v1::DataRef BufferMapping::Slice(int64_t offset, int64_t length) const {
+  return SliceRef(id_, offset, length);
+}
+
+v1::DataRef SliceRef(uint64_t buffer_id, int64_t offset, int64_t length) {
   v1::DataRef ref;
   v1::BufferSlice* s = ref.mutable_slice();
-  s->set_buffer_id(id_);
+  s->set_buffer_id(buffer_id);
   s->set_offset(offset);
   s->set_length(length);
   return ref;

@@ -1,13 +1,15 @@
-// Mappings of daemon memory into the caller (CPU backend: POSIX shm). Both
-// are move-only RAII types opened by a static Open; destruction unmaps (the
-// daemon owns the shm names and unlinks them).
+// Mappings of daemon memory into the caller (CPU backend: memfds received
+// on the companion socket, validated like the daemon validates a client's).
+// Both are move-only RAII types opened by a static Open; destruction
+// unmaps and closes.
 #ifndef KVDEPOT_CLIENT_MAPPINGS_H_
 #define KVDEPOT_CLIENT_MAPPINGS_H_
 
 #include <cstdint>
 
 #include "absl/status/statusor.h"
-#include "common/shm.h"
+#include "common/memfd.h"
+#include "common/unique_fd.h"
 #include "kvdepot/v1/kvdepot.pb.h"
 
 namespace kvdepot {
@@ -15,13 +17,14 @@ namespace kvdepot {
 // A pool mapped read-write. Layer l starts at data() + l * layer_stride.
 class PoolMapping {
  public:
-  // Maps the pool of `info` (its handle must be a shm name).
-  static absl::StatusOr<PoolMapping> Open(const v1::PoolInfo& info);
+  // Maps `fd`, the memfd of the pool `info` describes (total_bytes).
+  static absl::StatusOr<PoolMapping> Open(const v1::PoolInfo& info,
+                                          UniqueFd fd);
 
   PoolMapping(PoolMapping&&) = default;
   PoolMapping& operator=(PoolMapping&&) = default;
 
-  uint8_t* data() const { return region_.data() + offset_; }
+  uint8_t* data() const { return region_.data(); }
   uint8_t* layer(int64_t l) const {
     return data() + l * info_.layout().layer_stride();
   }
@@ -29,40 +32,39 @@ class PoolMapping {
   const v1::PoolLayout& layout() const { return info_.layout(); }
 
  private:
-  PoolMapping(ShmRegion region, int64_t offset, v1::PoolInfo info)
-      : region_(std::move(region)), offset_(offset), info_(std::move(info)) {}
+  PoolMapping(MemfdRegion region, v1::PoolInfo info)
+      : region_(std::move(region)), info_(std::move(info)) {}
 
-  ShmRegion region_;    // the shm object, mapped from its base
-  int64_t offset_ = 0;  // pool start inside the mapping
+  MemfdRegion region_;  // the pool's memfd, mapped
   v1::PoolInfo info_;   // as the daemon described it
 };
 
-// A daemon-allocated buffer (or a client's own shm buffer) mapped
-// read-write.
+// A daemon-allocated buffer mapped read-write.
 class BufferMapping {
  public:
-  static absl::StatusOr<BufferMapping> Open(const v1::BufferInfo& info);
+  static absl::StatusOr<BufferMapping> Open(const v1::BufferInfo& info,
+                                            UniqueFd fd);
 
   BufferMapping(BufferMapping&&) = default;
   BufferMapping& operator=(BufferMapping&&) = default;
 
   uint64_t id() const { return id_; }
-  uint8_t* data() const { return region_.data() + offset_; }
-  int64_t size() const { return size_; }
+  uint8_t* data() const { return region_.data(); }
+  int64_t size() const { return region_.size(); }
 
   // A DataRef naming [offset, offset + length) of this buffer.
   v1::DataRef Slice(int64_t offset, int64_t length) const;
 
  private:
-  BufferMapping(ShmRegion region, uint64_t id, int64_t offset, int64_t size)
-      : region_(std::move(region)), id_(id), offset_(offset), size_(size) {}
+  BufferMapping(MemfdRegion region, uint64_t id)
+      : region_(std::move(region)), id_(id) {}
 
-  ShmRegion region_;
+  MemfdRegion region_;
   uint64_t id_ = 0;
-  int64_t offset_ = 0;
-  int64_t size_ = 0;
 };
 
+// A DataRef naming [offset, offset + length) of buffer `id`.
+v1::DataRef SliceRef(uint64_t buffer_id, int64_t offset, int64_t length);
 // Inline request bytes / an inline reply request, as DataRefs.
 v1::DataRef InlineData(std::string bytes);
 v1::DataRef InlineOutput();

@@ -36,4 +36,11 @@ std::string UnixSocketPathOf(absl::string_view target) {
   return std::string(path);
 }
 
+std::string CompanionSocketPathOf(absl::string_view socket_path) {
+  if (absl::EndsWith(socket_path, ".sock")) {
+    return absl::StrCat(socket_path.substr(0, socket_path.size() - 5), ".ctl");
+  }
+  return absl::StrCat(socket_path, ".ctl");
+}
+
 }  // namespace kvdepot

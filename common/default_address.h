@@ -31,6 +31,11 @@ std::string ResolveTarget(absl::string_view address);
 // The socket path of a "unix:" target, or "" for any other target.
 std::string UnixSocketPathOf(absl::string_view target);
 
+// The companion socket (SOCK_SEQPACKET: sessions and descriptors, SPEC §11)
+// next to a gRPC socket: "<dir>/x.sock" -> "<dir>/x.ctl", any other path ->
+// path + ".ctl".
+std::string CompanionSocketPathOf(absl::string_view socket_path);
+
 }  // namespace kvdepot
 
 #endif  // KVDEPOT_COMMON_DEFAULT_ADDRESS_H_

@@ -29,7 +29,7 @@ namespace {
 
 // OK when nothing listens on `path` (a stale file is removed);
 // FAILED_PRECONDITION when a live daemon answers there.
-absl::Status ClaimSocketPath(const std::string& path) {
+absl::Status ClaimSocketPath(const std::string& path, int type) {
   struct sockaddr_un addr;
   if (path.size() >= sizeof(addr.sun_path)) {
     return absl::InvalidArgumentError(
@@ -42,7 +42,7 @@ absl::Status ClaimSocketPath(const std::string& path) {
     return absl::FailedPreconditionError(
         absl::StrCat("--listen: \"", path, "\" exists and is not a socket"));
   }
-  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  const int fd = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::InternalError("socket(AF_UNIX) failed");
   std::memset(&addr, 0, sizeof(addr));
   addr.sun_family = AF_UNIX;
@@ -60,11 +60,21 @@ absl::Status ClaimSocketPath(const std::string& path) {
 }
 
 // The default socket's directory is the daemon's own (SPEC §11): created
-// with mode 0700, or, when it exists, accepted only as a real directory of
-// this user that nobody else can enter or write. Clients refuse a socket in
-// a directory others can write, so serving from one would only fail later.
-absl::Status PreparePrivateSocketDir(const std::string& dir) {
-  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+// with mode 0700 (0750 with `group`, for a shared volume), or, when it
+// exists, accepted only as a real directory of this user that others cannot
+// enter or write. Clients refuse a socket in a directory others can write,
+// so serving from one would only fail later.
+absl::Status PreparePrivateSocketDir(const std::string& dir, gid_t group) {
+  const bool grouped = group != static_cast<gid_t>(-1);
+  const mode_t want = grouped ? 0750 : 0700;
+  if (mkdir(dir.c_str(), want) == 0) {
+    if (grouped && (chown(dir.c_str(), -1, group) != 0 ||
+                    chmod(dir.c_str(), want) != 0)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot give the socket directory \"", dir,
+                       "\" group ", group, ": ", std::strerror(errno)));
+    }
+  } else if (errno != EEXIST) {
     return absl::FailedPreconditionError(
         absl::StrCat("cannot create the socket directory \"", dir,
                      "\": ", std::strerror(errno)));
@@ -74,11 +84,14 @@ absl::Status PreparePrivateSocketDir(const std::string& dir) {
     return absl::FailedPreconditionError(
         absl::StrCat("the socket directory \"", dir, "\" is not a directory"));
   }
-  if (st.st_uid != geteuid() || (st.st_mode & 0077) != 0) {
+  const bool group_ok = grouped ? st.st_gid == group : true;
+  if (st.st_uid != geteuid() || (st.st_mode & 07777) != want || !group_ok) {
     return absl::FailedPreconditionError(absl::StrFormat(
-        "the socket directory \"%s\" has owner %d and mode %04o; it must "
-        "belong to uid %d with mode 0700 (remove it, or pass --listen)",
-        dir, st.st_uid, st.st_mode & 07777, geteuid()));
+        "the socket directory \"%s\" has owner %d, group %d and mode %04o; "
+        "it must belong to uid %d with mode %04o%s (remove it, or pass "
+        "--listen)",
+        dir, st.st_uid, st.st_gid, st.st_mode & 07777, geteuid(), want,
+        grouped ? absl::StrCat(" and group ", group) : ""));
   }
   return absl::OkStatus();
 }
@@ -130,9 +143,17 @@ absl::Status Daemon::ApplyConfig() {
         "\" is not a valid textproto kvdepot.v1.DaemonConfig: ",
         error.error()));
   }
+  AdminPolicy admin;
+  admin.daemon_uid = geteuid();
+  admin.uids.insert(config.admin_uids().begin(), config.admin_uids().end());
+  admin.gids.insert(config.admin_gids().begin(), config.admin_gids().end());
+  if (options_.admin_gid != static_cast<gid_t>(-1)) {
+    admin.gids.insert(options_.admin_gid);
+  }
+  sessions_->set_admin_policy(std::move(admin));
   for (int i = 0; i < config.pools_size(); ++i) {
     absl::StatusOr<std::shared_ptr<Pool>> pool =
-        pools_->Create(config.pools(i));
+        pools_->Create(config.pools(i), geteuid());
     if (!pool.ok()) {
       return absl::Status(
           pool.status().code(),
@@ -141,12 +162,23 @@ absl::Status Daemon::ApplyConfig() {
     spdlog::info("rpc=config pool={} status=OK bytes={}", (*pool)->name,
                  (*pool)->layout.total_bytes);
   }
+  for (int i = 0; i < config.grants_size(); ++i) {
+    const v1::PoolGrant& g = config.grants(i);
+    absl::StatusOr<std::shared_ptr<Pool>> pool =
+        pools_->Get(absl::StrCat("--config grants[", i, "].pool"), g.pool());
+    if (!pool.ok()) return pool.status();
+    Acl acl;
+    acl.uids.insert(g.uids().begin(), g.uids().end());
+    acl.gids.insert(g.gids().begin(), g.gids().end());
+    acl.anonymous = g.anonymous();
+    (*pool)->Grant(acl);
+  }
   return absl::OkStatus();
 }
 
 absl::Status Daemon::Init() {
   BackendOptions backend_options;
-  backend_options.shm_mode = options_.shm_mode;
+  backend_options.legacy_cuda_ipc = options_.legacy_cuda_ipc;
   absl::StatusOr<std::unique_ptr<Backend>> backend =
       MakeBackend(options_.backend, backend_options);
   if (!backend.ok()) return backend.status();
@@ -165,6 +197,14 @@ absl::Status Daemon::Init() {
       server_->GetHealthCheckService()->SetServingStatus(false);
     }
   });
+  {
+    AdminPolicy admin;  // ApplyConfig adds the configured ids
+    admin.daemon_uid = geteuid();
+    if (options_.admin_gid != static_cast<gid_t>(-1)) {
+      admin.gids.insert(options_.admin_gid);
+    }
+    sessions_->set_admin_policy(std::move(admin));
+  }
   RETURN_IF_ERROR(ApplyConfig());
   if (!options_.metrics_address.empty()) {
     KVCacheService* service = service_.get();
@@ -187,9 +227,24 @@ absl::Status Daemon::Init() {
                    ServerCredentialsFor(target_, options_.tls));
   if (!socket_path_.empty()) {
     if (socket_path_ == DefaultSocketPath()) {
-      RETURN_IF_ERROR(PreparePrivateSocketDir(DefaultSocketDir()));
+      RETURN_IF_ERROR(
+          PreparePrivateSocketDir(DefaultSocketDir(), options_.socket_group));
     }
-    RETURN_IF_ERROR(ClaimSocketPath(socket_path_));
+    RETURN_IF_ERROR(ClaimSocketPath(socket_path_, SOCK_STREAM));
+    companion_path_ = CompanionSocketPathOf(socket_path_);
+    RETURN_IF_ERROR(ClaimSocketPath(companion_path_, SOCK_SEQPACKET));
+    // Before the gRPC socket: a client that sees that one finds this ready.
+    CompanionOptions co;
+    co.path = companion_path_;
+    co.group = options_.socket_group;
+    co.max_buffer_bytes = options_.service.max_buffer_bytes;
+    KVCacheService* service = service_.get();
+    co.accepting = [service] { return !service->draining(); };
+    absl::StatusOr<std::unique_ptr<CompanionServer>> companion =
+        CompanionServer::Start(co, backend_.get(), pools_.get(),
+                               sessions_.get());
+    if (!companion.ok()) return companion.status();
+    companion_ = *std::move(companion);
   }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -227,6 +282,13 @@ absl::Status Daemon::Init() {
     if (chmod(socket_path_.c_str(), 0660) != 0) {
       spdlog::warn("chmod 0660 {}: {}", socket_path_, std::strerror(errno));
     }
+    if (options_.socket_group != static_cast<gid_t>(-1) &&
+        chown(socket_path_.c_str(), -1, options_.socket_group) != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot give \"", socket_path_, "\" group ",
+                       options_.socket_group, ": ", std::strerror(errno)));
+    }
+
   } else {
     const size_t colon = target_.rfind(':');
     if (colon != std::string::npos) {
@@ -239,7 +301,8 @@ absl::Status Daemon::Init() {
       v1::KVCache::service_full_name(), true);
   server_->GetHealthCheckService()->SetServingStatus(true);
   reaper_ = std::thread([this] { ReapLoop(); });
-  spdlog::info("kvdepot serving on {} backend={}", target_,
+  spdlog::info("kvdepot serving on {} companion={} backend={}", target_,
+               companion_path_.empty() ? "none (TCP)" : companion_path_,
                std::string(backend_->name()));
   return absl::OkStatus();
 }
@@ -281,6 +344,7 @@ void Daemon::Shutdown() {
     server_->Wait();
   }
   if (reaper_.joinable()) reaper_.join();
+  if (companion_ != nullptr) companion_->Shutdown();
   metrics_server_.reset();
   if (sessions_ != nullptr) sessions_->Clear();
   if (pools_ != nullptr) pools_->Clear();

@@ -1,5 +1,6 @@
 // The daemon as a library: the gRPC server with the KVCache service, health
-// (grpc.health.v1), reflection, the session reaper and graceful drain. The
+// (grpc.health.v1), reflection, the companion socket (sessions and memory
+// descriptors, SPEC §11), the session reaper and graceful drain. The
 // kvdepotd binary is a thin main around it; tests start it in-process too.
 #ifndef KVDEPOT_SERVER_DAEMON_H_
 #define KVDEPOT_SERVER_DAEMON_H_
@@ -16,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/backend/backend.h"
+#include "server/companion.h"
 #include "server/metrics.h"
 #include "server/metrics_http.h"
 #include "server/pools.h"
@@ -28,7 +30,8 @@ namespace kvdepot {
 struct DaemonOptions {
   // "" = the default Unix socket (common/default_address.h); "/path" or
   // "unix:/path" = that socket (mode 0660); "host:port" = TCP (port 0 picks
-  // a free one).
+  // a free one). A Unix socket gets its companion next to it
+  // (CompanionSocketPathOf); TCP has none (anonymous sessions only).
   std::string listen;
   // TCP beyond loopback needs mutual TLS (server/tls.h).
   TlsOptions tls;
@@ -37,7 +40,14 @@ struct DaemonOptions {
   // "host:port" serves Prometheus GET /metrics over HTTP (port 0 picks a
   // free one); "" = off.
   std::string metrics_address;
-  mode_t shm_mode = 0600;  // 0660 with --shm_group_access
+  // The sockets' group (-1 = the daemon's): with a group, both sockets are
+  // chowned to it and the default socket directory is 0750 with it (a
+  // shared volume); without, the directory is 0700.
+  gid_t socket_group = static_cast<gid_t>(-1);
+  // Admin identity besides the daemon's uid and root (--admin_gid).
+  gid_t admin_gid = static_cast<gid_t>(-1);
+  // CUDA: share memory by legacy CUDA IPC handles (--legacy_cuda_ipc).
+  bool legacy_cuda_ipc = false;
   int64_t max_message_bytes = int64_t{64} << 20;
   // gRPC threads in all (pollers and handlers), and calls in flight on one
   // connection (docs/DAEMON.md "Limits").
@@ -71,6 +81,9 @@ class Daemon {
     return metrics_server_ != nullptr ? metrics_server_->address() : "";
   }
 
+  // The companion socket path, or "" (TCP).
+  const std::string& companion_path() const { return companion_path_; }
+
   // Graceful drain, idempotent: health NOT_SERVING and new calls get
   // UNAVAILABLE; in-flight calls finish (cancelled after drain_timeout);
   // after drain_grace the listener closes, then sessions and pools are
@@ -91,6 +104,8 @@ class Daemon {
   std::unique_ptr<KVCacheService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsServer> metrics_server_;
+  std::unique_ptr<CompanionServer> companion_;
+  std::string companion_path_;  // "" for TCP
   std::string target_;
   std::string socket_path_;  // "" for TCP
 

@@ -18,8 +18,12 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// A socket in a fresh private directory (clients refuse sockets in
+// directories others can write; TEST_TMPDIR is too long for sun_path).
 std::string TempSocket(const char* tag) {
-  return absl::StrCat("/tmp/kvdepot-dt-", getpid(), "-", tag, ".sock");
+  std::string tmpl = absl::StrCat("/tmp/kvdepot-dt-", tag, "-XXXXXX");
+  if (mkdtemp(tmpl.data()) == nullptr) return "";
+  return tmpl + "/kv.sock";
 }
 
 std::string WriteConfig(const std::string& text) {

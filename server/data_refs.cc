@@ -6,11 +6,12 @@ namespace kvdepot {
 namespace {
 
 absl::StatusOr<ByteRange> ResolveSlice(const SessionManager& sessions,
+                                       const Caller& caller,
                                        absl::string_view field,
                                        const v1::BufferSlice& slice,
                                        int64_t expected) {
   absl::StatusOr<std::shared_ptr<Buffer>> buffer = sessions.GetBuffer(
-      absl::StrCat(field, ".slice.buffer_id"), slice.buffer_id());
+      caller, absl::StrCat(field, ".slice.buffer_id"), slice.buffer_id());
   if (!buffer.ok()) return buffer.status();
   const int64_t size = (*buffer)->memory->size();
   if (slice.length() != expected) {
@@ -35,12 +36,13 @@ absl::StatusOr<ByteRange> ResolveSlice(const SessionManager& sessions,
 }  // namespace
 
 absl::StatusOr<ByteRange> ResolveInput(const SessionManager& sessions,
+                                       const Caller& caller,
                                        absl::string_view field,
                                        const v1::DataRef& ref,
                                        int64_t expected) {
   switch (ref.kind_case()) {
     case v1::DataRef::kSlice:
-      return ResolveSlice(sessions, field, ref.slice(), expected);
+      return ResolveSlice(sessions, caller, field, ref.slice(), expected);
     case v1::DataRef::kInlineData: {
       const std::string& bytes = ref.inline_data();
       if (static_cast<int64_t>(bytes.size()) != expected) {
@@ -63,13 +65,14 @@ absl::StatusOr<ByteRange> ResolveInput(const SessionManager& sessions,
 }
 
 absl::StatusOr<ByteRange> ResolveOutput(const SessionManager& sessions,
+                                        const Caller& caller,
                                         absl::string_view field,
                                         const v1::DataRef& ref,
                                         int64_t expected, int64_t max_inline,
                                         std::string* inline_out) {
   switch (ref.kind_case()) {
     case v1::DataRef::kSlice:
-      return ResolveSlice(sessions, field, ref.slice(), expected);
+      return ResolveSlice(sessions, caller, field, ref.slice(), expected);
     case v1::DataRef::kInlineOutput: {
       if (expected > max_inline) {
         return absl::InvalidArgumentError(

@@ -1,7 +1,8 @@
 // Resolution of the DataRef fields of a request (kvdepot.proto): a slice of
 // a shared buffer, inline request bytes, or inline reply bytes. Every range
 // is checked against its buffer and against the size the request needs
-// before anything is read or written.
+// before anything is read or written. A buffer slice needs the caller to
+// own the buffer or be granted it.
 #ifndef KVDEPOT_SERVER_DATA_REFS_H_
 #define KVDEPOT_SERVER_DATA_REFS_H_
 
@@ -26,6 +27,7 @@ struct ByteRange {
 
 // An input of exactly `expected` bytes: inline_data or a buffer slice.
 absl::StatusOr<ByteRange> ResolveInput(const SessionManager& sessions,
+                                       const Caller& caller,
                                        absl::string_view field,
                                        const v1::DataRef& ref,
                                        int64_t expected);
@@ -34,6 +36,7 @@ absl::StatusOr<ByteRange> ResolveInput(const SessionManager& sessions,
 // inline_output the reply string `inline_out` (resized, zero-filled;
 // at most max_inline bytes).
 absl::StatusOr<ByteRange> ResolveOutput(const SessionManager& sessions,
+                                        const Caller& caller,
                                         absl::string_view field,
                                         const v1::DataRef& ref,
                                         int64_t expected, int64_t max_inline,

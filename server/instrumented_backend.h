@@ -32,6 +32,11 @@ class InstrumentedBackend final : public Backend {
       const v1::SharedHandle& handle) override {
     return inner_->Import(handle);
   }
+  absl::StatusOr<std::unique_ptr<Memory>> ImportFd(UniqueFd fd,
+                                                   int64_t size) override {
+    return inner_->ImportFd(std::move(fd), size);
+  }
+  bool legacy_handles() const override { return inner_->legacy_handles(); }
   absl::Status Store(const PoolLayout& layout, const Memory& pool,
                      int64_t layer, const void* kv, InputDtype dtype,
                      absl::Span<const int32_t> slot_mapping) override;

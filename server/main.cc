@@ -41,7 +41,19 @@ ABSL_FLAG(std::string, log_format, "text",
           "Logs on stderr as text lines or json (one object per line); "
           "timestamps are ISO 8601 with the zone offset.");
 ABSL_FLAG(bool, shm_group_access, false,
-          "Create shared-memory pools and buffers with mode 0660, not 0600.");
+          "No effect (kept so old command lines start): memory is handed "
+          "over as memfds on the companion socket, never named.");
+ABSL_FLAG(int64_t, socket_group, -1,
+          "Group id of the sockets (mode 0660) and of the default socket "
+          "directory (then 0750, for a volume shared with workers); -1 = "
+          "the daemon's own, directory 0700.");
+ABSL_FLAG(int64_t, admin_gid, -1,
+          "Group id whose members are admins (DeletePool of any pool, "
+          "Drain) besides the daemon's uid and root; -1 = none.");
+ABSL_FLAG(bool, legacy_cuda_ipc, false,
+          "CUDA backend: share pools and buffers by legacy CUDA IPC handles "
+          "(bearer tokens anyone who sees them can open; SPEC §11). Without "
+          "it the CUDA backend refuses to allocate.");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20,
           "Largest gRPC message received or sent.");
 ABSL_FLAG(int, max_threads, 64,
@@ -122,7 +134,9 @@ int main(int argc, char** argv) {
   options.backend = absl::GetFlag(FLAGS_backend);
   options.config_path = absl::GetFlag(FLAGS_config);
   options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
-  options.shm_mode = absl::GetFlag(FLAGS_shm_group_access) ? 0660 : 0600;
+  options.socket_group = static_cast<gid_t>(absl::GetFlag(FLAGS_socket_group));
+  options.admin_gid = static_cast<gid_t>(absl::GetFlag(FLAGS_admin_gid));
+  options.legacy_cuda_ipc = absl::GetFlag(FLAGS_legacy_cuda_ipc);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_pool_bytes = absl::GetFlag(FLAGS_max_pool_bytes);
   options.service.max_buffer_bytes = absl::GetFlag(FLAGS_max_buffer_bytes);

@@ -2,6 +2,8 @@
 // Verify (code and message), Verify's streamed progress and checksums on
 // awkward block sizes, Drain refusing new work while reads go on, and
 // --metrics_address validation.
+#include <stdlib.h>
+
 #include <chrono>
 #include <random>
 #include <vector>
@@ -21,8 +23,12 @@ using ::testing::HasSubstr;
 class OpsRpcTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    // A Unix socket in a private directory: the client's companion session
+    // carries its uid, the daemon's own (admin: Drain is allowed).
+    char dir[] = "/tmp/kvdepot-ops-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
     DaemonOptions o;
-    o.listen = "127.0.0.1:0";
+    o.listen = absl::StrCat(dir, "/kv.sock");
     o.backend = "cpu";
     o.drain_grace = absl::ZeroDuration();
     absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(o);
@@ -240,6 +246,39 @@ TEST_F(OpsRpcTest, DrainRefusesNewWorkKeepsReads) {
   ASSERT_GE(s->rejections_size(), 1);
   EXPECT_EQ(s->rejections(0).reason(), "draining");
   EXPECT_TRUE(client_->KeepAlive().ok());
+}
+
+// Without a session the operations and the destructive calls are refused
+// (a second uid is tests/e2e_access_test).
+TEST_F(OpsRpcTest, CallsWithoutASessionAreRefused) {
+  ClientOptions co;
+  co.address = daemon_->target();
+  co.open_session = false;
+  absl::StatusOr<std::unique_ptr<KVCacheClient>> anon =
+      KVCacheClient::Connect(co);
+  ASSERT_TRUE(anon.ok()) << anon.status();
+  grpc::ClientContext c1;
+  v1::DrainResponse d;
+  EXPECT_EQ((*anon)->stub()->Drain(&c1, {}, &d).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ((*anon)->DeletePool("p").code(), absl::StatusCode::kUnauthenticated);
+  v1::InspectRequest ir;
+  ir.set_pool("p");
+  grpc::ClientContext c2;
+  v1::InspectResponse iout;
+  EXPECT_EQ((*anon)->stub()->Inspect(&c2, ir, &iout).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  v1::StoreRequest sr;
+  sr.set_pool("p");
+  EXPECT_EQ((*anon)->Store(sr).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ((*anon)->CreatePool(v1::CreatePoolRequest()).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  // Reading layouts and stats needs no session; no handle is ever returned.
+  absl::StatusOr<v1::PoolInfo> info = (*anon)->GetPool("p");
+  ASSERT_TRUE(info.ok());
+  EXPECT_FALSE(info->has_handle());
+  EXPECT_TRUE((*anon)->Stats().ok());
 }
 
 TEST(MetricsAddressTest, MalformedAddressFailsStart) {

@@ -60,11 +60,51 @@ void Pool::ToProto(v1::PoolInfo* info) const {
   info->set_name(name);
   info->set_device(device);
   LayoutToProto(layout, info->mutable_layout());
-  *info->mutable_handle() = handle;
+  if (handle.kind_case() != v1::SharedHandle::KIND_NOT_SET) {
+    *info->mutable_handle() = handle;
+  }
+}
+
+absl::Status Pool::CheckUse(const Caller& caller,
+                            absl::string_view field) const {
+  if (!caller.authenticated()) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        field, " = \"", name,
+        "\": using a pool needs a session (connect to the companion socket "
+        "and pass its session id)"));
+  }
+  if (caller.admin || (caller.peer && caller.uid == owner_uid)) {
+    return absl::OkStatus();
+  }
+  {
+    absl::MutexLock lock(&acl_mu);
+    if (acl.Allows(caller)) return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      field, " = \"", name, "\": this session (",
+      caller.peer ? absl::StrCat("uid ", caller.uid) : "anonymous",
+      ") is neither the pool's owner nor granted it"));
+}
+
+absl::Status Pool::CheckOwner(const Caller& caller,
+                              absl::string_view what) const {
+  if (!caller.authenticated()) return RequireSession(caller);
+  if (caller.admin || (caller.peer && caller.uid == owner_uid)) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      what, " pool \"", name, "\" needs its owner (uid ", owner_uid,
+      ") or the admin identity; this session is ",
+      caller.peer ? absl::StrCat("uid ", caller.uid) : "anonymous"));
+}
+
+void Pool::Grant(const Acl& grant) {
+  absl::MutexLock lock(&acl_mu);
+  acl.Merge(grant);
 }
 
 absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(
-    const v1::CreatePoolRequest& r) {
+    const v1::CreatePoolRequest& r, uid_t owner_uid) {
   RETURN_IF_ERROR(ValidatePoolName("name", r.name()));
   absl::StatusOr<std::string> device = backend_->ResolveDevice(r.device());
   if (!device.ok()) return device.status();
@@ -123,7 +163,8 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(
   pool->name = r.name();
   pool->device = *device;
   pool->layout = *layout;
-  (*memory)->FillHandle(&pool->handle);
+  pool->owner_uid = owner_uid;
+  if (backend_->legacy_handles()) (*memory)->FillHandle(&pool->handle);
   {
     absl::MutexLock pool_lock(&pool->mu);
     pool->memory = *std::move(memory);

@@ -3,6 +3,9 @@
 // take it exclusively, loads shared), so requests on different pools never
 // wait on each other. A deleted pool stays alive until the requests that
 // hold it finish.
+//
+// Each pool has an owner (the uid of the session that created it; the
+// daemon's uid for config pools) and an access list (SPEC §11).
 #ifndef KVDEPOT_SERVER_POOLS_H_
 #define KVDEPOT_SERVER_POOLS_H_
 
@@ -17,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "kernels/format.h"
 #include "kvdepot/v1/kvdepot.pb.h"
+#include "server/access.h"
 #include "server/backend/backend.h"
 
 namespace kvdepot {
@@ -25,12 +29,22 @@ struct Pool {
   std::string name;
   std::string device;
   PoolLayout layout;
-  v1::SharedHandle handle;  // how clients map it (set once, at creation)
+  uid_t owner_uid = 0;
+  v1::SharedHandle handle;  // legacy CUDA IPC only (--legacy_cuda_ipc)
   absl::Mutex mu;           // guards the pool's bytes (not the fields above)
   std::unique_ptr<Memory> memory ABSL_PT_GUARDED_BY(mu);
+  mutable absl::Mutex acl_mu;
+  Acl acl ABSL_GUARDED_BY(acl_mu);
 
-  // Layout, device and handle as the wire reply.
+  // Layout and device (and a legacy handle) as the wire reply.
   void ToProto(v1::PoolInfo* info) const;
+  // OK when the caller may use the pool: its owner uid, an admin, or on its
+  // access list. UNAUTHENTICATED without a session, else PERMISSION_DENIED
+  // naming `field`.
+  absl::Status CheckUse(const Caller& caller, absl::string_view field) const;
+  // OK for the owner uid or an admin (delete, grant); `what` names the call.
+  absl::Status CheckOwner(const Caller& caller, absl::string_view what) const;
+  void Grant(const Acl& grant);
 };
 
 // Fills the wire layout (format name and every size/stride).
@@ -44,7 +58,7 @@ class PoolRegistry {
   // Validates the request (name, device, format, sizes) and allocates the
   // pool. ALREADY_EXISTS for a taken name.
   absl::StatusOr<std::shared_ptr<Pool>> Create(
-      const v1::CreatePoolRequest& request);
+      const v1::CreatePoolRequest& request, uid_t owner_uid);
   // NOT_FOUND naming `field` when there is no such pool.
   absl::StatusOr<std::shared_ptr<Pool>> Get(absl::string_view field,
                                             absl::string_view name) const;

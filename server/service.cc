@@ -19,10 +19,10 @@ namespace {
 constexpr const char* kRpcNames[] = {
     "OpenSession",  "KeepAlive",     "CloseSession", "CreatePool",
     "GetPool",      "ListPools",     "DeletePool",   "AllocateBuffer",
-    "ImportBuffer", "ReleaseBuffer", "Store",        "Load",
-    "BuildPlan",    "PrefillLoad",   "ConvertTopk",  "SwaDecodeIndex",
-    "PrefillIndex", "Stats",         "Ping",         "Inspect",
-    "Verify",       "Drain",
+    "ImportBuffer", "ReleaseBuffer", "Grant",        "Store",
+    "Load",         "BuildPlan",     "PrefillLoad",  "ConvertTopk",
+    "SwaDecodeIndex", "PrefillIndex", "Stats",       "Ping",
+    "Inspect",      "Verify",        "Drain",
 };
 static_assert(sizeof(kRpcNames) / sizeof(kRpcNames[0]) ==
               static_cast<size_t>(Rpc::kCount));
@@ -37,6 +37,7 @@ bool IsAdmin(Rpc rpc) {
     case Rpc::kAllocateBuffer:
     case Rpc::kImportBuffer:
     case Rpc::kReleaseBuffer:
+    case Rpc::kGrant:
       return true;
     default:
       return false;
@@ -101,7 +102,7 @@ KVCacheService::KVCacheService(Backend* backend, PoolRegistry* pools,
 
 template <typename Body>
 grpc::Status KVCacheService::Run(Rpc rpc, Ctx* ctx, absl::string_view pool,
-                                 Body&& body) {
+                                 absl::string_view session_id, Body&& body) {
   const absl::Time start = absl::Now();
   // Counted until Run returns, however the body ends: a leaked count would
   // make every drain wait its full timeout.
@@ -125,7 +126,10 @@ grpc::Status KVCacheService::Run(Rpc rpc, Ctx* ctx, absl::string_view pool,
         "retry on another daemon");
   } else {
     status = CheckAlive(ctx);
-    if (status.ok()) status = body();
+    if (status.ok()) {
+      absl::StatusOr<Caller> caller = ResolveCaller(ctx, session_id);
+      status = caller.ok() ? body(*caller) : caller.status();
+    }
   }
   const int64_t latency_us = absl::ToInt64Microseconds(absl::Now() - start);
   metrics_->RecordCall(static_cast<int>(rpc), status.code(), latency_us,
@@ -148,15 +152,29 @@ grpc::Status KVCacheService::Run(Rpc rpc, Ctx* ctx, absl::string_view pool,
   return ToGrpcStatus(status);
 }
 
-absl::Status KVCacheService::TouchSession(absl::string_view session_id) {
-  if (session_id.empty()) return absl::OkStatus();
-  return sessions_->Touch(session_id, absl::Now()).status();
+absl::StatusOr<Caller> KVCacheService::ResolveCaller(
+    const Ctx* ctx, absl::string_view session_id) {
+  if (session_id.empty() && ctx != nullptr) {
+    const auto& md = ctx->client_metadata();
+    auto it = md.find(kSessionMetadataKey);
+    if (it != md.end()) session_id = {it->second.data(), it->second.size()};
+  }
+  return sessions_->Authenticate(session_id, absl::Now());
+}
+
+absl::StatusOr<std::shared_ptr<Pool>> KVCacheService::UsablePool(
+    const Caller& caller, absl::string_view field, absl::string_view name) {
+  RETURN_IF_ERROR(RequireSession(caller));
+  absl::StatusOr<std::shared_ptr<Pool>> pool = pools_->Get(field, name);
+  if (!pool.ok()) return pool.status();
+  RETURN_IF_ERROR((*pool)->CheckUse(caller, field));
+  return pool;
 }
 
 grpc::Status KVCacheService::OpenSession(Ctx* ctx,
                                          const v1::OpenSessionRequest* r,
                                          v1::OpenSessionResponse* out) {
-  return Run(Rpc::kOpenSession, ctx, "", [&]() -> absl::Status {
+  return Run(Rpc::kOpenSession, ctx, "", "", [&](const Caller&) -> absl::Status {
     absl::Duration granted;
     absl::StatusOr<std::string> id =
         sessions_->Open(r->client_name(), absl::Milliseconds(r->lease_ms()),
@@ -170,51 +188,68 @@ grpc::Status KVCacheService::OpenSession(Ctx* ctx,
 
 grpc::Status KVCacheService::KeepAlive(Ctx* ctx, const v1::KeepAliveRequest* r,
                                        v1::KeepAliveResponse* out) {
-  return Run(Rpc::kKeepAlive, ctx, "", [&]() -> absl::Status {
-    absl::StatusOr<absl::Duration> lease =
-        sessions_->Touch(r->session_id(), absl::Now());
-    if (!lease.ok()) return lease.status();
-    out->set_lease_ms(absl::ToInt64Milliseconds(*lease));
-    return absl::OkStatus();
-  });
+  return Run(Rpc::kKeepAlive, ctx, "", r->session_id(),
+             [&](const Caller& caller) -> absl::Status {
+               RETURN_IF_ERROR(RequireSession(caller));
+               absl::StatusOr<absl::Duration> lease =
+                   sessions_->Touch(r->session_id(), absl::Now());
+               if (!lease.ok()) return lease.status();
+               out->set_lease_ms(
+                   *lease == absl::InfiniteDuration()
+                       ? 0
+                       : absl::ToInt64Milliseconds(*lease));
+               return absl::OkStatus();
+             });
 }
 
 grpc::Status KVCacheService::CloseSession(Ctx* ctx,
                                           const v1::CloseSessionRequest* r,
                                           v1::CloseSessionResponse* out) {
-  return Run(Rpc::kCloseSession, ctx, "", [&]() -> absl::Status {
-    absl::StatusOr<int64_t> n = sessions_->Close(r->session_id());
-    if (!n.ok()) return n.status();
-    out->set_buffers_released(*n);
-    return absl::OkStatus();
-  });
+  return Run(Rpc::kCloseSession, ctx, "", r->session_id(),
+             [&](const Caller& caller) -> absl::Status {
+               RETURN_IF_ERROR(RequireSession(caller));
+               absl::StatusOr<int64_t> n = sessions_->Close(r->session_id());
+               if (!n.ok()) return n.status();
+               out->set_buffers_released(*n);
+               return absl::OkStatus();
+             });
 }
 
 grpc::Status KVCacheService::CreatePool(Ctx* ctx,
                                         const v1::CreatePoolRequest* r,
                                         v1::PoolInfo* out) {
-  return Run(Rpc::kCreatePool, ctx, r->name(), [&]() -> absl::Status {
-    absl::StatusOr<std::shared_ptr<Pool>> pool = pools_->Create(*r);
-    if (!pool.ok()) return pool.status();
-    (*pool)->ToProto(out);
-    return absl::OkStatus();
-  });
+  return Run(Rpc::kCreatePool, ctx, r->name(), "",
+             [&](const Caller& caller) -> absl::Status {
+               RETURN_IF_ERROR(RequireSession(caller));
+               if (!caller.peer) {
+                 return absl::PermissionDeniedError(
+                     "CreatePool: anonymous sessions (TCP) cannot own pools; "
+                     "create it from the companion socket or the config");
+               }
+               absl::StatusOr<std::shared_ptr<Pool>> pool =
+                   pools_->Create(*r, caller.uid);
+               if (!pool.ok()) return pool.status();
+               (*pool)->ToProto(out);
+               return absl::OkStatus();
+             });
 }
 
 grpc::Status KVCacheService::GetPool(Ctx* ctx, const v1::GetPoolRequest* r,
                                      v1::PoolInfo* out) {
-  return Run(Rpc::kGetPool, ctx, r->name(), [&]() -> absl::Status {
-    absl::StatusOr<std::shared_ptr<Pool>> pool = pools_->Get("name", r->name());
-    if (!pool.ok()) return pool.status();
-    (*pool)->ToProto(out);
-    return absl::OkStatus();
-  });
+  return Run(Rpc::kGetPool, ctx, r->name(), "",
+             [&](const Caller&) -> absl::Status {
+               absl::StatusOr<std::shared_ptr<Pool>> pool =
+                   pools_->Get("name", r->name());
+               if (!pool.ok()) return pool.status();
+               (*pool)->ToProto(out);
+               return absl::OkStatus();
+             });
 }
 
 grpc::Status KVCacheService::ListPools(Ctx* ctx,
                                        const v1::ListPoolsRequest* /*r*/,
                                        v1::ListPoolsResponse* out) {
-  return Run(Rpc::kListPools, ctx, "", [&]() -> absl::Status {
+  return Run(Rpc::kListPools, ctx, "", "", [&](const Caller&) -> absl::Status {
     for (const std::shared_ptr<Pool>& pool : pools_->List()) {
       pool->ToProto(out->add_pools());
     }
@@ -225,29 +260,44 @@ grpc::Status KVCacheService::ListPools(Ctx* ctx,
 grpc::Status KVCacheService::DeletePool(Ctx* ctx,
                                         const v1::DeletePoolRequest* r,
                                         v1::DeletePoolResponse* /*out*/) {
-  return Run(Rpc::kDeletePool, ctx, r->name(),
-             [&]() -> absl::Status { return pools_->Delete(r->name()); });
+  return Run(Rpc::kDeletePool, ctx, r->name(), "",
+             [&](const Caller& caller) -> absl::Status {
+               RETURN_IF_ERROR(RequireSession(caller));
+               absl::StatusOr<std::shared_ptr<Pool>> pool =
+                   pools_->Get("name", r->name());
+               if (!pool.ok()) return pool.status();
+               RETURN_IF_ERROR((*pool)->CheckOwner(caller, "DeletePool:"));
+               return pools_->Delete(r->name());
+             });
+}
+
+// Buffers over gRPC exist only for legacy handles (CUDA IPC, opt-in); the
+// descriptor path is the companion socket.
+static absl::Status LegacyBuffersOnly(const Backend& backend,
+                                      absl::string_view rpc) {
+  if (backend.legacy_handles()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      rpc, " over gRPC is only for legacy CUDA IPC handles; buffers are "
+      "handed over as memfds on the companion socket (SPEC §11)"));
 }
 
 grpc::Status KVCacheService::AllocateBuffer(Ctx* ctx,
                                             const v1::AllocateBufferRequest* r,
                                             v1::BufferInfo* out) {
-  return Run(Rpc::kAllocateBuffer, ctx, "", [&]() -> absl::Status {
+  return Run(Rpc::kAllocateBuffer, ctx, "", r->session_id(),
+             [&](const Caller& caller) -> absl::Status {
     if (r->size() <= 0 || r->size() > options_.max_buffer_bytes) {
       return absl::InvalidArgumentError(
           absl::StrCat("size = ", r->size(), " is outside [1, ",
                        options_.max_buffer_bytes, "] (--max_buffer_bytes)"));
     }
-    RETURN_IF_ERROR(TouchSession(r->session_id()));
-    if (r->session_id().empty()) {
-      return absl::InvalidArgumentError(
-          "session_id is required: buffers belong to a session");
-    }
+    RETURN_IF_ERROR(RequireSession(caller));
+    RETURN_IF_ERROR(LegacyBuffersOnly(*backend_, "AllocateBuffer"));
     absl::StatusOr<std::unique_ptr<Memory>> memory =
         backend_->Allocate(r->size(), "");
     if (!memory.ok()) return memory.status();
     absl::StatusOr<std::shared_ptr<Buffer>> buffer =
-        sessions_->AddBuffer(r->session_id(), *std::move(memory), absl::Now());
+        sessions_->AddBuffer(caller, *std::move(memory));
     if (!buffer.ok()) return buffer.status();
     out->set_buffer_id((*buffer)->id);
     out->set_size((*buffer)->memory->size());
@@ -259,12 +309,10 @@ grpc::Status KVCacheService::AllocateBuffer(Ctx* ctx,
 grpc::Status KVCacheService::ImportBuffer(Ctx* ctx,
                                           const v1::ImportBufferRequest* r,
                                           v1::BufferInfo* out) {
-  return Run(Rpc::kImportBuffer, ctx, "", [&]() -> absl::Status {
-    if (r->session_id().empty()) {
-      return absl::InvalidArgumentError(
-          "session_id is required: buffers belong to a session");
-    }
-    RETURN_IF_ERROR(TouchSession(r->session_id()));
+  return Run(Rpc::kImportBuffer, ctx, "", r->session_id(),
+             [&](const Caller& caller) -> absl::Status {
+    RETURN_IF_ERROR(RequireSession(caller));
+    RETURN_IF_ERROR(LegacyBuffersOnly(*backend_, "ImportBuffer"));
     if (r->handle().size() <= 0 ||
         r->handle().size() > options_.max_buffer_bytes) {
       return absl::InvalidArgumentError(
@@ -275,7 +323,7 @@ grpc::Status KVCacheService::ImportBuffer(Ctx* ctx,
         backend_->Import(r->handle());
     if (!memory.ok()) return memory.status();
     absl::StatusOr<std::shared_ptr<Buffer>> buffer =
-        sessions_->AddBuffer(r->session_id(), *std::move(memory), absl::Now());
+        sessions_->AddBuffer(caller, *std::move(memory));
     if (!buffer.ok()) return buffer.status();
     out->set_buffer_id((*buffer)->id);
     out->set_size((*buffer)->memory->size());
@@ -287,61 +335,88 @@ grpc::Status KVCacheService::ImportBuffer(Ctx* ctx,
 grpc::Status KVCacheService::ReleaseBuffer(Ctx* ctx,
                                            const v1::ReleaseBufferRequest* r,
                                            v1::ReleaseBufferResponse* /*out*/) {
-  return Run(Rpc::kReleaseBuffer, ctx, "", [&]() -> absl::Status {
-    return sessions_->ReleaseBuffer(r->session_id(), r->buffer_id(),
-                                    absl::Now());
+  return Run(Rpc::kReleaseBuffer, ctx, "", r->session_id(),
+             [&](const Caller& caller) -> absl::Status {
+               RETURN_IF_ERROR(RequireSession(caller));
+               return sessions_->ReleaseBuffer(caller, r->buffer_id());
+             });
+}
+
+grpc::Status KVCacheService::Grant(Ctx* ctx, const v1::GrantRequest* r,
+                                   v1::GrantResponse* /*out*/) {
+  return Run(Rpc::kGrant, ctx, r->pool(), r->session_id(),
+             [&](const Caller& caller) -> absl::Status {
+    RETURN_IF_ERROR(RequireSession(caller));
+    Acl grant;
+    grant.uids.insert(r->uids().begin(), r->uids().end());
+    grant.gids.insert(r->gids().begin(), r->gids().end());
+    grant.sessions.insert(r->sessions().begin(), r->sessions().end());
+    switch (r->object_case()) {
+      case v1::GrantRequest::kPool: {
+        absl::StatusOr<std::shared_ptr<Pool>> pool =
+            pools_->Get("pool", r->pool());
+        if (!pool.ok()) return pool.status();
+        RETURN_IF_ERROR((*pool)->CheckOwner(caller, "Grant on"));
+        (*pool)->Grant(grant);
+        return absl::OkStatus();
+      }
+      case v1::GrantRequest::kBufferId:
+        return sessions_->GrantBuffer(caller, r->buffer_id(), grant);
+      default:
+        return absl::InvalidArgumentError("object: set pool or buffer_id");
+    }
   });
 }
 
 grpc::Status KVCacheService::Store(Ctx* ctx, const v1::StoreRequest* r,
                                    v1::StoreResponse* out) {
-  return Run(Rpc::kStore, ctx, r->pool(),
-             [&]() { return DoStore(ctx, *r, out); });
+  return Run(Rpc::kStore, ctx, r->pool(), r->session_id(),
+             [&](const Caller& c) { return DoStore(ctx, c, *r, out); });
 }
 
 grpc::Status KVCacheService::Load(Ctx* ctx, const v1::LoadRequest* r,
                                   v1::LoadResponse* out) {
-  return Run(Rpc::kLoad, ctx, r->pool(),
-             [&]() { return DoLoad(ctx, *r, out); });
+  return Run(Rpc::kLoad, ctx, r->pool(), r->session_id(),
+             [&](const Caller& c) { return DoLoad(ctx, c, *r, out); });
 }
 
 grpc::Status KVCacheService::BuildPlan(Ctx* ctx, const v1::BuildPlanRequest* r,
                                        v1::BuildPlanResponse* out) {
-  return Run(Rpc::kBuildPlan, ctx, r->pool(),
-             [&]() { return DoBuildPlan(*r, out); });
+  return Run(Rpc::kBuildPlan, ctx, r->pool(), "",
+             [&](const Caller& c) { return DoBuildPlan(c, *r, out); });
 }
 
 grpc::Status KVCacheService::PrefillLoad(Ctx* ctx,
                                          const v1::PrefillLoadRequest* r,
                                          v1::PrefillLoadResponse* out) {
-  return Run(Rpc::kPrefillLoad, ctx, r->main_pool(),
-             [&]() { return DoPrefillLoad(ctx, *r, out); });
+  return Run(Rpc::kPrefillLoad, ctx, r->main_pool(), r->session_id(),
+             [&](const Caller& c) { return DoPrefillLoad(ctx, c, *r, out); });
 }
 
 grpc::Status KVCacheService::ConvertTopk(Ctx* ctx,
                                          const v1::ConvertTopkRequest* r,
                                          v1::ConvertTopkResponse* out) {
-  return Run(Rpc::kConvertTopk, ctx, r->pool(),
-             [&]() { return DoConvertTopk(*r, out); });
+  return Run(Rpc::kConvertTopk, ctx, r->pool(), "",
+             [&](const Caller& c) { return DoConvertTopk(c, *r, out); });
 }
 
 grpc::Status KVCacheService::SwaDecodeIndex(Ctx* ctx,
                                             const v1::SwaDecodeIndexRequest* r,
                                             v1::SwaDecodeIndexResponse* out) {
-  return Run(Rpc::kSwaDecodeIndex, ctx, r->pool(),
-             [&]() { return DoSwaDecodeIndex(*r, out); });
+  return Run(Rpc::kSwaDecodeIndex, ctx, r->pool(), "",
+             [&](const Caller& c) { return DoSwaDecodeIndex(c, *r, out); });
 }
 
 grpc::Status KVCacheService::PrefillIndex(Ctx* ctx,
                                           const v1::PrefillIndexRequest* r,
                                           v1::PrefillIndexResponse* out) {
-  return Run(Rpc::kPrefillIndex, ctx, "",
-             [&]() { return DoPrefillIndex(*r, out); });
+  return Run(Rpc::kPrefillIndex, ctx, "", "",
+             [&](const Caller&) { return DoPrefillIndex(*r, out); });
 }
 
 grpc::Status KVCacheService::Stats(Ctx* ctx, const v1::StatsRequest* /*r*/,
                                    v1::StatsResponse* out) {
-  return Run(Rpc::kStats, ctx, "", [&]() -> absl::Status {
+  return Run(Rpc::kStats, ctx, "", "", [&](const Caller&) -> absl::Status {
     FillStats(out);
     // Not counting this call.
     out->set_in_flight(std::max<int64_t>(out->in_flight() - 1, 0));
@@ -370,25 +445,27 @@ void KVCacheService::FillStats(v1::StatsResponse* out) const {
 
 grpc::Status KVCacheService::Ping(Ctx* ctx, const v1::PingRequest* /*r*/,
                                   v1::PingResponse* /*out*/) {
-  return Run(Rpc::kPing, ctx, "", []() { return absl::OkStatus(); });
+  return Run(Rpc::kPing, ctx, "", "",
+             [](const Caller&) { return absl::OkStatus(); });
 }
 
 grpc::Status KVCacheService::Inspect(Ctx* ctx, const v1::InspectRequest* r,
                                      v1::InspectResponse* out) {
-  return Run(Rpc::kInspect, ctx, r->pool(),
-             [&]() { return DoInspect(*r, out); });
+  return Run(Rpc::kInspect, ctx, r->pool(), "",
+             [&](const Caller& c) { return DoInspect(c, *r, out); });
 }
 
 grpc::Status KVCacheService::Verify(
     Ctx* ctx, const v1::VerifyRequest* r,
     grpc::ServerWriter<v1::VerifyProgress>* writer) {
-  return Run(Rpc::kVerify, ctx, r->pool(),
-             [&]() { return DoVerify(ctx, *r, writer); });
+  return Run(Rpc::kVerify, ctx, r->pool(), "",
+             [&](const Caller& c) { return DoVerify(ctx, c, *r, writer); });
 }
 
 grpc::Status KVCacheService::Drain(Ctx* ctx, const v1::DrainRequest* /*r*/,
                                    v1::DrainResponse* out) {
-  return Run(Rpc::kDrain, ctx, "", [&]() { return DoDrain(out); });
+  return Run(Rpc::kDrain, ctx, "", "",
+             [&](const Caller& c) { return DoDrain(c, out); });
 }
 
 }  // namespace kvdepot

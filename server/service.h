@@ -45,6 +45,7 @@ enum class Rpc : int {
   kAllocateBuffer,
   kImportBuffer,
   kReleaseBuffer,
+  kGrant,
   kStore,
   kLoad,
   kBuildPlan,
@@ -101,6 +102,8 @@ class KVCacheService final : public v1::KVCache::Service {
                             v1::BufferInfo*) override;
   grpc::Status ReleaseBuffer(Ctx*, const v1::ReleaseBufferRequest*,
                              v1::ReleaseBufferResponse*) override;
+  grpc::Status Grant(Ctx*, const v1::GrantRequest*,
+                     v1::GrantResponse*) override;
   grpc::Status Store(Ctx*, const v1::StoreRequest*,
                      v1::StoreResponse*) override;
   grpc::Status Load(Ctx*, const v1::LoadRequest*, v1::LoadResponse*) override;
@@ -126,39 +129,52 @@ class KVCacheService final : public v1::KVCache::Service {
                      v1::DrainResponse*) override;
 
  private:
-  // Refuses while draining or past the deadline, runs `body`, logs, counts
-  // and converts the status.
+  // Refuses while draining or past the deadline, resolves the caller from
+  // `session_id` (or the call metadata kvdepot-session-id when empty), runs
+  // `body(caller)`, logs, counts and converts the status.
   template <typename Body>
-  grpc::Status Run(Rpc rpc, Ctx* ctx, absl::string_view pool, Body&& body);
+  grpc::Status Run(Rpc rpc, Ctx* ctx, absl::string_view pool,
+                   absl::string_view session_id, Body&& body);
 
-  // Renews the lease of `session_id` when it is not empty.
-  absl::Status TouchSession(absl::string_view session_id);
-  // The common start of Store and Load: renews the session, checks the GPU
-  // ordering fields against the backend, finds the pool and checks `layer`.
-  absl::StatusOr<std::shared_ptr<Pool>> DataTarget(absl::string_view session_id,
+  // The caller `session_id` or the metadata names (no session: a Caller
+  // without one; an unknown id: UNAUTHENTICATED).
+  absl::StatusOr<Caller> ResolveCaller(const Ctx* ctx,
+                                       absl::string_view session_id);
+  // Pool `name` when the caller may use it; `field` names it in errors.
+  absl::StatusOr<std::shared_ptr<Pool>> UsablePool(const Caller& caller,
+                                                   absl::string_view field,
+                                                   absl::string_view name);
+  // The common start of Store and Load: checks the GPU ordering fields
+  // against the backend, finds the pool (the caller may use) and `layer`.
+  absl::StatusOr<std::shared_ptr<Pool>> DataTarget(const Caller& caller,
                                                    absl::string_view pool,
                                                    int64_t layer,
                                                    absl::string_view wait_event,
                                                    bool record_event);
 
   // The handlers (service_data.cc, service_index.cc).
-  absl::Status DoStore(Ctx* ctx, const v1::StoreRequest& r,
-                       v1::StoreResponse* out);
-  absl::Status DoLoad(Ctx* ctx, const v1::LoadRequest& r,
+  absl::Status DoStore(Ctx* ctx, const Caller& caller,
+                       const v1::StoreRequest& r, v1::StoreResponse* out);
+  absl::Status DoLoad(Ctx* ctx, const Caller& caller, const v1::LoadRequest& r,
                       v1::LoadResponse* out);
-  absl::Status DoBuildPlan(const v1::BuildPlanRequest& r,
+  absl::Status DoBuildPlan(const Caller& caller, const v1::BuildPlanRequest& r,
                            v1::BuildPlanResponse* out);
-  absl::Status DoPrefillLoad(Ctx* ctx, const v1::PrefillLoadRequest& r,
+  absl::Status DoPrefillLoad(Ctx* ctx, const Caller& caller,
+                             const v1::PrefillLoadRequest& r,
                              v1::PrefillLoadResponse* out);
-  absl::Status DoConvertTopk(const v1::ConvertTopkRequest& r,
+  absl::Status DoConvertTopk(const Caller& caller,
+                             const v1::ConvertTopkRequest& r,
                              v1::ConvertTopkResponse* out);
-  absl::Status DoSwaDecodeIndex(const v1::SwaDecodeIndexRequest& r,
+  absl::Status DoSwaDecodeIndex(const Caller& caller,
+                                const v1::SwaDecodeIndexRequest& r,
                                 v1::SwaDecodeIndexResponse* out);
   absl::Status DoPrefillIndex(const v1::PrefillIndexRequest& r,
                               v1::PrefillIndexResponse* out);
-  absl::Status DoInspect(const v1::InspectRequest& r, v1::InspectResponse* out);
-  absl::Status DoDrain(v1::DrainResponse* out);
-  absl::Status DoVerify(Ctx* ctx, const v1::VerifyRequest& r,
+  absl::Status DoInspect(const Caller& caller, const v1::InspectRequest& r,
+                         v1::InspectResponse* out);
+  absl::Status DoDrain(const Caller& caller, v1::DrainResponse* out);
+  absl::Status DoVerify(Ctx* ctx, const Caller& caller,
+                        const v1::VerifyRequest& r,
                         grpc::ServerWriter<v1::VerifyProgress>* writer);
 
   Backend* const backend_;
@@ -177,6 +193,10 @@ class KVCacheService final : public v1::KVCache::Service {
 // Not OK when the client cancelled or the deadline passed: checked before
 // heavy work.
 absl::Status CheckAlive(const grpc::ServerContext* ctx);
+
+// The call metadata key that carries the session id of calls whose request
+// has no session_id field.
+inline constexpr char kSessionMetadataKey[] = "kvdepot-session-id";
 
 // absl -> grpc status (the codes share their numbering).
 grpc::Status ToGrpcStatus(const absl::Status& status);

@@ -52,20 +52,21 @@ absl::Status CheckOrdering(const Backend& backend, absl::string_view wait_event,
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<Pool>> KVCacheService::DataTarget(
-    absl::string_view session_id, absl::string_view pool_name, int64_t layer,
+    const Caller& caller, absl::string_view pool_name, int64_t layer,
     absl::string_view wait_event, bool record_event) {
-  RETURN_IF_ERROR(TouchSession(session_id));
   RETURN_IF_ERROR(CheckOrdering(*backend_, wait_event, record_event));
-  absl::StatusOr<std::shared_ptr<Pool>> pool = pools_->Get("pool", pool_name);
+  absl::StatusOr<std::shared_ptr<Pool>> pool =
+      UsablePool(caller, "pool", pool_name);
   if (!pool.ok()) return pool.status();
   RETURN_IF_ERROR(CheckLayer("layer", layer, (*pool)->layout));
   return pool;
 }
 
-absl::Status KVCacheService::DoStore(Ctx* ctx, const v1::StoreRequest& r,
+absl::Status KVCacheService::DoStore(Ctx* ctx, const Caller& caller,
+                                     const v1::StoreRequest& r,
                                      v1::StoreResponse* out) {
   absl::StatusOr<std::shared_ptr<Pool>> pool =
-      DataTarget(r.session_id(), r.pool(), r.layer(), r.wait_event_ipc_handle(),
+      DataTarget(caller, r.pool(), r.layer(), r.wait_event_ipc_handle(),
                  r.record_event());
   if (!pool.ok()) return pool.status();
   const PoolLayout& layout = (*pool)->layout;
@@ -79,7 +80,7 @@ absl::Status KVCacheService::DoStore(Ctx* ctx, const v1::StoreRequest& r,
                                &sc.slots));
   RETURN_IF_ERROR(ValidateSlotMapping(layout, sc.slots));
   absl::StatusOr<ByteRange> kv =
-      ResolveInput(*sessions_, "kv", r.kv(),
+      ResolveInput(*sessions_, caller, "kv", r.kv(),
                    r.num_tokens() * layout.format.elements() * dtype_bytes);
   if (!kv.ok()) return kv.status();
   int64_t written = 0;
@@ -94,10 +95,11 @@ absl::Status KVCacheService::DoStore(Ctx* ctx, const v1::StoreRequest& r,
                                 out->mutable_recorded_event_ipc_handle());
 }
 
-absl::Status KVCacheService::DoLoad(Ctx* ctx, const v1::LoadRequest& r,
+absl::Status KVCacheService::DoLoad(Ctx* ctx, const Caller& caller,
+                                    const v1::LoadRequest& r,
                                     v1::LoadResponse* out) {
   absl::StatusOr<std::shared_ptr<Pool>> pool =
-      DataTarget(r.session_id(), r.pool(), r.layer(), r.wait_event_ipc_handle(),
+      DataTarget(caller, r.pool(), r.layer(), r.wait_event_ipc_handle(),
                  r.record_event());
   if (!pool.ok()) return pool.status();
   const PoolLayout& layout = (*pool)->layout;
@@ -145,11 +147,11 @@ absl::Status KVCacheService::DoLoad(Ctx* ctx, const v1::LoadRequest& r,
         "scales must be unset: a do_cast format loads BF16 rows only");
   }
   absl::StatusOr<ByteRange> data =
-      ResolveOutput(*sessions_, "data", r.data(), total_k * LoadDataRowBytes(f),
+      ResolveOutput(*sessions_, caller, "data", r.data(), total_k * LoadDataRowBytes(f),
                     options_.max_inline_bytes, out->mutable_data());
   if (!data.ok()) return data.status();
   absl::StatusOr<ByteRange> scales =
-      ResolveOutput(*sessions_, "scales", r.scales(), total_k * scale_row,
+      ResolveOutput(*sessions_, caller, "scales", r.scales(), total_k * scale_row,
                     options_.max_inline_bytes, out->mutable_scales());
   if (!scales.ok()) return scales.status();
   RETURN_IF_ERROR(CheckDisjoint("data", *data, "scales", *scales));
@@ -164,9 +166,11 @@ absl::Status KVCacheService::DoLoad(Ctx* ctx, const v1::LoadRequest& r,
                                out->mutable_recorded_event_ipc_handle());
 }
 
-absl::Status KVCacheService::DoBuildPlan(const v1::BuildPlanRequest& r,
+absl::Status KVCacheService::DoBuildPlan(const Caller& caller,
+                                         const v1::BuildPlanRequest& r,
                                          v1::BuildPlanResponse* out) {
-  absl::StatusOr<std::shared_ptr<Pool>> pool = pools_->Get("pool", r.pool());
+  absl::StatusOr<std::shared_ptr<Pool>> pool =
+      UsablePool(caller, "pool", r.pool());
   if (!pool.ok()) return pool.status();
   Scratch& sc = ThreadScratch();
   RETURN_IF_ERROR(DecodeSequencePlan("sequences", r.sequences(),

@@ -31,9 +31,11 @@ absl::Status CheckDim(absl::string_view field, int64_t v, int64_t lo) {
 
 }  // namespace
 
-absl::Status KVCacheService::DoConvertTopk(const v1::ConvertTopkRequest& r,
+absl::Status KVCacheService::DoConvertTopk(const Caller& caller,
+                                           const v1::ConvertTopkRequest& r,
                                            v1::ConvertTopkResponse* out) {
-  absl::StatusOr<std::shared_ptr<Pool>> pool = pools_->Get("pool", r.pool());
+  absl::StatusOr<std::shared_ptr<Pool>> pool =
+      UsablePool(caller, "pool", r.pool());
   if (!pool.ok()) return pool.status();
   const PoolLayout& l = (*pool)->layout;
   IndexScratch& sc = ThreadIndexScratch();
@@ -70,8 +72,10 @@ absl::Status KVCacheService::DoConvertTopk(const v1::ConvertTopkRequest& r,
 }
 
 absl::Status KVCacheService::DoSwaDecodeIndex(
-    const v1::SwaDecodeIndexRequest& r, v1::SwaDecodeIndexResponse* out) {
-  absl::StatusOr<std::shared_ptr<Pool>> pool = pools_->Get("pool", r.pool());
+    const Caller& caller, const v1::SwaDecodeIndexRequest& r,
+    v1::SwaDecodeIndexResponse* out) {
+  absl::StatusOr<std::shared_ptr<Pool>> pool =
+      UsablePool(caller, "pool", r.pool());
   if (!pool.ok()) return pool.status();
   const PoolLayout& l = (*pool)->layout;
   IndexScratch& sc = ThreadIndexScratch();

@@ -37,9 +37,11 @@ absl::Status CheckRange(absl::string_view field, int64_t v, int64_t end) {
 
 }  // namespace
 
-absl::Status KVCacheService::DoInspect(const v1::InspectRequest& r,
+absl::Status KVCacheService::DoInspect(const Caller& caller,
+                                       const v1::InspectRequest& r,
                                        v1::InspectResponse* out) {
-  absl::StatusOr<std::shared_ptr<Pool>> pool = pools_->Get("pool", r.pool());
+  absl::StatusOr<std::shared_ptr<Pool>> pool =
+      UsablePool(caller, "pool", r.pool());
   if (!pool.ok()) return pool.status();
   const PoolLayout& l = (*pool)->layout;
   RETURN_IF_ERROR(CheckRange("layer", r.layer(), l.num_layers));
@@ -97,9 +99,10 @@ absl::Status KVCacheService::DoInspect(const v1::InspectRequest& r,
 }
 
 absl::Status KVCacheService::DoVerify(
-    Ctx* ctx, const v1::VerifyRequest& r,
+    Ctx* ctx, const Caller& caller, const v1::VerifyRequest& r,
     grpc::ServerWriter<v1::VerifyProgress>* writer) {
-  absl::StatusOr<std::shared_ptr<Pool>> pool = pools_->Get("pool", r.pool());
+  absl::StatusOr<std::shared_ptr<Pool>> pool =
+      UsablePool(caller, "pool", r.pool());
   if (!pool.ok()) return pool.status();
   const PoolLayout& l = (*pool)->layout;
   std::vector<int64_t> layers;
@@ -188,7 +191,9 @@ absl::Status KVCacheService::DoVerify(
   return absl::OkStatus();
 }
 
-absl::Status KVCacheService::DoDrain(v1::DrainResponse* out) {
+absl::Status KVCacheService::DoDrain(const Caller& caller,
+                                     v1::DrainResponse* out) {
+  RETURN_IF_ERROR(RequireAdmin(caller, "Drain"));
   const bool started = accepting_.exchange(false);
   out->set_started(started);
   out->set_in_flight(std::max<int64_t>(in_flight_.load() - 1, 0));

@@ -31,15 +31,14 @@ PrefillScratch& ThreadPrefillScratch() {
 
 }  // namespace
 
-absl::Status KVCacheService::DoPrefillLoad(Ctx* ctx,
+absl::Status KVCacheService::DoPrefillLoad(Ctx* ctx, const Caller& caller,
                                            const v1::PrefillLoadRequest& r,
                                            v1::PrefillLoadResponse* out) {
-  RETURN_IF_ERROR(TouchSession(r.session_id()));
   absl::StatusOr<std::shared_ptr<Pool>> swa =
-      pools_->Get("swa_pool", r.swa_pool());
+      UsablePool(caller, "swa_pool", r.swa_pool());
   if (!swa.ok()) return swa.status();
   absl::StatusOr<std::shared_ptr<Pool>> main =
-      pools_->Get("main_pool", r.main_pool());
+      UsablePool(caller, "main_pool", r.main_pool());
   if (!main.ok()) return main.status();
   const PoolLayout& sl = (*swa)->layout;
   const PoolLayout& ml = (*main)->layout;
@@ -104,11 +103,11 @@ absl::Status KVCacheService::DoPrefillLoad(Ctx* ctx,
   const PrefillLayout* pl = &sc.plan.layout;
   const int64_t row_bytes = LoadDataRowBytes(ml.format);
   absl::StatusOr<ByteRange> kv = ResolveInput(
-      *sessions_, "chunk_kv", r.chunk_kv(),
+      *sessions_, caller, "chunk_kv", r.chunk_kv(),
       int64_t{pl->chunk_rows} * ml.format.elements() * dtype_bytes);
   if (!kv.ok()) return kv.status();
   absl::StatusOr<ByteRange> output = ResolveOutput(
-      *sessions_, "output", r.output(), int64_t{pl->total_rows} * row_bytes,
+      *sessions_, caller, "output", r.output(), int64_t{pl->total_rows} * row_bytes,
       options_.max_inline_bytes, out->mutable_output());
   if (!output.ok()) return output.status();
   RETURN_IF_ERROR(CheckDisjoint("chunk_kv", *kv, "output", *output));

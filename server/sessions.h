@@ -1,14 +1,24 @@
-// Client sessions and the buffers they own. A session holds a lease; any
-// request naming it (and KeepAlive) renews the lease, and Reap() releases
-// every session whose lease has expired together with its buffers, so a
-// client that vanishes leaves nothing behind.
+// Client sessions and the buffers they own (SPEC §11).
 //
-// Buffers are addressed daemon-wide by id (a scheduler may name a worker's
-// buffer); a request holds a shared_ptr while it uses one, so a release
-// during the request frees the memory only when the request is done.
+// A peer session is opened on the companion socket with the peer's
+// credentials and lives until that connection closes (CloseNumber). An
+// anonymous session (OpenSession, the TCP path) holds a lease that requests
+// naming it renew; Reap() releases the expired ones.
+//
+// A session id is "<number>.<32 hex>": a public number (for grants and
+// lookup) and 128 random bits from getrandom, compared in constant time.
+// Ids are never logged nor put into any error message.
+//
+// Buffers are owned by their session: only it may release or grant them;
+// other sessions may name one in requests when its Acl allows them. A
+// request holds a shared_ptr while it uses one, so a release during the
+// request frees the memory only when the request is done.
 #ifndef KVDEPOT_SERVER_SESSIONS_H_
 #define KVDEPOT_SERVER_SESSIONS_H_
 
+#include <sys/types.h>
+
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -20,14 +30,16 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/access.h"
 #include "server/backend/backend.h"
 
 namespace kvdepot {
 
 struct Buffer {
   uint64_t id = 0;                 // daemon-wide, > 0
-  std::string session_id;          // owner
+  uint64_t owner_session = 0;      // session number
   std::unique_ptr<Memory> memory;  // released with the last reference
+  Acl acl;  // guarded by the SessionManager's lock
 };
 
 struct SessionLimits {
@@ -44,37 +56,68 @@ struct SessionStats {
   int64_t buffer_bytes = 0;
 };
 
+struct PeerCredentials {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+
+struct OpenedSession {
+  std::string id;       // secret
+  uint64_t number = 0;  // public
+};
+
 class SessionManager {
  public:
   explicit SessionManager(const SessionLimits& limits) : limits_(limits) {}
 
-  // Opens a session with `lease` (0 = default; clamped to max_lease).
+  // REQUIRES: called before any session is opened.
+  void set_admin_policy(AdminPolicy policy) { admin_ = std::move(policy); }
+  const AdminPolicy& admin_policy() const { return admin_; }
+
+  // A session of a companion-socket peer; no lease (CloseNumber ends it).
+  absl::StatusOr<OpenedSession> OpenPeer(absl::string_view client_name,
+                                         const PeerCredentials& peer);
+
+  // An anonymous session with `lease` (0 = default; clamped to max_lease).
   // Returns its id; *granted receives the lease.
   absl::StatusOr<std::string> Open(absl::string_view client_name,
                                    absl::Duration lease, absl::Time now,
                                    absl::Duration* granted);
 
-  // Renews the lease; NOT_FOUND for an unknown or expired session.
+  // The caller a request's session id stands for (renewing an anonymous
+  // lease). "" = no session (a Caller without one); an id that is malformed,
+  // unknown or expired is UNAUTHENTICATED.
+  absl::StatusOr<Caller> Authenticate(absl::string_view session_id,
+                                      absl::Time now);
+
+  // Renews the lease; UNAUTHENTICATED for an unknown or expired session.
   absl::StatusOr<absl::Duration> Touch(absl::string_view session_id,
                                        absl::Time now);
 
   // Closes a session and releases its buffers; returns how many.
   absl::StatusOr<int64_t> Close(absl::string_view session_id);
+  // The same by number (the companion connection closed).
+  int64_t CloseNumber(uint64_t number);
 
-  // Adds `memory` as a new buffer of the session (renewing it).
+  // Adds `memory` as a new buffer of the caller's session.
   absl::StatusOr<std::shared_ptr<Buffer>> AddBuffer(
-      absl::string_view session_id, std::unique_ptr<Memory> memory,
-      absl::Time now);
+      const Caller& caller, std::unique_ptr<Memory> memory);
 
-  // The buffer `buffer_id`; `field` names it in the NOT_FOUND error.
-  absl::StatusOr<std::shared_ptr<Buffer>> GetBuffer(absl::string_view field,
+  // The buffer `buffer_id` when the caller owns it or is granted it;
+  // `field` names it in the error.
+  absl::StatusOr<std::shared_ptr<Buffer>> GetBuffer(const Caller& caller,
+                                                    absl::string_view field,
                                                     uint64_t buffer_id) const;
 
-  // Releases a buffer of the session.
-  absl::Status ReleaseBuffer(absl::string_view session_id, uint64_t buffer_id,
-                             absl::Time now);
+  // Releases a buffer of the caller's session.
+  absl::Status ReleaseBuffer(const Caller& caller, uint64_t buffer_id);
 
-  // Releases every session whose lease ended before `now`; returns how many.
+  // Adds `grant` to the access list of a buffer of the caller's session.
+  absl::Status GrantBuffer(const Caller& caller, uint64_t buffer_id,
+                           const Acl& grant);
+
+  // Releases every anonymous session whose lease ended before `now`.
   int64_t Reap(absl::Time now);
 
   // Releases everything (daemon shutdown).
@@ -84,26 +127,37 @@ class SessionManager {
   const SessionLimits& limits() const { return limits_; }
 
  private:
+  using Secret = std::array<uint8_t, 16>;
   struct Session {
+    Secret secret;
     std::string client_name;
+    bool peer = false;
+    PeerCredentials creds;
     absl::Duration lease;
-    absl::Time expires;
+    absl::Time expires = absl::InfiniteFuture();
     absl::flat_hash_set<uint64_t> buffers;
   };
 
+  absl::StatusOr<OpenedSession> OpenLocked(Session session)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the session's buffers from buffers_; returns them.
   void DropSessionLocked(Session& session,
                          std::vector<std::shared_ptr<Buffer>>* dropped)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The live session of `session_id` (renewing its lease), or
+  // UNAUTHENTICATED; *number receives its number.
   absl::StatusOr<Session*> FindLocked(absl::string_view session_id,
-                                      absl::Time now)
+                                      absl::Time now, uint64_t* number)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Caller CallerOf(uint64_t number, const Session& s) const;
 
   const SessionLimits limits_;
+  AdminPolicy admin_;
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::shared_ptr<Buffer>> buffers_
       ABSL_GUARDED_BY(mu_);
+  uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_buffer_id_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t buffer_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -1,7 +1,12 @@
+// Sessions as an attacker meets them: ids are secrets (malformed, guessed
+// or expired ids are refused with a message that never contains them),
+// another session's buffers can be neither used nor released nor granted
+// unless granted, and leases and connection ends release everything.
 #include "server/sessions.h"
 
 #include <memory>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -9,6 +14,7 @@ namespace kvdepot {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Memory that records its release.
 class FakeMemory final : public Memory {
@@ -17,7 +23,6 @@ class FakeMemory final : public Memory {
   ~FakeMemory() override { ++*released_; }
   uint8_t* data() const override { return nullptr; }
   int64_t size() const override { return size_; }
-  void FillHandle(v1::SharedHandle*) const override {}
 
  private:
   int64_t size_;
@@ -26,16 +31,25 @@ class FakeMemory final : public Memory {
 
 const absl::Time kT0 = absl::FromUnixSeconds(1000);
 
+Caller MustAuth(SessionManager& m, const std::string& id,
+                absl::Time now = kT0) {
+  absl::StatusOr<Caller> c = m.Authenticate(id, now);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *c : Caller{};
+}
+
 TEST(SessionsTest, LeaseRenewsAndExpiresReleasingBuffers) {
   SessionManager m(SessionLimits{});
   absl::Duration lease;
   absl::StatusOr<std::string> id = m.Open("w", absl::Seconds(2), kT0, &lease);
   ASSERT_TRUE(id.ok());
-  EXPECT_EQ(id->size(), 32u);
   EXPECT_EQ(lease, absl::Seconds(2));
+  const Caller c = MustAuth(m, *id);
+  EXPECT_FALSE(c.peer);
+  EXPECT_FALSE(c.admin);
   int released = 0;
   absl::StatusOr<std::shared_ptr<Buffer>> b =
-      m.AddBuffer(*id, std::make_unique<FakeMemory>(100, &released), kT0);
+      m.AddBuffer(c, std::make_unique<FakeMemory>(100, &released));
   ASSERT_TRUE(b.ok());
   const uint64_t bid = (*b)->id;
   b->reset();
@@ -43,17 +57,107 @@ TEST(SessionsTest, LeaseRenewsAndExpiresReleasingBuffers) {
   ASSERT_TRUE(m.Touch(*id, kT0 + absl::Milliseconds(1500)).ok());
   EXPECT_EQ(m.Reap(kT0 + absl::Seconds(3)), 0);
   EXPECT_EQ(m.Stats().buffer_bytes, 100);
-  EXPECT_TRUE(m.GetBuffer("buffer_id", bid).ok());
+  EXPECT_TRUE(m.GetBuffer(c, "buffer_id", bid).ok());
   EXPECT_EQ(m.Reap(kT0 + absl::Seconds(4)), 1);
   EXPECT_EQ(released, 1);
   EXPECT_EQ(m.Stats().sessions, 0);
   EXPECT_EQ(m.Stats().buffers, 0);
   EXPECT_EQ(m.Stats().buffer_bytes, 0);
-  absl::Status s = m.GetBuffer("kv.slice.buffer_id", bid).status();
+  absl::Status s = m.GetBuffer(c, "kv.slice.buffer_id", bid).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(s.message()), HasSubstr("kv.slice.buffer_id = 1"));
   EXPECT_EQ(m.Touch(*id, kT0 + absl::Seconds(4)).status().code(),
-            absl::StatusCode::kNotFound);
+            absl::StatusCode::kUnauthenticated);
+}
+
+TEST(SessionsTest, IdsAreSecretsNeverEchoed) {
+  SessionManager m(SessionLimits{});
+  absl::StatusOr<OpenedSession> a = m.OpenPeer("a", {1, 1000, 1000});
+  ASSERT_TRUE(a.ok());
+  // "<number>.<32 hex>": 128 random bits after the public number.
+  ASSERT_EQ(a->id.size(), absl::StrCat(a->number).size() + 1 + 32);
+  absl::StatusOr<OpenedSession> b = m.OpenPeer("b", {2, 1000, 1000});
+  ASSERT_TRUE(b.ok());
+  EXPECT_NE(a->id.substr(2), b->id.substr(2));
+  // A guess with the right number and a wrong secret, a secret one bit off,
+  // malformed ids: all refused alike, never echoed.
+  std::string flipped = a->id;
+  flipped.back() = flipped.back() == '0' ? '1' : '0';
+  const std::string guesses[] = {
+      flipped,
+      absl::StrCat(a->number, ".", std::string(32, '0')),
+      absl::StrCat(a->number, ".", b->id.substr(b->id.find('.') + 1)),
+      "feedface",
+      a->id + "0",
+      a->id.substr(0, a->id.size() - 1),
+      absl::StrCat("0.", std::string(32, 'a')),
+      absl::StrCat("99.", std::string(32, 'a')),
+      std::string(5000, '1'),
+  };
+  for (const std::string& g : guesses) {
+    absl::StatusOr<Caller> c = m.Authenticate(g, kT0);
+    ASSERT_FALSE(c.ok()) << g;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kUnauthenticated);
+    EXPECT_THAT(std::string(c.status().message()), Not(HasSubstr(g)));
+    EXPECT_THAT(std::string(c.status().message()),
+                Not(HasSubstr(a->id.substr(a->id.find('.') + 1, 8))));
+    EXPECT_EQ(m.Close(g).status().code(), absl::StatusCode::kUnauthenticated);
+  }
+  EXPECT_TRUE(m.Authenticate(a->id, kT0).ok());
+  // No session at all: a Caller without one.
+  absl::StatusOr<Caller> none = m.Authenticate("", kT0);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->authenticated());
+}
+
+TEST(SessionsTest, AnotherSessionsBufferIsOffLimitsUntilGranted) {
+  SessionManager m(SessionLimits{});
+  AdminPolicy admin;
+  admin.daemon_uid = 4242;
+  m.set_admin_policy(admin);
+  absl::StatusOr<OpenedSession> a = m.OpenPeer("a", {1, 1000, 1000});
+  absl::StatusOr<OpenedSession> b = m.OpenPeer("b", {2, 1000, 1000});
+  absl::StatusOr<OpenedSession> root = m.OpenPeer("r", {3, 0, 0});
+  ASSERT_TRUE(a.ok() && b.ok() && root.ok());
+  const Caller ca = MustAuth(m, a->id);
+  const Caller cb = MustAuth(m, b->id);
+  const Caller cr = MustAuth(m, root->id);
+  EXPECT_TRUE(cr.admin);
+  EXPECT_FALSE(ca.admin);
+  int released = 0;
+  absl::StatusOr<std::shared_ptr<Buffer>> buf =
+      m.AddBuffer(ca, std::make_unique<FakeMemory>(64, &released));
+  ASSERT_TRUE(buf.ok());
+  const uint64_t id = (*buf)->id;
+  buf->reset();
+  // Same uid, another session; and root: neither may use, release or grant.
+  for (const Caller& other : {cb, cr}) {
+    EXPECT_EQ(m.GetBuffer(other, "kv.slice.buffer_id", id).status().code(),
+              absl::StatusCode::kPermissionDenied);
+    EXPECT_EQ(m.ReleaseBuffer(other, id).code(), absl::StatusCode::kNotFound);
+    Acl self;
+    self.sessions.insert(other.session);
+    EXPECT_EQ(m.GrantBuffer(other, id, self).code(),
+              absl::StatusCode::kPermissionDenied);
+  }
+  EXPECT_EQ(m.GetBuffer(Caller{}, "kv", id).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  // The owner grants b's session: b may use it, still not release it.
+  Acl grant;
+  grant.sessions.insert(cb.session);
+  ASSERT_TRUE(m.GrantBuffer(ca, id, grant).ok());
+  EXPECT_TRUE(m.GetBuffer(cb, "kv", id).ok());
+  EXPECT_EQ(m.GetBuffer(cr, "kv", id).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(m.ReleaseBuffer(cb, id).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(released, 0);
+  // The connection of a ends: its buffers go with it.
+  EXPECT_EQ(m.CloseNumber(a->number), 1);
+  EXPECT_EQ(released, 1);
+  EXPECT_EQ(m.Authenticate(a->id, kT0).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  // Peer sessions have no lease.
+  EXPECT_EQ(m.Reap(kT0 + absl::Hours(1000)), 0);
 }
 
 TEST(SessionsTest, ABufferInUseOutlivesItsRelease) {
@@ -63,15 +167,16 @@ TEST(SessionsTest, ABufferInUseOutlivesItsRelease) {
       m.Open("w", absl::ZeroDuration(), kT0, &lease);
   ASSERT_TRUE(id.ok());
   EXPECT_EQ(lease, SessionLimits{}.default_lease);
+  const Caller c = MustAuth(m, *id);
   int released = 0;
   absl::StatusOr<std::shared_ptr<Buffer>> b =
-      m.AddBuffer(*id, std::make_unique<FakeMemory>(8, &released), kT0);
+      m.AddBuffer(c, std::make_unique<FakeMemory>(8, &released));
   ASSERT_TRUE(b.ok());
-  ASSERT_TRUE(m.ReleaseBuffer(*id, (*b)->id, kT0).ok());
+  ASSERT_TRUE(m.ReleaseBuffer(c, (*b)->id).ok());
   EXPECT_EQ(released, 0);  // still held by `b`
   b->reset();
   EXPECT_EQ(released, 1);
-  EXPECT_EQ(m.ReleaseBuffer(*id, 77, kT0).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(m.ReleaseBuffer(c, 77).code(), absl::StatusCode::kNotFound);
 }
 
 TEST(SessionsTest, CloseLimitsAndClampedLeases) {
@@ -88,10 +193,10 @@ TEST(SessionsTest, CloseLimitsAndClampedLeases) {
             absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(m.Open("x", absl::Seconds(-1), kT0, &lease).status().code(),
             absl::StatusCode::kInvalidArgument);
+  const Caller c = MustAuth(m, *id);
   int released = 0;
-  ASSERT_TRUE(
-      m.AddBuffer(*id, std::make_unique<FakeMemory>(8, &released), kT0).ok());
-  EXPECT_EQ(m.AddBuffer(*id, std::make_unique<FakeMemory>(8, &released), kT0)
+  ASSERT_TRUE(m.AddBuffer(c, std::make_unique<FakeMemory>(8, &released)).ok());
+  EXPECT_EQ(m.AddBuffer(c, std::make_unique<FakeMemory>(8, &released))
                 .status()
                 .code(),
             absl::StatusCode::kResourceExhausted);
@@ -100,7 +205,7 @@ TEST(SessionsTest, CloseLimitsAndClampedLeases) {
   ASSERT_TRUE(closed.ok());
   EXPECT_EQ(*closed, 1);
   EXPECT_EQ(released, 2);
-  EXPECT_EQ(m.Close(*id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(m.Close(*id).status().code(), absl::StatusCode::kUnauthenticated);
 }
 
 }  // namespace

@@ -44,12 +44,15 @@ int ExitCode(int status) {
 }  // namespace
 
 std::string FreshSocketPath() {
-  static std::atomic<int> counter{0};
-  return absl::StrCat("/tmp/kvdepot-test-", getpid(), "-", counter++, ".sock");
+  // A private (0700) directory of its own: clients refuse sockets in
+  // directories others can write, like /tmp itself.
+  char dir[] = "/tmp/kvdepot-test-XXXXXX";
+  if (mkdtemp(dir) == nullptr) return "/nonexistent/kv.sock";
+  return absl::StrCat(dir, "/kv.sock");
 }
 
 absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv,
-                            int* stdout_fd) {
+                            int* stdout_fd, bool with_stderr) {
   std::vector<char*> args;
   for (const std::string& a : argv)
     args.push_back(const_cast<char*>(a.c_str()));
@@ -62,6 +65,9 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv,
       return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
     }
     posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDOUT_FILENO);
+    if (with_stderr) {
+      posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDERR_FILENO);
+    }
   }
   pid_t pid = 0;
   const int rc =
@@ -139,6 +145,9 @@ DaemonProcess::~DaemonProcess() {
   int status = 0;
   waitpid(pid_, &status, 0);
   unlink(socket_path_.c_str());
+  unlink(absl::StrCat(socket_path_.substr(0, socket_path_.size() - 5), ".ctl")
+             .c_str());
+  rmdir(socket_path_.substr(0, socket_path_.rfind('/')).c_str());
 }
 
 }  // namespace kvdepot::testing

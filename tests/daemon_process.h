@@ -51,12 +51,14 @@ class DaemonProcess {
 // Waits for `pid` with a deadline; exit code as for Signal.
 absl::StatusOr<int> WaitForExit(pid_t pid, absl::Duration timeout);
 
-// Spawns argv[0] with argv; stdout goes to *stdout_fd (a pipe) when not
-// null. Returns the pid.
+// Spawns argv[0] with argv; stdout (and stderr too with `with_stderr`: the
+// daemon logs there) goes to *stdout_fd (a pipe) when not null. Returns the
+// pid.
 absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv,
-                            int* stdout_fd);
+                            int* stdout_fd, bool with_stderr = false);
 
-// A socket path that no other test uses (short: sun_path holds 107 bytes).
+// A socket path that no other test uses, "kv.sock" in a fresh 0700
+// directory under /tmp (short: sun_path holds 107 bytes).
 std::string FreshSocketPath();
 
 }  // namespace kvdepot::testing

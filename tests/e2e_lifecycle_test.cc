@@ -1,8 +1,10 @@
 // End to end, process lifecycle: health and reflection are served; a client
 // killed with SIGKILL has its buffers released once its lease runs out (the
-// shm objects disappear from /dev/shm); SIGTERM drains (in-flight calls
-// finish, later ones get UNAVAILABLE, exit code 0, socket and pool shm
+// its companion connection closes, its buffers are released and their
+// memfds closed); SIGTERM drains (in-flight calls
+// finish, later ones get UNAVAILABLE, exit code 0, socket and companion
 // removed).
+#include <dirent.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <poll.h>
 #include <signal.h>
@@ -23,9 +25,14 @@
 namespace kvdepot::testing {
 namespace {
 
-bool ShmExists(const std::string& name) {
-  struct stat st;
-  return stat(absl::StrCat("/dev/shm", name).c_str(), &st) == 0;
+// Descriptors `pid` holds open.
+int OpenFds(pid_t pid) {
+  int n = 0;
+  DIR* d = opendir(absl::StrCat("/proc/", pid, "/fd").c_str());
+  if (d == nullptr) return -1;
+  while (readdir(d) != nullptr) ++n;
+  closedir(d);
+  return n;
 }
 
 // Waits until `done()` holds or the deadline passes; returns done().
@@ -173,24 +180,30 @@ TEST(LifecycleTest, KilledClientLeavesNothingBehind) {
   close(out_fd);
   ASSERT_EQ(lines.size(), 3u);
   ASSERT_EQ(lines[2], "ready");
-  const std::vector<std::string> names(lines.begin(), lines.begin() + 2);
-  for (const std::string& n : names) ASSERT_TRUE(ShmExists(n)) << n;
   std::unique_ptr<KVCacheClient> observer = ConnectOrDie((*d)->socket_path());
   ASSERT_NE(observer, nullptr);
-
-  // A live client keeps its buffers across several leases: wait until it
-  // has renewed at least 4 times (each renewal is lease / 3 apart).
-  ASSERT_TRUE(WaitFor([&] { return Calls(*observer, "KeepAlive") >= 4; },
-                      absl::Seconds(30)));
-  for (const std::string& n : names) EXPECT_TRUE(ShmExists(n)) << n;
+  // The child's session holds its two buffers for as long as its companion
+  // connection lives (no lease to renew).
+  absl::StatusOr<v1::StatsResponse> before = observer->Stats();
+  ASSERT_TRUE(before.ok());
+  EXPECT_EQ(before->buffers(), 2);
+  EXPECT_EQ(before->sessions(), 2);
+  const int daemon_fds = OpenFds((*d)->pid());
 
   kill(*child, SIGKILL);
   absl::StatusOr<int> code = WaitForExit(*child, absl::Seconds(10));
   ASSERT_TRUE(code.ok());
   EXPECT_EQ(*code, 128 + SIGKILL);
-  EXPECT_TRUE(
-      WaitFor([&] { return !ShmExists(names[0]) && !ShmExists(names[1]); },
-              absl::Seconds(30)));
+  // The connection closed: the session and its buffers are released and
+  // the daemon closed their memfds (its connection and two buffers).
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        absl::StatusOr<v1::StatsResponse> s = observer->Stats();
+        return s.ok() && s->buffers() == 0;
+      },
+      absl::Seconds(30)));
+  EXPECT_TRUE(WaitFor([&] { return OpenFds((*d)->pid()) <= daemon_fds - 3; },
+                      absl::Seconds(30)));
   absl::StatusOr<v1::StatsResponse> stats = observer->Stats();
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(stats->buffers(), 0);
@@ -206,8 +219,7 @@ TEST(LifecycleTest, SigtermDrainsAndExitsZero) {
   absl::StatusOr<v1::PoolInfo> pool =
       admin->CreatePool(PoolRequest("big", "V41", 0, 64, 256, 1));
   ASSERT_TRUE(pool.ok()) << pool.status();
-  const std::string pool_shm = pool->handle().shm_name();
-  ASSERT_TRUE(ShmExists(pool_shm));
+  EXPECT_FALSE(pool->has_handle());  // never named (SPEC §11)
   const int32_t rows = 64 * 256;
   std::vector<int32_t> segs;
   for (int32_t b = 0; b < 256; ++b) segs.insert(segs.end(), {b, 0, 64, b * 64});
@@ -257,7 +269,9 @@ TEST(LifecycleTest, SigtermDrainsAndExitsZero) {
   EXPECT_EQ(unexpected.load(), 0);
   struct stat st;
   EXPECT_NE(stat(socket.c_str(), &st), 0) << "socket file left behind";
-  EXPECT_FALSE(ShmExists(pool_shm)) << "pool shm left behind";
+  const std::string companion =
+      absl::StrCat(socket.substr(0, socket.size() - 5), ".ctl");
+  EXPECT_NE(stat(companion.c_str(), &st), 0) << "companion socket left behind";
   EXPECT_EQ(admin->Ping().code(), absl::StatusCode::kUnavailable);
 }
 

@@ -184,7 +184,7 @@ TEST_P(StoreLoadTest, StoreAndLoadMatchTheReferenceByteForByte) {
   ASSERT_TRUE(c->DeletePool(name).ok());
 }
 
-// A client-owned shm region imported as a buffer; pools created or opened
+// A client-owned memfd handed over as a buffer; pools created or opened
 // by name; mappings opened once.
 TEST(ClientTest, ImportedBuffersPoolReuseAndCachedMappings) {
   absl::StatusOr<std::unique_ptr<DaemonProcess>> d = DaemonProcess::Start();
@@ -195,7 +195,9 @@ TEST(ClientTest, ImportedBuffersPoolReuseAndCachedMappings) {
   absl::StatusOr<v1::PoolInfo> a = c->CreateOrGetPool(req);
   absl::StatusOr<v1::PoolInfo> b = c->CreateOrGetPool(req);
   ASSERT_TRUE(a.ok() && b.ok());
-  EXPECT_EQ(a->handle().shm_name(), b->handle().shm_name());
+  // Get/List never carry memory handles (SPEC §11).
+  EXPECT_FALSE(a->has_handle());
+  EXPECT_FALSE(b->has_handle());
   absl::Status other =
       c->CreateOrGetPool(PoolRequest("m", "V41_FP4", 0, 7, 4, 1)).status();
   EXPECT_EQ(other.code(), absl::StatusCode::kFailedPrecondition);
@@ -208,7 +210,8 @@ TEST(ClientTest, ImportedBuffersPoolReuseAndCachedMappings) {
 
   std::mt19937 rng(301);
   const std::vector<float> kv = RandomKv(5, 512, rng);
-  absl::StatusOr<ShmRegion> mine = ShmRegion::Create(kv.size() * 4 + 64, 0600);
+  absl::StatusOr<MemfdRegion> mine =
+      MemfdRegion::Create("mine", kv.size() * 4 + 64);
   ASSERT_TRUE(mine.ok());
   std::memcpy(mine->data() + 64, kv.data(), kv.size() * 4);
   absl::StatusOr<v1::BufferInfo> imported = c->ImportBuffer(*mine);

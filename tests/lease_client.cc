@@ -1,11 +1,12 @@
 // Helper process of e2e_lifecycle_test: connects to the daemon at argv[1]
-// with a lease of argv[2] ms, allocates two buffers, prints their shm names
-// (one per line, then "ready"), and waits to be killed. Its keep-alive
-// thread renews the lease until the process dies.
+// (argv[2], a lease in ms, is ignored on a Unix socket: the session lives
+// as long as the companion connection), allocates two buffers, prints their
+// ids (one per line, then "ready"), and waits to be killed.
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #include "client/kvdepot_client.h"
 
@@ -24,19 +25,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
     return 1;
   }
+  std::vector<kvdepot::BufferMapping> buffers;
   for (int i = 0; i < 2; ++i) {
-    absl::StatusOr<kvdepot::v1::BufferInfo> info;
-    kvdepot::v1::AllocateBufferRequest r;
-    r.set_session_id((*c)->session_id());
-    r.set_size(4096 * (i + 1));
-    grpc::ClientContext ctx;
-    kvdepot::v1::BufferInfo out;
-    grpc::Status s = (*c)->stub()->AllocateBuffer(&ctx, r, &out);
-    if (!s.ok()) {
-      std::fprintf(stderr, "AllocateBuffer: %s\n", s.error_message().c_str());
+    absl::StatusOr<kvdepot::BufferMapping> b =
+        (*c)->AllocateBuffer(4096 * (i + 1));
+    if (!b.ok()) {
+      std::fprintf(stderr, "AllocateBuffer: %s\n", b.status().ToString().c_str());
       return 1;
     }
-    std::printf("%s\n", out.handle().shm_name().c_str());
+    std::printf("%llu\n", static_cast<unsigned long long>(b->id()));
+    buffers.push_back(*std::move(b));
   }
   std::printf("ready\n");
   std::fflush(stdout);

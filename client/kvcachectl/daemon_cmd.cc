@@ -65,7 +65,7 @@ int ParseAndConnect(const CommandSpec& spec,
   ClientOptions options;
   options.address = parsed->Get("addr");
   options.client_name = "kvcachectl";
-  options.open_session = false;
+  options.open_session = true;  // a companion session: the caller's identity
   options.keep_alive = false;
   options.timeout = call->timeout;
   options.connect_timeout = call->timeout;

@@ -1,10 +1,11 @@
 // The daemon's memory and kernel backend. The service validates every
 // request first; a backend only allocates, maps and runs kernels on
-// validated input. The CPU backend keeps pools and buffers in POSIX shared
-// memory and runs the CPU reference; a CUDA backend would keep them in
-// device memory exported through CUDA IPC handles and launch the kernels
-// (its pointers are then device addresses: inline request data, which is
-// host memory, must be staged by the backend).
+// validated input. The CPU backend keeps pools and buffers in sealed memfds
+// handed to clients as descriptors (SPEC §11) and runs the CPU reference;
+// the CUDA backend keeps them in device memory, shared by legacy CUDA IPC
+// handles only when the operator opted in (--legacy_cuda_ipc), and launches
+// the kernels (its pointers are then device addresses: inline request
+// data, which is host memory, must be staged by the backend).
 #ifndef KVDEPOT_SERVER_BACKEND_BACKEND_H_
 #define KVDEPOT_SERVER_BACKEND_BACKEND_H_
 
@@ -20,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/unique_fd.h"
 #include "kernels/format.h"
 #include "kernels/store_load.h"
 #include "kvdepot/v1/kvdepot.pb.h"
@@ -34,12 +36,20 @@ class Memory {
   // Base address in the backend's address space.
   virtual uint8_t* data() const = 0;
   virtual int64_t size() const = 0;
-  // How another process maps this region.
-  virtual void FillHandle(v1::SharedHandle* handle) const = 0;
+  // A new descriptor of this region to hand to a client (SCM_RIGHTS);
+  // FAILED_PRECONDITION for memory that is not handed over by descriptor.
+  virtual absl::StatusOr<UniqueFd> ExportFd() const {
+    return absl::FailedPreconditionError(
+        "this memory is not handed over by descriptor");
+  }
+  // The legacy handle of this region (CUDA IPC; Backend::legacy_handles()).
+  virtual void FillHandle(v1::SharedHandle* /*handle*/) const {}
 };
 
 struct BackendOptions {
-  mode_t shm_mode = 0600;  // permission bits of shm objects (CPU)
+  // CUDA: share memory by legacy CUDA IPC handles (bearer tokens, SPEC §11);
+  // without it the CUDA backend refuses to allocate.
+  bool legacy_cuda_ipc = false;
 };
 
 // GPU ordering of one Store or Load (SPEC §9; kvdepot.proto
@@ -71,9 +81,26 @@ class Backend {
   virtual absl::StatusOr<std::unique_ptr<Memory>> Allocate(
       int64_t size, absl::string_view device) = 0;
 
-  // Maps a client's allocation.
+  // Whether memory is shared by legacy handles (Memory::FillHandle and
+  // Import) instead of descriptors.
+  virtual bool legacy_handles() const { return false; }
+
+  // Maps a client's allocation named by a legacy handle.
   virtual absl::StatusOr<std::unique_ptr<Memory>> Import(
-      const v1::SharedHandle& handle) = 0;
+      const v1::SharedHandle& /*handle*/) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "handle: the ", name(),
+        " backend takes no named memory; hand a sealed memfd over on the "
+        "companion socket (SPEC §11)"));
+  }
+
+  // Maps a client's memfd of `size` bytes after validating it
+  // (ValidateMemfd: INVALID_ARGUMENT when it is not what it claims).
+  virtual absl::StatusOr<std::unique_ptr<Memory>> ImportFd(
+      UniqueFd /*fd*/, int64_t /*size*/) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the ", name(), " backend cannot import descriptors"));
+  }
 
   // SPEC §4 on layer `layer` of `pool`. REQUIRES: validated input; kv holds
   // slot_mapping.size() * elements values of `dtype`.

@@ -1,34 +1,63 @@
 #include "server/cpu/cpu_backend.h"
 
+#include <sys/types.h>
+
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "common/shm.h"
+#include "absl/synchronization/mutex.h"
+#include "common/memfd.h"
 #include "common/status_macros.h"
 #include "kernels/reference/reference.h"
 
 namespace kvdepot {
 namespace {
 
-class ShmMemory final : public Memory {
+// The identities of the memfds this backend created: an import of one of
+// them (a client handing a pool back as its "own" buffer) is refused.
+class OwnMemfds {
  public:
-  explicit ShmMemory(ShmRegion region) : region_(std::move(region)) {}
-  uint8_t* data() const override { return region_.data(); }
-  int64_t size() const override { return region_.size(); }
-  void FillHandle(v1::SharedHandle* handle) const override {
-    handle->set_shm_name(region_.name());
-    handle->set_size(region_.size());
-    handle->set_offset(0);
-    handle->set_device_ordinal(-1);
+  void Add(dev_t dev, ino_t ino) {
+    absl::MutexLock lock(&mu_);
+    ids_.insert({dev, ino});
+  }
+  void Remove(dev_t dev, ino_t ino) {
+    absl::MutexLock lock(&mu_);
+    ids_.erase({dev, ino});
+  }
+  bool Contains(dev_t dev, ino_t ino) const {
+    absl::MutexLock lock(&mu_);
+    return ids_.contains({dev, ino});
   }
 
  private:
-  ShmRegion region_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_set<std::pair<dev_t, ino_t>> ids_ ABSL_GUARDED_BY(mu_);
+};
+
+class MemfdMemory final : public Memory {
+ public:
+  MemfdMemory(MemfdRegion region, std::shared_ptr<OwnMemfds> own)
+      : region_(std::move(region)), own_(std::move(own)) {
+    if (own_ != nullptr) own_->Add(region_.dev(), region_.ino());
+  }
+  ~MemfdMemory() override {
+    if (own_ != nullptr) own_->Remove(region_.dev(), region_.ino());
+  }
+  uint8_t* data() const override { return region_.data(); }
+  int64_t size() const override { return region_.size(); }
+  absl::StatusOr<UniqueFd> ExportFd() const override { return region_.Dup(); }
+
+ private:
+  MemfdRegion region_;
+  std::shared_ptr<OwnMemfds> own_;  // null for imported memory
 };
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(const BackendOptions& options) : options_(options) {}
+  CpuBackend() : own_(std::make_shared<OwnMemfds>()) {}
 
   absl::string_view name() const override { return "cpu"; }
 
@@ -41,31 +70,21 @@ class CpuBackend final : public Backend {
 
   absl::StatusOr<std::unique_ptr<Memory>> Allocate(
       int64_t size, absl::string_view /*device*/) override {
-    absl::StatusOr<ShmRegion> region =
-        ShmRegion::Create(size, options_.shm_mode);
-    if (!region.ok()) return region.status();
-    return std::make_unique<ShmMemory>(*std::move(region));
+    ASSIGN_OR_RETURN(MemfdRegion region, MemfdRegion::Create("kvdepot", size));
+    return std::make_unique<MemfdMemory>(std::move(region), own_);
   }
 
-  absl::StatusOr<std::unique_ptr<Memory>> Import(
-      const v1::SharedHandle& handle) override {
-    if (handle.kind_case() != v1::SharedHandle::kShmName) {
+  absl::StatusOr<std::unique_ptr<Memory>> ImportFd(UniqueFd fd,
+                                                   int64_t size) override {
+    ASSIGN_OR_RETURN(MemfdRegion region,
+                     MemfdRegion::Import("import_buffer.fd", std::move(fd),
+                                         size));
+    if (own_->Contains(region.dev(), region.ino())) {
       return absl::InvalidArgumentError(
-          "handle: the cpu backend imports shm_name handles only");
+          "import_buffer.fd is memory this daemon allocated (a pool or "
+          "buffer); address it by its name or buffer id instead");
     }
-    RETURN_IF_ERROR(ValidateShmName("handle.shm_name", handle.shm_name()));
-    if (handle.size() <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("handle.size = ", handle.size(), " must be > 0"));
-    }
-    if (handle.offset() != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "handle.offset = ", handle.offset(), " must be 0 for shm imports"));
-    }
-    absl::StatusOr<ShmRegion> region =
-        ShmRegion::Open(handle.shm_name(), handle.size());
-    if (!region.ok()) return region.status();
-    return std::make_unique<ShmMemory>(*std::move(region));
+    return std::make_unique<MemfdMemory>(std::move(region), nullptr);
   }
 
   absl::Status Store(const PoolLayout& layout, const Memory& pool,
@@ -83,13 +102,13 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  const BackendOptions options_;
+  std::shared_ptr<OwnMemfds> own_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> MakeCpuBackend(const BackendOptions& options) {
-  return std::make_unique<CpuBackend>(options);
+std::unique_ptr<Backend> MakeCpuBackend(const BackendOptions& /*options*/) {
+  return std::make_unique<CpuBackend>();
 }
 
 }  // namespace kvdepot

@@ -1,6 +1,7 @@
-// The CPU backend: pools and buffers in POSIX shared memory (mode 0600 by
-// default) that clients on the same host map; store and load run the CPU
-// reference (//kernels/reference).
+// The CPU backend: pools and buffers in sealed memfds (common/memfd.h) that
+// clients on the same host map after receiving a descriptor on the
+// companion socket; clients' own memfds are imported after validation.
+// Store and load run the CPU reference (//kernels/reference).
 #ifndef KVDEPOT_SERVER_CPU_CPU_BACKEND_H_
 #define KVDEPOT_SERVER_CPU_CPU_BACKEND_H_
 

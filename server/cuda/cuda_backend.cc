@@ -47,13 +47,28 @@ struct Queued {
   }
 };
 
+absl::Status LegacyIpcRequired() {
+  return absl::FailedPreconditionError(
+      "the cuda backend shares device memory only by legacy CUDA IPC handles "
+      "(bearer tokens: anyone who sees one can open the memory; SPEC §11); "
+      "start kvdepotd with --legacy_cuda_ipc to accept that, or use "
+      "--backend=cpu. VMM memory handed over as descriptors is not "
+      "implemented yet");
+}
+
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device_count)
+  CudaBackend(int device_count, bool legacy_ipc)
       : device_count_(device_count),
+        legacy_ipc_(legacy_ipc),
         ranges_(std::make_shared<DeviceRanges>()) {}
 
   absl::string_view name() const override { return "cuda"; }
+
+  // Until pools are VMM allocations handed over as descriptors (SPEC §11),
+  // device memory is shared only by legacy CUDA IPC handles, and only when
+  // the operator opted in.
+  bool legacy_handles() const override { return legacy_ipc_; }
 
   absl::StatusOr<std::string> ResolveDevice(
       absl::string_view requested) const override {
@@ -64,6 +79,7 @@ class CudaBackend final : public Backend {
 
   absl::StatusOr<std::unique_ptr<Memory>> Allocate(
       int64_t size, absl::string_view device) override {
+    if (!legacy_ipc_) return LegacyIpcRequired();
     absl::StatusOr<int> d = ParseCudaDevice("device", device, device_count_);
     if (!d.ok()) return d.status();
     absl::StatusOr<std::unique_ptr<CudaAllocation>> m =
@@ -74,6 +90,7 @@ class CudaBackend final : public Backend {
 
   absl::StatusOr<std::unique_ptr<Memory>> Import(
       const v1::SharedHandle& handle) override {
+    if (!legacy_ipc_) return LegacyIpcRequired();
     RETURN_IF_ERROR(ValidateCudaHandle("handle", handle, device_count_));
     if (ranges_->IsExported(handle.cuda_ipc_handle())) {
       return absl::InvalidArgumentError(
@@ -207,6 +224,7 @@ class CudaBackend final : public Backend {
   }
 
   const int device_count_;
+  const bool legacy_ipc_;
   const std::shared_ptr<DeviceRanges> ranges_;
   StagingPool staging_;
   // Calls that returned before their work finished, since CopyBytes last
@@ -394,7 +412,7 @@ absl::StatusOr<int> CudaDeviceCount() {
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(
-    const BackendOptions& /*options*/) {
+    const BackendOptions& options) {
   absl::StatusOr<int> count = CudaDeviceCount();
   if (!count.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -404,7 +422,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(
     return absl::FailedPreconditionError(
         "--backend=cuda: no CUDA device is visible");
   }
-  return std::unique_ptr<Backend>(new CudaBackend(*count));
+  return std::unique_ptr<Backend>(new CudaBackend(*count, options.legacy_cuda_ipc));
 }
 
 }  // namespace kvdepot

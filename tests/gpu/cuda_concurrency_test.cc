@@ -178,7 +178,8 @@ TEST_F(CudaConcurrencyTest, ParallelClientsAgreeWithTheReference) {
 // --backend=auto picks CUDA where a GPU is visible.
 TEST_F(CudaConcurrencyTest, AutoBackendPicksCuda) {
   absl::StatusOr<std::unique_ptr<DaemonProcess>> d =
-      DaemonProcess::Start({"--log_level=warn"}, DaemonBinary());
+      DaemonProcess::Start({"--legacy_cuda_ipc", "--log_level=warn"},
+                           DaemonBinary());
   ASSERT_TRUE(d.ok()) << d.status();
   std::unique_ptr<KVCacheClient> c = ConnectOrDie((*d)->socket_path());
   ASSERT_NE(c, nullptr);

@@ -1,7 +1,7 @@
 """kvcachectl against a live kvdepot (CPU backend) on a temporary socket.
 
 Every subcommand in table and JSON form; a corrupted block (a UE8M0 scale
-set to 255 and a NaN in BF16 data, written through the mapped shm pool) is
+set to 255 and a NaN in BF16 data, written through the mapped pool memfd) is
 found by `verify` and shown by `inspect`; checksums are stable across scans
 and change after a write; status exits 0 / 1 (draining) / 3 (no daemon);
 /metrics is scraped during traffic and validated by `promtool check
@@ -86,7 +86,7 @@ def record_offsets(info, layer, slot):
     l = info["layout"]
     bs = int(l["block_size"])
     block, t = divmod(slot, bs)
-    base = (int(info["handle"].get("offset", 0)) + layer * int(l["layer_stride"])
+    base = (layer * int(l["layer_stride"])
             + block * int(l["block_stride"]))
     if l["token_interleaved"]:
         data = base + t * l["bytes_per_token"]
@@ -94,12 +94,14 @@ def record_offsets(info, layer, slot):
     return base + t * l["data_bytes"], base + bs * l["data_bytes"] + t * l["sf_bytes"]
 
 
-def poke(info, offset, payload):
-    """Writes bytes into the pool's shm object (as a buggy client could)."""
-    path = "/dev/shm/" + info["handle"]["shm_name"].lstrip("/")
-    with open(path, "r+b") as f:
-        m = mmap.mmap(f.fileno(), int(info["handle"]["size"]))
-        m[offset:offset + len(payload)] = payload
+def poke(sock, info, offset, payload):
+    """Writes bytes into the pool's memory (as a buggy client could), mapped
+    from the memfd the daemon hands over on the companion socket."""
+    import kvdepot  # the Python client (ops_test.sh sets PYTHONPATH)
+
+    with kvdepot.connect(sock) as c:
+        m = c.map_pool(info["name"])
+        m.view[offset:offset + len(payload)] = payload
         m.close()
 
 
@@ -179,7 +181,7 @@ class OpsTest(unittest.TestCase):
         self.assertEqual(names, ["bf", "mx", "tmp"])
         out = self.ctl_ok("pool", "get", "mx")
         self.assertRegex(out, r"blocks:\s+2 layers x 5 blocks x 7 slots")
-        self.assertIn("shm:", out)
+        self.assertNotIn("shm:", out)  # never named (SPEC §11)
         j = self.ctl_json("pool", "delete", "tmp")
         self.assertEqual(j["deleted"], "tmp")
         rc, _, err = ctl("pool", "get", "tmp", *self.addr)
@@ -274,10 +276,10 @@ class OpsTest(unittest.TestCase):
     def check_corruption(self):
         # A UE8M0 scale of 255 in mx layer 1 slot 24 (block 3, offset 3).
         _, sf = record_offsets(self.mx, 1, 24)
-        poke(self.mx, sf, b"\xff")
+        poke(self.d.sock, self.mx, sf, b"\xff")
         # A BF16 NaN as element 2 of bf slot 5 (block 1, offset 2).
         data, _ = record_offsets(self.bf, 0, 5)
-        poke(self.bf, data + 4, b"\xc0\x7f")
+        poke(self.d.sock, self.bf, data + 4, b"\xc0\x7f")
 
         rc, out, err = ctl("verify", "mx", *self.addr)
         self.assertEqual(rc, 1, out + err)

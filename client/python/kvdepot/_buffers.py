@@ -1,10 +1,10 @@
-"""Shared memory the daemon exports: buffers of a session, and pools.
+"""Memory the daemon hands over: buffers of a session, and pools.
 
-On the CPU backend a handle names a POSIX shm object ("/kvdepot-<hex>"),
-which Linux exposes as /dev/shm/kvdepot-<hex>: it is mapped with mmap and
-offered as a writable memoryview. On the CUDA backend the handle is the
-64-byte cudaIpcMemHandle_t of the allocation base (see docs/PYTHON.md for
-opening it in PyTorch); nothing is mapped here.
+On the CPU backend the daemon sends a sealed memfd over the companion
+socket (SPEC §11): it is mapped with mmap and offered as a writable
+memoryview, and the descriptor closed. A daemon on the CUDA backend started
+with --legacy_cuda_ipc describes memory by the 64-byte cudaIpcMemHandle_t of
+the allocation base instead (docs/PYTHON.md); nothing is mapped here then.
 """
 
 import mmap
@@ -34,30 +34,46 @@ class Slice:
     length: int
 
 
-class _Mapping:
-    """An mmap of a SharedHandle (CPU) or its IPC handle bytes (CUDA)."""
+_SEALS = 0x0002 | 0x0004  # F_SEAL_SHRINK | F_SEAL_GROW
+_F_GET_SEALS = 1034
 
-    def __init__(self, handle: Any, length: int):
+
+def _map_memfd(fd: int, length: int) -> mmap.mmap:
+    """Maps a received memfd after checking it cannot shrink under us and
+    holds `length` bytes; closes `fd` in every case."""
+    try:
+        import fcntl
+
+        seals = fcntl.fcntl(fd, _F_GET_SEALS)
+        size = os.fstat(fd).st_size
+        if seals & _SEALS != _SEALS or size != length:
+            raise invalid_argument(
+                f"the daemon's descriptor is not a sealed memfd of {length} "
+                f"bytes (seals {seals:#x}, size {size})")
+        return mmap.mmap(fd, length)
+    finally:
+        os.close(fd)
+
+
+class _Mapping:
+    """An mmap of a memfd (CPU) or the IPC handle bytes of a legacy
+    SharedHandle (CUDA)."""
+
+    def __init__(self, fd: Optional[int], length: int,
+                 handle: Any = None):
         self.handle = handle
-        self.device_ordinal = handle.device_ordinal
+        self.device_ordinal = handle.device_ordinal if handle else -1
         self.ipc_handle: Optional[bytes] = None
         self._mmap: Optional[mmap.mmap] = None
         self.view: Optional[memoryview] = None
-        kind = handle.WhichOneof("kind")
-        if kind == "cuda_ipc_handle":
-            self.ipc_handle = bytes(handle.cuda_ipc_handle)
-            return
-        if kind != "shm_name":
-            raise invalid_argument("handle has neither shm_name nor "
-                                   "cuda_ipc_handle")
-        path = "/dev/shm/" + handle.shm_name.lstrip("/")
-        fd = os.open(path, os.O_RDWR)
-        try:
-            self._mmap = mmap.mmap(fd, handle.size)
-        finally:
-            os.close(fd)
-        self.view = memoryview(self._mmap)[handle.offset:handle.offset +
-                                           length]
+        if fd is None:
+            if handle is not None and \
+                    handle.WhichOneof("kind") == "cuda_ipc_handle":
+                self.ipc_handle = bytes(handle.cuda_ipc_handle)
+                return
+            raise invalid_argument("no descriptor and no CUDA IPC handle")
+        self._mmap = _map_memfd(fd, length)
+        self.view = memoryview(self._mmap)
 
     def close(self) -> None:
         # Views or NumPy arrays made from `view` may still exist (BufferError):
@@ -92,8 +108,9 @@ class Buffer(_Mapping):
                 backend; the buffer starts `handle.offset` bytes into it)
     """
 
-    def __init__(self, info: Any, release_fn: Any):
-        super().__init__(info.handle, info.size)
+    def __init__(self, info: Any, fd: Optional[int], release_fn: Any):
+        super().__init__(fd, info.size,
+                         info.handle if info.HasField("handle") else None)
         self.id = info.buffer_id
         self.size = info.size
         self.info = info
@@ -151,7 +168,8 @@ class PoolMapping(_Mapping):
     for the byte positions of a token.
     """
 
-    def __init__(self, info: Any):
-        super().__init__(info.handle, info.layout.total_bytes)
+    def __init__(self, info: Any, fd: Optional[int]):
+        super().__init__(fd, info.layout.total_bytes,
+                         info.handle if info.HasField("handle") else None)
         self.info = info
         self.layout = info.layout

@@ -23,6 +23,7 @@ from kvdepot.v1 import kvdepot_pb2 as pb
 from kvdepot.v1 import kvdepot_pb2_grpc as pb_grpc
 
 from ._address import resolve_target
+from ._companion import Companion, check_socket_directory, companion_path
 from ._arrays import (data_bytes, infer_dtype, pack_int32, pack_int32_2d,
                       unpack_int32)
 from ._buffers import INLINE, Buffer, PoolMapping, Slice
@@ -114,18 +115,25 @@ def _optional_ints(value: Any, field: str) -> bytes:
 
 class Client:
     """A connection to kvdepot with an open session (unless
-    open_session=False) renewed by a background thread every lease / 3."""
+    open_session=False). On a Unix socket the session lives on the companion
+    socket for as long as this client (SPEC §11; the daemon's uid is checked
+    first: KVDEPOT_DAEMON_UID or daemon_uid, else ours or root); over TCP it
+    is an anonymous lease renewed every lease / 3 by a background thread."""
 
     def __init__(self, address: str = "", *,
                  client_name: str = "kvdepot.py",
                  open_session: bool = True, lease_ms: int = 0,
                  keep_alive: bool = True, timeout: float = 30.0,
                  connect_timeout: float = 10.0,
-                 max_message_bytes: int = 64 << 20):
+                 max_message_bytes: int = 64 << 20,
+                 daemon_uid: Optional[int] = None):
         self.target = resolve_target(address)
+        self._companion: Optional[Companion] = None
+        self._metadata: tuple = ()
         self.timeout = timeout
         self.session_id = ""
         self.lease_ms = 0
+        self.session_number = 0
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._channel = grpc.insecure_channel(self.target, options=[
@@ -142,7 +150,21 @@ class Client:
                 f"kvdepot at {self.target} did not answer within "
                 f"{connect_timeout:g} s") from None
         self._stub = pb_grpc.KVCacheStub(self._channel)
-        if open_session:
+        if self.target.startswith("unix:"):
+            sock = self.target[len("unix:"):]
+            try:
+                check_socket_directory(sock)
+                if open_session:
+                    self._companion = Companion(companion_path(sock),
+                                                client_name, daemon_uid)
+            except KVCacheError:
+                self._channel.close()
+                raise
+            if self._companion is not None:
+                self.session_id = self._companion.hello.session_id
+                self.session_number = self._companion.hello.session_number
+                self._metadata = (("kvdepot-session-id", self.session_id),)
+        elif open_session:
             try:
                 r = self._call("OpenSession", pb.OpenSessionRequest(
                     client_name=client_name, lease_ms=lease_ms))
@@ -150,6 +172,7 @@ class Client:
                 self._channel.close()
                 raise
             self.session_id, self.lease_ms = r.session_id, r.lease_ms
+            self._metadata = (("kvdepot-session-id", self.session_id),)
             if keep_alive:
                 self._thread = threading.Thread(
                     target=self._keep_alive_loop, name="kvdepot-keepalive",
@@ -165,7 +188,8 @@ class Client:
 
     def _call(self, method: str, request: Any) -> Any:
         try:
-            return getattr(self._stub, method)(request, timeout=self.timeout)
+            return getattr(self._stub, method)(request, timeout=self.timeout,
+                                               metadata=self._metadata)
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
 
@@ -189,13 +213,17 @@ class Client:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        if self.session_id:
+        if self._companion is not None:
+            # The session ends with its connection (buffers released).
+            self._companion.close()
+            self._companion = None
+        elif self.session_id:
             try:
                 self._call("CloseSession", pb.CloseSessionRequest(
                     session_id=self.session_id))
             except KVCacheError as e:
                 _log.info("kvdepot CloseSession: %s", e)
-            self.session_id = ""
+        self.session_id = ""
         self._channel.close()
 
     def __enter__(self) -> "Client":
@@ -252,33 +280,60 @@ class Client:
     def delete_pool(self, name: str) -> None:
         self._call("DeletePool", pb.DeletePoolRequest(name=name))
 
+    def _need_companion(self, what: str) -> Companion:
+        if self._companion is None:
+            raise KVCacheError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{what} needs a session on the companion socket (a Unix "
+                "socket address and open_session=True)")
+        return self._companion
+
     def map_pool(self, name: str) -> PoolMapping:
-        """Maps a pool into this process (CPU backend: a writable view of
-        layout.total_bytes; CUDA backend: ipc_handle only). Close it with
+        """Maps a pool into this process (its memfd from the companion
+        socket: a writable view of layout.total_bytes). Close it with
         .close() when done."""
-        return PoolMapping(self.get_pool(name))
+        reply, fd = self._need_companion("map_pool").call(
+            pb.CompanionRequest(map_pool=pb.MapPoolRequest(name=name)))
+        return PoolMapping(reply.pool, fd)
 
     # ------------------------------------------------------------ buffers
 
     def allocate_buffer(self, size: int) -> Buffer:
-        """A daemon-allocated buffer of this session, mapped (CPU) or with
-        its CUDA IPC handle. Buffer.release() (or `with`) gives it back."""
-        info = self._call("AllocateBuffer", pb.AllocateBufferRequest(
-            session_id=self.session_id, size=size))
+        """A daemon-allocated buffer of this session (a memfd from the
+        companion socket), mapped. Buffer.release() (or `with`) gives it
+        back."""
+        reply, fd = self._need_companion("allocate_buffer").call(
+            pb.CompanionRequest(
+                allocate_buffer=pb.AllocateBufferRequest(size=size)))
         try:
-            return Buffer(info, self.release_buffer)
-        except OSError as e:
-            self.release_buffer(info.buffer_id)
+            return Buffer(reply.buffer, fd, self.release_buffer)
+        except (OSError, KVCacheError) as e:
+            self.release_buffer(reply.buffer.buffer_id)
             raise KVCacheError(
                 grpc.StatusCode.INTERNAL,
-                f"mapping buffer {info.buffer_id} "
-                f"({info.handle.shm_name}): {e}") from None
+                f"mapping buffer {reply.buffer.buffer_id}: {e}") from None
 
-    def import_buffer(self, handle: "pb.SharedHandle") -> "pb.BufferInfo":
-        """Registers memory this process owns (a shm object the daemon can
-        open, or a CUDA IPC handle) as a buffer of the session."""
-        return self._call("ImportBuffer", pb.ImportBufferRequest(
-            session_id=self.session_id, handle=handle))
+    def import_buffer(self, fd: int, size: int) -> "pb.BufferInfo":
+        """Hands memory this process owns to the daemon as a buffer of the
+        session: `fd` a memfd of exactly `size` bytes, sealed with
+        F_SEAL_SHRINK | F_SEAL_GROW and fully allocated (os.posix_fallocate).
+        The descriptor stays ours."""
+        reply, _ = self._need_companion("import_buffer").call(
+            pb.CompanionRequest(
+                import_buffer=pb.ImportMemfdRequest(size=size)), fd)
+        return reply.buffer
+
+    def grant(self, *, pool: str = "", buffer_id: int = 0,
+              uids: Any = (), gids: Any = (), sessions: Any = ()) -> None:
+        """Lets uids, gids or sessions (by session_number) use a pool or a
+        buffer this session owns."""
+        r = pb.GrantRequest(session_id=self.session_id, uids=list(uids),
+                            gids=list(gids), sessions=list(sessions))
+        if pool:
+            r.pool = pool
+        else:
+            r.buffer_id = buffer_id
+        self._call("Grant", r)
 
     def release_buffer(self, buffer: Union[int, Buffer]) -> None:
         buffer_id = buffer.id if isinstance(buffer, Buffer) else buffer

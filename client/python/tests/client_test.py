@@ -266,28 +266,33 @@ class ClientTest(unittest.TestCase):
         pools = [p.name for p in kv.list_pools()]
         self.assertEqual(pools, sorted(pools))
         self.assertGreater(kv.stats().sessions, 0)
-        # Keep-alive holds a short lease open well past its length.
-        with self.daemon.connect(lease_ms=300) as held:
-            self.assertEqual(held.lease_ms, 300)
+        # A companion session needs no lease: its buffers live as long as
+        # the connection does.
+        buffers = kv.stats().buffers
+        with self.daemon.connect() as held:
+            self.assertGreater(held.session_number, 0)
+            self.assertEqual(held.keep_alive(), 0)  # no lease to renew
             buf = held.allocate_buffer(4096)
-            time.sleep(1.2)
             buf.write(b"\x01" * 16)
-            self.assertEqual(held.keep_alive(), 300)
+            self.assertEqual(buf.read(0, 16), b"\x01" * 16)
             buf.release()
             self.assertFails(grpc.StatusCode.NOT_FOUND, "buffer",
                              held.release_buffer, buf.id)
-        # Without it the lease lapses and the daemon releases the buffer.
-        lapsed = self.daemon.connect(lease_ms=200, keep_alive=False)
-        buffers = kv.stats().buffers
-        lapsed.allocate_buffer(1024)
+        # Dropping the connection releases the session and its buffers.
+        gone = self.daemon.connect()
+        sid = gone.session_id
+        gone.allocate_buffer(1024)
         self.assertEqual(kv.stats().buffers, buffers + 1)
+        gone._companion.close()
         deadline = time.monotonic() + 10
         while kv.stats().buffers > buffers and time.monotonic() < deadline:
             time.sleep(0.05)
         self.assertEqual(kv.stats().buffers, buffers)
-        self.assertFails(grpc.StatusCode.NOT_FOUND, "session",
-                         lapsed.keep_alive)
-        lapsed.close()
+        self.assertFails(grpc.StatusCode.UNAUTHENTICATED, "session",
+                         gone.keep_alive)
+        gone._companion = None
+        gone.close()
+        self.assertNotIn(sid, self.daemon.log_text())  # never logged
         # A view still held does not stop release().
         with self.daemon.connect() as c:
             b = c.allocate_buffer(64)

@@ -1,0 +1,323 @@
+#include "server/companion.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string_view>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "common/fd_passing.h"
+#include "common/status_macros.h"
+#include "spdlog/spdlog.h"
+
+namespace kvdepot {
+namespace {
+
+// Untrusted strings in log lines: escaped (no newlines) and truncated.
+std::string ForLog(absl::string_view s) {
+  return absl::CHexEscape(s.substr(0, 64));
+}
+
+}  // namespace
+
+
+absl::StatusOr<std::unique_ptr<CompanionServer>> CompanionServer::Start(
+    const CompanionOptions& options, Backend* backend, PoolRegistry* pools,
+    SessionManager* sessions) {
+  std::unique_ptr<CompanionServer> s(
+      new CompanionServer(options, backend, pools, sessions));
+  struct sockaddr_un addr;
+  std::memset(&addr, 0, sizeof(addr));
+  addr.sun_family = AF_UNIX;
+  if (options.path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "companion socket path \"", options.path, "\" is longer than ",
+        sizeof(addr.sun_path) - 1, " bytes"));
+  }
+  std::memcpy(addr.sun_path, options.path.data(), options.path.size());
+  s->listen_fd_.reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!s->listen_fd_.valid() ||
+      bind(s->listen_fd_.get(), reinterpret_cast<struct sockaddr*>(&addr),
+           sizeof(addr)) != 0 ||
+      listen(s->listen_fd_.get(), 128) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on the companion socket \"", options.path,
+                     "\": ", std::strerror(errno)));
+  }
+  if (chmod(options.path.c_str(), 0660) != 0 ||
+      (options.group != static_cast<gid_t>(-1) &&
+       chown(options.path.c_str(), -1, options.group) != 0)) {
+    const std::string err = std::strerror(errno);
+    unlink(options.path.c_str());
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot set the mode/group of \"", options.path, "\": ", err));
+  }
+  CompanionServer* raw = s.get();
+  s->acceptor_ = std::thread([raw] { raw->AcceptLoop(); });
+  return s;
+}
+
+CompanionServer::~CompanionServer() { Shutdown(); }
+
+void CompanionServer::ReapFinishedLocked() {
+  for (auto it = conns_.begin(); it != conns_.end();) {
+    if (it->second->done) {
+      it->second->thread.join();
+      conns_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void CompanionServer::AcceptLoop() {
+  while (true) {
+    UniqueFd fd(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    if (!fd.valid()) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+          errno == ENOMEM) {
+        // Out of descriptors: let a connection end before trying again.
+        mu_.AwaitWithTimeout(absl::Condition(&stopping_),
+                             absl::Milliseconds(50));
+        continue;
+      }
+      spdlog::error("companion accept: {}", std::strerror(errno));
+      return;
+    }
+    ReapFinishedLocked();
+    if (static_cast<int>(conns_.size()) >= options_.max_connections) {
+      spdlog::warn("rpc=companion status=RESOURCE_EXHAUSTED connections={}",
+                   conns_.size());
+      continue;  // closed by `fd`
+    }
+    auto conn = std::make_unique<Connection>();
+    struct ucred cred;
+    socklen_t len = sizeof(cred);
+    if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      continue;
+    }
+    conn->creds = PeerCredentials{cred.pid, cred.uid, cred.gid};
+    conn->fd = std::move(fd);
+    Connection* c = conn.get();
+    conns_.emplace(next_conn_++, std::move(conn));
+    c->thread = std::thread([this, c] { Serve(c); });
+  }
+}
+
+void CompanionServer::Serve(Connection* conn) {
+  while (true) {
+    absl::StatusOr<ReceivedMessage> msg =
+        ReceiveMessage(conn->fd.get(), kMaxCompanionMessageBytes, 1);
+    if (!msg.ok() &&
+        msg.status().code() != absl::StatusCode::kInvalidArgument) {
+      break;  // closed or broken
+    }
+    v1::CompanionReply reply;
+    UniqueFd out_fd;
+    v1::CompanionRequest req;
+    if (!msg.ok()) {
+      // Too long or too many descriptors: every descriptor is closed.
+      reply.set_code(static_cast<int>(msg.status().code()));
+      reply.set_message(std::string(msg.status().message()));
+    } else if (!req.ParseFromString(msg->bytes)) {
+      reply.set_code(static_cast<int>(absl::StatusCode::kInvalidArgument));
+      reply.set_message("the message is not a kvdepot.v1.CompanionRequest");
+    } else {
+      reply = Handle(conn, req, std::move(msg->fds), &out_fd);
+    }
+    std::string bytes;
+    reply.SerializeToString(&bytes);
+    std::vector<int> fds;
+    if (out_fd.valid()) fds.push_back(out_fd.get());
+    if (!SendMessage(conn->fd.get(), bytes, fds).ok()) break;
+  }
+  if (conn->session != 0) {
+    const int64_t n = sessions_->CloseNumber(conn->session);
+    spdlog::info("rpc=companion_close session={} status=OK buffers_released={}",
+                 conn->session, n);
+  }
+  conn->session_id.clear();
+  absl::MutexLock lock(&mu_);
+  conn->done = true;
+}
+
+v1::CompanionReply CompanionServer::Handle(Connection* conn,
+                                           const v1::CompanionRequest& req,
+                                           std::vector<UniqueFd> fds,
+                                           UniqueFd* fd_out) {
+  v1::CompanionReply reply;
+  absl::Status status;
+  const char* rpc = "companion";
+  if (req.kind_case() != v1::CompanionRequest::kImportBuffer && !fds.empty()) {
+    status = absl::InvalidArgumentError(
+        "only import_buffer carries a descriptor; the ones sent were closed");
+  } else if (req.kind_case() == v1::CompanionRequest::kHello) {
+    rpc = "Hello";
+    status = Hello(conn, req.hello(), reply.mutable_hello());
+  } else if (conn->session == 0) {
+    status = absl::FailedPreconditionError(
+        "send a Hello first: it opens the session of this connection");
+  } else {
+    absl::StatusOr<Caller> caller =
+        sessions_->Authenticate(conn->session_id, absl::Now());
+    if (!caller.ok()) {
+      status = caller.status();
+    } else {
+      switch (req.kind_case()) {
+        case v1::CompanionRequest::kMapPool:
+          rpc = "MapPool";
+          status = MapPool(*caller, req.map_pool(), reply.mutable_pool(),
+                           fd_out);
+          break;
+        case v1::CompanionRequest::kAllocateBuffer:
+          rpc = "AllocateBuffer";
+          status = AllocateBuffer(*caller, req.allocate_buffer(),
+                                  reply.mutable_buffer(), fd_out);
+          break;
+        case v1::CompanionRequest::kImportBuffer:
+          rpc = "ImportBuffer";
+          if (fds.size() != 1) {
+            status = absl::InvalidArgumentError(absl::StrCat(
+                "import_buffer carries ", fds.size(),
+                " descriptors; it needs exactly one memfd"));
+          } else {
+            status = ImportBuffer(*caller, req.import_buffer(),
+                                  std::move(fds[0]), reply.mutable_buffer());
+          }
+          break;
+        default:
+          status = absl::InvalidArgumentError(
+              "kind: set hello, map_pool, allocate_buffer or import_buffer");
+      }
+    }
+  }
+  if (!status.ok()) {
+    reply.clear_kind();
+    fd_out->reset();
+    reply.set_code(static_cast<int>(status.code()));
+    reply.set_message(std::string(status.message()));
+    spdlog::info("rpc={} session={} status={} error=\"{}\"", rpc,
+                 conn->session, absl::StatusCodeToString(status.code()),
+                 ForLog(status.message()));
+  } else {
+    spdlog::info("rpc={} session={} status=OK", rpc, conn->session);
+  }
+  return reply;
+}
+
+absl::Status CompanionServer::Hello(Connection* conn, const v1::Hello& hello,
+                                    v1::HelloReply* out) {
+  if (conn->session != 0) {
+    return absl::FailedPreconditionError(
+        "this connection already has a session (one Hello per connection)");
+  }
+  if (hello.client_name().size() > 256) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "client_name has ", hello.client_name().size(),
+        " bytes, more than 256"));
+  }
+  ASSIGN_OR_RETURN(OpenedSession opened,
+                   sessions_->OpenPeer(hello.client_name(), conn->creds));
+  conn->session = opened.number;
+  conn->session_id = opened.id;
+  out->set_session_id(opened.id);
+  out->set_session_number(opened.number);
+  out->set_uid(conn->creds.uid);
+  out->set_gid(conn->creds.gid);
+  out->set_pid(conn->creds.pid);
+  spdlog::info("rpc=Hello session={} uid={} gid={} pid={} client=\"{}\"",
+               opened.number, conn->creds.uid, conn->creds.gid,
+               conn->creds.pid, ForLog(hello.client_name()));
+  return absl::OkStatus();
+}
+
+absl::Status CompanionServer::MapPool(const Caller& caller,
+                                      const v1::MapPoolRequest& r,
+                                      v1::PoolInfo* out, UniqueFd* fd_out) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Pool> pool, pools_->Get("name", r.name()));
+  RETURN_IF_ERROR(pool->CheckUse(caller, "name"));
+  {
+    absl::ReaderMutexLock lock(&pool->mu);
+    ASSIGN_OR_RETURN(*fd_out, pool->memory->ExportFd());
+  }
+  pool->ToProto(out);
+  return absl::OkStatus();
+}
+
+absl::Status CompanionServer::AllocateBuffer(
+    const Caller& caller, const v1::AllocateBufferRequest& r,
+    v1::BufferInfo* out, UniqueFd* fd_out) {
+  if (!accepting()) {
+    return absl::UnavailableError("kvdepot is draining: no new buffers");
+  }
+  if (r.size() <= 0 || r.size() > options_.max_buffer_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("allocate_buffer.size = ", r.size(), " is outside [1, ",
+                     options_.max_buffer_bytes, "] (--max_buffer_bytes)"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Memory> memory,
+                   backend_->Allocate(r.size(), ""));
+  ASSIGN_OR_RETURN(UniqueFd fd, memory->ExportFd());
+  ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer,
+                   sessions_->AddBuffer(caller, std::move(memory)));
+  out->set_buffer_id(buffer->id);
+  out->set_size(buffer->memory->size());
+  *fd_out = std::move(fd);
+  return absl::OkStatus();
+}
+
+absl::Status CompanionServer::ImportBuffer(const Caller& caller,
+                                           const v1::ImportMemfdRequest& r,
+                                           UniqueFd fd, v1::BufferInfo* out) {
+  if (!accepting()) {
+    return absl::UnavailableError("kvdepot is draining: no new buffers");
+  }
+  if (r.size() <= 0 || r.size() > options_.max_buffer_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("import_buffer.size = ", r.size(), " is outside [1, ",
+                     options_.max_buffer_bytes, "] (--max_buffer_bytes)"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Memory> memory,
+                   backend_->ImportFd(std::move(fd), r.size()));
+  ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer,
+                   sessions_->AddBuffer(caller, std::move(memory)));
+  out->set_buffer_id(buffer->id);
+  out->set_size(buffer->memory->size());
+  return absl::OkStatus();
+}
+
+void CompanionServer::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      mu_.Await(absl::Condition(&stopped_));
+      return;
+    }
+    stopping_ = true;
+    // Wakes the acceptor (accept fails) and every connection thread.
+    if (listen_fd_.valid()) shutdown(listen_fd_.get(), SHUT_RDWR);
+    for (auto& [id, c] : conns_) shutdown(c->fd.get(), SHUT_RDWR);
+  }
+  if (acceptor_.joinable()) acceptor_.join();
+  absl::flat_hash_map<uint64_t, std::unique_ptr<Connection>> conns;
+  {
+    absl::MutexLock lock(&mu_);
+    conns.swap(conns_);
+  }
+  for (auto& [id, c] : conns) c->thread.join();
+  listen_fd_.reset();
+  unlink(options_.path.c_str());
+  absl::MutexLock lock(&mu_);
+  stopped_ = true;
+}
+
+}  // namespace kvdepot

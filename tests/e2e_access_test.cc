@@ -1,0 +1,483 @@
+// Attacks on identity, ownership and the descriptor path (SPEC §11), each
+// against a real kvdepotd child process: another session's buffers, a
+// second uid against pools and admin calls, session ids in messages and
+// logs, descriptors that are not what they claim, truncated control
+// messages, truncation and hole punching after handover, and a closed
+// companion connection.
+#include <dirent.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/falloc.h>
+#include <pwd.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "common/fd_passing.h"
+#include "common/memfd.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/daemon_process.h"
+#include "tests/e2e_util.h"
+
+namespace kvdepot::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+int OpenFds(pid_t pid) {
+  int n = 0;
+  DIR* d = opendir(absl::StrCat("/proc/", pid, "/fd").c_str());
+  if (d == nullptr) return -1;
+  while (readdir(d) != nullptr) ++n;
+  closedir(d);
+  return n;
+}
+
+// Waits until `pid` holds `want` descriptors (the daemon closes refused
+// ones before it replies, but give the scheduler a deadline, not a sleep).
+bool FdsSettleAt(pid_t pid, int want) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {
+    if (OpenFds(pid) == want) return true;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return false;
+}
+
+std::string CompanionOf(const std::string& socket) {
+  return absl::StrCat(socket.substr(0, socket.size() - 5), ".ctl");
+}
+
+// A kvdepotd whose log (stderr) is collected by a reader thread.
+class LoggedDaemon {
+ public:
+  explicit LoggedDaemon(std::vector<std::string> extra = {},
+                        std::string socket = FreshSocketPath())
+      : socket_(std::move(socket)) {
+    std::vector<std::string> argv = {kDaemonBinary,
+                                     absl::StrCat("--listen=", socket_)};
+    for (std::string& a : extra) argv.push_back(std::move(a));
+    int fd = -1;
+    absl::StatusOr<pid_t> pid = Spawn(argv, &fd, /*with_stderr=*/true);
+    EXPECT_TRUE(pid.ok()) << pid.status();
+    pid_ = pid.ok() ? *pid : -1;
+    reader_ = std::thread([this, fd] {
+      char buf[4096];
+      ssize_t n;
+      while ((n = read(fd, buf, sizeof(buf))) > 0) {
+        absl::MutexLock lock(&mu_);
+        log_.append(buf, static_cast<size_t>(n));
+      }
+      close(fd);
+    });
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    struct stat st;
+    while (stat(socket_.c_str(), &st) != 0 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  }
+  ~LoggedDaemon() { Stop(); }
+
+  // SIGTERM, wait, and the whole log.
+  std::string Stop() {
+    if (pid_ > 0) {
+      (void)Signal(pid_, SIGTERM);
+      pid_ = -1;
+    }
+    if (reader_.joinable()) reader_.join();
+    absl::MutexLock lock(&mu_);
+    return log_;
+  }
+  const std::string& socket() const { return socket_; }
+  pid_t pid() const { return pid_; }
+
+ private:
+  static absl::StatusOr<int> Signal(pid_t pid, int sig) {
+    kill(pid, sig);
+    return WaitForExit(pid, absl::Seconds(60));
+  }
+
+  std::string socket_;
+  pid_t pid_ = -1;
+  std::thread reader_;
+  absl::Mutex mu_;
+  std::string log_ ABSL_GUARDED_BY(mu_);
+};
+
+v1::StoreRequest KvStore(const std::string& pool, v1::DataRef kv,
+                         int64_t tokens) {
+  std::vector<int32_t> slots;
+  for (int64_t i = 0; i < tokens; ++i) slots.push_back(static_cast<int32_t>(i));
+  v1::StoreRequest r = StoreRequest(pool, 0, slots, v1::INPUT_DTYPE_FP32);
+  *r.mutable_kv() = std::move(kv);
+  return r;
+}
+
+TEST(AccessTest, SessionsCannotTouchEachOthersBuffers) {
+  LoggedDaemon d;
+  std::unique_ptr<KVCacheClient> a = ConnectOrDie(d.socket());
+  std::unique_ptr<KVCacheClient> b = ConnectOrDie(d.socket());
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(a->CreatePool(PoolRequest("p", "V41", 0, 4, 4, 1)).ok());
+  const int64_t bytes = 2 * 512 * 4;
+  absl::StatusOr<BufferMapping> abuf = a->AllocateBuffer(bytes);
+  ASSERT_TRUE(abuf.ok()) << abuf.status();
+  std::mt19937 rng(301);
+  const std::vector<float> kv = RandomKv(2, 512, rng);
+  std::memcpy(abuf->data(), kv.data(), bytes);
+
+  // B names A's buffer as input and as output, releases and grants it.
+  absl::Status s = b->Store(KvStore("p", abuf->Slice(0, bytes), 2)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("kv.slice.buffer_id"));
+  v1::LoadRequest lr;
+  lr.set_pool("p");
+  *lr.mutable_segments() = SegmentsProto({0, 0, 2, 0}, 2);
+  *lr.mutable_data() = abuf->Slice(0, 2 * 1024);
+  EXPECT_EQ(b->Load(lr).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(b->ReleaseBuffer(abuf->id()).code(), absl::StatusCode::kNotFound);
+  v1::GrantRequest g;
+  g.set_buffer_id(abuf->id());
+  g.add_sessions(b->session_number());
+  EXPECT_EQ(b->Grant(g).code(), absl::StatusCode::kPermissionDenied);
+  // Nothing was written through the refused requests.
+  EXPECT_EQ(0, std::memcmp(abuf->data(), kv.data(), bytes));
+  // A request with no session at all.
+  v1::StoreRequest nosession = KvStore("p", abuf->Slice(0, bytes), 2);
+  grpc::ClientContext ctx;
+  v1::StoreResponse out;
+  ClientOptions raw;
+  raw.address = d.socket();
+  raw.open_session = false;
+  absl::StatusOr<std::unique_ptr<KVCacheClient>> anon =
+      KVCacheClient::Connect(raw);
+  ASSERT_TRUE(anon.ok());
+  EXPECT_EQ((*anon)->stub()->Store(&ctx, nosession, &out).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+
+  // The owner grants B's session: now B may store from it, still not
+  // release it.
+  ASSERT_TRUE(a->Grant(g).ok());
+  EXPECT_TRUE(b->Store(KvStore("p", abuf->Slice(0, bytes), 2)).ok());
+  EXPECT_EQ(b->ReleaseBuffer(abuf->id()).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(a->ReleaseBuffer(abuf->id()).ok());
+
+  // Session ids appear in no message and no log line.
+  const std::string secret_a = a->session_id().substr(
+      a->session_id().find('.') + 1);
+  const std::string secret_b = b->session_id().substr(
+      b->session_id().find('.') + 1);
+  v1::StoreRequest wrong = KvStore("p", abuf->Slice(0, bytes), 2);
+  wrong.set_session_id(a->session_id() + "x");
+  absl::Status ws = b->Store(wrong).status();
+  EXPECT_EQ(ws.code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(std::string(ws.message()), Not(HasSubstr(secret_a)));
+  a.reset();
+  b.reset();
+  const std::string log = d.Stop();
+  ASSERT_THAT(log, HasSubstr("rpc=Hello"));  // the log was captured
+  EXPECT_THAT(log, Not(HasSubstr(secret_a)));
+  EXPECT_THAT(log, Not(HasSubstr(secret_b)));
+}
+
+TEST(AccessTest, DescriptorsThatAreNotSealedMemfdsAreRefusedWithoutLeaks) {
+  LoggedDaemon d;
+  std::unique_ptr<KVCacheClient> c = ConnectOrDie(d.socket());
+  ASSERT_NE(c, nullptr);
+  CompanionConnection* comp = c->companion();
+  ASSERT_NE(comp, nullptr);
+  const int64_t size = 64 << 10;
+  auto import = [&](int fd, int64_t declared) {
+    v1::CompanionRequest r;
+    r.mutable_import_buffer()->set_size(declared);
+    return comp->Call(r, fd, nullptr).status();
+  };
+  auto memfd = [&](int seals, bool allocate, int64_t sz) {
+    UniqueFd fd(memfd_create("atk", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    EXPECT_EQ(ftruncate(fd.get(), sz), 0);
+    if (allocate) EXPECT_EQ(fallocate(fd.get(), 0, 0, sz), 0);
+    if (seals) EXPECT_EQ(fcntl(fd.get(), F_ADD_SEALS, seals), 0);
+    return fd;
+  };
+  const int before = OpenFds(d.pid());
+  struct Case {
+    const char* what;
+    UniqueFd fd;
+    int64_t declared;
+    const char* why;
+  };
+  std::vector<Case> cases;
+  const std::string file = absl::StrCat(std::getenv("TEST_TMPDIR"), "/f");
+  UniqueFd regular(open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  ASSERT_EQ(ftruncate(regular.get(), size), 0);
+  cases.push_back({"regular file", std::move(regular), size, "memfd"});
+  int p[2];
+  ASSERT_EQ(pipe2(p, O_CLOEXEC), 0);
+  UniqueFd pipe_w(p[1]);
+  cases.push_back({"pipe", UniqueFd(p[0]), size, "not a regular file"});
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  UniqueFd sock_other(sv[1]);
+  cases.push_back({"socket", UniqueFd(sv[0]), size, "not a regular file"});
+  cases.push_back({"unsealed memfd", memfd(0, true, size), size,
+                   "sealed against shrinking"});
+  cases.push_back({"shrinkable memfd", memfd(F_SEAL_GROW, true, size), size,
+                   "sealed against shrinking"});
+  cases.push_back({"wrong size", memfd(F_SEAL_SHRINK | F_SEAL_GROW, true, size),
+                   size * 2, "not the declared size"});
+  cases.push_back({"holes", memfd(F_SEAL_SHRINK | F_SEAL_GROW, false, size),
+                   size, "has holes"});
+  for (Case& k : cases) {
+    absl::Status s = import(k.fd.get(), k.declared);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << k.what << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(k.why)) << k.what;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("import_buffer.fd"));
+  }
+  // A pool handed back as one's "own" buffer is refused too.
+  ASSERT_TRUE(c->CreatePool(PoolRequest("p", "V41", 0, 4, 4, 1)).ok());
+  v1::CompanionRequest map;
+  map.mutable_map_pool()->set_name("p");
+  UniqueFd pool_fd;
+  absl::StatusOr<v1::CompanionReply> mapped = comp->Call(map, -1, &pool_fd);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  EXPECT_EQ(import(pool_fd.get(), mapped->pool().layout().total_bytes()).code(),
+            absl::StatusCode::kInvalidArgument);
+  pool_fd.reset();
+  // Nothing stayed open in the daemon, nothing was added to the session.
+  EXPECT_TRUE(FdsSettleAt(d.pid(), before + 1))  // + the pool's own memfd
+      << OpenFds(d.pid()) << " vs " << before;
+  absl::StatusOr<v1::StatsResponse> st = c->Stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->buffers(), 0);
+}
+
+TEST(AccessTest, TooManyDescriptorsInOneMessageAreAllClosed) {
+  LoggedDaemon d;
+  std::unique_ptr<KVCacheClient> c = ConnectOrDie(d.socket());
+  ASSERT_NE(c, nullptr);
+  // A raw companion connection of our own.
+  UniqueFd s(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  struct sockaddr_un addr;
+  std::memset(&addr, 0, sizeof(addr));
+  addr.sun_family = AF_UNIX;
+  const std::string path = CompanionOf(d.socket());
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  ASSERT_EQ(connect(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)),
+            0);
+  v1::CompanionRequest hello;
+  hello.mutable_hello()->set_client_name("raw\nforged log line");
+  ASSERT_TRUE(SendMessage(s.get(), hello.SerializeAsString(), {}).ok());
+  ASSERT_TRUE(ReceiveMessage(s.get(), 1 << 16, 1).ok());
+  const int before = OpenFds(d.pid());
+  std::vector<UniqueFd> mine;
+  std::vector<int> raw;
+  for (int i = 0; i < 12; ++i) {
+    absl::StatusOr<MemfdRegion> m = MemfdRegion::Create("x", 4096);
+    ASSERT_TRUE(m.ok());
+    absl::StatusOr<UniqueFd> fd = m->Dup();
+    mine.push_back(*std::move(fd));
+    raw.push_back(mine.back().get());
+  }
+  v1::CompanionRequest imp;
+  imp.mutable_import_buffer()->set_size(4096);
+  ASSERT_TRUE(SendMessage(s.get(), imp.SerializeAsString(), raw).ok());
+  absl::StatusOr<ReceivedMessage> reply = ReceiveMessage(s.get(), 1 << 16, 1);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  v1::CompanionReply r;
+  ASSERT_TRUE(r.ParseFromString(reply->bytes));
+  EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(r.message(), HasSubstr("descriptors"));
+  EXPECT_TRUE(FdsSettleAt(d.pid(), before)) << OpenFds(d.pid());
+  // Garbage is refused too, and the connection still answers.
+  ASSERT_TRUE(SendMessage(s.get(), "\xff\xff\xff", {}).ok());
+  reply = ReceiveMessage(s.get(), 1 << 16, 1);
+  ASSERT_TRUE(reply.ok());
+  ASSERT_TRUE(r.ParseFromString(reply->bytes));
+  EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  const std::string log = d.Stop();
+  EXPECT_THAT(log, Not(HasSubstr("\nforged log line")));
+}
+
+TEST(AccessTest, TruncationImpossibleHolePunchingHarmless) {
+  LoggedDaemon d;
+  std::unique_ptr<KVCacheClient> c = ConnectOrDie(d.socket());
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->CreatePool(PoolRequest("p", "V41", 0, 4, 4, 1)).ok());
+  const int64_t bytes = 2 * 512 * 4;
+  // A buffer the daemon allocated: its memfd cannot be shrunk or grown.
+  v1::CompanionRequest alloc;
+  alloc.mutable_allocate_buffer()->set_size(bytes);
+  UniqueFd fd;
+  absl::StatusOr<v1::CompanionReply> got = c->companion()->Call(alloc, -1, &fd);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_NE(ftruncate(fd.get(), 0), 0);
+  EXPECT_NE(ftruncate(fd.get(), bytes * 2), 0);
+  EXPECT_NE(fcntl(fd.get(), F_ADD_SEALS, F_SEAL_WRITE), 0);
+  // Punch every page out, then make the daemon read and write it.
+  ASSERT_EQ(fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+                      bytes),
+            0);
+  const uint64_t id = got->buffer().buffer_id();
+  EXPECT_TRUE(c->Store(KvStore("p", SliceRef(id, 0, bytes), 2)).ok());
+  v1::LoadRequest lr;
+  lr.set_pool("p");
+  *lr.mutable_segments() = SegmentsProto({0, 0, 2, 0}, 2);
+  *lr.mutable_data() = SliceRef(id, 0, 2 * 1024);
+  EXPECT_TRUE(c->Load(lr).ok());
+  // A client's own memfd, accepted, then punched out: the same.
+  absl::StatusOr<MemfdRegion> own = MemfdRegion::Create("own", bytes);
+  ASSERT_TRUE(own.ok());
+  absl::StatusOr<v1::BufferInfo> imported = c->ImportBuffer(*own);
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  ASSERT_EQ(fallocate(own->fd(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+                      bytes),
+            0);
+  EXPECT_TRUE(
+      c->Store(KvStore("p", SliceRef(imported->buffer_id(), 0, bytes), 2)).ok());
+  EXPECT_TRUE(c->Ping().ok());  // alive
+}
+
+TEST(AccessTest, ClosedCompanionConnectionReleasesTheSession) {
+  LoggedDaemon d;
+  std::unique_ptr<KVCacheClient> observer = ConnectOrDie(d.socket());
+  std::unique_ptr<KVCacheClient> c = ConnectOrDie(d.socket());
+  ASSERT_TRUE(observer && c);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(c->AllocateBuffer(4096).ok());
+  const std::string id = c->session_id();
+  absl::StatusOr<v1::StatsResponse> st = observer->Stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->buffers(), 3);
+  c.reset();  // closes the companion connection
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {
+    st = observer->Stats();
+    if (st.ok() && st->buffers() == 0 && st->sessions() == 1) break;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(st->buffers(), 0);
+  EXPECT_EQ(st->sessions(), 1);
+  // The old id is dead.
+  v1::StoreRequest r = StoreRequest("p", 0, {}, v1::INPUT_DTYPE_FP32);
+  r.set_session_id(id);
+  EXPECT_EQ(observer->Store(r).status().code(),
+            absl::StatusCode::kUnauthenticated);
+}
+
+// A second uid (created with useradd; needs root, as CI runs) against the
+// pools of another uid and the admin calls.
+TEST(AccessTest, SecondUidCannotUseOrDeleteOthersPoolsNorDrain) {
+  if (geteuid() != 0) {
+    GTEST_SKIP() << "needs root to create a second user (useradd) and run "
+                    "a process as it; CI runs as root";
+  }
+  const char* kUser = "kvdepot-attack";
+  if (getpwnam(kUser) == nullptr) {
+    const int rc = std::system(
+        "/usr/sbin/useradd --system --user-group --no-create-home --shell /bin/false "
+        "kvdepot-attack >/dev/null 2>&1");
+    if (rc != 0 || getpwnam(kUser) == nullptr) {
+      GTEST_SKIP() << "useradd kvdepot-attack failed (rc " << rc << ")";
+    }
+  }
+  const struct passwd* pw = getpwnam(kUser);
+  const uid_t uid = pw->pw_uid;
+  const gid_t gid = pw->pw_gid;
+  // The socket directory: 0750 with the attacker's group, so it can reach
+  // the sockets (chowned to that group by --socket_group).
+  const std::string socket = FreshSocketPath();
+  const std::string dir = socket.substr(0, socket.rfind('/'));
+  ASSERT_EQ(chown(dir.c_str(), 0, gid), 0);
+  ASSERT_EQ(chmod(dir.c_str(), 0750), 0);
+  const std::string config = absl::StrCat(std::getenv("TEST_TMPDIR"), "/a.txt");
+  std::ofstream(config) << "pools { name: \"owned\" format: \"V41\" "
+                           "block_size: 4 num_blocks: 2 num_layers: 1 }\n"
+                           "pools { name: \"granted\" format: \"V41\" "
+                           "block_size: 4 num_blocks: 2 num_layers: 1 }\n"
+                        << "grants { pool: \"granted\" uids: " << uid << " }\n";
+  LoggedDaemon d({absl::StrCat("--config=", config),
+                  absl::StrCat("--socket_group=", gid)},
+                 socket);
+  // The probe binary, copied where the second uid can execute it.
+  char bindir[] = "/tmp/kvdepot-probe-XXXXXX";
+  ASSERT_NE(mkdtemp(bindir), nullptr);
+  ASSERT_EQ(chmod(bindir, 0755), 0);
+  const std::string probe = absl::StrCat(bindir, "/access_probe");
+  {
+    std::ifstream src("tests/access_probe", std::ios::binary);
+    std::ofstream dst(probe, std::ios::binary);
+    dst << src.rdbuf();
+  }
+  ASSERT_EQ(chmod(probe.c_str(), 0755), 0);
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    if (setgroups(0, nullptr) != 0 || setgid(gid) != 0 || setuid(uid) != 0) {
+      _exit(97);
+    }
+    char* args[] = {const_cast<char*>(probe.c_str()),
+                    const_cast<char*>(socket.c_str()), nullptr};
+    char* env[] = {nullptr};
+    execve(args[0], args, env);
+    _exit(98);
+  }
+  close(out[1]);
+  std::string text;
+  char buf[1024];
+  ssize_t n;
+  while ((n = read(out[0], buf, sizeof(buf))) > 0) text.append(buf, n);
+  close(out[0]);
+  absl::StatusOr<int> code = WaitForExit(child, absl::Seconds(60));
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 0) << text;
+  std::map<std::string, std::string> got;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    std::vector<std::string> kv = absl::StrSplit(line, ' ');
+    if (kv.size() == 2) got[kv[0]] = kv[1];
+  }
+  EXPECT_EQ(got["connect"], "OK") << text;
+  EXPECT_EQ(got["map_owned"], "PERMISSION_DENIED");
+  EXPECT_EQ(got["store_owned"], "PERMISSION_DENIED");
+  EXPECT_EQ(got["delete_owned"], "PERMISSION_DENIED");
+  EXPECT_EQ(got["drain"], "PERMISSION_DENIED");
+  EXPECT_EQ(got["grant_owned"], "PERMISSION_DENIED");
+  EXPECT_EQ(got["map_granted"], "OK");
+  EXPECT_EQ(got["store_granted"], "OK");
+  EXPECT_EQ(got["delete_granted"], "PERMISSION_DENIED");  // use, not own
+  EXPECT_EQ(got["create_mine"], "OK");
+  EXPECT_EQ(got["store_mine"], "OK");
+  // The owner's pools are intact and the daemon still serves.
+  std::unique_ptr<KVCacheClient> root = ConnectOrDie(socket);
+  ASSERT_NE(root, nullptr);
+  absl::StatusOr<v1::ListPoolsResponse> pools = root->ListPools();
+  ASSERT_TRUE(pools.ok());
+  EXPECT_EQ(pools->pools_size(), 3);
+  absl::StatusOr<v1::StatsResponse> st = root->Stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_FALSE(st->draining());
+  unlink(probe.c_str());
+  rmdir(bindir);
+}
+
+}  // namespace
+}  // namespace kvdepot::testing
