@@ -146,9 +146,9 @@ class OpsTest(unittest.TestCase):
         self.assertIn('unknown flag "--bogus"', err)
         rc, _, err = ctl("frobnicate")
         self.assertEqual(rc, 2)
-        rc, _, err = ctl("status", "-o", "yaml", *self.addr)
+        rc, _, err = ctl("status", "-o", "xml", *self.addr)
         self.assertEqual(rc, 2)
-        self.assertIn('--output = "yaml" is not table or json', err)
+        self.assertIn('--output = "xml" is not table, json or yaml', err)
 
     def check_status_serving(self):
         out = self.ctl_ok("status")
@@ -336,6 +336,13 @@ class OpsTest(unittest.TestCase):
             rc, out, err = ctl(*args, *self.addr)
             self.assertEqual(rc, 1, (args, out, err))
             self.assertIn(message, err, args)
+        # The field path travels as a google.rpc.BadRequest in the status
+        # details; kvcachectl prints it under the message.
+        rc, _, err = ctl("inspect", "mx", "--layer", "2", "--slot", "0",
+                         *self.addr)
+        self.assertIn("\n  field layer: layer = 2 is outside [0, 2)", err)
+        rc, _, err = ctl("verify", "mx", "--layers", "0,7", *self.addr)
+        self.assertIn("\n  field layers[1]: layers[1] = 7", err)
         rc, _, err = ctl("inspect", "mx", "--layer", "0", *self.addr)
         self.assertEqual(rc, 2)
         self.assertIn("exactly one of --slot and --block", err)
