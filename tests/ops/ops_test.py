@@ -7,7 +7,11 @@ and change after a write; status exits 0 / 1 (draining) / 3 (no daemon);
 /metrics is scraped during traffic and validated by `promtool check
 metrics`.
 
-Usage (Bazel passes these): ops_test.py KVDEPOT KVCACHECTL TRAFFIC
+Every -o json output is checked against the schema table of
+docs/OPERATING.md ("JSON output"): each field documented, one type per
+field name across all commands.
+
+Usage (Bazel passes these): ops_test.py KVDEPOT KVCACHECTL TRAFFIC OPERATING_MD
 """
 
 import json
@@ -26,7 +30,8 @@ import time
 import unittest
 import urllib.request
 
-KVDEPOT, KVCACHECTL, TRAFFIC = (os.path.abspath(p) for p in sys.argv[1:4])
+KVDEPOT, KVCACHECTL, TRAFFIC, OPERATING_MD = (
+    os.path.abspath(p) for p in sys.argv[1:5])
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 
 
@@ -103,6 +108,62 @@ def poke(info, offset, payload):
         m.close()
 
 
+def load_schema():
+    """{field: type} from the json-schema table of docs/OPERATING.md."""
+    with open(OPERATING_MD) as f:
+        text = f.read()
+    table = text.split("<!-- json-schema: begin")[1].split(
+        "<!-- json-schema: end -->")[0]
+    return dict(re.findall(r"^\| `(\w+)` \| ([^|]+?) \|", table, re.M))
+
+
+def json_type(v):
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int):
+        return "integer"
+    if isinstance(v, float):
+        return "float"
+    if isinstance(v, dict):
+        return "object"
+    if isinstance(v, list):
+        return "array"
+    return "string"
+
+
+def matches(value, typ):
+    if typ.startswith("array of "):
+        return isinstance(value, list) and all(
+            matches(x, typ[len("array of "):]) for x in value)
+    if typ == "float":
+        return (json_type(value) in ("integer", "float") or
+                value in ("NaN", "Infinity", "-Infinity"))
+    if typ == "hex64":
+        return isinstance(value, str) and re.fullmatch(r"[0-9a-f]{16}", value)
+    if typ == "hex":
+        return isinstance(value, str) and re.fullmatch(r"([0-9a-f]{2})*", value)
+    return json_type(value) == typ
+
+
+def check_schema(test, command, tree, schema):
+    """Every field of `tree` is in `schema` with a value of its type."""
+    if isinstance(tree, list):
+        for x in tree:
+            check_schema(test, command, x, schema)
+        return
+    if not isinstance(tree, dict):
+        return
+    for k, v in tree.items():
+        test.assertIn(k, schema, "%s: field %r is not in OPERATING.md's "
+                      "JSON schema" % (command, k))
+        test.assertTrue(matches(v, schema[k]), "%s: %s = %r is not %s" % (
+            command, k, v, schema[k]))
+        check_schema(test, command, v, schema)
+
+
+JSON_SEEN = []  # (command, parsed output) of every -o json call
+
+
 class OpsTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -119,7 +180,9 @@ class OpsTest(unittest.TestCase):
         return out
 
     def ctl_json(self, *args):
-        return json.loads(self.ctl_ok(*args, "-o", "json"))
+        j = json.loads(self.ctl_ok(*args, "-o", "json"))
+        JSON_SEEN.append((args, j))
+        return j
 
     def test_all(self):
         # One daemon, one ordered story (drain must come last).
@@ -133,6 +196,18 @@ class OpsTest(unittest.TestCase):
         self.check_metrics_during_traffic()
         self.check_stats()
         self.check_drain_and_exit_codes()
+        self.check_json_schema()
+
+    def check_json_schema(self):
+        schema = load_schema()
+        self.assertIn("xxh3", schema)
+        commands = {args[0] if args[0] != "pool" else "pool " + args[1]
+                    for args, _ in JSON_SEEN}
+        self.assertTrue({"status", "pool create", "pool list", "pool get",
+                         "pool delete", "plan", "verify", "inspect", "stats",
+                         "drain"} <= commands, commands)
+        for args, tree in JSON_SEEN:
+            check_schema(self, " ".join(args), tree, schema)
 
     def check_help(self):
         for cmd in (["status"], ["pool"], ["pool", "list"], ["pool", "get"],
@@ -231,6 +306,9 @@ class OpsTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         a = self.ctl_json("verify", "mx")
         b = self.ctl_json("verify", "mx")
+        # -o yaml is the same tree (a hash stays a string).
+        out = self.ctl_ok("verify", "mx", "-o", "yaml")
+        self.assertIn('\npool_xxh3: "%s"\n' % a["pool_xxh3"], out)
         self.assertEqual(a["blocks_total"], 10)
         self.assertEqual(a["blocks_with_issues"], 0)
         self.assertEqual(len(a["checksums"]), 10)
