@@ -26,7 +26,8 @@ absl::Status CheckSocketDirectory(const std::string& socket_path) {
   struct stat st;
   if (stat(dir.c_str(), &st) != 0) {
     return absl::UnavailableError(absl::StrCat(
-        "socket directory \"", dir, "\": ", std::strerror(errno)));
+        "no daemon at \"", socket_path, "\": its directory \"", dir,
+        "\": ", std::strerror(errno), " (is kvdepotd running?)"));
   }
   if ((st.st_mode & S_IWOTH) != 0) {
     return absl::FailedPreconditionError(absl::StrFormat(

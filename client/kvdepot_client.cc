@@ -56,8 +56,13 @@ class SessionInterceptorFactory
 
 absl::Status FromGrpcStatus(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      status.error_message());
+  absl::Status out(static_cast<absl::StatusCode>(status.error_code()),
+                   status.error_message());
+  if (!status.error_details().empty()) {
+    out.SetPayload(kGrpcStatusDetailsUrl,
+                   absl::Cord(status.error_details()));
+  }
+  return out;
 }
 
 // One unary call with the client's deadline.

@@ -136,7 +136,13 @@ class KVCacheClient {
   std::thread keep_alive_;
 };
 
-// grpc -> absl status (the codes share their numbering).
+// The payload holding the serialized google.rpc.Status of a failed call's
+// details (e.g. a google.rpc.BadRequest naming the bad field).
+inline constexpr char kGrpcStatusDetailsUrl[] =
+    "type.googleapis.com/google.rpc.Status";
+
+// grpc -> absl status (the codes share their numbering); the status
+// details, when any, travel as the kGrpcStatusDetailsUrl payload.
 absl::Status FromGrpcStatus(const grpc::Status& status);
 
 }  // namespace kvdepot

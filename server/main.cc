@@ -70,6 +70,8 @@ ABSL_FLAG(int64_t, reap_interval_ms, 500,
 ABSL_FLAG(int64_t, drain_grace_ms, 200,
           "On SIGTERM, how long new calls keep getting UNAVAILABLE after the "
           "in-flight ones finished, before the socket closes.");
+ABSL_FLAG(int64_t, testonly_verify_block_delay_ms, 0,
+          "Tests only: Verify sleeps this long per block.");
 ABSL_FLAG(int64_t, drain_timeout_s, 30,
           "On SIGTERM, how long in-flight calls may run before cancellation.");
 
@@ -149,6 +151,8 @@ int main(int argc, char** argv) {
   options.reap_interval =
       absl::Milliseconds(absl::GetFlag(FLAGS_reap_interval_ms));
   options.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
+  options.service.verify_block_delay =
+      absl::Milliseconds(absl::GetFlag(FLAGS_testonly_verify_block_delay_ms));
   options.drain_grace = absl::Milliseconds(absl::GetFlag(FLAGS_drain_grace_ms));
   if (options.sessions.default_lease <= absl::ZeroDuration() ||
       options.reap_interval <= absl::ZeroDuration()) {

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "server/version.h"
+#include "server/error_details.h"
 #include "server/logging.h"
 #include "spdlog/spdlog.h"
 
@@ -71,9 +72,7 @@ std::vector<std::string> KVCacheService::RpcNames() {
 }
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
+  return ToGrpcStatusWithDetails(status);  // + google.rpc.BadRequest
 }
 
 absl::Status CheckAlive(const grpc::ServerContext* ctx) {

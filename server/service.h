@@ -32,6 +32,9 @@ struct ServiceOptions {
   // Where calls are counted (the daemon shares it with its backend and the
   // /metrics page); null = the service keeps its own.
   ServerMetrics* metrics = nullptr;
+  // Tests only: Verify sleeps this long per block, so a test can make a
+  // scan outlast a client's deadline without a large pool.
+  absl::Duration verify_block_delay = absl::ZeroDuration();
 };
 
 enum class Rpc : int {

@@ -137,6 +137,7 @@ absl::Status KVCacheService::DoVerify(
   int64_t done = 0;
   for (int64_t layer : layers) {
     for (int64_t block = 0; block < l.num_blocks; ++block) {
+      absl::SleepFor(options_.verify_block_delay);  // tests only
       RETURN_IF_ERROR(CheckAlive(ctx));
       RETURN_IF_ERROR(ReadBlock(backend_, **pool, layer, block, &host));
       const uint64_t sum = XXH3_64bits(host.data(), host.size());

@@ -1,11 +1,8 @@
-// The kvdepot release version, reported by Stats and /metrics.
+// The kvdepot release version, reported by Stats and /metrics (defined in
+// common/version.h so kvcachectl reports the same).
 #ifndef KVDEPOT_SERVER_VERSION_H_
 #define KVDEPOT_SERVER_VERSION_H_
 
-namespace kvdepot {
-
-inline constexpr char kKvdepotVersion[] = "0.1.0";
-
-}  // namespace kvdepot
+#include "common/version.h"
 
 #endif  // KVDEPOT_SERVER_VERSION_H_

@@ -12,6 +12,7 @@ KVDEPOT_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libxxhash-dev
   libcpp-httplib-dev libssl-dev zlib1g-dev libbrotli-dev
+  nlohmann-json3-dev
 )
 
 # Test-only: the Python client's tests (grpcio, protobuf), promtool

@@ -21,19 +21,20 @@ const CommandSpec kDrainSpec{
 int RunDrainCommand(const Args& args, std::ostream& out, std::ostream& err) {
   ParsedArgs parsed;
   DaemonCall call;
-  if (int rc = ParseAndConnect(kDrainSpec, args, out, err, &parsed, &call);
+  if (int rc = ParseDaemonArgs(kDrainSpec, args, out, err, &parsed, &call);
       rc >= 0) {
     return rc;
   }
   if (!parsed.positional().empty()) {
     return UsageError("drain takes no arguments", kDrainSpec, err);
   }
+  if (int rc = Connect(&call, err); rc >= 0) return rc;
   v1::DrainResponse r;
   std::unique_ptr<grpc::ClientContext> ctx = call.Context();
   grpc::Status s = call.client->stub()->Drain(ctx.get(), {}, &r);
   if (!s.ok()) return Fail(FromGrpcStatus(s), err);
-  if (call.json) {
-    out << ToJson(r) << "\n";
+  if (call.structured()) {
+    PrintProto(r, call, out);
     return kExitOk;
   }
   PrintTable({{"draining:", r.started() ? "started now" : "already draining"},

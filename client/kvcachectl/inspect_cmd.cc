@@ -27,7 +27,7 @@ std::string Num(float v) { return absl::StrFormat("%g", v); }
 int RunInspectCommand(const Args& args, std::ostream& out, std::ostream& err) {
   ParsedArgs parsed;
   DaemonCall call;
-  if (int rc = ParseAndConnect(kInspectSpec, args, out, err, &parsed, &call);
+  if (int rc = ParseDaemonArgs(kInspectSpec, args, out, err, &parsed, &call);
       rc >= 0) {
     return rc;
   }
@@ -62,12 +62,13 @@ int RunInspectCommand(const Args& args, std::ostream& out, std::ostream& err) {
   } else {
     r.set_block(*t);
   }
+  if (int rc = Connect(&call, err); rc >= 0) return rc;
   v1::InspectResponse resp;
   std::unique_ptr<grpc::ClientContext> ctx = call.Context();
   grpc::Status s = call.client->stub()->Inspect(ctx.get(), r, &resp);
   if (!s.ok()) return Fail(FromGrpcStatus(s), err);
-  if (call.json) {
-    out << ToJson(resp) << "\n";
+  if (call.structured()) {
+    PrintProto(resp, call, out);
     return kExitOk;
   }
   const v1::PoolLayout& l = resp.layout();

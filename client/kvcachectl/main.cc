@@ -8,6 +8,7 @@
 #include "client/kvcachectl/args.h"
 #include "client/kvcachectl/commands.h"
 #include "client/kvcachectl/format_cmd.h"
+#include "common/version.h"
 
 namespace {
 
@@ -26,9 +27,11 @@ constexpr char kTopHelp[] =
     "  drain    stop accepting new work; report in-flight requests\n"
     "  format   offline tools for the byte contract: list, layout, encode,\n"
     "           decode (no daemon needed)\n"
+    "  version  print kvcachectl's version (also --version)\n"
     "\n"
     "Daemon commands take --addr ADDR (/path, unix:/path or host:port;\n"
-    "default: the daemon's default socket), -o table|json, --timeout 5s.\n"
+    "default: $KVDEPOT_ADDR, else the daemon's default socket),\n"
+    "-o table|json|yaml and --timeout 5s (verify: no deadline).\n"
     "\n"
     "Run `kvcachectl COMMAND --help` for a command's usage.\n"
     "Exit codes: 0 ok, 1 request failed, 2 usage error, 3 daemon "
@@ -47,6 +50,18 @@ int main(int argc, char** argv) {
   args.erase(args.begin());
   if (command == "--help" || command == "-h" || command == "help") {
     std::cout << kTopHelp;
+    return kvdepot::ctl::kExitOk;
+  }
+  if (command == "--version" || command == "version") {
+    if (!args.empty() && args[0] != "--help" && args[0] != "-h") {
+      std::cerr << "error: version takes no arguments\n";
+      return kvdepot::ctl::kExitUsage;
+    }
+    if (!args.empty()) {
+      std::cout << "Usage: kvcachectl version\n\nPrints the version.\n";
+    } else {
+      std::cout << "kvcachectl " << kvdepot::kKvdepotVersion << "\n";
+    }
     return kvdepot::ctl::kExitOk;
   }
   using Command =

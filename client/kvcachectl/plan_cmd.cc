@@ -152,7 +152,7 @@ absl::Status FromFlags(const ParsedArgs& p, Sequences* s) {
 int RunPlanCommand(const Args& args, std::ostream& out, std::ostream& err) {
   ParsedArgs parsed;
   DaemonCall call;
-  if (int rc = ParseAndConnect(kPlanSpec, args, out, err, &parsed, &call);
+  if (int rc = ParseDaemonArgs(kPlanSpec, args, out, err, &parsed, &call);
       rc >= 0) {
     return rc;
   }
@@ -184,20 +184,22 @@ int RunPlanCommand(const Args& args, std::ostream& out, std::ostream& err) {
   sp->set_max_blocks_per_seq(static_cast<int64_t>(width));
   EncodeInt32s(table, sp->mutable_block_table());
   sp->set_compress_ratio(static_cast<int32_t>(seqs.compress_ratio));
+  if (int rc = Connect(&call, err); rc >= 0) return rc;
   absl::StatusOr<v1::BuildPlanResponse> plan = call.client->BuildPlan(r);
   if (!plan.ok()) return Fail(plan.status(), err);
   const std::vector<int32_t> segs = ReadInt32s(plan->plan().segments());
   const std::vector<int32_t> cu = ReadInt32s(plan->cu_rows());
-  if (call.json) {
-    std::vector<std::string> rows;
+  if (call.structured()) {
+    Json rows = Json::array();
     for (size_t i = 0; i + 3 < segs.size(); i += 4) {
-      rows.push_back(absl::StrCat("[", segs[i], ",", segs[i + 1], ",",
-                                  segs[i + 2], ",", segs[i + 3], "]"));
+      rows.push_back({segs[i], segs[i + 1], segs[i + 2], segs[i + 3]});
     }
-    out << "{\"total_k\":" << plan->plan().total_k()
-        << ",\"num_segments\":" << plan->plan().num_segments()
-        << ",\"segments\":[" << absl::StrJoin(rows, ",") << "],\"cu_rows\":["
-        << absl::StrJoin(cu, ",") << "]}\n";
+    Json j = Json::object();
+    j["total_k"] = plan->plan().total_k();
+    j["num_segments"] = plan->plan().num_segments();
+    j["segments"] = std::move(rows);
+    j["cu_rows"] = cu;
+    PrintJson(j, call, out);
     return kExitOk;
   }
   std::vector<std::vector<std::string>> rows = {

@@ -84,17 +84,18 @@ void PrintPool(const v1::PoolInfo& p, std::ostream& out) {
 int List(const Args& args, std::ostream& out, std::ostream& err) {
   ParsedArgs parsed;
   DaemonCall call;
-  if (int rc = ParseAndConnect(kListSpec, args, out, err, &parsed, &call);
+  if (int rc = ParseDaemonArgs(kListSpec, args, out, err, &parsed, &call);
       rc >= 0) {
     return rc;
   }
   if (!parsed.positional().empty()) {
     return UsageError("pool list takes no arguments", kListSpec, err);
   }
+  if (int rc = Connect(&call, err); rc >= 0) return rc;
   absl::StatusOr<v1::ListPoolsResponse> pools = call.client->ListPools();
   if (!pools.ok()) return Fail(pools.status(), err);
-  if (call.json) {
-    out << ToJson(*pools) << "\n";
+  if (call.structured()) {
+    PrintProto(*pools, call, out);
     return kExitOk;
   }
   std::vector<std::vector<std::string>> rows = {kPoolHeader};
@@ -106,18 +107,19 @@ int List(const Args& args, std::ostream& out, std::ostream& err) {
 int Get(const Args& args, std::ostream& out, std::ostream& err) {
   ParsedArgs parsed;
   DaemonCall call;
-  if (int rc = ParseAndConnect(kGetSpec, args, out, err, &parsed, &call);
+  if (int rc = ParseDaemonArgs(kGetSpec, args, out, err, &parsed, &call);
       rc >= 0) {
     return rc;
   }
   if (parsed.positional().size() != 1) {
     return UsageError("pool get takes one pool NAME", kGetSpec, err);
   }
+  if (int rc = Connect(&call, err); rc >= 0) return rc;
   absl::StatusOr<v1::PoolInfo> pool =
       call.client->GetPool(parsed.positional()[0]);
   if (!pool.ok()) return Fail(pool.status(), err);
-  if (call.json) {
-    out << ToJson(*pool) << "\n";
+  if (call.structured()) {
+    PrintProto(*pool, call, out);
   } else {
     PrintPool(*pool, out);
   }
@@ -127,7 +129,7 @@ int Get(const Args& args, std::ostream& out, std::ostream& err) {
 int Create(const Args& args, std::ostream& out, std::ostream& err) {
   ParsedArgs parsed;
   DaemonCall call;
-  if (int rc = ParseAndConnect(kCreateSpec, args, out, err, &parsed, &call);
+  if (int rc = ParseDaemonArgs(kCreateSpec, args, out, err, &parsed, &call);
       rc >= 0) {
     return rc;
   }
@@ -163,10 +165,11 @@ int Create(const Args& args, std::ostream& out, std::ostream& err) {
   r.set_block_size(block_size);
   r.set_num_blocks(num_blocks);
   r.set_num_layers(num_layers);
+  if (int rc = Connect(&call, err); rc >= 0) return rc;
   absl::StatusOr<v1::PoolInfo> pool = call.client->CreatePool(r);
   if (!pool.ok()) return Fail(pool.status(), err);
-  if (call.json) {
-    out << ToJson(*pool) << "\n";
+  if (call.structured()) {
+    PrintProto(*pool, call, out);
   } else {
     out << "pool \"" << pool->name() << "\" created\n";
     PrintPool(*pool, out);
@@ -177,19 +180,20 @@ int Create(const Args& args, std::ostream& out, std::ostream& err) {
 int Delete(const Args& args, std::ostream& out, std::ostream& err) {
   ParsedArgs parsed;
   DaemonCall call;
-  if (int rc = ParseAndConnect(kDeleteSpec, args, out, err, &parsed, &call);
+  if (int rc = ParseDaemonArgs(kDeleteSpec, args, out, err, &parsed, &call);
       rc >= 0) {
     return rc;
   }
   if (parsed.positional().size() != 1) {
     return UsageError("pool delete takes one pool NAME", kDeleteSpec, err);
   }
+  if (int rc = Connect(&call, err); rc >= 0) return rc;
   const std::string& name = parsed.positional()[0];
   if (absl::Status s = call.client->DeletePool(name); !s.ok()) {
     return Fail(s, err);
   }
-  if (call.json) {
-    out << "{\"deleted\":\"" << name << "\"}\n";
+  if (call.structured()) {
+    PrintJson(Json{{"deleted", name}}, call, out);
   } else {
     out << "pool \"" << name << "\" deleted\n";
   }

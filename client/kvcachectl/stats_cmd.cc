@@ -41,17 +41,18 @@ std::string Quantile(const v1::StatsResponse& s, const v1::RpcStats& r,
 int RunStatsCommand(const Args& args, std::ostream& out, std::ostream& err) {
   ParsedArgs parsed;
   DaemonCall call;
-  if (int rc = ParseAndConnect(kStatsSpec, args, out, err, &parsed, &call);
+  if (int rc = ParseDaemonArgs(kStatsSpec, args, out, err, &parsed, &call);
       rc >= 0) {
     return rc;
   }
   if (!parsed.positional().empty()) {
     return UsageError("stats takes no arguments", kStatsSpec, err);
   }
+  if (int rc = Connect(&call, err); rc >= 0) return rc;
   absl::StatusOr<v1::StatsResponse> s = call.client->Stats();
   if (!s.ok()) return Fail(s.status(), err);
-  if (call.json) {
-    out << ToJson(*s) << "\n";
+  if (call.structured()) {
+    PrintProto(*s, call, out);
     return kExitOk;
   }
   const bool all = parsed.Get("all") == "true";

@@ -70,13 +70,14 @@ std::string Uptime(int64_t s) { return absl::FormatDuration(absl::Seconds(s)); }
 int RunStatusCommand(const Args& args, std::ostream& out, std::ostream& err) {
   ParsedArgs parsed;
   DaemonCall call;
-  if (int rc = ParseAndConnect(kStatusSpec, args, out, err, &parsed, &call);
+  if (int rc = ParseDaemonArgs(kStatusSpec, args, out, err, &parsed, &call);
       rc >= 0) {
     return rc;
   }
   if (!parsed.positional().empty()) {
     return UsageError("status takes no arguments", kStatusSpec, err);
   }
+  if (int rc = Connect(&call, err); rc >= 0) return rc;
   absl::StatusOr<int> health = HealthCheck(call);
   if (!health.ok()) {
     err << "error: health check failed: " << health.status().message() << "\n";
@@ -92,19 +93,20 @@ int RunStatusCommand(const Args& args, std::ostream& out, std::ostream& err) {
   const int64_t ping_us = absl::ToInt64Microseconds(absl::Now() - ping_start);
   absl::StatusOr<v1::StatsResponse> stats = call.client->Stats();
   absl::StatusOr<v1::ListPoolsResponse> pools = call.client->ListPools();
-  if (call.json) {
-    std::string j = absl::StrCat("{\"health\":\"", HealthName(*health),
-                                 "\",\"serving\":", serving ? "true" : "false");
-    if (ping.ok()) absl::StrAppend(&j, ",\"ping_us\":", ping_us);
+  if (call.structured()) {
+    Json j = Json::object();
+    j["health"] = HealthName(*health);
+    j["serving"] = serving;
+    if (ping.ok()) j["ping_us"] = ping_us;
     if (stats.ok()) {
       v1::StatsResponse brief = *stats;
       brief.clear_rpcs();
       brief.clear_latency_bounds_us();
       brief.clear_rejections();
-      absl::StrAppend(&j, ",\"stats\":", ToJson(brief));
+      j["stats"] = ProtoToJson(brief);
     }
-    if (pools.ok()) absl::StrAppend(&j, ",\"pools\":", ToJson(*pools));
-    out << j << "}\n";
+    if (pools.ok()) j["pools"] = ProtoToJson(*pools)["pools"];
+    PrintJson(j, call, out);
   } else {
     std::vector<std::vector<std::string>> rows = {
         {"health:", HealthName(*health)}};

@@ -20,15 +20,14 @@ const CommandSpec kVerifySpec{
     "and NaN/Inf in the decoded data, and computes an XXH3-64 checksum per\n"
     "block and over the pool, so two scans can be compared. Exit 1 when a\n"
     "block has a problem (each one is named). A progress bar goes to a\n"
-    "terminal's stderr. --timeout bounds the whole scan (default 5s; raise\n"
-    "it for large pools).",
+    "terminal's stderr. The scan has no deadline however large the pool\n"
+    "(--timeout sets one); Ctrl-C stops it.",
     DaemonFlags(
         {{"layers", "layers to scan, e.g. 0,2 (default: all)", ""},
          {"checksums", "print every block's checksum", "",
           /*is_bool=*/true},
-         {"progress_every", "blocks per progress message (0: auto)", "0"}})};
-
-std::string Hex(uint64_t v) { return absl::StrFormat("%016x", v); }
+         {"progress_every", "blocks per progress message (0: auto)", "0"}},
+        /*streaming=*/true)};
 
 void DrawBar(int64_t done, int64_t total, std::ostream& err) {
   constexpr int kWidth = 40;
@@ -42,7 +41,7 @@ void DrawBar(int64_t done, int64_t total, std::ostream& err) {
 int RunVerifyCommand(const Args& args, std::ostream& out, std::ostream& err) {
   ParsedArgs parsed;
   DaemonCall call;
-  if (int rc = ParseAndConnect(kVerifySpec, args, out, err, &parsed, &call);
+  if (int rc = ParseDaemonArgs(kVerifySpec, args, out, err, &parsed, &call);
       rc >= 0) {
     return rc;
   }
@@ -67,7 +66,8 @@ int RunVerifyCommand(const Args& args, std::ostream& out, std::ostream& err) {
   if (!every.ok())
     return UsageError(every.status().message(), kVerifySpec, err);
   r.set_progress_every(*every);
-  const bool bar = !call.json && isatty(STDERR_FILENO);
+  if (int rc = Connect(&call, err); rc >= 0) return rc;
+  const bool bar = !call.structured() && isatty(STDERR_FILENO);
 
   std::unique_ptr<grpc::ClientContext> ctx = call.Context();
   std::unique_ptr<grpc::ClientReader<v1::VerifyProgress>> reader =
@@ -88,34 +88,26 @@ int RunVerifyCommand(const Args& args, std::ostream& out, std::ostream& err) {
     err << "error: the scan ended without a summary\n";
     return kExitFailed;
   }
-  if (call.json) {
-    std::vector<std::string> is, cs;
-    for (const auto& x : issues) {
-      is.push_back(absl::StrCat(
-          "{\"layer\":", x.layer(), ",\"block\":", x.block(),
-          ",\"slot\":", x.slot(), ",\"bad_scales\":", x.bad_scales(),
-          ",\"nan_values\":", x.nan_values(), ",\"inf_values\":",
-          x.inf_values(), ",\"detail\":\"", x.detail(), "\"}"));
-    }
-    for (const auto& x : sums) {
-      cs.push_back(absl::StrCat("{\"layer\":", x.layer(),
-                                ",\"block\":", x.block(), ",\"xxh3\":\"",
-                                Hex(x.xxh3()), "\"}"));
-    }
-    out << "{\"pool\":\"" << r.pool()
-        << "\",\"blocks_total\":" << last.blocks_total()
-        << ",\"blocks_with_issues\":" << last.blocks_with_issues()
-        << ",\"bad_scales\":" << last.bad_scales()
-        << ",\"nan_values\":" << last.nan_values()
-        << ",\"inf_values\":" << last.inf_values() << ",\"pool_xxh3\":\""
-        << Hex(last.pool_xxh3()) << "\",\"issues\":[" << absl::StrJoin(is, ",")
-        << "],\"checksums\":[" << absl::StrJoin(cs, ",") << "]}\n";
+  if (call.structured()) {
+    Json j = Json::object();
+    j["pool"] = r.pool();
+    j["blocks_total"] = last.blocks_total();
+    j["blocks_with_issues"] = last.blocks_with_issues();
+    j["bad_scales"] = last.bad_scales();
+    j["nan_values"] = last.nan_values();
+    j["inf_values"] = last.inf_values();
+    j["pool_xxh3"] = HashHex(last.pool_xxh3());
+    j["issues"] = Json::array();
+    for (const auto& x : issues) j["issues"].push_back(ProtoToJson(x));
+    j["checksums"] = Json::array();
+    for (const auto& x : sums) j["checksums"].push_back(ProtoToJson(x));
+    PrintJson(j, call, out);
   } else {
     if (parsed.Get("checksums") == "true") {
       std::vector<std::vector<std::string>> rows = {{"LAYER", "BLOCK", "XXH3"}};
       for (const auto& x : sums) {
         rows.push_back(
-            {absl::StrCat(x.layer()), absl::StrCat(x.block()), Hex(x.xxh3())});
+            {absl::StrCat(x.layer()), absl::StrCat(x.block()), HashHex(x.xxh3())});
       }
       PrintTable(rows, out);
       out << "\n";
@@ -140,7 +132,7 @@ int RunVerifyCommand(const Args& args, std::ostream& out, std::ostream& err) {
          {"problems:",
           absl::StrCat(last.bad_scales(), " bad scales, ", last.nan_values(),
                        " NaN, ", last.inf_values(), " Inf")},
-         {"checksum:", absl::StrCat("xxh3 ", Hex(last.pool_xxh3()))}},
+         {"checksum:", absl::StrCat("xxh3 ", HashHex(last.pool_xxh3()))}},
         out);
   }
   if (last.blocks_with_issues() > 0) {

@@ -7,7 +7,11 @@ and change after a write; status exits 0 / 1 (draining) / 3 (no daemon);
 /metrics is scraped during traffic and validated by `promtool check
 metrics`.
 
-Usage (Bazel passes these): ops_test.py KVDEPOT KVCACHECTL TRAFFIC
+Every -o json output is checked against the schema table of
+docs/OPERATING.md ("JSON output"): each field documented, one type per
+field name across all commands.
+
+Usage (Bazel passes these): ops_test.py KVDEPOT KVCACHECTL TRAFFIC OPERATING_MD
 """
 
 import json
@@ -26,7 +30,8 @@ import time
 import unittest
 import urllib.request
 
-KVDEPOT, KVCACHECTL, TRAFFIC = (os.path.abspath(p) for p in sys.argv[1:4])
+KVDEPOT, KVCACHECTL, TRAFFIC, OPERATING_MD = (
+    os.path.abspath(p) for p in sys.argv[1:5])
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 
 
@@ -105,6 +110,62 @@ def poke(sock, info, offset, payload):
         m.close()
 
 
+def load_schema():
+    """{field: type} from the json-schema table of docs/OPERATING.md."""
+    with open(OPERATING_MD) as f:
+        text = f.read()
+    table = text.split("<!-- json-schema: begin")[1].split(
+        "<!-- json-schema: end -->")[0]
+    return dict(re.findall(r"^\| `(\w+)` \| ([^|]+?) \|", table, re.M))
+
+
+def json_type(v):
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int):
+        return "integer"
+    if isinstance(v, float):
+        return "float"
+    if isinstance(v, dict):
+        return "object"
+    if isinstance(v, list):
+        return "array"
+    return "string"
+
+
+def matches(value, typ):
+    if typ.startswith("array of "):
+        return isinstance(value, list) and all(
+            matches(x, typ[len("array of "):]) for x in value)
+    if typ == "float":
+        return (json_type(value) in ("integer", "float") or
+                value in ("NaN", "Infinity", "-Infinity"))
+    if typ == "hex64":
+        return isinstance(value, str) and re.fullmatch(r"[0-9a-f]{16}", value)
+    if typ == "hex":
+        return isinstance(value, str) and re.fullmatch(r"([0-9a-f]{2})*", value)
+    return json_type(value) == typ
+
+
+def check_schema(test, command, tree, schema):
+    """Every field of `tree` is in `schema` with a value of its type."""
+    if isinstance(tree, list):
+        for x in tree:
+            check_schema(test, command, x, schema)
+        return
+    if not isinstance(tree, dict):
+        return
+    for k, v in tree.items():
+        test.assertIn(k, schema, "%s: field %r is not in OPERATING.md's "
+                      "JSON schema" % (command, k))
+        test.assertTrue(matches(v, schema[k]), "%s: %s = %r is not %s" % (
+            command, k, v, schema[k]))
+        check_schema(test, command, v, schema)
+
+
+JSON_SEEN = []  # (command, parsed output) of every -o json call
+
+
 class OpsTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -121,7 +182,9 @@ class OpsTest(unittest.TestCase):
         return out
 
     def ctl_json(self, *args):
-        return json.loads(self.ctl_ok(*args, "-o", "json"))
+        j = json.loads(self.ctl_ok(*args, "-o", "json"))
+        JSON_SEEN.append((args, j))
+        return j
 
     def test_all(self):
         # One daemon, one ordered story (drain must come last).
@@ -135,6 +198,18 @@ class OpsTest(unittest.TestCase):
         self.check_metrics_during_traffic()
         self.check_stats()
         self.check_drain_and_exit_codes()
+        self.check_json_schema()
+
+    def check_json_schema(self):
+        schema = load_schema()
+        self.assertIn("xxh3", schema)
+        commands = {args[0] if args[0] != "pool" else "pool " + args[1]
+                    for args, _ in JSON_SEEN}
+        self.assertTrue({"status", "pool create", "pool list", "pool get",
+                         "pool delete", "plan", "verify", "inspect", "stats",
+                         "drain"} <= commands, commands)
+        for args, tree in JSON_SEEN:
+            check_schema(self, " ".join(args), tree, schema)
 
     def check_help(self):
         for cmd in (["status"], ["pool"], ["pool", "list"], ["pool", "get"],
@@ -148,9 +223,9 @@ class OpsTest(unittest.TestCase):
         self.assertIn('unknown flag "--bogus"', err)
         rc, _, err = ctl("frobnicate")
         self.assertEqual(rc, 2)
-        rc, _, err = ctl("status", "-o", "yaml", *self.addr)
+        rc, _, err = ctl("status", "-o", "xml", *self.addr)
         self.assertEqual(rc, 2)
-        self.assertIn('--output = "yaml" is not table or json', err)
+        self.assertIn('--output = "xml" is not table, json or yaml', err)
 
     def check_status_serving(self):
         out = self.ctl_ok("status")
@@ -233,6 +308,9 @@ class OpsTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         a = self.ctl_json("verify", "mx")
         b = self.ctl_json("verify", "mx")
+        # -o yaml is the same tree (a hash stays a string).
+        out = self.ctl_ok("verify", "mx", "-o", "yaml")
+        self.assertIn('\npool_xxh3: "%s"\n' % a["pool_xxh3"], out)
         self.assertEqual(a["blocks_total"], 10)
         self.assertEqual(a["blocks_with_issues"], 0)
         self.assertEqual(len(a["checksums"]), 10)
@@ -338,6 +416,13 @@ class OpsTest(unittest.TestCase):
             rc, out, err = ctl(*args, *self.addr)
             self.assertEqual(rc, 1, (args, out, err))
             self.assertIn(message, err, args)
+        # The field path travels as a google.rpc.BadRequest in the status
+        # details; kvcachectl prints it under the message.
+        rc, _, err = ctl("inspect", "mx", "--layer", "2", "--slot", "0",
+                         *self.addr)
+        self.assertIn("\n  field layer: layer = 2 is outside [0, 2)", err)
+        rc, _, err = ctl("verify", "mx", "--layers", "0,7", *self.addr)
+        self.assertIn("\n  field layers[1]: layers[1] = 7", err)
         rc, _, err = ctl("inspect", "mx", "--layer", "0", *self.addr)
         self.assertEqual(rc, 2)
         self.assertIn("exactly one of --slot and --block", err)
