@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "kernels/named_formats.h"
 
 namespace kvdepot {
 namespace {
@@ -20,35 +21,13 @@ struct NamedEntry {
   KVCacheFormat format;  // bf16_elements filled in for kBf16
 };
 
-constexpr KVCacheFormat kV41Format{QuantDtype::kE4M3,   512, 32, 0, true,
-                                   ScaleFormat::kUE8M0, true};
-constexpr KVCacheFormat kV41Fp4Format{QuantDtype::kE2M1,  512, 16, 0, true,
-                                      ScaleFormat::kE4M3, true};
-constexpr KVCacheFormat kFp4IndexFormat{QuantDtype::kE2M1,   128,  32, 0, false,
-                                        ScaleFormat::kUE8M0, false};
-constexpr KVCacheFormat kFp8Fp32SfIndexFormat{
-    QuantDtype::kE4M3, 128, 128, 0, false, ScaleFormat::kFP32, false};
-constexpr KVCacheFormat kMxfp8IndexFormat{
-    QuantDtype::kE4M3, 128, 32, 0, false, ScaleFormat::kUE8M0, false};
-
-static_assert(kV41Format.bytes_per_token() == 528);
-static_assert(kV41Fp4Format.bytes_per_token() == 288);
-static_assert(kFp4IndexFormat.bytes_per_token() == 68);
-static_assert(kFp8Fp32SfIndexFormat.bytes_per_token() == 132);
-static_assert(kMxfp8IndexFormat.bytes_per_token() == 132);
-
 constexpr NamedEntry kQuantizedFormats[] = {
-    {FormatId::kV41, "V41", kV41Format},
-    {FormatId::kV41Fp4, "V41_FP4", kV41Fp4Format},
-    {FormatId::kFp4Index, "FP4_INDEX", kFp4IndexFormat},
-    {FormatId::kFp8Fp32SfIndex, "FP8_FP32SF_INDEX", kFp8Fp32SfIndexFormat},
-    {FormatId::kMxfp8Index, "MXFP8_INDEX", kMxfp8IndexFormat},
+    {FormatId::kV41, "V41", kFormatV41},
+    {FormatId::kV41Fp4, "V41_FP4", kFormatV41Fp4},
+    {FormatId::kFp4Index, "FP4_INDEX", kFormatFp4Index},
+    {FormatId::kFp8Fp32SfIndex, "FP8_FP32SF_INDEX", kFormatFp8Fp32SfIndex},
+    {FormatId::kMxfp8Index, "MXFP8_INDEX", kFormatMxfp8Index},
 };
-
-constexpr KVCacheFormat Bf16Format(int32_t n) {
-  return KVCacheFormat{QuantDtype::kNone,  0,    0, n, true,
-                       ScaleFormat::kNone, false};
-}
 
 }  // namespace
 

@@ -1,6 +1,7 @@
 // Host-side helpers of the byte contract: validated construction of
-// KVCacheFormat and PoolLayout, the named formats of SPEC §2, and resolution
-// of a format from a byte width.
+// KVCacheFormat and PoolLayout, the named formats of SPEC §2 by id and name
+// (their constants are in named_formats.h), and resolution of a format from
+// a byte width.
 #ifndef KVDEPOT_KERNELS_FORMAT_HOST_H_
 #define KVDEPOT_KERNELS_FORMAT_HOST_H_
 
@@ -13,23 +14,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "kernels/format.h"
+#include "kernels/named_formats.h"
 
 namespace kvdepot {
-
-// The supported formats; names are part of the API ("V41", "BF16(512)").
-enum class FormatId : uint8_t {
-  kV41 = 0,             // main / SWA: e4m3 x 512, group 32, ue8m0, 528 B
-  kV41Fp4 = 1,          // main: e2m1 x 512, group 16, e4m3 scale, 288 B
-  kFp4Index = 2,        // index: e2m1 x 128, group 32, ue8m0, 68 B
-  kFp8Fp32SfIndex = 3,  // index: e4m3 x 128, group 128, fp32, 132 B
-  kMxfp8Index = 4,      // index: e4m3 x 128, group 32, ue8m0, 132 B
-  kBf16 = 5,            // BF16(N): N even >= 2, 2N B
-};
-
-inline constexpr FormatId kAllFormatIds[] = {
-    FormatId::kV41,        FormatId::kV41Fp4,
-    FormatId::kFp4Index,   FormatId::kFp8Fp32SfIndex,
-    FormatId::kMxfp8Index, FormatId::kBf16};
 
 // Validates the field rules of SPEC §2; the message names the failing rule.
 absl::Status ValidateFormat(const KVCacheFormat& format);

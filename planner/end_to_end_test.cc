@@ -1,11 +1,12 @@
-// The planner end to end through the CPU reference (kernels/reference.h):
-// BF16(4) pools hold tokens whose values encode {sequence, position, kind},
-// exactly. A prefill batch is planned and loaded into one buffer with the
-// SPEC §6 layout; every query row's SWA index (expand_swa_index of the
-// pivots) and its causal compressed index (kv_index_cat) must point at
-// exactly the keys its window allows, and those rows must hold those
-// tokens. Then the chunk is stored through the SWA store slots and the SWA
-// decode index of each sequence's last token is read back from the ring.
+// The planner end to end through the CPU reference
+// (kernels/reference/reference.h): BF16(4) pools hold tokens whose values
+// encode {sequence, position, kind}, exactly. A prefill batch is planned and
+// loaded into one buffer with the SPEC §6 layout; every query row's SWA index
+// (expand_swa_index of the pivots) and its causal compressed index
+// (kv_index_cat) must point at exactly the keys its window allows, and those
+// rows must hold those tokens. Then the chunk is stored through the SWA store
+// slots and the SWA decode index of each sequence's last token is read back
+// from the ring.
 #include <cstdint>
 #include <cstring>
 #include <numeric>
@@ -15,7 +16,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/format_host.h"
-#include "kernels/reference.h"
+#include "kernels/reference/reference.h"
 #include "planner/plan.h"
 #include "planner/test_util.h"
 

@@ -1,6 +1,7 @@
 // BlockLoadPlanBuilder: accumulates a segment-load plan (SPEC §5, §6).
 //
-// A plan is segments[S][4] int32, flattened row-major:
+// A plan is segments[S][4] int32, flattened row-major (an array of the
+// contract's Segment, kernels/store_load.h):
 //
 //   +--------------+-----------+---------+------------+
 //   | src_block_id | src_begin | src_end | dst_offset |   one segment
@@ -23,11 +24,9 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "kernels/store_load.h"  // Segment, kSegmentFields
 
 namespace kvdepot {
-
-// Fields of one segment: {src_block_id, src_begin, src_end, dst_offset}.
-inline constexpr int kSegmentFields = 4;
 
 class BlockLoadPlanBuilder {
  public:

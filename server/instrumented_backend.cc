@@ -2,7 +2,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "kernels/reference.h"
+#include "kernels/store_load_host.h"
 
 namespace kvdepot {
 namespace {

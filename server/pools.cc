@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/format_host.h"
-#include "kernels/reference.h"
+#include "kernels/store_load_host.h"
 
 namespace kvdepot {
 namespace {

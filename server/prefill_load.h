@@ -18,7 +18,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/format.h"
-#include "kernels/reference.h"
+#include "kernels/reference/reference.h"
 #include "planner/batch.h"
 #include "planner/plan_builder.h"
 #include "planner/prefill_layout.h"

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/quant.h"
-#include "kernels/reference.h"
+#include "kernels/reference/reference.h"
 
 namespace kvdepot {
 namespace {

@@ -8,7 +8,7 @@
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "kernels/format_host.h"
-#include "kernels/reference.h"
+#include "kernels/reference/reference.h"
 
 namespace kvdepot {
 namespace {

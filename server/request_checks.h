@@ -10,7 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "kernels/format.h"
-#include "kernels/reference.h"
+#include "kernels/store_load.h"
 #include "kvdepot/v1/kvdepot.pb.h"
 #include "planner/plan.h"
 

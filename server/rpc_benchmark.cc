@@ -27,7 +27,7 @@
 #include "client/kvdepot_client.h"
 #include "kernels/format_host.h"
 #include "kernels/quant.h"
-#include "kernels/reference.h"
+#include "kernels/reference/reference.h"
 #include "proto/wire.h"
 #include "server/daemon.h"
 #include "spdlog/spdlog.h"

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/quant.h"
+#include "kernels/store_load_host.h"
 #include "planner/prefill_layout.h"
 #include "proto/wire.h"
 #include "server/data_refs.h"

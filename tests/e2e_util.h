@@ -12,7 +12,7 @@
 #include "absl/types/span.h"
 #include "client/kvdepot_client.h"
 #include "kernels/format.h"
-#include "kernels/reference.h"
+#include "kernels/reference/reference.h"
 #include "kvdepot/v1/kvdepot.pb.h"
 
 namespace kvdepot::testing {

@@ -15,7 +15,8 @@
 #include "kernels/format.h"
 #include "kernels/format_host.h"
 #include "kernels/quant.h"
-#include "kernels/reference.h"
+#include "kernels/reference/reference.h"
+#include "kernels/store_load_host.h"
 
 namespace kvdepot::ctl {
 namespace {

@@ -30,7 +30,7 @@
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/test_util.h"
 #include "kernels/format_host.h"
-#include "kernels/reference.h"
+#include "kernels/reference/reference.h"
 
 ABSL_FLAG(std::string, json, "", "write results as JSON to this file");
 ABSL_FLAG(int, iters, 20, "timed launches per bandwidth point");

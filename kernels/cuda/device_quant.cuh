@@ -15,26 +15,31 @@
 
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/format.h"
+#include "kernels/named_formats.h"
 #include "kernels/quant.h"
 
 namespace kvdepot::gpu::internal {
 
-// Compile-time description of a quantized format (one per Kind).
-template <QuantDtype D, int kE, int kG, ScaleFormat S, bool kInterleave>
+// Compile-time description of a quantized format, read from one of the
+// named format constants (named_formats.h): QFormat<kFormatV41>. The
+// KVCacheFormat itself is the template argument (a C++20 class-type
+// non-type template parameter: a structural literal type whose accessors
+// are KV_HD constexpr), so a format's fields are written once.
+template <KVCacheFormat F>
 struct QFormat {
-  static constexpr bool kInterleaved = kInterleave;  // [data | scales]
-  static constexpr QuantDtype kDtype = D;
-  static constexpr int kElems = kE;  // elements per token
-  static constexpr int kGroup = kG;  // elements per scale
-  static constexpr ScaleFormat kSf = S;
-  static constexpr int kLanesPerToken = kE / 16;  // 16 elements per lane
-  static constexpr int kLanesPerGroup = kG / 16;
-  static constexpr int kDataBytesPerLane = D == QuantDtype::kE2M1 ? 8 : 16;
-  static constexpr int kScaleBytes =
-      (kE / kG) * (S == ScaleFormat::kFP32 ? 4 : 1);
+  static_assert(F.quantized(), "QFormat is for the quantized formats");
+  static constexpr bool kInterleaved = F.token_interleaved;  // [data|scales]
+  static constexpr QuantDtype kDtype = F.quantized_dtype;
+  static constexpr int kElems = F.quantized_elements;  // elements per token
+  static constexpr int kGroup = F.elements_per_sf;     // elements per scale
+  static constexpr ScaleFormat kSf = F.sf_format;
+  static constexpr int kLanesPerToken = kElems / 16;  // 16 elements per lane
+  static constexpr int kLanesPerGroup = kGroup / 16;
+  static constexpr int kDataBytesPerLane = kDtype == QuantDtype::kE2M1 ? 8 : 16;
+  static constexpr int kScaleBytes = F.sf_bytes();
   static constexpr int kScaleWords = kScaleBytes / 4;  // 4-byte scale words
-  static constexpr int kDataBytes = kE * (D == QuantDtype::kE2M1 ? 4 : 8) / 8;
-  static_assert(kE % 16 == 0 && kG % 16 == 0 && kScaleBytes % 4 == 0);
+  static constexpr int kDataBytes = F.quantized_bytes();
+  static_assert(kElems % 16 == 0 && kGroup % 16 == 0 && kScaleBytes % 4 == 0);
 };
 
 // PoolLayout::data_offset / scale_offset with the format's sizes known at
@@ -58,16 +63,22 @@ __device__ __forceinline__ int64_t ScaleOffset(const PoolLayout& layout,
   }
 }
 
-using V41Format =
-    QFormat<QuantDtype::kE4M3, 512, 32, ScaleFormat::kUE8M0, true>;
-using V41Fp4Format =
-    QFormat<QuantDtype::kE2M1, 512, 16, ScaleFormat::kE4M3, true>;
-using Fp4IndexFormat =
-    QFormat<QuantDtype::kE2M1, 128, 32, ScaleFormat::kUE8M0, false>;
-using Fp8Fp32SfFormat =
-    QFormat<QuantDtype::kE4M3, 128, 128, ScaleFormat::kFP32, false>;
-using Mxfp8IndexFormat =
-    QFormat<QuantDtype::kE4M3, 128, 32, ScaleFormat::kUE8M0, false>;
+using V41Format = QFormat<kFormatV41>;
+using V41Fp4Format = QFormat<kFormatV41Fp4>;
+using Fp4IndexFormat = QFormat<kFormatFp4Index>;
+using Fp8Fp32SfFormat = QFormat<kFormatFp8Fp32SfIndex>;
+using Mxfp8IndexFormat = QFormat<kFormatMxfp8Index>;
+
+// The sizes the kernels were written for (data / scale bytes per token).
+static_assert(V41Format::kDataBytes == 512 && V41Format::kScaleBytes == 16);
+static_assert(V41Fp4Format::kDataBytes == 256 &&
+              V41Fp4Format::kScaleBytes == 32);
+static_assert(Fp4IndexFormat::kDataBytes == 64 &&
+              Fp4IndexFormat::kScaleBytes == 4);
+static_assert(Fp8Fp32SfFormat::kDataBytes == 128 &&
+              Fp8Fp32SfFormat::kScaleBytes == 4);
+static_assert(Mxfp8IndexFormat::kDataBytes == 128 &&
+              Mxfp8IndexFormat::kScaleBytes == 4);
 
 // Two fp32 -> two e4m3 codes (lo in bits 0-7) by the hardware. satfinite
 // never yields 0x7F/0xFF for a number, so a NaN result of either sign is

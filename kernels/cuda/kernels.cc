@@ -9,23 +9,24 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch_internal.h"
 #include "kernels/format_host.h"
+#include "kernels/named_formats.h"
+#include "kernels/store_load.h"
+#include "kernels/store_load_host.h"
 
 namespace kvdepot::gpu {
 namespace {
-
-using internal::Kind;
 
 internal::Launch ToLaunch(const LaunchOptions& options) {
   return {static_cast<cudaStream_t>(options.stream), options.pdl};
 }
 
-absl::StatusOr<Kind> KindOf(const KVCacheFormat& format) {
+absl::StatusOr<FormatId> FormatIdOf(const KVCacheFormat& format) {
   const std::optional<FormatId> id = IdentifyFormat(format);
   if (!id.has_value()) {
     return absl::InvalidArgumentError(
         "format is not one of the supported formats (SPEC §2)");
   }
-  return static_cast<Kind>(*id);  // the enums share their values
+  return *id;
 }
 
 absl::Status CheckLayout(const PoolLayout& layout) {
@@ -75,17 +76,6 @@ absl::Status CheckGrid(int64_t rows, int64_t width, absl::string_view what) {
     if (!kv_status_.ok()) return kv_status_; \
   } while (false)
 
-static_assert(
-    static_cast<int>(Kind::kV41) == static_cast<int>(FormatId::kV41) &&
-    static_cast<int>(Kind::kV41Fp4) == static_cast<int>(FormatId::kV41Fp4) &&
-    static_cast<int>(Kind::kFp4Index) ==
-        static_cast<int>(FormatId::kFp4Index) &&
-    static_cast<int>(Kind::kFp8Fp32Sf) ==
-        static_cast<int>(FormatId::kFp8Fp32SfIndex) &&
-    static_cast<int>(Kind::kMxfp8Index) ==
-        static_cast<int>(FormatId::kMxfp8Index) &&
-    static_cast<int>(Kind::kBf16) == static_cast<int>(FormatId::kBf16));
-
 }  // namespace
 
 absl::Status ValidateStore(const PoolLayout& layout,
@@ -101,8 +91,8 @@ absl::Status ValidateLoad(const PoolLayout& layout,
 absl::Status Store(const PoolLayout& layout, void* layer, const void* kv,
                    InputDtype dtype, const int32_t* slot_mapping,
                    int64_t num_tokens, const LaunchOptions& options) {
-  const absl::StatusOr<Kind> kind = KindOf(layout.format);
-  if (!kind.ok()) return kind.status();
+  const absl::StatusOr<FormatId> id = FormatIdOf(layout.format);
+  if (!id.ok()) return id.status();
   KV_RETURN_IF_ERROR(CheckLayout(layout));
   KV_RETURN_IF_ERROR(CheckCount(num_tokens, "num_tokens"));
   if (num_tokens == 0) return absl::OkStatus();
@@ -110,7 +100,7 @@ absl::Status Store(const PoolLayout& layout, void* layer, const void* kv,
   KV_RETURN_IF_ERROR(CheckPointer(kv, "kv", 16));
   KV_RETURN_IF_ERROR(CheckPointer(slot_mapping, "slot_mapping", 4));
   RETURN_IF_CUDA_ERROR(
-      internal::LaunchStore(*kind, layout, static_cast<uint8_t*>(layer), kv,
+      internal::LaunchStore(*id, layout, static_cast<uint8_t*>(layer), kv,
                             dtype == InputDtype::kFP32, slot_mapping,
                             num_tokens, options.hw_e4m3, ToLaunch(options)),
       "launching the store kernel");
@@ -121,8 +111,8 @@ absl::Status LoadSegments(const PoolLayout& layout, const void* layer,
                           const int32_t* segments, int64_t num_segments,
                           void* data, void* scales,
                           const LaunchOptions& options) {
-  const absl::StatusOr<Kind> kind = KindOf(layout.format);
-  if (!kind.ok()) return kind.status();
+  const absl::StatusOr<FormatId> id = FormatIdOf(layout.format);
+  if (!id.ok()) return id.status();
   KV_RETURN_IF_ERROR(CheckLayout(layout));
   KV_RETURN_IF_ERROR(CheckCount(num_segments, "num_segments"));
   if (num_segments == 0) return absl::OkStatus();
@@ -137,7 +127,7 @@ absl::Status LoadSegments(const PoolLayout& layout, const void* layer,
     KV_RETURN_IF_ERROR(CheckPointer(scales, "scales", 4));
   }
   RETURN_IF_CUDA_ERROR(
-      internal::LaunchLoad(*kind, layout, static_cast<const uint8_t*>(layer),
+      internal::LaunchLoad(*id, layout, static_cast<const uint8_t*>(layer),
                            segments, num_segments, data, scales,
                            ToLaunch(options)),
       "launching the segment-load kernel");

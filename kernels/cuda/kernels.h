@@ -5,8 +5,8 @@
 // The launchers take inputs that were already validated on the host (the
 // daemon has host copies of every untrusted array): they check only what is
 // cheap without reading device memory (formats, sizes, null and alignment)
-// and never read the arrays themselves. Validate* run the CPU reference's
-// checks, so host validation and the CPU backend share one implementation.
+// and never read the arrays themselves. Validate* run the contract's checks
+// (kernels/store_load_host.h), the same the CPU reference and the daemon run.
 //
 // Launches are asynchronous on the caller's stream. With options.pdl the
 // kernel is launched with Programmatic Dependent Launch: it may start while
@@ -20,7 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "kernels/format.h"
-#include "kernels/reference.h"
+#include "kernels/store_load.h"
 
 namespace kvdepot::gpu {
 
@@ -33,7 +33,7 @@ struct LaunchOptions {
   bool hw_e4m3 = true;
 };
 
-// Host-side validation, the CPU reference's own checks (reference.h).
+// Host-side validation, the contract's checks (store_load_host.h).
 //   slot_mapping: host copy, [n]; -1 = padding.
 absl::Status ValidateStore(const PoolLayout& layout,
                            absl::Span<const int32_t> slot_mapping);

@@ -1,7 +1,8 @@
 // The boundary between the host launchers (kernels.cc, plain C++ with absl)
 // and the CUDA translation units (*.cu, compiled by nvcc without absl). The
 // launchers validate and dispatch; the functions declared here only size the
-// grid and launch, and return the launch's cudaError_t.
+// grid and launch, and return the launch's cudaError_t. The format's FormatId
+// (named_formats.h), identified once per call on the host, picks the kernel.
 #ifndef KVDEPOT_KERNELS_CUDA_LAUNCH_INTERNAL_H_
 #define KVDEPOT_KERNELS_CUDA_LAUNCH_INTERNAL_H_
 
@@ -10,18 +11,9 @@
 #include <cstdint>
 
 #include "kernels/format.h"
+#include "kernels/named_formats.h"
 
 namespace kvdepot::gpu::internal {
-
-// The kernel family of a format; chosen once per call on the host.
-enum class Kind : uint8_t {
-  kV41 = 0,         // e4m3 x 512, group 32, ue8m0, interleaved
-  kV41Fp4 = 1,      // e2m1 x 512, group 16, e4m3 scale, interleaved
-  kFp4Index = 2,    // e2m1 x 128, group 32, ue8m0, block-split
-  kFp8Fp32Sf = 3,   // e4m3 x 128, group 128, fp32, block-split
-  kMxfp8Index = 4,  // e4m3 x 128, group 32, ue8m0, block-split
-  kBf16 = 5,        // BF16(N)
-};
 
 struct Launch {
   cudaStream_t stream = nullptr;
@@ -30,14 +22,14 @@ struct Launch {
 
 // kv: [n][elements] BF16 bits (fp32_input false) or float; slots: [n],
 // -1 = skip. REQUIRES: validated slots, n > 0, 16-byte aligned pointers.
-cudaError_t LaunchStore(Kind kind, const PoolLayout& layout, uint8_t* layer,
+cudaError_t LaunchStore(FormatId id, const PoolLayout& layout, uint8_t* layer,
                         const void* kv, bool fp32_input, const int32_t* slots,
                         int64_t n, bool hw_cvt, const Launch& launch);
 
 // segments: [S][4] {src_block_id, src_begin, src_end, dst_offset}, -1 block =
 // zero rows. data: [total_k][row bytes]; scales: [total_k] int32 (index
 // formats only). REQUIRES: validated plan, S > 0, 16-byte aligned pointers.
-cudaError_t LaunchLoad(Kind kind, const PoolLayout& layout,
+cudaError_t LaunchLoad(FormatId id, const PoolLayout& layout,
                        const uint8_t* layer, const int32_t* segments,
                        int64_t num_segments, void* data, void* scales,
                        const Launch& launch);

@@ -22,7 +22,9 @@
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch_internal.h"
 #include "kernels/format.h"
+#include "kernels/named_formats.h"
 #include "kernels/quant.h"
+#include "kernels/store_load.h"
 
 namespace kvdepot::gpu::internal {
 namespace {
@@ -30,15 +32,12 @@ namespace {
 constexpr int kThreads = 128;
 constexpr unsigned kMaxGridY = 65535;
 
-struct Segment {
-  int32_t block, begin, len, dst;
-};
-
-// Segment `index` of the plan (rows of four int32, 4-byte aligned).
+// Segment `index` of the plan (rows of four int32, 4-byte aligned), read
+// through the read-only cache.
 __device__ __forceinline__ Segment ReadSegment(const int32_t* segments,
                                                int64_t index) {
-  const int32_t* s = segments + 4 * index;
-  return {__ldg(s), __ldg(s + 1), __ldg(s + 2) - __ldg(s + 1), __ldg(s + 3)};
+  const int32_t* s = segments + kSegmentFields * index;
+  return {__ldg(s), __ldg(s + 1), __ldg(s + 2), __ldg(s + 3)};
 }
 
 __device__ __forceinline__ uint8_t LoadByte(const uint8_t* p) {
@@ -124,17 +123,17 @@ __device__ __forceinline__ void ForEachToken(const int32_t* segments,
       next = ReadSegment(segments, s + gridDim.x);
     }
     // int64: block sizes near 2^31 must not wrap.
-    for (int64_t base = mine; base < seg.len; base += kSteps * grid_step) {
+    for (int64_t base = mine; base < seg.len(); base += kSteps * grid_step) {
       typename Load::Result r[kSteps];
 #pragma unroll
       for (int u = 0; u < kSteps; ++u) {
         const int64_t i = base + u * grid_step;
-        if (i < seg.len) r[u] = load(seg, static_cast<int32_t>(i), sub);
+        if (i < seg.len()) r[u] = load(seg, static_cast<int32_t>(i), sub);
       }
 #pragma unroll
       for (int u = 0; u < kSteps; ++u) {
         const int64_t i = base + u * grid_step;
-        if (i < seg.len) finish(seg, static_cast<int32_t>(i), sub, r[u]);
+        if (i < seg.len()) finish(seg, static_cast<int32_t>(i), sub, r[u]);
       }
     }
   }
@@ -240,7 +239,7 @@ __global__ void __launch_bounds__(kThreads)
   PdlWait();
   PdlLaunchDependents();
   const Segment seg = ReadSegment(segments, blockIdx.x);
-  const int64_t items = static_cast<int64_t>(seg.len) * chunks_per_row;
+  const int64_t items = static_cast<int64_t>(seg.len()) * chunks_per_row;
   const int64_t row_bytes = static_cast<int64_t>(chunks_per_row) * kVec;
   for (int64_t item = static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x;
        item < items; item += static_cast<int64_t>(gridDim.y) * kThreads) {
@@ -337,27 +336,27 @@ cudaError_t LoadBf16(const PoolLayout& layout, const uint8_t* layer,
 
 }  // namespace
 
-cudaError_t LaunchLoad(Kind kind, const PoolLayout& layout,
+cudaError_t LaunchLoad(FormatId id, const PoolLayout& layout,
                        const uint8_t* layer, const int32_t* segments,
                        int64_t num_segments, void* data, void* scales,
                        const Launch& launch) {
-  switch (kind) {
-    case Kind::kV41:
+  switch (id) {
+    case FormatId::kV41:
       return LoadCast<V41Format>(layout, layer, segments, num_segments, data,
                                  launch);
-    case Kind::kV41Fp4:
+    case FormatId::kV41Fp4:
       return LoadCast<V41Fp4Format>(layout, layer, segments, num_segments, data,
                                     launch);
-    case Kind::kFp4Index:
+    case FormatId::kFp4Index:
       return LoadIndex<Fp4IndexFormat>(layout, layer, segments, num_segments,
                                        data, scales, launch);
-    case Kind::kFp8Fp32Sf:
+    case FormatId::kFp8Fp32SfIndex:
       return LoadIndex<Fp8Fp32SfFormat>(layout, layer, segments, num_segments,
                                         data, scales, launch);
-    case Kind::kMxfp8Index:
+    case FormatId::kMxfp8Index:
       return LoadIndex<Mxfp8IndexFormat>(layout, layer, segments, num_segments,
                                          data, scales, launch);
-    case Kind::kBf16:
+    case FormatId::kBf16:
       return LoadBf16(layout, layer, segments, num_segments, data, launch);
   }
   return cudaErrorInvalidValue;

@@ -28,6 +28,7 @@
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch_internal.h"
 #include "kernels/format.h"
+#include "kernels/named_formats.h"
 #include "kernels/quant.h"
 
 namespace kvdepot::gpu::internal {
@@ -222,25 +223,25 @@ cudaError_t StoreBf16(const PoolLayout& layout, uint8_t* layer, const void* kv,
 }
 
 template <typename In>
-cudaError_t StoreDispatch(Kind kind, const PoolLayout& layout, uint8_t* layer,
+cudaError_t StoreDispatch(FormatId id, const PoolLayout& layout, uint8_t* layer,
                           const void* kv, const int32_t* slots, int64_t n,
                           bool hw, const Launch& launch) {
-  switch (kind) {
-    case Kind::kV41:
+  switch (id) {
+    case FormatId::kV41:
       return StoreQuant<V41Format, In>(layout, layer, kv, slots, n, hw, launch);
-    case Kind::kV41Fp4:
+    case FormatId::kV41Fp4:
       return StoreQuant<V41Fp4Format, In>(layout, layer, kv, slots, n, hw,
                                           launch);
-    case Kind::kFp4Index:
+    case FormatId::kFp4Index:
       return StoreQuant<Fp4IndexFormat, In>(layout, layer, kv, slots, n, hw,
                                             launch);
-    case Kind::kFp8Fp32Sf:
+    case FormatId::kFp8Fp32SfIndex:
       return StoreQuant<Fp8Fp32SfFormat, In>(layout, layer, kv, slots, n, hw,
                                              launch);
-    case Kind::kMxfp8Index:
+    case FormatId::kMxfp8Index:
       return StoreQuant<Mxfp8IndexFormat, In>(layout, layer, kv, slots, n, hw,
                                               launch);
-    case Kind::kBf16:
+    case FormatId::kBf16:
       return StoreBf16<In>(layout, layer, kv, slots, n, launch);
   }
   return cudaErrorInvalidValue;
@@ -248,14 +249,14 @@ cudaError_t StoreDispatch(Kind kind, const PoolLayout& layout, uint8_t* layer,
 
 }  // namespace
 
-cudaError_t LaunchStore(Kind kind, const PoolLayout& layout, uint8_t* layer,
+cudaError_t LaunchStore(FormatId id, const PoolLayout& layout, uint8_t* layer,
                         const void* kv, bool fp32_input, const int32_t* slots,
                         int64_t n, bool hw_cvt, const Launch& launch) {
   if (fp32_input) {
-    return StoreDispatch<float>(kind, layout, layer, kv, slots, n, hw_cvt,
+    return StoreDispatch<float>(id, layout, layer, kv, slots, n, hw_cvt,
                                 launch);
   }
-  return StoreDispatch<uint16_t>(kind, layout, layer, kv, slots, n, hw_cvt,
+  return StoreDispatch<uint16_t>(id, layout, layer, kv, slots, n, hw_cvt,
                                  launch);
 }
 

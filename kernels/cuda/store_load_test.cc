@@ -16,7 +16,7 @@
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/test_util.h"
 #include "kernels/format_host.h"
-#include "kernels/reference.h"
+#include "kernels/reference/reference.h"
 
 namespace kvdepot::gpu {
 namespace {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "kernels/format.h"
-#include "kernels/reference.h"
+#include "kernels/store_load.h"
 
 namespace kvdepot::gpu {
 

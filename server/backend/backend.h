@@ -21,7 +21,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "kernels/format.h"
-#include "kernels/reference.h"
+#include "kernels/store_load.h"
 #include "kvdepot/v1/kvdepot.pb.h"
 
 namespace kvdepot {

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/shm.h"
 #include "common/status_macros.h"
+#include "kernels/reference/reference.h"
 
 namespace kvdepot {
 namespace {

@@ -1,6 +1,6 @@
 // The CPU backend: pools and buffers in POSIX shared memory (mode 0600 by
 // default) that clients on the same host map; store and load run the CPU
-// reference (//kernels:reference).
+// reference (//kernels/reference).
 #ifndef KVDEPOT_SERVER_CPU_CPU_BACKEND_H_
 #define KVDEPOT_SERVER_CPU_CPU_BACKEND_H_
 

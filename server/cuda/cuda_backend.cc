@@ -13,6 +13,7 @@
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/kernels.h"
+#include "kernels/store_load_host.h"
 #include "server/cuda/cuda_memory.h"
 #include "server/cuda/devices.h"
 #include "server/cuda/staging.h"

@@ -16,7 +16,7 @@
 #include "common/cuda/cuda_events.h"
 #include "common/cuda/cuda_mappings.h"
 #include "gtest/gtest.h"
-#include "kernels/reference.h"
+#include "kernels/reference/reference.h"
 #include "tests/daemon_process.h"
 #include "tests/e2e_util.h"
 #include "tests/gpu/gpu_fixture.h"

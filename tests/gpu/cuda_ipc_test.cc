@@ -12,7 +12,7 @@
 #include "common/cuda/cuda_mappings.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/reference.h"
+#include "kernels/reference/reference.h"
 #include "tests/e2e_util.h"
 #include "tests/gpu/gpu_fixture.h"
 #include "tests/gpu/gpu_test_util.h"

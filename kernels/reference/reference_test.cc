@@ -1,7 +1,7 @@
 // Store -> segment load round trips of the CPU reference for every format
 // (SPEC §4, §5): error within half a code step of the group scale, exact
 // for BF16, -1 padding, slot 0, uncovered rows, zero rows, scale packing.
-#include "kernels/reference.h"
+#include "kernels/reference/reference.h"
 
 #include <algorithm>
 #include <cmath>
@@ -18,7 +18,7 @@
 #include "kernels/format.h"
 #include "kernels/format_host.h"
 #include "kernels/quant.h"
-#include "kernels/reference_test_util.h"
+#include "kernels/reference/reference_test_util.h"
 
 namespace kvdepot {
 namespace {

@@ -1,46 +1,22 @@
-// Validation of store and load inputs (SPEC §4, §5). Everything untrusted is
-// checked here before the reference writes a byte. Duplicate slots and
-// overlapping destinations are found in O(n) (a bitmap when the pool is
-// small relative to n) or O(n log n) (a sort), with one scratch vector per
-// call.
+// The store and load contract on the host (SPEC §4, §5): output row sizes
+// and the validation of every untrusted input, before anything is written.
+// Duplicate slots and overlapping destinations are found in O(n) (a bitmap
+// when the pool is small relative to n) or O(n log n) (a sort), with one
+// scratch vector per call.
+#include "kernels/store_load_host.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/types/span.h"
 #include "kernels/format.h"
 #include "kernels/format_host.h"
-#include "kernels/reference.h"
-#include "kernels/reference_internal.h"
+#include "kernels/store_load.h"
 
 namespace kvdepot {
-namespace internal {
-
-absl::Status ValidateLayout(const PoolLayout& layout) {
-  absl::StatusOr<PoolLayout> want = MakePoolLayout(
-      layout.format, layout.block_size, layout.num_blocks, layout.num_layers);
-  if (!want.ok()) return want.status();
-  if (want->block_stride != layout.block_stride ||
-      want->layer_bytes != layout.layer_bytes ||
-      want->layer_stride != layout.layer_stride ||
-      want->total_bytes != layout.total_bytes) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "layout strides (block_stride %d, layer_bytes %d, layer_stride %d, "
-        "total_bytes %d) do not match its format and sizes (expected %d, %d, "
-        "%d, %d)",
-        layout.block_stride, layout.layer_bytes, layout.layer_stride,
-        layout.total_bytes, want->block_stride, want->layer_bytes,
-        want->layer_stride, want->total_bytes));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace internal
-
 namespace {
 
 // A pool this many times larger than the slot count (in bits) is checked by
@@ -56,6 +32,16 @@ absl::Status DuplicateError(absl::Span<const int32_t> slots, int64_t i) {
                    " duplicates slot_mapping[", first, "]"));
 }
 
+// The quantized_dtype / sf_format pairs SPEC §3 defines math for.
+bool HasQuantizationMath(const KVCacheFormat& f) {
+  using Q = QuantDtype;
+  using S = ScaleFormat;
+  return (f.quantized_dtype == Q::kE4M3 && f.sf_format == S::kUE8M0) ||
+         (f.quantized_dtype == Q::kE2M1 && f.sf_format == S::kUE8M0) ||
+         (f.quantized_dtype == Q::kE2M1 && f.sf_format == S::kE4M3) ||
+         (f.quantized_dtype == Q::kE4M3 && f.sf_format == S::kFP32);
+}
+
 }  // namespace
 
 int64_t LoadDataRowBytes(const KVCacheFormat& format) {
@@ -65,6 +51,18 @@ int64_t LoadDataRowBytes(const KVCacheFormat& format) {
 
 int64_t LoadScaleRowBytes(const KVCacheFormat& format) {
   return format.do_cast ? 0 : RoundUp(format.sf_bytes(), 4);
+}
+
+absl::Status ValidateQuantization(const KVCacheFormat& f) {
+  if (absl::Status s = ValidateFormat(f); !s.ok()) return s;
+  if (f.quantized() && !HasQuantizationMath(f)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "no quantization math for ", QuantDtypeName(f.quantized_dtype),
+        " data with ", ScaleFormatName(f.sf_format),
+        " scales (SPEC §3 defines e4m3+ue8m0, e2m1+ue8m0, e2m1+e4m3, "
+        "e4m3+fp32)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidateSlotMapping(const PoolLayout& layout,
@@ -130,8 +128,9 @@ absl::Status ValidateSegments(const PoolLayout& layout,
         "segments holds ", num_segments, " segments, more than 2^31"));
   }
   for (int64_t s = 0; s < num_segments; ++s) {
-    const int32_t* seg = segments.data() + 4 * s;
-    const int64_t block = seg[0], begin = seg[1], end = seg[2], dst = seg[3];
+    const Segment seg = SegmentAt(segments.data(), s);
+    const int64_t block = seg.block, begin = seg.begin, end = seg.end,
+                  dst = seg.dst;
     if (block < -1 || block >= layout.num_blocks) {
       return absl::InvalidArgumentError(
           absl::StrCat("segments[", s, "].src_block_id = ", block,
@@ -162,9 +161,9 @@ absl::Status ValidateSegments(const PoolLayout& layout,
   std::vector<uint64_t> keys;
   keys.reserve(num_segments);
   for (int64_t s = 0; s < num_segments; ++s) {
-    const int32_t* seg = segments.data() + 4 * s;
-    if (seg[2] > seg[1]) {
-      keys.push_back(static_cast<uint64_t>(seg[3]) << 32 |
+    const Segment seg = SegmentAt(segments.data(), s);
+    if (seg.end > seg.begin) {
+      keys.push_back(static_cast<uint64_t>(seg.dst) << 32 |
                      static_cast<uint64_t>(s));
     }
   }
@@ -173,14 +172,14 @@ absl::Status ValidateSegments(const PoolLayout& layout,
   int64_t reach_by = -1;  // the segment that reaches it
   for (uint64_t key : keys) {
     const int64_t s = static_cast<int64_t>(key & 0xFFFFFFFFu);
-    const int32_t* seg = segments.data() + 4 * s;
-    const int64_t dst = seg[3], end = dst + (seg[2] - seg[1]);
+    const Segment seg = SegmentAt(segments.data(), s);
+    const int64_t dst = seg.dst, end = dst + seg.len();
     if (dst < reach) {
-      const int32_t* other = segments.data() + 4 * reach_by;
+      const Segment other = SegmentAt(segments.data(), reach_by);
       return absl::InvalidArgumentError(absl::StrCat(
           "segments[", s, "] writes rows [", dst, ", ", end,
-          ") that overlap rows [", other[3], ", ",
-          other[3] + (other[2] - other[1]), ") of segments[", reach_by, "]"));
+          ") that overlap rows [", other.dst, ", ",
+          int64_t{other.dst} + other.len(), ") of segments[", reach_by, "]"));
     }
     reach = end;
     reach_by = s;

@@ -5,7 +5,7 @@
 // bytes: it reads and writes that half) to the operation's time, measured
 // in the same run: 1.0 means as fast as memcpy.
 //
-//   bazel run -c opt //kernels:reference_benchmark --
+//   bazel run -c opt //kernels/reference:reference_benchmark --
 //       --benchmark_min_time=0.2   (one line)
 #include <time.h>
 
@@ -21,7 +21,7 @@
 #include "kernels/format.h"
 #include "kernels/format_host.h"
 #include "kernels/quant.h"
-#include "kernels/reference.h"
+#include "kernels/reference/reference.h"
 
 namespace kvdepot {
 namespace {

@@ -11,7 +11,7 @@
 #include "gtest/gtest.h"
 #include "kernels/format.h"
 #include "kernels/format_host.h"
-#include "kernels/reference.h"
+#include "kernels/reference/reference.h"
 
 namespace kvdepot {
 namespace {

@@ -3,9 +3,9 @@
 // pattern with the low 16 bits set to each of {0, 1, 2, 0x7FFF, 0x8000,
 // 0x8001, 0xFFFE, 0xFFFF} hits every threshold and both fp32 neighbours;
 // random patterns are added on top. The full 2^32 sweep is a disabled test
-// (a few minutes): bazel test -c opt //kernels:quant_fast_test
+// (a few minutes): bazel test -c opt //kernels/reference:quant_fast_test
 // --test_arg=--gtest_also_run_disabled_tests --test_timeout=900
-#include "kernels/quant_fast.h"
+#include "kernels/reference/quant_fast.h"
 
 #include <cstdint>
 #include <limits>

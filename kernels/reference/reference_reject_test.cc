@@ -10,8 +10,8 @@
 #include "gtest/gtest.h"
 #include "kernels/format.h"
 #include "kernels/format_host.h"
-#include "kernels/reference.h"
-#include "kernels/reference_test_util.h"
+#include "kernels/reference/reference.h"
+#include "kernels/reference/reference_test_util.h"
 
 namespace kvdepot {
 namespace {

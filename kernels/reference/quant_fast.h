@@ -3,8 +3,8 @@
 // rounding threshold and its neighbours; a disabled test sweeps all 2^32
 // fp32 inputs). Random data makes quant.h's branches unpredictable;
 // these compile to compares and conditional moves, and vectorize.
-#ifndef KVDEPOT_KERNELS_QUANT_FAST_H_
-#define KVDEPOT_KERNELS_QUANT_FAST_H_
+#ifndef KVDEPOT_KERNELS_REFERENCE_QUANT_FAST_H_
+#define KVDEPOT_KERNELS_REFERENCE_QUANT_FAST_H_
 
 #include <cstdint>
 
@@ -68,4 +68,4 @@ inline float GroupAmaxFast(const float* x, int n) {
 
 }  // namespace kvdepot
 
-#endif  // KVDEPOT_KERNELS_QUANT_FAST_H_
+#endif  // KVDEPOT_KERNELS_REFERENCE_QUANT_FAST_H_

@@ -1,8 +1,8 @@
 // Helpers shared by the reference tests: the formats under test, seeded
 // inputs, and an independent per-element error bound derived from a group's
 // scale (half a code step of the element type, plus saturation).
-#ifndef KVDEPOT_KERNELS_REFERENCE_TEST_UTIL_H_
-#define KVDEPOT_KERNELS_REFERENCE_TEST_UTIL_H_
+#ifndef KVDEPOT_KERNELS_REFERENCE_REFERENCE_TEST_UTIL_H_
+#define KVDEPOT_KERNELS_REFERENCE_REFERENCE_TEST_UTIL_H_
 
 #include <cmath>
 #include <cstdint>
@@ -98,4 +98,4 @@ inline double ErrorBound(QuantDtype d, double scale, double x) {
 
 }  // namespace kvdepot::testing
 
-#endif  // KVDEPOT_KERNELS_REFERENCE_TEST_UTIL_H_
+#endif  // KVDEPOT_KERNELS_REFERENCE_REFERENCE_TEST_UTIL_H_

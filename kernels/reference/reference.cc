@@ -16,7 +16,7 @@
 //                        scales [round_up(sf_bytes, 4)] (a copy, zero padded:
 //                        UE8M0 bytes packed four per little-endian int32,
 //                        fp32 scales one float per row)
-#include "kernels/reference.h"
+#include "kernels/reference/reference.h"
 
 #include <array>
 #include <bit>
@@ -30,8 +30,10 @@
 #include "kernels/format.h"
 #include "kernels/format_host.h"
 #include "kernels/quant.h"
-#include "kernels/quant_fast.h"
-#include "kernels/reference_internal.h"
+#include "kernels/reference/quant_fast.h"
+#include "kernels/reference/reference_internal.h"
+#include "kernels/store_load.h"
+#include "kernels/store_load_host.h"
 
 namespace kvdepot {
 namespace {
@@ -199,22 +201,6 @@ Scheme SchemeOf(const KVCacheFormat& f) {
   return Scheme::kNone;  // unsupported combination; see ValidateQuantization
 }
 
-}  // namespace
-
-absl::Status ValidateQuantization(const KVCacheFormat& f) {
-  if (absl::Status s = ValidateFormat(f); !s.ok()) return s;
-  if (f.quantized() && SchemeOf(f) == Scheme::kNone) {
-    return absl::UnimplementedError(absl::StrCat(
-        "no quantization math for ", QuantDtypeName(f.quantized_dtype),
-        " data with ", ScaleFormatName(f.sf_format),
-        " scales (SPEC §3 defines e4m3+ue8m0, e2m1+ue8m0, e2m1+e4m3, "
-        "e4m3+fp32)"));
-  }
-  return absl::OkStatus();
-}
-
-namespace {
-
 // Calls fn.template operator()<D, F>() for the format's scheme, once.
 template <typename Fn>
 void Dispatch(const KVCacheFormat& f, Fn&& fn) {
@@ -255,55 +241,55 @@ void StoreAll(const PoolLayout& layout, uint8_t* layer, const uint8_t* kv,
 
 // Copies one segment's raw rows (data and padded scales) or zero rows.
 void LoadRawSegment(const PoolLayout& layout, const uint8_t* layer,
-                    const int32_t* seg, uint8_t* data, uint8_t* scales) {
+                    const Segment& seg, uint8_t* data, uint8_t* scales) {
   const KVCacheFormat& f = layout.format;
   const int64_t data_row = f.data_bytes();
   const int64_t scale_row = LoadScaleRowBytes(f);
   const int64_t sf = f.sf_bytes();
-  const int64_t len = seg[2] - seg[1];
-  uint8_t* d = data + seg[3] * data_row;
-  uint8_t* s = scales == nullptr ? nullptr : scales + seg[3] * scale_row;
-  if (seg[0] < 0) {
+  const int64_t len = seg.len();
+  uint8_t* d = data + seg.dst * data_row;
+  uint8_t* s = scales == nullptr ? nullptr : scales + seg.dst * scale_row;
+  if (seg.block < 0) {
     memset(d, 0, len * data_row);
     if (s != nullptr) memset(s, 0, len * scale_row);
     return;
   }
   if (!f.token_interleaved) {  // a segment is contiguous in the block
-    memcpy(d, layer + layout.data_offset(seg[0], seg[1]), len * data_row);
+    memcpy(d, layer + layout.data_offset(seg.block, seg.begin), len * data_row);
     if (s != nullptr && scale_row == sf) {
-      memcpy(s, layer + layout.scale_offset(seg[0], seg[1]), len * sf);
+      memcpy(s, layer + layout.scale_offset(seg.block, seg.begin), len * sf);
       return;
     }
   } else {
     for (int64_t t = 0; t < len; ++t) {
-      memcpy(d + t * data_row, layer + layout.data_offset(seg[0], seg[1] + t),
-             data_row);
+      memcpy(d + t * data_row,
+             layer + layout.data_offset(seg.block, seg.begin + t), data_row);
     }
   }
   if (s == nullptr) return;
   for (int64_t t = 0; t < len; ++t) {
-    memcpy(s + t * scale_row, layer + layout.scale_offset(seg[0], seg[1] + t),
-           sf);
+    memcpy(s + t * scale_row,
+           layer + layout.scale_offset(seg.block, seg.begin + t), sf);
     memset(s + t * scale_row + sf, 0, scale_row - sf);
   }
 }
 
 template <Q D, S F>
 void LoadCastSegment(const PoolLayout& layout, const uint8_t* layer,
-                     const int32_t* seg, uint8_t* data) {
+                     const Segment& seg, uint8_t* data) {
   const KVCacheFormat& f = layout.format;
   const int64_t row = LoadDataRowBytes(f);
-  const int64_t len = seg[2] - seg[1];
-  uint8_t* d = data + seg[3] * row;
-  if (seg[0] < 0) {
+  const int64_t len = seg.len();
+  uint8_t* d = data + seg.dst * row;
+  if (seg.block < 0) {
     memset(d, 0, len * row);
     return;
   }
   for (int64_t t = 0; t < len; ++t) {
     DecodeQuantized<D, F, uint16_t>(
         f.elements(), f.elements_per_sf,
-        layer + layout.data_offset(seg[0], seg[1] + t),
-        layer + layout.scale_offset(seg[0], seg[1] + t), d + t * row);
+        layer + layout.data_offset(seg.block, seg.begin + t),
+        layer + layout.scale_offset(seg.block, seg.begin + t), d + t * row);
   }
 }
 
@@ -360,17 +346,19 @@ absl::Status LoadSegments(const PoolLayout& layout, const uint8_t* layer,
   auto* out = static_cast<uint8_t*>(data);
   auto* out_scales =
       LoadScaleRowBytes(f) > 0 ? static_cast<uint8_t*>(scales) : nullptr;
-  const size_t num_segments = segments.size() / 4;
+  const size_t num_segments = segments.size() / kSegmentFields;
   if (!cast) {
     for (size_t s = 0; s < num_segments; ++s) {
-      LoadRawSegment(layout, layer, segments.data() + 4 * s, out, out_scales);
+      LoadRawSegment(layout, layer, SegmentAt(segments.data(), s), out,
+                     out_scales);
     }
     return absl::OkStatus();
   }
   Dispatch(f, [&]<Q D, S F>() {
     if constexpr (D != Q::kNone) {
       for (size_t s = 0; s < num_segments; ++s) {
-        LoadCastSegment<D, F>(layout, layer, segments.data() + 4 * s, out);
+        LoadCastSegment<D, F>(layout, layer, SegmentAt(segments.data(), s),
+                              out);
       }
     }
   });

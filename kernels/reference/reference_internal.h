@@ -1,7 +1,7 @@
 // Checks shared by the store and load entry points of the CPU reference
 // (reference_validate.cc). Not part of the public API.
-#ifndef KVDEPOT_KERNELS_REFERENCE_INTERNAL_H_
-#define KVDEPOT_KERNELS_REFERENCE_INTERNAL_H_
+#ifndef KVDEPOT_KERNELS_REFERENCE_REFERENCE_INTERNAL_H_
+#define KVDEPOT_KERNELS_REFERENCE_REFERENCE_INTERNAL_H_
 
 #include "absl/status/status.h"
 #include "kernels/format.h"
@@ -15,4 +15,4 @@ absl::Status ValidateLayout(const PoolLayout& layout);
 
 }  // namespace kvdepot::internal
 
-#endif  // KVDEPOT_KERNELS_REFERENCE_INTERNAL_H_
+#endif  // KVDEPOT_KERNELS_REFERENCE_REFERENCE_INTERNAL_H_
