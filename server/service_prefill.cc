@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/store_load_host.h"
 #include "proto/wire.h"
 #include "server/data_refs.h"
 #include "server/prefill_load.h"
@@ -55,6 +56,8 @@ absl::Status KVCacheService::DoPrefillLoad(Ctx* ctx,
   absl::StatusOr<InputDtype> dtype =
       ToInputDtype("dtype", r.dtype(), &dtype_bytes);
   if (!dtype.ok()) return dtype.status();
+  RETURN_IF_ERROR(ValidateInputDtype(sl.format, *dtype));
+  RETURN_IF_ERROR(ValidateInputDtype(ml.format, *dtype));
   PrefillScratch& sc = ThreadPrefillScratch();
   const int64_t n = r.num_seqs();
   const int64_t max = options_.max_array_elements;
