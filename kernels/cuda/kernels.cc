@@ -95,6 +95,7 @@ absl::Status Store(const PoolLayout& layout, void* layer, const void* kv,
   if (!id.ok()) return id.status();
   KV_RETURN_IF_ERROR(CheckLayout(layout));
   KV_RETURN_IF_ERROR(CheckCount(num_tokens, "num_tokens"));
+  KV_RETURN_IF_ERROR(ValidateInputDtype(layout.format, dtype));
   if (num_tokens == 0) return absl::OkStatus();
   KV_RETURN_IF_ERROR(CheckPointer(layer, "layer", 16));
   KV_RETURN_IF_ERROR(CheckPointer(kv, "kv", 16));
