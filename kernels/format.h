@@ -9,6 +9,13 @@
 //   | data: quantized_bytes        | scales: sf_bytes    |   bytes_per_token
 //   +------------------------------+---------------------+
 //
+// With a BF16 tail (DS_MLA_FP8, SPEC §2.1: 512 e4m3 + 4 fp32 + 64 BF16 =
+// 656 B) the tail follows the scales:
+//
+//   +-----------------------+-------------------+-------------------------+
+//   | data: quantized_bytes | scales: sf_bytes  | tail: 2 * bf16_elements |
+//   +-----------------------+-------------------+-------------------------+
+//
 // One block, interleaved: block_size records back to back, padded to
 // block_stride = round_up(block_size * bytes_per_token,
 //                         lcm(32, bytes_per_token)).
@@ -46,6 +53,12 @@ enum class ScaleFormat : uint8_t {
   kFP32 = 3,   // 4 bytes: little-endian IEEE fp32
 };
 
+// How a quantized format's fp32 scale is rounded (SPEC §2.1).
+enum class ScaleRounding : uint8_t {
+  kNone = 0,      // the fp32 scale as computed (SPEC §3)
+  kPow2Ceil = 1,  // rounded up to a power of two (DS_MLA_FP8, SPEC §2.1)
+};
+
 // Block alignment of token-interleaved layouts is lcm(32, bytes_per_token),
 // of block-split layouts 32 bytes; layers start on kLayerAlignment.
 inline constexpr int64_t kBlockAlignment = 32;
@@ -77,10 +90,12 @@ struct KVCacheFormat {
   QuantDtype quantized_dtype = QuantDtype::kNone;
   int32_t quantized_elements = 0;  // logical elements (not bytes)
   int32_t elements_per_sf = 0;     // group size sharing one scale
-  int32_t bf16_elements = 0;       // only when quantized_dtype is kNone
+  int32_t bf16_elements = 0;       // BF16 record, or the BF16 tail of an
+                                   // interleaved quantized record
   bool do_cast = false;            // load dequantizes to BF16
   ScaleFormat sf_format = ScaleFormat::kNone;
-  bool token_interleaved = false;  // [data | scales] per token
+  bool token_interleaved = false;  // [data | scales (| tail)] per token
+  ScaleRounding scale_rounding = ScaleRounding::kNone;  // fp32 scales only
 
   KV_HD constexpr bool quantized() const {
     return quantized_dtype != QuantDtype::kNone;
@@ -88,9 +103,14 @@ struct KVCacheFormat {
   KV_HD constexpr int32_t bits_per_element() const {
     return quantized_dtype == QuantDtype::kE2M1 ? 4 : 8;
   }
-  // Logical elements of one token: quantized_elements or bf16_elements.
+  // Logical elements of one token: quantized_elements + bf16_elements (one
+  // of them is 0 except for a quantized record with a BF16 tail).
   KV_HD constexpr int32_t elements() const {
-    return quantized() ? quantized_elements : bf16_elements;
+    return quantized_elements + bf16_elements;
+  }
+  // Bytes of the BF16 tail after the scales (quantized formats only).
+  KV_HD constexpr int32_t tail_bytes() const {
+    return quantized() ? 2 * bf16_elements : 0;
   }
   KV_HD constexpr int32_t quantized_bytes() const {
     return quantized() ? quantized_elements * bits_per_element() / 8 : 0;
@@ -163,6 +183,10 @@ struct PoolLayout {
                      format.data_bytes()
                : block * block_stride + block_size * format.data_bytes() +
                      t * format.sf_bytes();
+  }
+  // The BF16 tail of an interleaved record: right after its scales.
+  KV_HD constexpr int64_t tail_offset(int64_t block, int64_t t) const {
+    return scale_offset(block, t) + format.sf_bytes();
   }
   KV_HD constexpr int64_t slot_data_offset(int64_t slot) const {
     return data_offset(slot / block_size, slot % block_size);

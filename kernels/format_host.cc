@@ -28,6 +28,7 @@ constexpr NamedEntry kQuantizedFormats[] = {
     {FormatId::kFp4Index, "FP4_INDEX", kFormatFp4Index},
     {FormatId::kFp8Fp32SfIndex, "FP8_FP32SF_INDEX", kFormatFp8Fp32SfIndex},
     {FormatId::kMxfp8Index, "MXFP8_INDEX", kFormatMxfp8Index},
+    {FormatId::kDsMlaFp8, "DS_MLA_FP8", kFormatDsMlaFp8},
 };
 
 }  // namespace
@@ -75,10 +76,17 @@ absl::Status ValidateFormat(const KVCacheFormat& f) {
       return absl::InvalidArgumentError(
           "quantized format needs sf_format ue8m0, e4m3 or fp32");
     }
-    if (f.bf16_elements != 0) {
+    if (f.bf16_elements < 0 || f.bf16_elements > kMaxElements ||
+        f.quantized_elements + f.bf16_elements > kMaxElements) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "mixed quantized/BF16 records are not supported (bf16_elements = "
-          "%d)",
+          "bf16_elements = %d (a BF16 tail) must be in [0, %d] with "
+          "quantized_elements + bf16_elements <= %d",
+          f.bf16_elements, kMaxElements, kMaxElements));
+    }
+    if (f.bf16_elements != 0 && !f.token_interleaved) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "a BF16 tail (bf16_elements = %d) on a quantized format needs "
+          "token_interleaved",
           f.bf16_elements));
     }
     if (f.quantized_dtype == QuantDtype::kE2M1 &&
@@ -88,6 +96,18 @@ absl::Status ValidateFormat(const KVCacheFormat& f) {
           "elements_per_sf = %d",
           f.quantized_elements, f.elements_per_sf));
     }
+  }
+  if (f.scale_rounding != ScaleRounding::kNone &&
+      f.scale_rounding != ScaleRounding::kPow2Ceil) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("scale_rounding = %d is not none or pow2_ceil",
+                        static_cast<int>(f.scale_rounding)));
+  }
+  if (f.scale_rounding == ScaleRounding::kPow2Ceil &&
+      f.sf_format != ScaleFormat::kFP32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scale_rounding pow2_ceil needs sf_format fp32 (got ",
+        ScaleFormatName(f.sf_format), ")"));
   }
   if (f.do_cast && !f.token_interleaved && f.quantized()) {
     return absl::InvalidArgumentError(
@@ -101,10 +121,11 @@ absl::StatusOr<KVCacheFormat> MakeFormat(QuantDtype dtype,
                                          int32_t elements_per_sf,
                                          int32_t bf16_elements, bool do_cast,
                                          ScaleFormat sf_format,
-                                         bool token_interleaved) {
-  const KVCacheFormat f{
-      dtype,   quantized_elements, elements_per_sf,  bf16_elements,
-      do_cast, sf_format,          token_interleaved};
+                                         bool token_interleaved,
+                                         ScaleRounding scale_rounding) {
+  const KVCacheFormat f{dtype,          quantized_elements, elements_per_sf,
+                        bf16_elements,  do_cast,            sf_format,
+                        token_interleaved, scale_rounding};
   RETURN_IF_ERROR(ValidateFormat(f));
   return f;
 }
@@ -146,8 +167,8 @@ absl::StatusOr<KVCacheFormat> FormatFromName(absl::string_view name) {
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown format \"", name,
-      "\"; expected V41, V41_FP4, FP4_INDEX, FP8_FP32SF_INDEX, MXFP8_INDEX "
-      "or BF16(N)"));
+      "\"; expected V41, V41_FP4, FP4_INDEX, FP8_FP32SF_INDEX, MXFP8_INDEX, "
+      "DS_MLA_FP8 or BF16(N)"));
 }
 
 std::optional<FormatId> IdentifyFormat(const KVCacheFormat& f) {
@@ -186,6 +207,25 @@ absl::string_view ScaleFormatName(ScaleFormat f) {
       return "fp32";
   }
   return "invalid";
+}
+
+absl::string_view ScaleRoundingName(ScaleRounding r) {
+  switch (r) {
+    case ScaleRounding::kNone:
+      return "none";
+    case ScaleRounding::kPow2Ceil:
+      return "pow2_ceil";
+  }
+  return "invalid";
+}
+
+absl::StatusOr<ScaleRounding> ScaleRoundingFromName(absl::string_view name) {
+  const std::string lower = absl::AsciiStrToLower(name);
+  for (ScaleRounding r : {ScaleRounding::kNone, ScaleRounding::kPow2Ceil}) {
+    if (lower == ScaleRoundingName(r)) return r;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown scale_rounding \"", name, "\"; expected none or pow2_ceil"));
 }
 
 absl::string_view QuantDtypeName(QuantDtype d) {
@@ -243,7 +283,7 @@ absl::StatusOr<KVCacheFormat> ResolveFormat(int64_t bytes_per_token,
       hint.has_value() ? absl::StrCat(" and sf_format ", ScaleFormatName(*hint))
                        : "",
       "; supported: V41 528, V41_FP4 288, FP4_INDEX 68, FP8_FP32SF_INDEX 132, "
-      "MXFP8_INDEX 132, BF16(N) 2N with N even"));
+      "MXFP8_INDEX 132, DS_MLA_FP8 656, BF16(N) 2N with N even"));
 }
 
 absl::StatusOr<PoolLayout> MakePoolLayout(const KVCacheFormat& format,
@@ -294,6 +334,9 @@ std::string DescribeLayout(const PoolLayout& l) {
                         f.do_cast ? "true" : "false");
   absl::StrAppendFormat(&out, "token_interleaved   %s\n",
                         f.token_interleaved ? "true" : "false");
+  absl::StrAppendFormat(&out, "bf16_elements       %d\n", f.bf16_elements);
+  absl::StrAppendFormat(&out, "scale_rounding      %s\n",
+                        ScaleRoundingName(f.scale_rounding));
   absl::StrAppendFormat(&out, "data_bytes          %d\n", f.data_bytes());
   absl::StrAppendFormat(&out, "num_scales          %d\n", f.num_scales());
   absl::StrAppendFormat(&out, "sf_bytes            %d\n", f.sf_bytes());

@@ -27,15 +27,17 @@ absl::StatusOr<KVCacheFormat> MakeFormat(QuantDtype dtype,
                                          int32_t elements_per_sf,
                                          int32_t bf16_elements, bool do_cast,
                                          ScaleFormat sf_format,
-                                         bool token_interleaved);
+                                         bool token_interleaved,
+                                         ScaleRounding scale_rounding =
+                                             ScaleRounding::kNone);
 
 // A named format. bf16_elements is required for kBf16 (even, >= 2) and must
 // be 0 otherwise.
 absl::StatusOr<KVCacheFormat> NamedFormat(FormatId id,
                                           int32_t bf16_elements = 0);
 
-// Parses "V41", "V41_FP4", "FP4_INDEX", "FP8_FP32SF_INDEX", "MXFP8_INDEX" or
-// "BF16(N)" (case-insensitive).
+// Parses "V41", "V41_FP4", "FP4_INDEX", "FP8_FP32SF_INDEX", "MXFP8_INDEX",
+// "DS_MLA_FP8" or "BF16(N)" (case-insensitive).
 absl::StatusOr<KVCacheFormat> FormatFromName(absl::string_view name);
 
 // The name of a format ("BF16(N)" for BF16) or an error if it is not one of
@@ -46,6 +48,8 @@ std::optional<FormatId> IdentifyFormat(const KVCacheFormat& format);
 absl::string_view ScaleFormatName(ScaleFormat f);
 absl::string_view QuantDtypeName(QuantDtype d);
 absl::StatusOr<ScaleFormat> ScaleFormatFromName(absl::string_view name);
+absl::string_view ScaleRoundingName(ScaleRounding r);  // "none", "pow2_ceil"
+absl::StatusOr<ScaleRounding> ScaleRoundingFromName(absl::string_view name);
 
 // Resolves a supported format from its bytes_per_token and an optional
 // sf_format hint. BF16 records of width w resolve to BF16(w / 2) only when no

@@ -90,9 +90,18 @@ TEST(FormatTest, EveryValidationRuleIsRejectedByName) {
       // sf_format set.
       {{Q::kE4M3, 64, 32, 0, true, S::kNone, true}, {"sf_format"}},
       {{Q::kE4M3, 64, 32, 0, true, static_cast<S>(9), true}, {"sf_format"}},
-      // bf16_elements = 0 (no mixed records).
-      {{Q::kE4M3, 64, 32, 8, true, S::kUE8M0, true},
-       {"mixed", "bf16_elements = 8"}},
+      // A BF16 tail on a quantized format needs token_interleaved (SPEC
+      // §2.1) and stays within the record bound.
+      {{Q::kE4M3, 64, 32, 8, false, S::kUE8M0, false},
+       {"BF16 tail", "bf16_elements = 8", "token_interleaved"}},
+      {{Q::kE4M3, 64, 32, -2, true, S::kUE8M0, true}, {"bf16_elements = -2"}},
+      // pow2_ceil scale rounding needs fp32 scales; unknown roundings fail.
+      {{Q::kE4M3, 64, 32, 0, true, S::kUE8M0, true,
+        ScaleRounding::kPow2Ceil},
+       {"pow2_ceil needs sf_format fp32"}},
+      {{Q::kE4M3, 64, 32, 0, true, S::kFP32, true,
+        static_cast<ScaleRounding>(5)},
+       {"scale_rounding = 5"}},
       // do_cast => token_interleaved.
       {{Q::kE4M3, 64, 32, 0, true, S::kUE8M0, false},
        {"do_cast", "token_interleaved"}},
@@ -112,7 +121,8 @@ TEST(FormatTest, EveryValidationRuleIsRejectedByName) {
     const KVCacheFormat& f = cases[i].format;
     EXPECT_FALSE(MakeFormat(f.quantized_dtype, f.quantized_elements,
                             f.elements_per_sf, f.bf16_elements, f.do_cast,
-                            f.sf_format, f.token_interleaved)
+                            f.sf_format, f.token_interleaved,
+                            f.scale_rounding)
                      .ok())
         << "case " << i;
   }

@@ -11,6 +11,8 @@
 //   FP8_FP32SF_INDEX   e4m3   128       128    fp32   no           132
 //   MXFP8_INDEX        e4m3   128       32     ue8m0  no           132
 //   BF16(N)            bf16   N (even)  -      -      no           2N
+//   DS_MLA_FP8         e4m3   512+64    128    fp32   yes          656
+//                      (pow2_ceil scales, 64 BF16 tail values; SPEC §2.1)
 #ifndef KVDEPOT_KERNELS_NAMED_FORMATS_H_
 #define KVDEPOT_KERNELS_NAMED_FORMATS_H_
 
@@ -30,12 +32,14 @@ enum class FormatId : uint8_t {
   kFp8Fp32SfIndex = 3,  // index: e4m3 x 128, group 128, fp32, 132 B
   kMxfp8Index = 4,      // index: e4m3 x 128, group 32, ue8m0, 132 B
   kBf16 = 5,            // BF16(N): N even >= 2, 2N B
+  kDsMlaFp8 = 6,        // DeepSeek-V3.2 MLA: 4 x 128 e4m3, fp32 pow2, BF16 x 64
 };
 
 inline constexpr FormatId kAllFormatIds[] = {
     FormatId::kV41,        FormatId::kV41Fp4,
     FormatId::kFp4Index,   FormatId::kFp8Fp32SfIndex,
-    FormatId::kMxfp8Index, FormatId::kBf16};
+    FormatId::kMxfp8Index, FormatId::kBf16,
+    FormatId::kDsMlaFp8};
 
 inline constexpr KVCacheFormat kFormatV41{
     .quantized_dtype = QuantDtype::kE4M3,
@@ -78,6 +82,19 @@ inline constexpr KVCacheFormat kFormatMxfp8Index{
     .token_interleaved = false,
 };
 
+// vLLM fp8_ds_mla / FlashMLA V32_FP8Sparse: [512 e4m3 in 4 tiles of 128 |
+// 4 fp32 scales, powers of two | 64 BF16 RoPE values] = 656 bytes.
+inline constexpr KVCacheFormat kFormatDsMlaFp8{
+    .quantized_dtype = QuantDtype::kE4M3,
+    .quantized_elements = 512,
+    .elements_per_sf = 128,
+    .bf16_elements = 64,
+    .do_cast = true,
+    .sf_format = ScaleFormat::kFP32,
+    .token_interleaved = true,
+    .scale_rounding = ScaleRounding::kPow2Ceil,
+};
+
 // BF16(n). Not validated: NamedFormat checks that n is even and in range.
 KV_HD constexpr KVCacheFormat Bf16Format(int32_t n) {
   return KVCacheFormat{.bf16_elements = n, .do_cast = true};
@@ -88,6 +105,8 @@ static_assert(kFormatV41Fp4.bytes_per_token() == 288);
 static_assert(kFormatFp4Index.bytes_per_token() == 68);
 static_assert(kFormatFp8Fp32SfIndex.bytes_per_token() == 132);
 static_assert(kFormatMxfp8Index.bytes_per_token() == 132);
+static_assert(kFormatDsMlaFp8.bytes_per_token() == 656 &&
+              kFormatDsMlaFp8.elements() == 576);
 
 }  // namespace kvdepot
 

@@ -196,6 +196,32 @@ KV_HD inline GroupScale Fp32Scale(float amax) {
   return {FloatBits(s), 1.0f / s};
 }
 
+// ---- DS_MLA_FP8 tiles (SPEC §2.1, FlashMLA tests/quant.py @ 9241ae3) ----
+//
+// Not §3's math: the floor applies to amax / 448 (not to amax), the fp32
+// scale is stored rounded up to a power of two, and non-finite tiles have
+// their own encodings.
+inline constexpr uint32_t kDsMlaNanScaleBits = 0x7FFFFFFFu;  // tile has a NaN
+inline constexpr uint32_t kDsMlaInfScaleBits = 0x7F800000u;  // ±Inf, no NaN
+
+// Exponent e of the scale 2^e of a finite tile: e = ceil(log2(max(amax /
+// 448, 1e-4))), read off the bits of the fp32 quotient (it is at least 1e-4,
+// a normal number, so e is in [-13, 121]; all-zero tiles give -13).
+KV_HD inline int DsMlaScaleExponent(float amax) {
+  const float v = amax / kE4M3Max;
+  const float a = v > kAmaxFloor ? v : kAmaxFloor;
+  const uint32_t u = FloatBits(a);
+  return static_cast<int>(u >> 23) - 127 + ((u & 0x7FFFFFu) != 0 ? 1 : 0);
+}
+
+// The code of a finite element of a tile with an Inf (scale +Inf): x / Inf
+// is a signed zero; an infinite element gives NaN (Inf / Inf) = 0x7F.
+KV_HD inline uint8_t DsMlaInfTileCode(float x) {
+  const uint32_t u = FloatBits(x);
+  if ((u & 0x7FFFFFFFu) == 0x7F800000u) return kE4M3NaN;
+  return static_cast<uint8_t>((u >> 24) & 0x80u);
+}
+
 }  // namespace kvdepot
 
 #endif  // KVDEPOT_KERNELS_QUANT_H_

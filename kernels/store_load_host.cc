@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <vector>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -33,10 +34,14 @@ absl::Status DuplicateError(absl::Span<const int32_t> slots, int64_t i) {
                    " duplicates slot_mapping[", first, "]"));
 }
 
-// The quantized_dtype / sf_format pairs SPEC §3 defines math for.
+// The quantized_dtype / sf_format pairs SPEC §3 (and §2.1, pow2_ceil)
+// define math for.
 bool HasQuantizationMath(const KVCacheFormat& f) {
   using Q = QuantDtype;
   using S = ScaleFormat;
+  if (f.scale_rounding == ScaleRounding::kPow2Ceil) {
+    return f.quantized_dtype == Q::kE4M3 && f.sf_format == S::kFP32;
+  }
   return (f.quantized_dtype == Q::kE4M3 && f.sf_format == S::kUE8M0) ||
          (f.quantized_dtype == Q::kE2M1 && f.sf_format == S::kUE8M0) ||
          (f.quantized_dtype == Q::kE2M1 && f.sf_format == S::kE4M3) ||
@@ -61,7 +66,36 @@ absl::Status ValidateQuantization(const KVCacheFormat& f) {
         "no quantization math for ", QuantDtypeName(f.quantized_dtype),
         " data with ", ScaleFormatName(f.sf_format),
         " scales (SPEC §3 defines e4m3+ue8m0, e2m1+ue8m0, e2m1+e4m3, "
-        "e4m3+fp32)"));
+        "e4m3+fp32; SPEC §2.1 e4m3+fp32 pow2_ceil)"));
+  }
+  if (f.quantized() && f.bf16_elements > 0 &&
+      f.scale_rounding != ScaleRounding::kPow2Ceil) {
+    return absl::UnimplementedError(absl::StrCat(
+        "a BF16 tail is implemented only for e4m3+fp32 pow2_ceil records "
+        "(SPEC §2.1), not for ",
+        QuantDtypeName(f.quantized_dtype), "+", ScaleFormatName(f.sf_format),
+        " with scale_rounding none"));
+  }
+  return absl::OkStatus();
+}
+
+bool TakesBf16InputOnly(const KVCacheFormat& f) {
+  return f.quantized() && (f.scale_rounding == ScaleRounding::kPow2Ceil ||
+                           f.bf16_elements > 0);
+}
+
+absl::Status ValidateInputDtype(const KVCacheFormat& f, InputDtype dtype) {
+  if (dtype != InputDtype::kBF16 && dtype != InputDtype::kFP32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dtype = ", static_cast<int>(dtype),
+                     " is neither BF16 (0) nor FP32 (1)"));
+  }
+  if (dtype == InputDtype::kFP32 && TakesBf16InputOnly(f)) {
+    const absl::StatusOr<std::string> name = FormatName(f);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dtype = FP32: format ", name.ok() ? *name : std::string("(custom)"),
+        " takes BF16 input only (SPEC §2.1: its math and its BF16 tail are "
+        "defined on BF16 values)"));
   }
   return absl::OkStatus();
 }

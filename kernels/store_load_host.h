@@ -27,8 +27,18 @@ int64_t LoadScaleRowBytes(const KVCacheFormat& format);
 
 // OK when `format` is valid (ValidateFormat) and its quantized_dtype /
 // sf_format pair is one SPEC §3 defines math for: e4m3+ue8m0, e2m1+ue8m0,
-// e2m1+e4m3, e4m3+fp32 (or no quantization). Other pairs are UNIMPLEMENTED.
+// e2m1+e4m3, e4m3+fp32 (or no quantization), or e4m3+fp32 with pow2_ceil
+// scales (SPEC §2.1, the only scheme with a BF16 tail). Other pairs are
+// UNIMPLEMENTED.
 absl::Status ValidateQuantization(const KVCacheFormat& format);
+
+// True for formats whose store takes BF16 input only: e4m3+fp32 pow2_ceil
+// and any record with a BF16 tail (DS_MLA_FP8, SPEC §2.1).
+bool TakesBf16InputOnly(const KVCacheFormat& format);
+
+// OK when `dtype` is BF16 or FP32 and the format accepts it (FP32 input to a
+// TakesBf16InputOnly format is INVALID_ARGUMENT naming the format).
+absl::Status ValidateInputDtype(const KVCacheFormat& format, InputDtype dtype);
 
 // Checks slot_mapping against the layout: every slot in [-1, num_slots) and
 // no non-(-1) slot twice.

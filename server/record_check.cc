@@ -48,6 +48,14 @@ bool ScaleIsPossible(ScaleFormat format, const uint8_t* sf) {
   }
 }
 
+bool Pow2ScaleIsPossible(const uint8_t* sf) {
+  uint32_t bits;
+  std::memcpy(&bits, sf, 4);
+  if (bits == kDsMlaNanScaleBits || bits == kDsMlaInfScaleBits) return true;
+  const int e = static_cast<int>(bits >> 23) - 127;  // sign must be clear
+  return (bits & 0x807FFFFFu) == 0 && e >= -13 && e <= 121;
+}
+
 float ScaleValue(ScaleFormat format, const uint8_t* sf) {
   switch (format) {
     case ScaleFormat::kUE8M0:
@@ -75,7 +83,11 @@ RecordHealth CheckRecord(const PoolLayout& layout, const uint8_t* block,
   }
   const int sb = ScaleBytes(f.sf_format);
   for (int s = 0; s < f.num_scales(); ++s) {
-    if (!ScaleIsPossible(f.sf_format, scales + s * sb)) {
+    const bool possible =
+        f.scale_rounding == ScaleRounding::kPow2Ceil
+            ? Pow2ScaleIsPossible(scales + s * sb)
+            : ScaleIsPossible(f.sf_format, scales + s * sb);
+    if (!possible) {
       if (h.first_bad_scale < 0) h.first_bad_scale = s;
       ++h.bad_scales;
     }

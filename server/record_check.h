@@ -27,6 +27,10 @@ struct RecordHealth {
 // scale (nor an FP32 infinity).
 bool ScaleIsPossible(ScaleFormat format, const uint8_t* sf);
 
+// A DS_MLA_FP8 (pow2_ceil) scale: 2^e with e in [-13, 121] (SPEC §2.1
+// floors amax / 448 at 1e-4), or the NaN / Inf tile markers.
+bool Pow2ScaleIsPossible(const uint8_t* sf);
+
 // The fp32 value of one scale.
 float ScaleValue(ScaleFormat format, const uint8_t* sf);
 

@@ -74,6 +74,7 @@ absl::Status KVCacheService::DoStore(Ctx* ctx, const Caller& caller,
   absl::StatusOr<InputDtype> dtype =
       ToInputDtype("dtype", r.dtype(), &dtype_bytes);
   if (!dtype.ok()) return dtype.status();
+  RETURN_IF_ERROR(ValidateInputDtype(layout.format, *dtype));
   Scratch& sc = ThreadScratch();
   RETURN_IF_ERROR(DecodeInt32s("slot_mapping", r.slot_mapping(), "num_tokens",
                                r.num_tokens(), options_.max_array_elements,

@@ -55,6 +55,8 @@ absl::Status KVCacheService::DoPrefillLoad(Ctx* ctx, const Caller& caller,
   absl::StatusOr<InputDtype> dtype =
       ToInputDtype("dtype", r.dtype(), &dtype_bytes);
   if (!dtype.ok()) return dtype.status();
+  RETURN_IF_ERROR(ValidateInputDtype(sl.format, *dtype));
+  RETURN_IF_ERROR(ValidateInputDtype(ml.format, *dtype));
   PrefillScratch& sc = ThreadPrefillScratch();
   const int64_t n = r.num_seqs();
   const int64_t max = options_.max_array_elements;

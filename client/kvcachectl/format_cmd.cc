@@ -42,8 +42,9 @@ const CommandSpec kLayoutSpec{
     "kvcachectl format layout FORMAT [--block_size N] [--num_blocks N] "
     "[--num_layers N] [-o table|json]",
     "Prints the layout of a pool of FORMAT (V41, V41_FP4, FP4_INDEX,\n"
-    "FP8_FP32SF_INDEX, MXFP8_INDEX or BF16(N)): record sizes, alignments,\n"
-    "block and layer strides and the offsets of the first tokens.",
+    "FP8_FP32SF_INDEX, MXFP8_INDEX, DS_MLA_FP8 or BF16(N)): record sizes,\n"
+    "alignments, block and layer strides and the offsets of the first\n"
+    "tokens.",
     {{"block_size", "token slots per block", "64"},
      {"num_blocks", "blocks per layer", "1"},
      {"num_layers", "layers in the pool", "1"},
@@ -63,7 +64,8 @@ const CommandSpec kDecodeSpec{
     "[--dequantize]",
     "Reads n records ([data | scales], bytes_per_token each) and writes what\n"
     "a segment load produces: BF16 values for cast formats (V41, V41_FP4,\n"
-    "BF16(N)); for index formats the raw data rows to --out and the scales\n"
+    "DS_MLA_FP8, BF16(N)); for index formats the raw data rows to --out and\n"
+    "the scales\n"
     "to --scales_out (UE8M0 bytes packed four per int32, or one fp32 per\n"
     "row). --dequantize writes BF16 values for index formats instead.",
     {{"in", "input file: n records", ""},
@@ -246,6 +248,10 @@ int RunEncode(const ParsedArgs& a, std::ostream& out, std::ostream& err) {
       x[i] = Bf16ToFloat(static_cast<uint16_t>(p[0] | (p[1] << 8)));
     }
     uint8_t* r = records.data() + t * rec;
+    if (TakesBf16InputOnly(f)) {  // BF16 tails are copied bit for bit
+      EncodeTokenBf16(f, in + t * row, r, r + f.data_bytes());
+      continue;
+    }
     EncodeToken(f, x.data(), r, r + f.data_bytes());
   }
   if (absl::Status s = WriteFile(a.Get("out"), records.data(), records.size());
@@ -287,6 +293,11 @@ int RunDecode(const ParsedArgs& a, std::ostream& out, std::ostream& err) {
     std::vector<uint8_t> bf16(n * 2 * static_cast<size_t>(f.elements()));
     for (size_t t = 0; t < n; ++t) {
       const uint8_t* r = in + t * rec;
+      if (TakesBf16InputOnly(f)) {  // exactly the load's row
+        DecodeTokenBf16(f, r, r + f.data_bytes(),
+                        bf16.data() + t * 2 * static_cast<size_t>(f.elements()));
+        continue;
+      }
       DecodeToken(f, r, r + f.data_bytes(), x.data());
       for (int32_t i = 0; i < f.elements(); ++i) {
         const uint16_t h = FloatToBf16(x[i]);

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""An independent implementation of SPEC §2-§3 (records and quantization).
+"""An independent implementation of SPEC §2-§3 (records and quantization),
+and of SPEC §2.1's DS_MLA_FP8 (FlashMLA tests/quant.py @ 9241ae3).
 
 Written from the specification alone, in a different style from the C++
 (kernels/quant.h): casts pick the nearest representable value from a table
@@ -27,7 +28,15 @@ FORMATS = {
     "MXFP8_INDEX": ("e4m3", 128, 32, "ue8m0", False),
     "BF16(6)": (None, 6, 0, None, True),
     "BF16(512)": (None, 512, 0, None, True),
+    # SPEC §2.1: scales rounded up to powers of two, then a BF16 tail.
+    "DS_MLA_FP8": ("e4m3", 512, 128, "fp32_pow2", True),
 }
+TAIL = {"DS_MLA_FP8": 64}  # BF16 values after the scales, copied as is
+
+
+def width(fmt):
+    """BF16 input values per token (quantized + tail)."""
+    return FORMATS[fmt][1] + TAIL.get(fmt, 0)
 
 
 def f32(x):
@@ -139,9 +148,31 @@ def amax_of(xs):
 ONE_SIXTH = f32(1.0 / 6.0)
 
 
-def encode_token(fmt, xs):
-    """fp32 values -> record bytes [data | scales]."""
+def encode_pow2_tile(part):
+    """SPEC §2.1 tile: (codes, fp32 scale bytes)."""
+    if any(math.isnan(x) for x in part):
+        return [0x7F] * len(part), struct.pack("<I", 0x7FFFFFFF)
+    if any(math.isinf(x) for x in part):
+        codes = [0x7F if math.isinf(x) else
+                 (0x80 if math.copysign(1, x) < 0 else 0) for x in part]
+        return codes, struct.pack("<f", math.inf)
+    v = max(f32(amax_of(part) / 448.0), f32(1e-4))
+    scale = 2.0 ** ceil_log2(v)
+    return [encode_e4m3(f32(x / scale)) for x in part], struct.pack("<f", scale)
+
+
+def encode_token(fmt, xs, raw=None):
+    """fp32 values (raw: their BF16 bits) -> record bytes [data | scales]
+    (| tail)."""
     dtype, n, group, sf, _ = FORMATS[fmt]
+    if sf == "fp32_pow2":
+        codes, scales = [], b""
+        for g in range(n // group):
+            c, s = encode_pow2_tile(xs[g * group:(g + 1) * group])
+            codes += c
+            scales += s
+        tail = struct.pack("<%dH" % TAIL[fmt], *raw[n:])
+        return bytes(codes) + scales + tail
     if dtype is None:
         out = bytearray()
         for x in xs:
@@ -183,6 +214,13 @@ def decode_token(fmt, rec):
     if dtype is None:
         return [bf16_to_f32(struct.unpack_from("<H", rec, 2 * i)[0])
                 for i in range(n)]
+    if sf == "fp32_pow2":  # BF16 bits of the load's row: q * s, then tail
+        out = []
+        for i in range(n):
+            s = struct.unpack_from("<f", rec, n + 4 * (i // group))[0]
+            out.append(f32_to_bf16(f32(decode_e4m3(rec[i]) * s)))
+        return out + list(struct.unpack_from(
+            "<%dH" % TAIL[fmt], rec, n + 4 * (n // group)))
     qbytes = n if dtype == "e4m3" else n // 2
     data, sc = rec[:qbytes], rec[qbytes:]
     if dtype == "e4m3":
@@ -206,7 +244,7 @@ def decode_token(fmt, rec):
 
 def random_tokens(rng, fmt, count):
     """BF16 bit patterns: random magnitudes per group plus edge cases."""
-    n = FORMATS[fmt][1]
+    n = width(fmt)
     edge = [0x0000, 0x8000, 0x7FC0, 0xFFC0, 0x7F80, 0xFF80, 0x7F7F, 0x0001,
             0x8001, 0x3F80, 0x43E0, 0x43E8, 0xC3E8, 0x40C0, 0x4050, 0x3A83]
     toks = []
@@ -220,6 +258,9 @@ def random_tokens(rng, fmt, count):
                 row.append(edge[(i + t) % len(edge)])
             elif kind == 2:
                 row.append(0x0000 if i % 7 else 0x8000)  # all-zero groups
+            elif kind == 3 and fmt in TAIL and i < 256:  # an Inf tile, a NaN tile
+                row.append(0xFF80 if i == 5 else (0x7FC1 if i == 200
+                           else f32_to_bf16(f32(rng.gauss(0, 1)))))
             else:
                 scale = 2.0 ** rng.randint(-30, 30)
                 row.append(f32_to_bf16(f32(rng.gauss(0, 1) * scale)))
@@ -230,8 +271,9 @@ def random_tokens(rng, fmt, count):
 def check(ctl, work):
     rng = random.Random(301)
     failures = 0
-    for fmt, (dtype, n, _, _, cast) in FORMATS.items():
+    for fmt, (dtype, n, _, sf, cast) in FORMATS.items():
         toks = random_tokens(rng, fmt, 48)
+        n = width(fmt)
         raw = b"".join(struct.pack("<%dH" % n, *row) for row in toks)
         src, rec_path, out_path, sc_path = (f"{work}/{fmt}.{s}" for s in
                                             ("in", "rec", "out", "sc"))
@@ -239,8 +281,8 @@ def check(ctl, work):
         subprocess.run([ctl, "format", "encode", fmt, "--in", src, "--out",
                         rec_path], check=True)
         got = open(rec_path, "rb").read()
-        want = b"".join(encode_token(fmt, [bf16_to_f32(h) for h in row])
-                        for row in toks)
+        want = b"".join(encode_token(fmt, [bf16_to_f32(h) for h in row],
+                                     row) for row in toks)
         if got != want:
             failures += 1
             i = next(i for i in range(len(want)) if got[i] != want[i])
@@ -254,7 +296,12 @@ def check(ctl, work):
             args += ["--scales_out", sc_path]
         subprocess.run(args, check=True)
         got = open(out_path, "rb").read()
-        if cast:
+        if sf == "fp32_pow2":
+            want_out = b"".join(
+                struct.pack("<%dH" % n, *decode_token(
+                    fmt, want[t * rlen:(t + 1) * rlen]))
+                for t in range(len(toks)))
+        elif cast:
             vals = []
             for t in range(len(toks)):
                 vals += decode_token(fmt, want[t * rlen:(t + 1) * rlen])

@@ -90,6 +90,7 @@ absl::Status Store(const PoolLayout& layout, void* layer, const void* kv,
   if (!id.ok()) return id.status();
   RETURN_IF_ERROR(CheckLayout(layout));
   RETURN_IF_ERROR(CheckCount(num_tokens, "num_tokens"));
+  RETURN_IF_ERROR(ValidateInputDtype(layout.format, dtype));
   if (num_tokens == 0) return absl::OkStatus();
   RETURN_IF_ERROR(CheckPointer(layer, "layer", 16));
   RETURN_IF_ERROR(CheckPointer(kv, "kv", 16));

@@ -34,6 +34,15 @@ cudaError_t LaunchLoad(FormatId id, const PoolLayout& layout,
                        int64_t num_segments, void* data, void* scales,
                        const Launch& launch);
 
+// DS_MLA_FP8 (ds_mla.cu): kv [n][576] BF16; out [total_k][576] BF16. Same
+// contracts as LaunchStore / LaunchLoad (16-byte aligned pointers).
+cudaError_t LaunchDsMlaStore(const PoolLayout& layout, uint8_t* layer,
+                             const uint16_t* kv, const int32_t* slots,
+                             int64_t n, bool hw_cvt, const Launch& launch);
+cudaError_t LaunchDsMlaLoad(const PoolLayout& layout, const uint8_t* layer,
+                            const int32_t* segments, int64_t num_segments,
+                            uint16_t* out, const Launch& launch);
+
 // An empty kernel (benchmarks measure launch overhead with it).
 cudaError_t LaunchEmpty(const Launch& launch);
 

@@ -358,6 +358,9 @@ cudaError_t LaunchLoad(FormatId id, const PoolLayout& layout,
                                          data, scales, launch);
     case FormatId::kBf16:
       return LoadBf16(layout, layer, segments, num_segments, data, launch);
+    case FormatId::kDsMlaFp8:
+      return LaunchDsMlaLoad(layout, layer, segments, num_segments,
+                             static_cast<uint16_t*>(data), launch);
   }
   return cudaErrorInvalidValue;
 }

@@ -243,6 +243,12 @@ cudaError_t StoreDispatch(FormatId id, const PoolLayout& layout, uint8_t* layer,
                                               launch);
     case FormatId::kBf16:
       return StoreBf16<In>(layout, layer, kv, slots, n, launch);
+    case FormatId::kDsMlaFp8:  // BF16 input only (ValidateInputDtype)
+      if constexpr (sizeof(In) == 2) {
+        return LaunchDsMlaStore(layout, layer, static_cast<const In*>(kv),
+                                slots, n, hw, launch);
+      }
+      return cudaErrorInvalidValue;
   }
   return cudaErrorInvalidValue;
 }

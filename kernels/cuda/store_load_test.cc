@@ -25,7 +25,7 @@ using ::testing::HasSubstr;
 
 constexpr const char* kFormats[] = {
     "V41",         "V41_FP4",   "FP4_INDEX", "FP8_FP32SF_INDEX",
-    "MXFP8_INDEX", "BF16(512)", "BF16(6)",   "BF16(4)"};
+    "MXFP8_INDEX", "BF16(512)", "BF16(6)",   "BF16(4)", "DS_MLA_FP8"};
 constexpr int64_t kBlockSizes[] = {1, 7, 64, 133};
 
 PoolLayout Layout(const std::string& name, int64_t block_size,
@@ -147,6 +147,12 @@ TEST_P(StoreLoadTest, StoreMatchesReference) {
   std::mt19937 rng(301);
   const PoolLayout layout = Layout(name, bs, 700);
   for (InputDtype dtype : {InputDtype::kBF16, InputDtype::kFP32}) {
+    if (!ValidateInputDtype(layout.format, dtype).ok()) {  // DS_MLA_FP8
+      const int32_t slot = 0;
+      EXPECT_EQ(gpu::Store(layout, nullptr, nullptr, dtype, &slot, 1).code(),
+                absl::StatusCode::kInvalidArgument);
+      continue;
+    }
     for (bool hw : {true, false}) {
       LaunchOptions options;
       options.hw_e4m3 = hw;

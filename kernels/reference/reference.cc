@@ -294,17 +294,46 @@ void LoadCastSegment(const PoolLayout& layout, const uint8_t* layer,
   }
 }
 
+// e4m3 + fp32 pow2_ceil records with a BF16 tail (DS_MLA_FP8, SPEC §2.1):
+// not a §3 scheme, so not in Dispatch.
+bool IsPow2(const KVCacheFormat& f) {
+  return f.quantized() && f.scale_rounding == ScaleRounding::kPow2Ceil;
+}
+
+void StorePow2(const PoolLayout& layout, uint8_t* layer, const uint8_t* kv,
+               absl::Span<const int32_t> slots) {
+  const int64_t row = 2 * static_cast<int64_t>(layout.format.elements());
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i] < 0) continue;
+    internal::EncodePow2Record(layout.format, kv + static_cast<int64_t>(i) * row,
+                               layer + layout.slot_data_offset(slots[i]),
+                               layer + layout.slot_scale_offset(slots[i]));
+  }
+}
+
+void LoadPow2Segment(const PoolLayout& layout, const uint8_t* layer,
+                     const Segment& seg, uint8_t* data) {
+  const int64_t row = LoadDataRowBytes(layout.format);
+  uint8_t* d = data + seg.dst * row;
+  if (seg.block < 0) {
+    memset(d, 0, seg.len() * row);
+    return;
+  }
+  for (int64_t t = 0; t < seg.len(); ++t) {
+    internal::DecodePow2Record(
+        layout.format, layer + layout.data_offset(seg.block, seg.begin + t),
+        layer + layout.scale_offset(seg.block, seg.begin + t), true,
+        d + t * row);
+  }
+}
+
 }  // namespace
 
 absl::Status Store(const PoolLayout& layout, uint8_t* layer, const void* kv,
                    InputDtype dtype, absl::Span<const int32_t> slot_mapping) {
   RETURN_IF_ERROR(internal::ValidateLayout(layout));
   RETURN_IF_ERROR(ValidateQuantization(layout.format));
-  if (dtype != InputDtype::kBF16 && dtype != InputDtype::kFP32) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dtype = ", static_cast<int>(dtype),
-                     " is neither BF16 (0) nor FP32 (1)"));
-  }
+  RETURN_IF_ERROR(ValidateInputDtype(layout.format, dtype));
   RETURN_IF_ERROR(ValidateSlotMapping(layout, slot_mapping));
   if (slot_mapping.empty()) return absl::OkStatus();
   if (layer == nullptr || kv == nullptr) {
@@ -313,6 +342,10 @@ absl::Status Store(const PoolLayout& layout, uint8_t* layer, const void* kv,
                      " is null with n = ", slot_mapping.size(), " tokens"));
   }
   const auto* in = static_cast<const uint8_t*>(kv);
+  if (IsPow2(layout.format)) {
+    StorePow2(layout, layer, in, slot_mapping);
+    return absl::OkStatus();
+  }
   Dispatch(layout.format, [&]<Q D, S F>() {
     if (dtype == InputDtype::kBF16) {
       StoreAll<D, F, uint16_t>(layout, layer, in, slot_mapping);
@@ -344,6 +377,12 @@ absl::Status LoadSegments(const PoolLayout& layout, const uint8_t* layer,
   auto* out_scales =
       LoadScaleRowBytes(f) > 0 ? static_cast<uint8_t*>(scales) : nullptr;
   const size_t num_segments = segments.size() / kSegmentFields;
+  if (cast && IsPow2(f)) {
+    for (size_t s = 0; s < num_segments; ++s) {
+      LoadPow2Segment(layout, layer, SegmentAt(segments.data(), s), out);
+    }
+    return absl::OkStatus();
+  }
   if (!cast) {
     for (size_t s = 0; s < num_segments; ++s) {
       LoadRawSegment(layout, layer, SegmentAt(segments.data(), s), out,
@@ -365,6 +404,14 @@ absl::Status LoadSegments(const PoolLayout& layout, const uint8_t* layer,
 void EncodeToken(const KVCacheFormat& format, const float* x, uint8_t* data,
                  uint8_t* scales) {
   if (!ValidateQuantization(format).ok()) return;
+  if (IsPow2(format)) {  // BF16 input: the values rounded to BF16 first
+    std::vector<uint16_t> bf16(static_cast<size_t>(format.elements()));
+    for (size_t i = 0; i < bf16.size(); ++i) bf16[i] = FloatToBf16(x[i]);
+    internal::EncodePow2Record(format,
+                               reinterpret_cast<const uint8_t*>(bf16.data()),
+                               data, scales);
+    return;
+  }
   const auto* in = reinterpret_cast<const uint8_t*>(x);
   Dispatch(format, [&]<Q D, S F>() {
     if constexpr (D == Q::kNone) {
@@ -381,6 +428,10 @@ void DecodeToken(const KVCacheFormat& format, const uint8_t* data,
                  const uint8_t* scales, float* out) {
   if (!ValidateQuantization(format).ok()) return;
   auto* o = reinterpret_cast<uint8_t*>(out);
+  if (IsPow2(format)) {
+    internal::DecodePow2Record(format, data, scales, false, o);
+    return;
+  }
   Dispatch(format, [&]<Q D, S F>() {
     if constexpr (D == Q::kNone) {
       for (int i = 0; i < format.elements(); ++i) {
@@ -390,6 +441,43 @@ void DecodeToken(const KVCacheFormat& format, const uint8_t* data,
     } else {
       DecodeQuantized<D, F, float>(format.elements(), format.elements_per_sf,
                                    data, scales, o);
+    }
+  });
+}
+
+void EncodeTokenBf16(const KVCacheFormat& format, const uint8_t* x,
+                     uint8_t* data, uint8_t* scales) {
+  if (!ValidateQuantization(format).ok()) return;
+  if (IsPow2(format)) {
+    internal::EncodePow2Record(format, x, data, scales);
+    return;
+  }
+  Dispatch(format, [&]<Q D, S F>() {
+    if constexpr (D == Q::kNone) {
+      EncodeBf16<uint16_t>(format.elements(), x, data);
+    } else {
+      Scratch scratch(format.elements());
+      EncodeQuantized<D, F, uint16_t>(format.elements(),
+                                      format.elements_per_sf, x, data, scales,
+                                      scratch);
+    }
+  });
+}
+
+void DecodeTokenBf16(const KVCacheFormat& format, const uint8_t* data,
+                     const uint8_t* scales, uint8_t* out) {
+  if (!ValidateQuantization(format).ok()) return;
+  if (IsPow2(format)) {
+    internal::DecodePow2Record(format, data, scales, true, out);
+    return;
+  }
+  Dispatch(format, [&]<Q D, S F>() {
+    if constexpr (D == Q::kNone) {
+      memcpy(out, data, 2 * static_cast<size_t>(format.elements()));
+    } else {
+      DecodeQuantized<D, F, uint16_t>(format.elements(),
+                                      format.elements_per_sf, data, scales,
+                                      out);
     }
   });
 }

@@ -40,6 +40,9 @@ absl::Status LoadSegments(const PoolLayout& layout, const uint8_t* layer,
 // One token through the quantization of its format: fp32 input of
 // format.elements() values -> data bytes (data_bytes()) and scale bytes
 // (sf_bytes()), exactly as Store writes them. Used by tools and tests.
+// Formats with a BF16 tail (DS_MLA_FP8) write the tail right after the
+// scales (scales + sf_bytes(), as in the record) and take BF16 input: x is
+// rounded to BF16 first (exact for BF16 values).
 // REQUIRES: ValidateQuantization(format) is OK; otherwise nothing is
 // written (same for DecodeToken).
 void EncodeToken(const KVCacheFormat& format, const float* x, uint8_t* data,
@@ -48,8 +51,22 @@ void EncodeToken(const KVCacheFormat& format, const float* x, uint8_t* data,
 // The inverse for do_cast formats: data + scales -> fp32 (before the BF16
 // rounding that the load applies). For index formats returns the
 // dequantized values too (used by inspection tools, not by the load).
+// A BF16 tail is read from scales + sf_bytes().
 void DecodeToken(const KVCacheFormat& format, const uint8_t* data,
                  const uint8_t* scales, float* out);
+
+// EncodeToken from BF16 input (x: elements() BF16 bit patterns, any
+// alignment): exactly the bytes Store writes for a BF16 token, tails
+// included bit for bit.
+void EncodeTokenBf16(const KVCacheFormat& format, const uint8_t* x,
+                     uint8_t* data, uint8_t* scales);
+
+// One record -> the row a segment load writes for it: BF16 bits (elements()
+// x 2 bytes; any alignment). Index formats: their values dequantized to
+// BF16 (tools only; the load copies them raw). BF16 records and tails are
+// copied bit for bit.
+void DecodeTokenBf16(const KVCacheFormat& format, const uint8_t* data,
+                     const uint8_t* scales, uint8_t* out);
 
 }  // namespace kvdepot
 
