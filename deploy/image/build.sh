@@ -10,8 +10,8 @@
 # Prints the image tag on the last line. Needs root (mmdebstrap, podman).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-version=$(sed -n 's/.*kKvdepotVersion\[\] = "\(.*\)";/\1/p' server/version.h)
-tag=${1:-localhost/kvdepot:${version:?no version in server/version.h}}
+version=$(sed -n 's/.*kKvdepotVersion\[\] = "\(.*\)";/\1/p' common/version.h)
+tag=${1:-localhost/kvdepot:${version:?no version in common/version.h}}
 podman=(podman --storage-driver=vfs)
 
 bazel build --symlink_prefix=/ //server:kvdepotd //client/kvcachectl >&2
@@ -33,7 +33,8 @@ cache=${XDG_CACHE_HOME:-$HOME/.cache}/kvdepot/image
 mkdir -p "$cache"
 key=$(printf '%s\n' bookworm essential "$packages" | sha256sum | cut -c1-16)
 base_tar=$cache/base-$key.tar
-if [[ ! -s "$base_tar" ]]; then
+if [[ ! -f "$base_tar" || ! -s "$base_tar" ]]; then
+  rm -rf "$base_tar"
   echo "build.sh: mmdebstrap bookworm base ($key)" >&2
   # mmdebstrap picks the output format from the extension: keep ".tar".
   mmdebstrap --quiet --variant=essential --include="$packages" bookworm \

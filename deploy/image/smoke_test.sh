@@ -37,7 +37,7 @@ user=$("${podman[@]}" image inspect --format '{{.Config.User}}' "$tag")
 
 "${as_user[@]}" /usr/local/bin/kvdepotd --version >"$work/version" 2>&1 ||
   { cat "$work/version" >&2; fail "kvdepotd --version"; }
-grep -q "$(sed -n 's/.*kKvdepotVersion\[\] = "\(.*\)";/\1/p' server/version.h)" "$work/version" ||
+grep -q "$(sed -n 's/.*kKvdepotVersion\[\] = "\(.*\)";/\1/p' common/version.h)" "$work/version" ||
   fail "--version printed: $(cat "$work/version")"
 "${as_user[@]}" /usr/local/bin/kvcachectl --version >/dev/null ||
   fail "kvcachectl --version"
