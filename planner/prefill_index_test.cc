@@ -163,6 +163,17 @@ TEST(KvIndexCatTest, ZeroWidthRows) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+// Found by //tests/fuzz:index_fuzz (UBSan): rows = 2^62 overflowed
+// rows * swa_width in the size checks.
+TEST(KvIndexCatTest, HugeRowsAreRejectedBeforeArithmetic) {
+  std::vector<int32_t> out(4, -9);
+  const absl::Status s = KvIndexCat({0, 1}, 2, {0, 1}, 2, int64_t{1} << 62,
+                                    10, 20, absl::MakeSpan(out));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("rows = 4611686018427387904 exceeds"));
+  EXPECT_EQ(out, std::vector<int32_t>(4, -9));
+}
+
 TEST(KvIndexCatTest, RejectsBadEntriesWithoutWriting) {
   std::vector<int32_t> out(6, -9);
   absl::Status s =
