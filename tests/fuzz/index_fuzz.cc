@@ -46,10 +46,11 @@ void FuzzConvertTopk(FuzzInput& in) {
   FUZZ_CHECK(*invalid >= 0 && *invalid <= static_cast<int64_t>(topk.size()),
              "invalid_count %lld", static_cast<long long>(*invalid));
   CheckAllIn(topk, 0, static_cast<int64_t>(block_size) * num_blocks, "topk");
-  for (int64_t b = 0; b < n; ++b) {
+  // The batch is valid_count's length (n only suggested it).
+  for (size_t b = 0; b < valid_count.size(); ++b) {
     for (int32_t c = valid_count[b]; c < k; ++c) {
-      FUZZ_CHECK(topk[b * k + c] == -1, "topk[%lld][%d] past valid_count",
-                 static_cast<long long>(b), c);
+      FUZZ_CHECK(topk[b * k + c] == -1, "topk[%zu][%d] past valid_count", b,
+                 c);
     }
   }
 }
