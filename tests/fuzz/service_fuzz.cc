@@ -14,6 +14,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -68,7 +69,13 @@ struct Harness {
 };
 
 Harness& GetHarness() {
-  static Harness* h = new Harness();  // lives as long as the process
+  static Harness* h = [] {
+    auto* harness = new Harness();  // lives as long as the process
+    // Unlink the import object at exit (replay main returns, libFuzzer
+    // calls exit()); only a crash leaves it in /dev/shm.
+    std::atexit([] { GetHarness().import = ShmRegion(); });
+    return harness;
+  }();
   return *h;
 }
 
