@@ -1,7 +1,9 @@
 #include "planner/batch.h"
 
 #include <limits>
+#include <string>
 
+#include "absl/numeric/int128.h"
 #include "absl/strings/str_cat.h"
 
 namespace kvdepot {
@@ -31,11 +33,18 @@ absl::Status BlockTableView::Validate(int64_t min_rows) const {
                      " is outside [0, row_stride = ", row_stride, "]"));
   }
   if (num_rows > 0) {
-    const int64_t needed = (num_rows - 1) * row_stride + num_cols;
-    if (static_cast<int64_t>(data.size()) < needed) {
+    // (num_rows - 1) * row_stride + num_cols in 128 bits: both counts are
+    // untrusted int64 and the product overflows int64.
+    const absl::int128 needed =
+        absl::int128(num_rows - 1) * row_stride + num_cols;
+    if (absl::int128(data.size()) < needed) {
+      const std::string count =
+          needed <= std::numeric_limits<int64_t>::max()
+              ? absl::StrCat(static_cast<int64_t>(needed))
+              : std::string("more than 2^63");
       return absl::InvalidArgumentError(absl::StrCat(
           "block_table data holds ", data.size(), " entries, fewer than the ",
-          needed, " that ", num_rows, " rows of stride ", row_stride, " need"));
+          count, " that ", num_rows, " rows of stride ", row_stride, " need"));
     }
   }
   if (!row_lens.empty()) {

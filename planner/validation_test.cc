@@ -279,5 +279,21 @@ TEST(ValidationTest, BlockTableShape) {
               HasSubstr("block_table num_rows = -1 is negative"));
 }
 
+// Found by //tests/fuzz:index_fuzz (UBSan): (num_rows - 1) * row_stride
+// overflowed int64 in the data size check.
+TEST(BlockTableViewTest, HugeRowsAndStrideDoNotOverflow) {
+  const std::vector<int32_t> data(10, 0);
+  BlockTableView view{.data = data,
+                      .num_rows = int64_t{1} << 40,
+                      .num_cols = 1,
+                      .row_stride = int64_t{1} << 62};
+  const absl::Status s = view.Validate(1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("block_table data holds 10 entries, "
+                                     "fewer than the more than 2^63 that "
+                                     "1099511627776 rows of stride "
+                                     "4611686018427387904 need"));
+}
+
 }  // namespace
 }  // namespace kvdepot

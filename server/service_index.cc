@@ -80,9 +80,11 @@ absl::Status KVCacheService::DoSwaDecodeIndex(
   const PoolLayout& l = (*pool)->layout;
   IndexScratch& sc = ThreadIndexScratch();
   const int64_t max = options_.max_array_elements;
-  if (r.num_queries() > max / 3) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("num_queries = ", r.num_queries(), " exceeds ", max / 3));
+  // Bounded on both sides before 3 * num_queries (a negative count wrapped
+  // to a small positive one, then resize() threw: UNKNOWN).
+  if (r.num_queries() < 0 || r.num_queries() > max / 3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_queries = ", r.num_queries(), " is outside [0, ", max / 3, "]"));
   }
   RETURN_IF_ERROR(DecodeInt32s("queries", r.queries(), "3 * num_queries",
                                3 * r.num_queries(), max, &sc.a));

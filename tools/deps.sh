@@ -3,6 +3,7 @@
 # everything is present; needs root (or sudo) only when something is missing.
 #   kvdepot_install_deps       build and run (tools/run.sh, the image)
 #   kvdepot_install_test_deps  that, plus what the tests use (tools/test.sh)
+#   kvdepot_install_fuzz_deps  clang and its runtimes (tools/fuzz.sh)
 set -euo pipefail
 
 KVDEPOT_PACKAGES=(
@@ -25,6 +26,14 @@ KVDEPOT_TEST_PACKAGES=(python3-grpcio python3-protobuf prometheus openssl)
 # kubernetes-client) and validate with Node.js packages that `npm ci`
 # installs into deploy/validate/node_modules from its package-lock.json.
 KVDEPOT_DEPLOY_PACKAGES=(yamllint shellcheck patchelf)
+
+# Fuzzing and the sanitizer builds (tools/fuzz.sh, --config=fuzz): Debian's
+# clang with its libFuzzer/ASan/UBSan runtimes, and lld to link.
+KVDEPOT_FUZZ_PACKAGES=(clang libclang-rt-14-dev lld)
+
+kvdepot_install_fuzz_deps() {
+  _kvdepot_install "${KVDEPOT_FUZZ_PACKAGES[@]}"
+}
 
 kvdepot_install_deps() {
   _kvdepot_install "${KVDEPOT_PACKAGES[@]}"

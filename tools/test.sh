@@ -1,8 +1,44 @@
 #!/usr/bin/env bash
 # The test command (README, CI): installs missing Debian packages, then runs
 # every test that needs no GPU. Extra arguments go to `bazel test`.
+#
+# With --asan (or CI=true) it then runs the CPU tests again under
+# AddressSanitizer + UndefinedBehaviorSanitizer (--config=asan, .bazelrc) in
+# a separate output base, so neither build evicts the other. Skipped there:
+#   //deploy/...      manifests, image bundling and Node.js validation: no
+#                     C++ of ours runs
+#   //client/python/... the Python client: an uninstrumented interpreter
+#                     would need the ASan runtime LD_PRELOADed
+#   //tests/deps/...  Bazel queries of the dependency graph: nothing runs
+# The exit status is the first failing run's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/deps.sh
 kvdepot_install_test_deps
-exec bazel test //... "$@"
+
+asan=0
+[ "${CI:-}" = true ] && asan=1
+args=()
+for a in "$@"; do
+  if [ "$a" = --asan ]; then asan=1; else args+=("$a"); fi
+done
+
+# The C++ packages by name rather than //... minus the rest: //... would
+# also walk the normal output base's bazel-<dir> symlink in this tree.
+asan_targets=(//client/... //common/... //kernels/... //planner/... //proto/...
+  //server/... //tests/... -//client/python/... -//tests/deps/...)
+
+rc=0
+bazel test //... "${args[@]}" || rc=$?
+if [ "$asan" = 1 ]; then
+  echo "tools/test.sh: the CPU tests under ASan + UBSan (--config=asan)" >&2
+  start=$(date +%s)
+  bazel --output_base="${KVDEPOT_ASAN_OUTPUT_BASE:-$HOME/.cache/bazel_asan}" \
+    test --config=asan --build_tests_only "${args[@]}" -- \
+    "${asan_targets[@]}" || {
+    r=$?
+    [ "$rc" -ne 0 ] || rc=$r
+  }
+  echo "tools/test.sh: ASan + UBSan run took $(($(date +%s) - start)) s" >&2
+fi
+exit "$rc"

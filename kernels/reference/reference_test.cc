@@ -119,10 +119,12 @@ TEST_P(RoundTripTest, StoreThenLoadEveryBlock) {
     ASSERT_EQ(0, memcmp(data.data(), &pool[layout_.slot_data_offset(slots[i])],
                         data.size()))
         << "token " << i;
-    ASSERT_EQ(0,
-              memcmp(scales.data(), &pool[layout_.slot_scale_offset(slots[i])],
-                     scales.size()))
-        << "token " << i;
+    if (!scales.empty()) {  // BF16: no scales, and memcmp(nullptr, ...) is UB
+      ASSERT_EQ(0, memcmp(scales.data(),
+                          pool.data() + layout_.slot_scale_offset(slots[i]),
+                          scales.size()))
+          << "token " << i;
+    }
   }
 
   // Load every block in one plan; row r is slot r.
@@ -144,7 +146,9 @@ TEST_P(RoundTripTest, StoreThenLoadEveryBlock) {
   for (int64_t i = 0; i < kTokens; ++i) {
     if (slots[i] < 0) continue;
     const uint8_t* row = &out[slots[i] * drow];
-    const uint8_t* srow_p = &out_scales[slots[i] * srow];
+    // data() + offset: do_cast formats have no scale rows (srow = 0) and
+    // out_scales is empty; out_scales[0] would bind a reference to null.
+    const uint8_t* srow_p = out_scales.data() + slots[i] * srow;
     const uint8_t* pscales = &pool[layout_.slot_scale_offset(slots[i])];
     for (int64_t e = 0; e < elements; ++e) {
       const float xi = x[i * elements + e];
@@ -243,7 +247,10 @@ TEST_P(RoundTripTest, PartialPlanKeepsUncoveredRowsAndZeroFills) {
     ASSERT_TRUE(
         LoadSegments(layout_, pool.data(), one, 1, d1.data(), s1.data()).ok());
     ASSERT_EQ(0, memcmp(d1.data(), &out[r * drow], drow)) << "row " << r;
-    ASSERT_EQ(0, memcmp(s1.data(), &out_s[r * srow], srow)) << "row " << r;
+    if (srow > 0) {  // memcmp of a null s1.data() is undefined even for 0
+      ASSERT_EQ(0, memcmp(s1.data(), out_s.data() + r * srow, srow))
+          << "row " << r;
+    }
     ASSERT_FALSE(row_is(r, 0, 0)) << "row " << r;
   }
 }
