@@ -4,6 +4,7 @@
 #   kvdepot_install_deps       build and run (tools/run.sh, the image)
 #   kvdepot_install_test_deps  that, plus what the tests use (tools/test.sh)
 #   kvdepot_install_fuzz_deps  clang and its runtimes (tools/fuzz.sh)
+#   kvdepot_install_image_deps mmdebstrap and podman (deploy/image)
 set -euo pipefail
 
 KVDEPOT_PACKAGES=(
@@ -30,6 +31,14 @@ KVDEPOT_DEPLOY_PACKAGES=(yamllint shellcheck patchelf)
 # Fuzzing and the sanitizer builds (tools/fuzz.sh, --config=fuzz): Debian's
 # clang with its libFuzzer/ASan/UBSan runtimes, and lld to link.
 KVDEPOT_FUZZ_PACKAGES=(clang libclang-rt-14-dev lld)
+
+# The container image's build and smoke test (deploy/image; CI): a Debian
+# base from mmdebstrap, podman for the COPY-only build and the export.
+KVDEPOT_IMAGE_PACKAGES=(mmdebstrap podman uidmap)
+
+kvdepot_install_image_deps() {
+  _kvdepot_install "${KVDEPOT_IMAGE_PACKAGES[@]}"
+}
 
 kvdepot_install_fuzz_deps() {
   _kvdepot_install "${KVDEPOT_FUZZ_PACKAGES[@]}"

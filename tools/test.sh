@@ -10,6 +10,8 @@
 #   //client/python/... the Python client: an uninstrumented interpreter
 #                     would need the ASan runtime LD_PRELOADed
 #   //tests/deps/...  Bazel queries of the dependency graph: nothing runs
+# With --image (or CI=true, as root) it then builds the container image from
+# Debian's packages and runs its smoke test (deploy/image/smoke_test.sh).
 # The exit status is the first failing run's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,10 +19,18 @@ source tools/deps.sh
 kvdepot_install_test_deps
 
 asan=0
-[ "${CI:-}" = true ] && asan=1
+image=0
+if [ "${CI:-}" = true ]; then
+  asan=1
+  [ "$(id -u)" -eq 0 ] && image=1
+fi
 args=()
 for a in "$@"; do
-  if [ "$a" = --asan ]; then asan=1; else args+=("$a"); fi
+  case "$a" in
+    --asan) asan=1 ;;
+    --image) image=1 ;;
+    *) args+=("$a") ;;
+  esac
 done
 
 # The C++ packages by name rather than //... minus the rest: //... would
@@ -40,5 +50,18 @@ if [ "$asan" = 1 ]; then
     [ "$rc" -ne 0 ] || rc=$r
   }
   echo "tools/test.sh: ASan + UBSan run took $(($(date +%s) - start)) s" >&2
+fi
+if [ "$image" = 1 ]; then
+  echo "tools/test.sh: the container image and its smoke test" >&2
+  start=$(date +%s)
+  kvdepot_install_image_deps
+  if deploy/image/smoke_test.sh; then
+    echo "image smoke test: passed"
+  else
+    r=$?
+    echo "image smoke test: FAILED"
+    [ "$rc" -ne 0 ] || rc=$r
+  fi
+  echo "tools/test.sh: image build and smoke test took $(($(date +%s) - start)) s" >&2
 fi
 exit "$rc"

@@ -7,6 +7,7 @@
 // Properties: no crash or sanitizer report; a refused pool is
 // INVALID_ARGUMENT, ALREADY_EXISTS or RESOURCE_EXHAUSTED, never UNKNOWN or
 // INTERNAL; a created pool is found by its name.
+#include <unistd.h>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -33,7 +34,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   kvdepot::PoolRegistry pools(backend.get(), int64_t{64} << 20);
   for (int i = 0; i < config.pools_size() && i < 16; ++i) {
     absl::StatusOr<std::shared_ptr<kvdepot::Pool>> p =
-        pools.Create(config.pools(i));
+        pools.Create(config.pools(i), getuid());
     if (p.ok()) {
       FUZZ_CHECK(pools.Get("name", config.pools(i).name()).ok(),
                  "pools[%d] created but not found", i);

@@ -12,6 +12,7 @@
 // Property: no crash, no sanitizer report, never UNKNOWN (an exception or an
 // unconverted error) or INTERNAL.
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/test/server_context_test_spouse.h>
 
 #include <cstdint>
 #include <cstdlib>
@@ -61,7 +62,8 @@ struct Harness {
     builder.RegisterService(&forwarder);
     server = builder.BuildAndStart();
     FUZZ_CHECK(server != nullptr, "in-process server");
-    stub = v1::KVCache::NewStub(server->InProcessChannel(grpc::ChannelArguments()));
+    stub = v1::KVCache::NewStub(
+        server->InProcessChannel(grpc::ChannelArguments()));
     absl::StatusOr<ShmRegion> r = ShmRegion::Create(int64_t{1} << 20, 0600);
     FUZZ_CHECK(r.ok(), "shm: %s", r.status().ToString().c_str());
     import = *std::move(r);
@@ -92,8 +94,9 @@ void FixUp(const World& w, google::protobuf::Message* m) {
       imp != nullptr && imp->handle().has_shm_name()) {
     const std::string& name = imp->handle().shm_name();
     imp->mutable_handle()->set_shm_name(
-        name == "i" ? GetHarness().import.name()
-                    : "/kvdepot-fuzz-absent-" + name.substr(name.empty() ? 0 : 1));
+        name == "i"
+            ? GetHarness().import.name()
+            : "/kvdepot-fuzz-absent-" + name.substr(name.empty() ? 0 : 1));
   }
 }
 
@@ -106,6 +109,10 @@ void Call(World& w, const std::string& bytes, const char* rpc,
   FixUp(w, &req);
   Resp resp;
   Ctx ctx;
+  // The live session also in the metadata, as the client library sends it
+  // for requests without a session_id field (index RPCs).
+  grpc::testing::ServerContextTestSpouse spouse(&ctx);  // holds the strings
+  spouse.AddClientMetadata(kSessionMetadataKey, w.session);
   CheckStatus((w.service.*handler)(&ctx, &req, &resp), rpc);
 }
 
@@ -126,29 +133,52 @@ void CallVerify(World& w, const std::string& bytes) {
 void OneCall(World& w, int rpc, const std::string& b) {
   using S = KVCacheService;
   switch (static_cast<Rpc>(rpc)) {
-    case Rpc::kOpenSession: return Call(w, b, "OpenSession", &S::OpenSession);
-    case Rpc::kKeepAlive: return Call(w, b, "KeepAlive", &S::KeepAlive);
-    case Rpc::kCloseSession: return Call(w, b, "CloseSession", &S::CloseSession);
-    case Rpc::kCreatePool: return Call(w, b, "CreatePool", &S::CreatePool);
-    case Rpc::kGetPool: return Call(w, b, "GetPool", &S::GetPool);
-    case Rpc::kListPools: return Call(w, b, "ListPools", &S::ListPools);
-    case Rpc::kDeletePool: return Call(w, b, "DeletePool", &S::DeletePool);
-    case Rpc::kAllocateBuffer: return Call(w, b, "AllocateBuffer", &S::AllocateBuffer);
-    case Rpc::kImportBuffer: return Call(w, b, "ImportBuffer", &S::ImportBuffer);
-    case Rpc::kReleaseBuffer: return Call(w, b, "ReleaseBuffer", &S::ReleaseBuffer);
-    case Rpc::kStore: return Call(w, b, "Store", &S::Store);
-    case Rpc::kLoad: return Call(w, b, "Load", &S::Load);
-    case Rpc::kBuildPlan: return Call(w, b, "BuildPlan", &S::BuildPlan);
-    case Rpc::kPrefillLoad: return Call(w, b, "PrefillLoad", &S::PrefillLoad);
-    case Rpc::kConvertTopk: return Call(w, b, "ConvertTopk", &S::ConvertTopk);
-    case Rpc::kSwaDecodeIndex: return Call(w, b, "SwaDecodeIndex", &S::SwaDecodeIndex);
-    case Rpc::kPrefillIndex: return Call(w, b, "PrefillIndex", &S::PrefillIndex);
-    case Rpc::kStats: return Call(w, b, "Stats", &S::Stats);
-    case Rpc::kPing: return Call(w, b, "Ping", &S::Ping);
-    case Rpc::kInspect: return Call(w, b, "Inspect", &S::Inspect);
-    case Rpc::kVerify: return CallVerify(w, b);
-    case Rpc::kDrain: return Call(w, b, "Drain", &S::Drain);
-    case Rpc::kCount: return;
+    case Rpc::kOpenSession:
+      return Call(w, b, "OpenSession", &S::OpenSession);
+    case Rpc::kKeepAlive:
+      return Call(w, b, "KeepAlive", &S::KeepAlive);
+    case Rpc::kCloseSession:
+      return Call(w, b, "CloseSession", &S::CloseSession);
+    case Rpc::kCreatePool:
+      return Call(w, b, "CreatePool", &S::CreatePool);
+    case Rpc::kGetPool:
+      return Call(w, b, "GetPool", &S::GetPool);
+    case Rpc::kListPools:
+      return Call(w, b, "ListPools", &S::ListPools);
+    case Rpc::kDeletePool:
+      return Call(w, b, "DeletePool", &S::DeletePool);
+    case Rpc::kAllocateBuffer:
+      return Call(w, b, "AllocateBuffer", &S::AllocateBuffer);
+    case Rpc::kImportBuffer:
+      return Call(w, b, "ImportBuffer", &S::ImportBuffer);
+    case Rpc::kReleaseBuffer:
+      return Call(w, b, "ReleaseBuffer", &S::ReleaseBuffer);
+    case Rpc::kStore:
+      return Call(w, b, "Store", &S::Store);
+    case Rpc::kLoad:
+      return Call(w, b, "Load", &S::Load);
+    case Rpc::kBuildPlan:
+      return Call(w, b, "BuildPlan", &S::BuildPlan);
+    case Rpc::kPrefillLoad:
+      return Call(w, b, "PrefillLoad", &S::PrefillLoad);
+    case Rpc::kConvertTopk:
+      return Call(w, b, "ConvertTopk", &S::ConvertTopk);
+    case Rpc::kSwaDecodeIndex:
+      return Call(w, b, "SwaDecodeIndex", &S::SwaDecodeIndex);
+    case Rpc::kPrefillIndex:
+      return Call(w, b, "PrefillIndex", &S::PrefillIndex);
+    case Rpc::kStats:
+      return Call(w, b, "Stats", &S::Stats);
+    case Rpc::kPing:
+      return Call(w, b, "Ping", &S::Ping);
+    case Rpc::kInspect:
+      return Call(w, b, "Inspect", &S::Inspect);
+    case Rpc::kVerify:
+      return CallVerify(w, b);
+    case Rpc::kDrain:
+      return Call(w, b, "Drain", &S::Drain);
+    case Rpc::kCount:
+      return;
   }
 }
 

@@ -2,6 +2,8 @@
 // through the service in process (service_world.h). Each must now be an
 // ordinary answer: OK for documented-valid requests, INVALID_ARGUMENT
 // naming the field otherwise.
+#include <grpcpp/test/server_context_test_spouse.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -31,6 +33,8 @@ TEST(ServiceRegressionTest, ConvertTopkKZeroWithBatch) {
     EncodeInt32s(std::vector<int32_t>(batch, 0), r.mutable_block_table());
     v1::ConvertTopkResponse out;
     grpc::ServerContext ctx;
+    grpc::testing::ServerContextTestSpouse spouse(&ctx);  // holds the strings
+    spouse.AddClientMetadata(kSessionMetadataKey, w.session);
     const grpc::Status s = w.service.ConvertTopk(&ctx, &r, &out);
     ASSERT_TRUE(s.ok()) << "batch " << batch << ": " << s.error_message();
     EXPECT_TRUE(out.slots().empty());
@@ -51,11 +55,13 @@ TEST(ServiceRegressionTest, SwaDecodeIndexNumQueriesOverflow) {
     EncodeInt32s({0}, r.mutable_queries());
     v1::SwaDecodeIndexResponse out;
     grpc::ServerContext ctx;
+    grpc::testing::ServerContextTestSpouse spouse(&ctx);  // holds the strings
+    spouse.AddClientMetadata(kSessionMetadataKey, w.session);
     const grpc::Status s = w.service.SwaDecodeIndex(&ctx, &r, &out);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << n;
-    EXPECT_THAT(s.error_message(),
-                HasSubstr("num_queries = " + std::to_string(n) +
-                          " is outside [0, "));
+    EXPECT_THAT(
+        s.error_message(),
+        HasSubstr("num_queries = " + std::to_string(n) + " is outside [0, "));
   }
 }
 

@@ -1,6 +1,9 @@
 #include "tests/fuzz/service_world.h"
 
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include "absl/time/clock.h"
 
 #include "server/cpu/cpu_backend.h"
 #include "tests/fuzz/fuzz_input.h"
@@ -18,7 +21,7 @@ void AddPool(PoolRegistry& pools, const char* name, const char* format,
   r.set_block_size(block_size);
   r.set_num_blocks(num_blocks);
   r.set_num_layers(num_layers);
-  absl::StatusOr<std::shared_ptr<Pool>> p = pools.Create(r);
+  absl::StatusOr<std::shared_ptr<Pool>> p = pools.Create(r, getuid());
   FUZZ_CHECK(p.ok(), "pool %s: %s", name, p.status().ToString().c_str());
 }
 
@@ -36,19 +39,21 @@ ServiceWorld::ServiceWorld()
   AddPool(pools, "p", "FP8_FP32SF_INDEX", 0, 16, 8, 2);
   AddPool(pools, "v", "V41", 0, 64, 4, 1);
   AddPool(pools, "b", "BF16", 8, 7, 5, 2);
-  grpc::ServerContext ctx;
-  v1::OpenSessionRequest open;
-  v1::OpenSessionResponse opened;
-  FUZZ_CHECK(service.OpenSession(&ctx, &open, &opened).ok(), "session");
-  session = opened.session_id();
-  v1::AllocateBufferRequest alloc;
-  alloc.set_session_id(session);
-  alloc.set_size(int64_t{1} << 20);
-  v1::BufferInfo info;
-  grpc::ServerContext ctx2;
-  FUZZ_CHECK(service.AllocateBuffer(&ctx2, &alloc, &info).ok() &&
-                 info.buffer_id() == 1,
-             "buffer 1");
+  // A companion-socket peer's session (this process's credentials, so it
+  // owns the pools above) holding buffer 1, as the companion socket would
+  // set them up.
+  absl::StatusOr<OpenedSession> opened =
+      sessions.OpenPeer("fuzz", PeerCredentials{getpid(), getuid(), getgid()});
+  FUZZ_CHECK(opened.ok(), "session: %s", opened.status().ToString().c_str());
+  session = opened->id;
+  absl::StatusOr<Caller> caller = sessions.Authenticate(session, absl::Now());
+  FUZZ_CHECK(caller.ok(), "caller");
+  absl::StatusOr<std::unique_ptr<Memory>> memory =
+      backend->Allocate(int64_t{1} << 20, "");
+  FUZZ_CHECK(memory.ok(), "memory");
+  absl::StatusOr<std::shared_ptr<Buffer>> buffer =
+      sessions.AddBuffer(*caller, *std::move(memory));
+  FUZZ_CHECK(buffer.ok() && (*buffer)->id == 1, "buffer 1");
 }
 
 ServiceWorld::~ServiceWorld() {
