@@ -13,13 +13,17 @@ __path__ = pkgutil.extend_path(__path__, __name__)
 from ._address import default_socket_path, resolve_target
 from ._arrays import pack_int32, unpack_int32
 from ._buffers import INLINE, Buffer, PoolMapping, Slice
-from ._errors import KVCacheError
+from ._errors import ClientClosed, KVCacheError, SessionLost
 from .client import (Client, IndexResult, LoadResult, Plan,
                      PrefillIndexResult, PrefillLoadResult, connect)
 
+# The daemon's version (common/version.h); client_test compares them.
+__version__ = "0.1.0"
+
 __all__ = [
-    "Buffer", "Client", "INLINE", "IndexResult", "KVCacheError",
-    "LoadResult", "Plan", "PoolMapping", "PrefillIndexResult",
-    "PrefillLoadResult", "Slice", "connect", "default_socket_path",
-    "pack_int32", "resolve_target", "unpack_int32",
+    "Buffer", "Client", "ClientClosed", "INLINE", "IndexResult",
+    "KVCacheError", "LoadResult", "Plan", "PoolMapping",
+    "PrefillIndexResult", "PrefillLoadResult", "SessionLost", "Slice",
+    "__version__", "connect", "default_socket_path", "pack_int32",
+    "resolve_target", "unpack_int32",
 ]

@@ -9,10 +9,10 @@ the allocation base instead (docs/PYTHON.md); nothing is mapped here then.
 
 import mmap
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ._errors import invalid_argument
+from ._errors import KVCacheError, invalid_argument
 
 
 class _Inline:
@@ -25,13 +25,27 @@ class _Inline:
 INLINE = _Inline()
 
 
+class SessionToken:
+    """Identifies one session of a client; `alive` turns False when it
+    ends."""
+
+    def __init__(self) -> None:
+        self.alive = True
+
+
 @dataclass(frozen=True)
 class Slice:
-    """Bytes [offset, offset + length) of a buffer, for a request's DataRef."""
+    """Bytes [offset, offset + length) of a buffer, for a request's DataRef.
+
+    `session` is the client session the buffer belongs to (Buffer.slice()
+    sets it); a client refuses a slice of a session it lost. None: not
+    checked (a buffer id another session granted)."""
 
     buffer_id: int
     offset: int
     length: int
+    session: Optional[SessionToken] = field(default=None, compare=False,
+                                            repr=False)
 
 
 _SEALS = 0x0002 | 0x0004  # F_SEAL_SHRINK | F_SEAL_GROW
@@ -65,7 +79,8 @@ class _Mapping:
         self.device_ordinal = handle.device_ordinal if handle else -1
         self.ipc_handle: Optional[bytes] = None
         self._mmap: Optional[mmap.mmap] = None
-        self.view: Optional[memoryview] = None
+        self._view: Optional[memoryview] = None
+        self._invalid: Optional[KVCacheError] = None
         if fd is None:
             if handle is not None and \
                     handle.WhichOneof("kind") == "cuda_ipc_handle":
@@ -73,17 +88,32 @@ class _Mapping:
                 return
             raise invalid_argument("no descriptor and no CUDA IPC handle")
         self._mmap = _map_memfd(fd, length)
-        self.view = memoryview(self._mmap)
+        self._view = memoryview(self._mmap)
+
+    @property
+    def view(self) -> Optional[memoryview]:
+        """The mapping (CPU backend); None after close() or on CUDA. Raises
+        the client's SessionLost or ClientClosed once the session that
+        handed it over has ended: the memory is no longer the daemon's."""
+        if self._invalid is not None:
+            raise self._invalid
+        return self._view
+
+    def invalidate(self, error: KVCacheError) -> None:
+        """Unmaps and makes every later use raise `error` (the client calls
+        it when its session ends)."""
+        self.close()
+        self._invalid = error
 
     def close(self) -> None:
         # Views or NumPy arrays made from `view` may still exist (BufferError):
         # the mapping then goes away with the last of them.
-        if self.view is not None:
+        if self._view is not None:
             try:
-                self.view.release()
+                self._view.release()
             except BufferError:
                 pass
-            self.view = None
+            self._view = None
         if self._mmap is not None:
             try:
                 self._mmap.close()
@@ -94,9 +124,10 @@ class _Mapping:
     def numpy(self, dtype: Any, offset: int = 0, count: int = -1) -> Any:
         import numpy  # optional dependency, only for this method
 
-        if self.view is None:
+        view = self.view
+        if view is None:
             raise invalid_argument("not mapped on the host (CUDA handle)")
-        return numpy.frombuffer(self.view, dtype=dtype, count=count,
+        return numpy.frombuffer(view, dtype=dtype, count=count,
                                 offset=offset)
 
 
@@ -108,36 +139,42 @@ class Buffer(_Mapping):
                 backend; the buffer starts `handle.offset` bytes into it)
     """
 
-    def __init__(self, info: Any, fd: Optional[int], release_fn: Any):
+    def __init__(self, info: Any, fd: Optional[int], release_fn: Any,
+                 session: Optional[SessionToken] = None):
         super().__init__(fd, info.size,
                          info.handle if info.HasField("handle") else None)
         self.id = info.buffer_id
         self.size = info.size
         self.info = info
         self._release_fn = release_fn
+        self._session = session
 
     def slice(self, offset: int = 0, length: Optional[int] = None) -> Slice:
         """A DataRef slice of this buffer; length defaults to the rest."""
+        if self._invalid is not None:
+            raise self._invalid
         if length is None:
             length = self.size - offset
-        return Slice(self.id, offset, length)
+        return Slice(self.id, offset, length, self._session)
 
     def write(self, data: Any, offset: int = 0) -> int:
         """Copies bytes-like `data` into the buffer at `offset`."""
         from ._arrays import data_bytes
 
         raw = data_bytes(data, "data")
-        if self.view is None:
+        view = self.view
+        if view is None:
             raise invalid_argument("buffer is not mapped on the host")
         if offset < 0 or offset + len(raw) > self.size:
             raise invalid_argument(
                 f"write [offset {offset}, +{len(raw)}) is outside buffer "
                 f"{self.id} of {self.size} bytes")
-        self.view[offset:offset + len(raw)] = raw
+        view[offset:offset + len(raw)] = raw
         return len(raw)
 
     def read(self, offset: int = 0, length: Optional[int] = None) -> bytes:
-        if self.view is None:
+        view = self.view
+        if view is None:
             raise invalid_argument("buffer is not mapped on the host")
         if length is None:
             length = self.size - offset
@@ -145,11 +182,14 @@ class Buffer(_Mapping):
             raise invalid_argument(
                 f"read [offset {offset}, +{length}) is outside buffer "
                 f"{self.id} of {self.size} bytes")
-        return bytes(self.view[offset:offset + length])
+        return bytes(view[offset:offset + length])
 
     def release(self) -> None:
-        """Unmaps the buffer and releases it in the daemon."""
+        """Unmaps the buffer and releases it in the daemon (only unmaps once
+        its session ended: the daemon released it then)."""
         self.close()
+        if self._invalid is not None:
+            self._release_fn = None
         if self._release_fn is not None:
             fn, self._release_fn = self._release_fn, None
             fn(self.id)

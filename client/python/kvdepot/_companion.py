@@ -7,6 +7,7 @@ KVDEPOT_DAEMON_UID, else this process's own uid or root.
 """
 
 import os
+import select
 import socket
 import stat
 import struct
@@ -17,7 +18,7 @@ import grpc
 
 from kvdepot.v1 import kvdepot_pb2 as pb
 
-from ._errors import KVCacheError
+from ._errors import KVCacheError, SessionLost
 
 _MAX_REPLY = 1 << 20
 
@@ -90,7 +91,8 @@ class Companion:
     def call(self, request: "pb.CompanionRequest",
              fd: int = -1) -> Tuple["pb.CompanionReply", Optional[int]]:
         """One request, its reply and the descriptor it carried (owned by
-        the caller) or None. A non-OK reply raises KVCacheError."""
+        the caller) or None. A non-OK reply raises KVCacheError; a closed
+        or reset connection (the session is gone) raises SessionLost."""
         data = request.SerializeToString()
         with self._lock:
             try:
@@ -101,13 +103,15 @@ class Companion:
                 msg, fds, flags, _ = socket.recv_fds(
                     self._sock, _MAX_REPLY, 1, socket.MSG_CMSG_CLOEXEC)
             except OSError as e:
-                raise KVCacheError(grpc.StatusCode.UNAVAILABLE,
-                                   f"companion socket: {e}") from None
+                raise SessionLost(f"the companion connection failed: "
+                                  f"{e.strerror or e}") from None
+        if not msg and not fds:
+            raise SessionLost("the daemon closed the companion connection")
         if flags & (socket.MSG_CTRUNC | socket.MSG_TRUNC) or not msg:
             for f in fds:
                 os.close(f)
-            raise KVCacheError(grpc.StatusCode.UNAVAILABLE,
-                               "companion socket: truncated or closed")
+            raise KVCacheError(grpc.StatusCode.INTERNAL,
+                               "companion socket: a truncated reply")
         reply = pb.CompanionReply()
         reply.ParseFromString(msg)
         if reply.code != 0:
@@ -117,6 +121,18 @@ class Companion:
                 _CODES.get(reply.code, grpc.StatusCode.UNKNOWN)),
                 reply.message)
         return reply, (fds[0] if fds else None)
+
+    def peer_closed(self) -> bool:
+        """True when the daemon's end closed or reset (EOF, ECONNRESET) or
+        this end was closed. The daemon sends nothing unasked, so between
+        calls any readiness means the connection is over."""
+        with self._lock:
+            if self._sock.fileno() < 0:
+                return True
+            poller = select.poll()
+            poller.register(self._sock, select.POLLIN | select.POLLHUP |
+                            select.POLLERR)
+            return bool(poller.poll(0))
 
     def close(self) -> None:
         self._sock.close()

@@ -1,4 +1,4 @@
-"""The one exception type of the client."""
+"""The client's exception types: KVCacheError and its two states."""
 
 import grpc
 
@@ -15,6 +15,23 @@ class KVCacheError(Exception):
         super().__init__(f"{code.name}: {message}")
         self.code = code
         self.message = message
+
+
+class ClientClosed(KVCacheError):
+    """A call on a client after close(): FAILED_PRECONDITION, nothing sent."""
+
+    def __init__(self, message: str):
+        super().__init__(grpc.StatusCode.FAILED_PRECONDITION, message)
+
+
+class SessionLost(KVCacheError):
+    """The session ended under the client (the daemon restarted or closed
+    the companion connection; over TCP, the daemon no longer knows the
+    session). Its pools' mappings and its buffers are gone: every call
+    raises this, FAILED_PRECONDITION, until Client.reconnect()."""
+
+    def __init__(self, message: str):
+        super().__init__(grpc.StatusCode.FAILED_PRECONDITION, message)
 
 
 def invalid_argument(message: str) -> KVCacheError:

@@ -7,13 +7,16 @@
         r = kv.load("main", 0, seqlen_k=[256], block_table=[[0, 1, 2, 3]])
 
 Every method raises KVCacheError (gRPC code + the daemon's message) on
-failure. Pool, stats and buffer-info replies are the proto messages
+failure; ClientClosed after close(), SessionLost once the session ended under
+the client (a daemon restart) until reconnect(). Pool, stats and buffer-info replies are the proto messages
 (kvdepot.v1.PoolInfo ...); the cache operations return small dataclasses
 whose int32 arrays are array.array('i') (numpy.asarray() views them).
 """
 
 import logging
 import threading
+import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, List, Optional, Union
 
@@ -26,10 +29,15 @@ from ._address import resolve_target
 from ._companion import Companion, check_socket_directory, companion_path
 from ._arrays import (data_bytes, infer_dtype, pack_int32, pack_int32_2d,
                       unpack_int32)
-from ._buffers import INLINE, Buffer, PoolMapping, Slice
-from ._errors import KVCacheError, from_rpc_error, invalid_argument
+from ._buffers import INLINE, Buffer, PoolMapping, SessionToken, Slice
+from ._errors import (ClientClosed, KVCacheError, SessionLost,
+                      from_rpc_error, invalid_argument)
 
 _log = logging.getLogger("kvdepot")
+# The channel redials a restarted daemon by itself, waiting 0.1 s after the
+# first failure and at most 2 s between attempts (gRPC's default is 1 s and
+# 120 s). The session does not come back: see SessionLost.
+_RECONNECT_BACKOFF_MS = (100, 2000)
 _DTYPES = {"bf16": pb.INPUT_DTYPE_BF16, "fp32": pb.INPUT_DTYPE_FP32}
 
 
@@ -83,10 +91,21 @@ DataLike = Union[bytes, bytearray, memoryview, Slice, Any]
 
 def _data_ref(value: DataLike, field: str) -> "pb.DataRef":
     if isinstance(value, Slice):
+        _check_slice(value, field)
         return pb.DataRef(slice=pb.BufferSlice(
             buffer_id=value.buffer_id, offset=value.offset,
             length=value.length))
     return pb.DataRef(inline_data=data_bytes(value, field))
+
+
+def _check_slice(value: Slice, field: str) -> None:
+    """A slice of a buffer from a session that ended names an id the
+    (restarted) daemon may have given to another buffer: refused."""
+    if value.session is not None and not value.session.alive:
+        raise SessionLost(
+            f"{field}: buffer {value.buffer_id} belongs to a session that "
+            "ended (daemon restart, reconnect() or close()); allocate the "
+            "buffer again and take a new slice")
 
 
 def _out_ref(value: Any, field: str) -> "pb.DataRef":
@@ -128,6 +147,18 @@ class Client:
                  max_message_bytes: int = 64 << 20,
                  daemon_uid: Optional[int] = None):
         self.target = resolve_target(address)
+        self._client_name = client_name
+        self._open_session = open_session
+        self._lease_ms_asked = lease_ms
+        self._keep_alive_wanted = keep_alive
+        self._connect_timeout = connect_timeout
+        self._daemon_uid = daemon_uid
+        self._closed = False
+        self._lost: Optional[SessionLost] = None
+        # Identifies this session in the Slices of its buffers; a new one
+        # per reconnect().
+        self._session_token = SessionToken()
+        self._handed_out: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self._companion: Optional[Companion] = None
         self._metadata: tuple = ()
         self.timeout = timeout
@@ -139,63 +170,172 @@ class Client:
         self._channel = grpc.insecure_channel(self.target, options=[
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.initial_reconnect_backoff_ms", _RECONNECT_BACKOFF_MS[0]),
+            ("grpc.min_reconnect_backoff_ms", _RECONNECT_BACKOFF_MS[0]),
+            ("grpc.max_reconnect_backoff_ms", _RECONNECT_BACKOFF_MS[1]),
         ])
+        ready = grpc.channel_ready_future(self._channel)
         try:
-            grpc.channel_ready_future(self._channel).result(
-                timeout=connect_timeout)
+            ready.result(timeout=connect_timeout)
         except grpc.FutureTimeoutError:
+            ready.cancel()
             self._channel.close()
             raise KVCacheError(
                 grpc.StatusCode.UNAVAILABLE,
                 f"kvdepot at {self.target} did not answer within "
                 f"{connect_timeout:g} s") from None
         self._stub = pb_grpc.KVCacheStub(self._channel)
+        try:
+            self._start_session()
+        except KVCacheError:
+            self._channel.close()
+            raise
+
+    def _start_session(self) -> None:
+        """Opens the session: on the companion socket for a Unix socket
+        target, else an OpenSession lease kept alive by a thread."""
         if self.target.startswith("unix:"):
             sock = self.target[len("unix:"):]
-            try:
-                check_socket_directory(sock)
-                if open_session:
-                    self._companion = Companion(companion_path(sock),
-                                                client_name, daemon_uid)
-            except KVCacheError:
-                self._channel.close()
-                raise
-            if self._companion is not None:
+            check_socket_directory(sock)
+            if self._open_session:
+                self._companion = Companion(companion_path(sock),
+                                            self._client_name,
+                                            self._daemon_uid)
                 self.session_id = self._companion.hello.session_id
                 self.session_number = self._companion.hello.session_number
                 self._metadata = (("kvdepot-session-id", self.session_id),)
-        elif open_session:
-            try:
-                r = self._call("OpenSession", pb.OpenSessionRequest(
-                    client_name=client_name, lease_ms=lease_ms))
-            except KVCacheError:
-                self._channel.close()
-                raise
+        elif self._open_session:
+            r = self._call("OpenSession", pb.OpenSessionRequest(
+                client_name=self._client_name, lease_ms=self._lease_ms_asked))
             self.session_id, self.lease_ms = r.session_id, r.lease_ms
             self._metadata = (("kvdepot-session-id", self.session_id),)
-            if keep_alive:
+            if self._keep_alive_wanted:
+                self._stop = threading.Event()
                 self._thread = threading.Thread(
-                    target=self._keep_alive_loop, name="kvdepot-keepalive",
-                    daemon=True)
+                    target=self._keep_alive_loop, args=(self._stop,),
+                    name="kvdepot-keepalive", daemon=True)
                 self._thread.start()
+
+    def reconnect(self, timeout: Optional[float] = None) -> None:
+        """Starts over after SessionLost: waits (up to `timeout`, default
+        connect_timeout) for the daemon and opens a new session. Pools,
+        buffers and mappings of the old session stay invalid; register
+        them again. Also usable while the session is alive: it is closed
+        first."""
+        if self._closed:
+            raise ClientClosed("reconnect() on a closed client; make a new "
+                               "one with kvdepot.connect()")
+        self._end_session(SessionLost(
+            "this object belongs to a session the client left by "
+            "reconnect(); map or allocate it again"))
+        if self._lost is None:
+            self._lost = SessionLost(
+                "reconnect() closed the session and has not opened a new "
+                "one yet; call reconnect() again")
+        deadline = time.monotonic() + (
+            self._connect_timeout if timeout is None else timeout)
+        while True:
+            ready = grpc.channel_ready_future(self._channel)
+            try:
+                ready.result(timeout=max(deadline - time.monotonic(), 0.0))
+                self._start_session()
+                break
+            except grpc.FutureTimeoutError:
+                ready.cancel()
+                raise KVCacheError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"kvdepot at {self.target} did not answer within the "
+                    "reconnect timeout") from None
+            except KVCacheError as e:
+                # The gRPC socket can be up a moment before the companion.
+                if (e.code != grpc.StatusCode.UNAVAILABLE or
+                        time.monotonic() >= deadline):
+                    raise
+                time.sleep(0.05)
+        self._session_token = SessionToken()
+        self._lost = None
 
     # ------------------------------------------------------------ plumbing
 
     @property
     def stub(self) -> Any:
         """The raw kvdepot.v1.KVCache stub, for anything not wrapped."""
+        self._check()
         return self._stub
 
+    def _check(self) -> None:
+        """Raises ClientClosed or SessionLost before anything is sent."""
+        if self._closed:
+            raise ClientClosed("the client is closed (close() was called); "
+                               "make a new one with kvdepot.connect()")
+        if self._lost is None and self._companion is not None and \
+                self._companion.peer_closed():
+            self._lose("the daemon closed the companion connection "
+                       "(it stopped or restarted)")
+        if self._lost is not None:
+            raise self._lost
+
+    def _lose(self, why: str) -> SessionLost:
+        """Marks the session lost (once) and invalidates what it handed out."""
+        if self._lost is None:
+            self._lost = SessionLost(
+                f"the session with kvdepot at {self.target} was lost: {why}. "
+                "Its buffers and pool mappings are gone; call reconnect() "
+                "(or make a new client) and register them again")
+            _log.warning("%s", self._lost.message)
+            self._end_session(self._lost)
+        return self._lost
+
+    def _end_session(self, error: KVCacheError) -> None:
+        """Stops the keep-alive, drops the companion connection and makes
+        every buffer and mapping of the session raise `error`."""
+        self._stop.set()
+        if self._thread is not None and \
+                self._thread is not threading.current_thread():
+            self._thread.join()
+        self._thread = None
+        if self._companion is not None:
+            self._companion.close()
+            self._companion = None
+        self._session_token.alive = False
+        for obj in list(self._handed_out):
+            obj.invalidate(error)
+        self._handed_out = weakref.WeakSet()
+        self.session_id = ""
+        self.session_number = 0
+        self.lease_ms = 0
+        self._metadata = ()
+
     def _call(self, method: str, request: Any) -> Any:
+        self._check()
+        session = self.session_id
         try:
             return getattr(self._stub, method)(request, timeout=self.timeout,
                                                metadata=self._metadata)
         except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
+            error = from_rpc_error(e)
+        if error.code == grpc.StatusCode.UNAUTHENTICATED and session and \
+                session == self.session_id:
+            raise self._lose(f"the daemon no longer knows the session "
+                             f"({error.message})")
+        raise error
 
-    def _keep_alive_loop(self) -> None:
+    def _companion_call(self, what: str, request: "pb.CompanionRequest",
+                        fd: int = -1) -> Any:
+        self._check()
+        if self._companion is None:
+            raise KVCacheError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{what} needs a session on the companion socket (a Unix "
+                "socket address and open_session=True)")
+        try:
+            return self._companion.call(request, fd)
+        except SessionLost as e:
+            raise self._lose(e.message) from None
+
+    def _keep_alive_loop(self, stop: threading.Event) -> None:
         period = max(self.lease_ms / 3000.0, 0.01)
-        while not self._stop.wait(period):
+        while not stop.wait(period):
             try:
                 self.keep_alive()
             except KVCacheError as e:
@@ -208,22 +348,22 @@ class Client:
 
     def close(self) -> None:
         """Stops the keep-alive, closes the session (releasing its buffers in
-        the daemon) and the channel. Best effort; safe to call twice."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._companion is not None:
-            # The session ends with its connection (buffers released).
-            self._companion.close()
-            self._companion = None
-        elif self.session_id:
+        the daemon; their mappings here raise ClientClosed) and the channel.
+        Best effort; safe to call twice. Every later call raises
+        ClientClosed."""
+        if self._closed:
+            return
+        if self._companion is None and self.session_id and \
+                self._lost is None:
             try:
                 self._call("CloseSession", pb.CloseSessionRequest(
                     session_id=self.session_id))
             except KVCacheError as e:
                 _log.info("kvdepot CloseSession: %s", e)
-        self.session_id = ""
+        # A companion session ends with its connection (buffers released).
+        self._end_session(ClientClosed(
+            "this object belongs to a closed client's session"))
+        self._closed = True
         self._channel.close()
 
     def __enter__(self) -> "Client":
@@ -280,21 +420,16 @@ class Client:
     def delete_pool(self, name: str) -> None:
         self._call("DeletePool", pb.DeletePoolRequest(name=name))
 
-    def _need_companion(self, what: str) -> Companion:
-        if self._companion is None:
-            raise KVCacheError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"{what} needs a session on the companion socket (a Unix "
-                "socket address and open_session=True)")
-        return self._companion
-
     def map_pool(self, name: str) -> PoolMapping:
         """Maps a pool into this process (its memfd from the companion
         socket: a writable view of layout.total_bytes). Close it with
         .close() when done."""
-        reply, fd = self._need_companion("map_pool").call(
+        reply, fd = self._companion_call(
+            "map_pool",
             pb.CompanionRequest(map_pool=pb.MapPoolRequest(name=name)))
-        return PoolMapping(reply.pool, fd)
+        mapping = PoolMapping(reply.pool, fd)
+        self._handed_out.add(mapping)
+        return mapping
 
     # ------------------------------------------------------------ buffers
 
@@ -302,24 +437,27 @@ class Client:
         """A daemon-allocated buffer of this session (a memfd from the
         companion socket), mapped. Buffer.release() (or `with`) gives it
         back."""
-        reply, fd = self._need_companion("allocate_buffer").call(
-            pb.CompanionRequest(
+        reply, fd = self._companion_call(
+            "allocate_buffer", pb.CompanionRequest(
                 allocate_buffer=pb.AllocateBufferRequest(size=size)))
         try:
-            return Buffer(reply.buffer, fd, self.release_buffer)
+            buf = Buffer(reply.buffer, fd, self.release_buffer,
+                         self._session_token)
         except (OSError, KVCacheError) as e:
             self.release_buffer(reply.buffer.buffer_id)
             raise KVCacheError(
                 grpc.StatusCode.INTERNAL,
                 f"mapping buffer {reply.buffer.buffer_id}: {e}") from None
+        self._handed_out.add(buf)
+        return buf
 
     def import_buffer(self, fd: int, size: int) -> "pb.BufferInfo":
         """Hands memory this process owns to the daemon as a buffer of the
         session: `fd` a memfd of exactly `size` bytes, sealed with
         F_SEAL_SHRINK | F_SEAL_GROW and fully allocated (os.posix_fallocate).
         The descriptor stays ours."""
-        reply, _ = self._need_companion("import_buffer").call(
-            pb.CompanionRequest(
+        reply, _ = self._companion_call(
+            "import_buffer", pb.CompanionRequest(
                 import_buffer=pb.ImportMemfdRequest(size=size)), fd)
         return reply.buffer
 

@@ -2,6 +2,7 @@
 
 import array
 import ctypes
+import os
 import random
 import time
 import unittest
@@ -10,6 +11,7 @@ import grpc
 
 import kvdepot
 from kvdepot import INLINE, KVCacheError
+from kvdepot.v1 import kvdepot_pb2 as pb
 from daemon import (Daemon, ctl_decode, ctl_encode, random_bf16,
                     record_bytes, segments_for)
 
@@ -288,9 +290,15 @@ class ClientTest(unittest.TestCase):
         while kv.stats().buffers > buffers and time.monotonic() < deadline:
             time.sleep(0.05)
         self.assertEqual(kv.stats().buffers, buffers)
-        self.assertFails(grpc.StatusCode.UNAUTHENTICATED, "session",
-                         gone.keep_alive)
-        gone._companion = None
+        # The session went with the connection: the daemon refuses its id,
+        # and the client knows without asking.
+        with self.assertRaises(grpc.RpcError) as cm:
+            kv.stub.KeepAlive(pb.KeepAliveRequest(session_id=sid),
+                              timeout=10)
+        self.assertEqual(cm.exception.code(),
+                         grpc.StatusCode.UNAUTHENTICATED)
+        with self.assertRaises(kvdepot.SessionLost):
+            gone.keep_alive()
         gone.close()
         self.assertNotIn(sid, self.daemon.log_text())  # never logged
         # A view still held does not stop release().
@@ -353,6 +361,106 @@ class ClientTest(unittest.TestCase):
         got = (numpy.frombuffer(again.data, dtype="<u2").astype(numpy.uint32)
                << 16).view(numpy.float32).reshape(3, 4)
         numpy.testing.assert_array_equal(got, values[[0, 1, 3]])
+
+
+class LifecycleTest(unittest.TestCase):
+    """close(), a daemon killed and restarted under a client, __version__."""
+
+    def setUp(self):
+        self.daemon = Daemon()
+        self.addCleanup(self._stop)
+
+    def _stop(self):
+        self.daemon.stop()
+
+    def test_closed_client_raises_client_closed_on_every_call(self):
+        kv = self.daemon.connect()
+        buf = kv.allocate_buffer(64)
+        kv.close()
+        kv.close()  # twice is fine
+        calls = [kv.ping, kv.stats, kv.list_pools, kv.keep_alive,
+                 lambda: kv.get_pool("p"), lambda: kv.allocate_buffer(8),
+                 lambda: kv.map_pool("p"), lambda: kv.store("p", 0, [0], b""),
+                 lambda: kv.load("p", 0, seqlen_k=[1], block_table=[[0]]),
+                 lambda: kv.stub, kv.reconnect, lambda: buf.view,
+                 lambda: buf.write(b"x"), lambda: buf.slice()]
+        for i, call in enumerate(calls):
+            with self.subTest(call=i):
+                with self.assertRaises(kvdepot.ClientClosed) as cm:
+                    call()
+                self.assertIsInstance(cm.exception, KVCacheError)
+                self.assertEqual(cm.exception.code,
+                                 grpc.StatusCode.FAILED_PRECONDITION)
+                self.assertIn("closed", cm.exception.message)
+        buf.release()  # only unmaps: the daemon released it with the session
+
+    def test_daemon_restart_loses_the_session_until_reconnect(self):
+        kv = self.daemon.connect(client_name="restart")
+        self.addCleanup(kv.close)
+        kv.create_pool("p", "BF16(4)", block_size=4, num_blocks=2,
+                       num_layers=1)
+        pool = kv.map_pool("p")
+        buf = kv.allocate_buffer(32)
+        old_slice = buf.slice(0, 32)
+        buf.write(random_bf16(random.Random(305), 16))
+        kv.store("p", 0, range(4), old_slice)
+        old_sid = kv.session_id
+
+        self.daemon.kill_and_restart()
+        for i in range(3):  # the next call and every one after it
+            with self.subTest(call=i):
+                with self.assertRaises(kvdepot.SessionLost) as cm:
+                    kv.ping()
+                self.assertEqual(cm.exception.code,
+                                 grpc.StatusCode.FAILED_PRECONDITION)
+                self.assertIn("reconnect()", cm.exception.message)
+        self.assertRaises(kvdepot.SessionLost, kv.list_pools)
+        self.assertRaises(kvdepot.SessionLost, kv.allocate_buffer, 8)
+        # Memory of the dead daemon raises instead of going stale.
+        for use in (lambda: pool.view, lambda: buf.view,
+                    lambda: buf.read(0, 4), lambda: buf.write(b"x"),
+                    buf.slice):
+            self.assertRaises(kvdepot.SessionLost, use)
+        buf.release()   # nothing to give back: only unmaps
+        pool.close()
+
+        kv.reconnect(timeout=20)
+        self.assertNotEqual(kv.session_id, old_sid)
+        self.assertGreater(kv.session_number, 0)
+        kv.ping()
+        self.assertEqual(kv.list_pools(), [])  # the new daemon has none
+        kv.create_pool("p", "BF16(4)", block_size=4, num_blocks=2,
+                       num_layers=1)
+        with kv.allocate_buffer(32) as fresh:
+            # A slice taken before the restart names a buffer id the new
+            # daemon may have given to another buffer: refused in the client.
+            with self.assertRaises(kvdepot.SessionLost) as cm:
+                kv.store("p", 0, range(4), old_slice)
+            self.assertIn(f"buffer {old_slice.buffer_id}",
+                          cm.exception.message)
+            fresh.write(random_bf16(random.Random(306), 16))
+            self.assertEqual(kv.store("p", 0, range(4), fresh.slice(0, 32)),
+                             4)
+
+    def test_unauthenticated_session_is_lost(self):
+        kv = self.daemon.connect()
+        self.addCleanup(kv.close)
+        kv.session_id += "0"  # a session the daemon does not know
+        kv._metadata = (("kvdepot-session-id", kv.session_id),)
+        with self.assertRaises(kvdepot.SessionLost) as cm:
+            kv.keep_alive()
+        self.assertIn("no longer knows the session", cm.exception.message)
+        self.assertRaises(kvdepot.SessionLost, kv.ping)
+        kv.reconnect()
+        kv.ping()
+
+    def test_version_and_py_typed(self):
+        with self.daemon.connect() as kv:
+            self.assertEqual(kvdepot.__version__, kv.stats().version)
+        self.assertRegex(kvdepot.__version__, r"^\d+\.\d+\.\d+")
+        pkg = os.path.dirname(kvdepot.__file__)
+        self.assertTrue(os.path.isfile(os.path.join(pkg, "py.typed")),
+                        f"no py.typed in {pkg}")
 
 
 if __name__ == "__main__":

@@ -20,9 +20,20 @@ class Daemon:
         self.dir = tempfile.mkdtemp(prefix="kvpy")
         self.socket = os.path.join(self.dir, "kv.sock")
         self.log = open(os.path.join(self.dir, "kvdepotd.log"), "wb")
-        self.proc = subprocess.Popen(
+        self.flags = extra_flags
+        self.proc = self._start()
+
+    def _start(self) -> subprocess.Popen:
+        return subprocess.Popen(
             [os.environ["KVDEPOT_BIN"], f"--listen={self.socket}",
-             *extra_flags], stdout=self.log, stderr=subprocess.STDOUT)
+             *self.flags], stdout=self.log, stderr=subprocess.STDOUT)
+
+    def kill_and_restart(self) -> None:
+        """SIGKILL (no drain: the sessions die with the process), then a new
+        kvdepotd on the same socket path."""
+        self.proc.kill()
+        self.proc.wait()
+        self.proc = self._start()
 
     def connect(self, **options) -> kvdepot.Client:
         options.setdefault("connect_timeout", 20.0)
