@@ -79,10 +79,11 @@ namespace {
 
 constexpr char kAbout[] =
     "kvdepotd: the kvdepot KV-cache daemon. It owns paged KV-cache pools\n"
-    "(GPU memory, or POSIX shared memory on the CPU backend) and serves\n"
-    "store, load and index RPCs over gRPC (kvdepot.v1.KVCache) on a Unix\n"
-    "socket or TCP. Operate it with kvcachectl; see docs/DAEMON.md and\n"
-    "docs/OPERATING.md.";
+    "(GPU memory, or sealed memfds on the CPU backend), hands them to\n"
+    "workers as file descriptors on a companion socket, and serves store,\n"
+    "load and index RPCs over gRPC (kvdepot.v1.KVCache) on a Unix socket\n"
+    "(or TCP: loopback, or mutual TLS). Operate it with kvcachectl; see\n"
+    "docs/DAEMON.md and docs/OPERATING.md.";
 
 int UsageError(absl::string_view message) {
   std::cerr << "kvdepotd: " << message << " (see kvdepotd --help)\n";

@@ -24,8 +24,8 @@ const CommandSpec kGetSpec{
 const CommandSpec kCreateSpec{
     "kvcachectl pool create NAME --format F --block_size N --num_blocks N "
     "--num_layers N [flags]",
-    "Creates a pool. Formats: V41, V41_FP4, FP4_INDEX, FP8_FP32SF_INDEX,\n"
-    "MXFP8_INDEX, BF16 (with --elements) or BF16(N).",
+    "Creates a pool. Formats: V41, V41_FP4, DS_MLA_FP8, FP4_INDEX,\n"
+    "FP8_FP32SF_INDEX, MXFP8_INDEX, BF16 (with --elements) or BF16(N).",
     DaemonFlags({{"format", "format name (SPEC §2)", ""},
                  {"elements", "elements per token, BF16 only", "0"},
                  {"block_size", "token slots per block", ""},
