@@ -69,7 +69,9 @@ bool ParseId(absl::string_view id, uint64_t* number,
 bool ConstantTimeEqual(const std::array<uint8_t, 16>& a,
                        const std::array<uint8_t, 16>& b) {
   volatile uint8_t diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ b[i];
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = static_cast<uint8_t>(diff | (a[i] ^ b[i]));
+  }
   return diff == 0;
 }
 
