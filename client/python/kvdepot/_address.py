@@ -13,8 +13,11 @@ def default_socket_path() -> str:
 
 
 def resolve_target(address: str = "") -> str:
-    """A gRPC target for "" (the default socket), "/path", "unix:/path" or
-    "host:port"."""
+    """A gRPC target for "/path", "unix:/path" or "host:port"; "" means
+    $KVDEPOT_ADDR when set, else the default socket (an explicit address
+    beats the environment, which beats the default, as in kvcachectl)."""
+    if not address:
+        address = os.environ.get("KVDEPOT_ADDR", "")
     if not address:
         return "unix:" + default_socket_path()
     if address.startswith("/"):

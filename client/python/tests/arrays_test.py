@@ -104,6 +104,20 @@ class PackTest(unittest.TestCase):
             if saved is not None:
                 os.environ["XDG_RUNTIME_DIR"] = saved
         self.assertEqual(_address.resolve_target("/a.sock"), "unix:/a.sock")
+        saved_addr = os.environ.get("KVDEPOT_ADDR")
+        try:
+            os.environ["KVDEPOT_ADDR"] = "/env.sock"
+            self.assertEqual(_address.resolve_target(""), "unix:/env.sock")
+            self.assertEqual(_address.resolve_target("/flag.sock"),
+                             "unix:/flag.sock")
+            os.environ["KVDEPOT_ADDR"] = ""
+            self.assertTrue(_address.resolve_target("").endswith(
+                "/kvdepotd.sock"))
+        finally:
+            if saved_addr is None:
+                os.environ.pop("KVDEPOT_ADDR", None)
+            else:
+                os.environ["KVDEPOT_ADDR"] = saved_addr
         self.assertEqual(_address.resolve_target("unix:/a"), "unix:/a")
         self.assertEqual(_address.resolve_target("h:9"), "h:9")
 
