@@ -175,20 +175,20 @@ v1::CompanionReply CompanionServer::Handle(Connection* conn,
       switch (req.kind_case()) {
         case v1::CompanionRequest::kMapPool:
           rpc = "MapPool";
-          status = MapPool(*caller, req.map_pool(), reply.mutable_pool(),
-                           fd_out);
+          status = MapPool(*caller, req.map_pool(), &reply, fd_out);
           break;
         case v1::CompanionRequest::kAllocateBuffer:
           rpc = "AllocateBuffer";
-          status = AllocateBuffer(*caller, req.allocate_buffer(),
-                                  reply.mutable_buffer(), fd_out);
+          status = AllocateBuffer(*caller, req.allocate_buffer(), &reply,
+                                  fd_out);
           break;
         case v1::CompanionRequest::kImportBuffer:
           rpc = "ImportBuffer";
           if (fds.size() != 1) {
             status = absl::InvalidArgumentError(absl::StrCat(
                 "import_buffer carries ", fds.size(),
-                " descriptors; it needs exactly one memfd"));
+                " descriptors; it needs exactly one (a memfd, or a CUDA VMM "
+                "export on the cuda backend)"));
           } else {
             status = ImportBuffer(*caller, req.import_buffer(),
                                   std::move(fds[0]), reply.mutable_buffer());
@@ -202,6 +202,8 @@ v1::CompanionReply CompanionServer::Handle(Connection* conn,
   }
   if (!status.ok()) {
     reply.clear_kind();
+    reply.clear_fd_size();
+    reply.clear_fd_device();
     fd_out->reset();
     reply.set_code(static_cast<int>(status.code()));
     reply.set_message(std::string(status.message()));
@@ -242,12 +244,16 @@ absl::Status CompanionServer::Hello(Connection* conn, const v1::Hello& hello,
 
 absl::Status CompanionServer::MapPool(const Caller& caller,
                                       const v1::MapPoolRequest& r,
-                                      v1::PoolInfo* out, UniqueFd* fd_out) {
+                                      v1::CompanionReply* reply,
+                                      UniqueFd* fd_out) {
+  v1::PoolInfo* out = reply->mutable_pool();
   ASSIGN_OR_RETURN(std::shared_ptr<Pool> pool, pools_->Get("name", r.name()));
   RETURN_IF_ERROR(pool->CheckUse(caller, "name"));
   {
     absl::ReaderMutexLock lock(&pool->mu);
     ASSIGN_OR_RETURN(*fd_out, pool->memory->ExportFd());
+    reply->set_fd_size(pool->memory->fd_size());
+    reply->set_fd_device(pool->memory->device());
   }
   pool->ToProto(out);
   return absl::OkStatus();
@@ -255,7 +261,8 @@ absl::Status CompanionServer::MapPool(const Caller& caller,
 
 absl::Status CompanionServer::AllocateBuffer(
     const Caller& caller, const v1::AllocateBufferRequest& r,
-    v1::BufferInfo* out, UniqueFd* fd_out) {
+    v1::CompanionReply* reply, UniqueFd* fd_out) {
+  v1::BufferInfo* out = reply->mutable_buffer();
   if (!accepting()) {
     return absl::UnavailableError("kvdepot is draining: no new buffers");
   }
@@ -267,6 +274,8 @@ absl::Status CompanionServer::AllocateBuffer(
   ASSIGN_OR_RETURN(std::unique_ptr<Memory> memory,
                    backend_->Allocate(r.size(), ""));
   ASSIGN_OR_RETURN(UniqueFd fd, memory->ExportFd());
+  reply->set_fd_size(memory->fd_size());
+  reply->set_fd_device(memory->device());
   ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer,
                    sessions_->AddBuffer(caller, std::move(memory)));
   out->set_buffer_id(buffer->id);

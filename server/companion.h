@@ -86,11 +86,12 @@ class CompanionServer {
                             std::vector<UniqueFd> fds, UniqueFd* fd_out);
   absl::Status Hello(Connection* conn, const v1::Hello& hello,
                      v1::HelloReply* out);
+  // Set reply's pool or buffer, fd_size and fd_device.
   absl::Status MapPool(const Caller& caller, const v1::MapPoolRequest& r,
-                       v1::PoolInfo* out, UniqueFd* fd_out);
+                       v1::CompanionReply* reply, UniqueFd* fd_out);
   absl::Status AllocateBuffer(const Caller& caller,
                               const v1::AllocateBufferRequest& r,
-                              v1::BufferInfo* out, UniqueFd* fd_out);
+                              v1::CompanionReply* reply, UniqueFd* fd_out);
   absl::Status ImportBuffer(const Caller& caller,
                             const v1::ImportMemfdRequest& r, UniqueFd fd,
                             v1::BufferInfo* out);

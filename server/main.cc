@@ -52,8 +52,10 @@ ABSL_FLAG(int64_t, admin_gid, -1,
           "Drain) besides the daemon's uid and root; -1 = none.");
 ABSL_FLAG(bool, legacy_cuda_ipc, false,
           "CUDA backend: share pools and buffers by legacy CUDA IPC handles "
-          "(bearer tokens anyone who sees them can open; SPEC §11). Without "
-          "it the CUDA backend refuses to allocate.");
+          "(bearer tokens anyone who sees them can open; SPEC §11) and "
+          "accept clients' IPC handles. Without it pools and buffers are "
+          "VMM allocations handed over as descriptors on the companion "
+          "socket, and handles are refused.");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20,
           "Largest gRPC message received or sent.");
 ABSL_FLAG(int, max_threads, 64,

@@ -276,8 +276,9 @@ static absl::Status LegacyBuffersOnly(const Backend& backend,
                                       absl::string_view rpc) {
   if (backend.legacy_handles()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
-      rpc, " over gRPC is only for legacy CUDA IPC handles; buffers are "
-      "handed over as memfds on the companion socket (SPEC §11)"));
+      rpc, " over gRPC is only for legacy CUDA IPC handles (kvdepotd "
+      "--legacy_cuda_ipc); buffers are handed over as descriptors (memfds, "
+      "CUDA VMM exports) on the companion socket (SPEC §11)"));
 }
 
 grpc::Status KVCacheService::AllocateBuffer(Ctx* ctx,

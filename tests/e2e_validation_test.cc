@@ -336,7 +336,7 @@ TEST_F(ValidationTest, IndexPoolBufferAndSessionRequestsAreChecked) {
     ib.mutable_handle()->set_shm_name(name);
     ib.mutable_handle()->set_size(4096);
     EXPECT_REJECTED(c_->ImportBuffer(ib), kFailedPrecondition,
-                    "memfds on the companion socket");
+                    "(memfds, CUDA VMM exports) on the companion socket");
   }
   EXPECT_EQ(c_->ReleaseBuffer(424242).code(), absl::StatusCode::kNotFound);
 }

@@ -42,6 +42,11 @@ class Memory {
     return absl::FailedPreconditionError(
         "this memory is not handed over by descriptor");
   }
+  // Bytes a client maps from ExportFd() (>= size(); CUDA VMM allocations
+  // are rounded up to the allocation granularity) and the device they live
+  // on ("cpu" or "cuda:N").
+  virtual int64_t fd_size() const { return size(); }
+  virtual std::string device() const { return "cpu"; }
   // The legacy handle of this region (CUDA IPC; Backend::legacy_handles()).
   virtual void FillHandle(v1::SharedHandle* /*handle*/) const {}
 };
@@ -94,8 +99,11 @@ class Backend {
         "companion socket (SPEC §11)"));
   }
 
-  // Maps a client's memfd of `size` bytes after validating it
-  // (ValidateMemfd: INVALID_ARGUMENT when it is not what it claims).
+  // Maps a client's memory of `size` bytes handed over as `fd` after
+  // validating it, INVALID_ARGUMENT when it is not what it claims: a sealed
+  // memfd on the CPU backend (ValidateMemfd), a CUDA VMM export (POSIX fd)
+  // of at least `size` bytes, `size` a multiple of the allocation
+  // granularity, on the CUDA backend.
   virtual absl::StatusOr<std::unique_ptr<Memory>> ImportFd(
       UniqueFd /*fd*/, int64_t /*size*/) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -49,11 +49,10 @@ struct Queued {
 
 absl::Status LegacyIpcRequired() {
   return absl::FailedPreconditionError(
-      "the cuda backend shares device memory only by legacy CUDA IPC handles "
-      "(bearer tokens: anyone who sees one can open the memory; SPEC §11); "
-      "start kvdepotd with --legacy_cuda_ipc to accept that, or use "
-      "--backend=cpu. VMM memory handed over as descriptors is not "
-      "implemented yet");
+      "handle: legacy CUDA IPC handles are bearer tokens (anyone who sees one "
+      "can open the memory; SPEC §11) and are accepted only when kvdepotd "
+      "runs with --legacy_cuda_ipc; hand a CUDA VMM allocation over as a "
+      "descriptor on the companion socket instead (import_buffer)");
 }
 
 class CudaBackend final : public Backend {
@@ -65,9 +64,8 @@ class CudaBackend final : public Backend {
 
   absl::string_view name() const override { return "cuda"; }
 
-  // Until pools are VMM allocations handed over as descriptors (SPEC §11),
-  // device memory is shared only by legacy CUDA IPC handles, and only when
-  // the operator opted in.
+  // Pools and buffers are VMM allocations handed over as descriptors
+  // (SPEC §11); legacy CUDA IPC handles only when the operator opted in.
   bool legacy_handles() const override { return legacy_ipc_; }
 
   absl::StatusOr<std::string> ResolveDevice(
@@ -79,11 +77,10 @@ class CudaBackend final : public Backend {
 
   absl::StatusOr<std::unique_ptr<Memory>> Allocate(
       int64_t size, absl::string_view device) override {
-    if (!legacy_ipc_) return LegacyIpcRequired();
     absl::StatusOr<int> d = ParseCudaDevice("device", device, device_count_);
     if (!d.ok()) return d.status();
     absl::StatusOr<std::unique_ptr<CudaAllocation>> m =
-        CudaAllocation::Create(size, *d, ranges_);
+        CudaAllocation::Create(size, *d, ranges_, legacy_ipc_);
     if (!m.ok()) return m.status();
     return std::unique_ptr<Memory>(*std::move(m));
   }
@@ -99,6 +96,15 @@ class CudaBackend final : public Backend {
     }
     absl::StatusOr<std::unique_ptr<CudaImport>> m =
         CudaImport::Open(handle, ranges_);
+    if (!m.ok()) return m.status();
+    return std::unique_ptr<Memory>(*std::move(m));
+  }
+
+  // A client's VMM allocation (CudaVmmImport::Open validates it).
+  absl::StatusOr<std::unique_ptr<Memory>> ImportFd(UniqueFd fd,
+                                                   int64_t size) override {
+    absl::StatusOr<std::unique_ptr<CudaVmmImport>> m =
+        CudaVmmImport::Open(std::move(fd), size, device_count_, ranges_);
     if (!m.ok()) return m.status();
     return std::unique_ptr<Memory>(*std::move(m));
   }
@@ -241,7 +247,7 @@ absl::Status CudaBackend::StoreOrdered(const PoolLayout& layout,
   if (recorded_event != nullptr) recorded_event->clear();
   absl::StatusOr<CudaAllocation*> mem = AsAllocation(pool);
   if (!mem.ok()) return mem.status();
-  const int device = (*mem)->device();
+  const int device = (*mem)->device_ordinal();
   absl::StatusOr<ScopedCudaDevice> scoped = ScopedCudaDevice::Enter(device);
   if (!scoped.ok()) return scoped.status();
 
@@ -304,7 +310,7 @@ absl::Status CudaBackend::LoadOrdered(const PoolLayout& layout,
   if (recorded_event != nullptr) recorded_event->clear();
   absl::StatusOr<CudaAllocation*> mem = AsAllocation(pool);
   if (!mem.ok()) return mem.status();
-  const int device = (*mem)->device();
+  const int device = (*mem)->device_ordinal();
   absl::StatusOr<ScopedCudaDevice> scoped = ScopedCudaDevice::Enter(device);
   if (!scoped.ok()) return scoped.status();
 

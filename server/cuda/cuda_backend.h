@@ -1,7 +1,9 @@
-// The CUDA backend of kvdepot (SPEC §9): pools and buffers are device
-// memory exported by CUDA IPC handles, client allocations are imported by
-// handle, and Store/Load run the kernels of //kernels/cuda on a stream per
-// pool.
+// The CUDA backend of kvdepot (SPEC §9, §11): pools and buffers are CUDA
+// VMM allocations handed to clients as POSIX descriptors on the companion
+// socket, client allocations are VMM descriptors imported and validated
+// (ImportFd); with --legacy_cuda_ipc pools and buffers are cudaMallocs
+// exported by CUDA IPC handles and client handles are imported. Store/Load
+// run the kernels of //kernels/cuda on a stream per pool.
 //
 // Operands: a pointer inside a daemon allocation or an import (a buffer
 // slice) is used in place when the kernel's alignment allows (16 bytes for

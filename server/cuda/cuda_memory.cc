@@ -10,31 +10,46 @@
 namespace kvdepot {
 
 absl::StatusOr<std::unique_ptr<CudaAllocation>> CudaAllocation::Create(
-    int64_t size, int device, std::shared_ptr<DeviceRanges> ranges) {
+    int64_t size, int device, std::shared_ptr<DeviceRanges> ranges,
+    bool legacy_ipc) {
   absl::StatusOr<int64_t> bytes = RoundUpAllocation(size);
   if (!bytes.ok()) return bytes.status();
   absl::StatusOr<ScopedCudaDevice> scoped = ScopedCudaDevice::Enter(device);
   if (!scoped.ok()) return scoped.status();
-  void* base = nullptr;
-  RETURN_IF_CUDA_ERROR(
-      cudaMalloc(&base, static_cast<size_t>(*bytes)),
-      absl::StrCat("cudaMalloc(", *bytes, " bytes) on cuda:", device));
-  // From here the destructor frees whatever was created.
-  std::unique_ptr<CudaAllocation> m(new CudaAllocation(
-      static_cast<uint8_t*>(base), size, device, std::move(ranges)));
+  std::unique_ptr<CudaAllocation> m;
+  if (legacy_ipc) {
+    void* base = nullptr;
+    RETURN_IF_CUDA_ERROR(
+        cudaMalloc(&base, static_cast<size_t>(*bytes)),
+        absl::StrCat("cudaMalloc(", *bytes, " bytes) on cuda:", device));
+    // From here the destructor frees whatever was created.
+    m.reset(new CudaAllocation(static_cast<uint8_t*>(base), size, device,
+                               std::move(ranges)));
+  } else {
+    ASSIGN_OR_RETURN(gpu::VmmAllocation vmm,
+                     gpu::VmmAllocation::Create(device, *bytes));
+    *bytes = vmm.size();
+    uint8_t* base = vmm.data();
+    m.reset(new CudaAllocation(base, size, device, std::move(ranges)));
+    m->vmm_ = std::move(vmm);
+  }
   RETURN_IF_CUDA_ERROR(
       cudaStreamCreateWithFlags(&m->stream_, cudaStreamNonBlocking),
       "cudaStreamCreateWithFlags");
   RETURN_IF_CUDA_ERROR(
-      cudaMemsetAsync(base, 0, static_cast<size_t>(*bytes), m->stream_),
+      cudaMemsetAsync(m->base_, 0, static_cast<size_t>(*bytes), m->stream_),
       "zero-filling a new allocation");
   RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(m->stream_),
                        "zero-filling a new allocation");
-  cudaIpcMemHandle_t h;
-  RETURN_IF_CUDA_ERROR(cudaIpcGetMemHandle(&h, base), "cudaIpcGetMemHandle");
-  m->ipc_handle_.assign(reinterpret_cast<const char*>(&h), sizeof(h));
-  m->ranges_->Add(base, *bytes, device);
-  m->ranges_->AddExported(m->ipc_handle_);
+  if (legacy_ipc) {
+    cudaIpcMemHandle_t h;
+    RETURN_IF_CUDA_ERROR(cudaIpcGetMemHandle(&h, m->base_),
+                         "cudaIpcGetMemHandle");
+    m->ipc_handle_.assign(reinterpret_cast<const char*>(&h), sizeof(h));
+    m->ranges_->AddExported(m->ipc_handle_);
+  }
+  m->ranges_->Add(m->base_, *bytes, device);
+  m->registered_ = true;
   return m;
 }
 
@@ -48,12 +63,21 @@ CudaAllocation::~CudaAllocation() {
     event_.reset();
   }
   if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
-  if (!ipc_handle_.empty()) {
-    ranges_->Remove(base_);
-    ranges_->RemoveExported(ipc_handle_);
+  if (registered_) ranges_->Remove(base_);
+  if (!ipc_handle_.empty()) ranges_->RemoveExported(ipc_handle_);
+  if (vmm_.valid()) {
+    vmm_ = gpu::VmmAllocation();  // unmap, free the range, release
+  } else {
+    (void)cudaFree(base_);
   }
-  (void)cudaFree(base_);
 }
+
+absl::StatusOr<UniqueFd> CudaAllocation::ExportFd() const {
+  if (!vmm_.valid()) return Memory::ExportFd();
+  return vmm_.ExportFd();
+}
+
+std::string CudaAllocation::device() const { return CudaDeviceName(device_); }
 
 void CudaAllocation::FillHandle(v1::SharedHandle* handle) const {
   handle->set_cuda_ipc_handle(ipc_handle_);
@@ -94,6 +118,37 @@ CudaImport::~CudaImport() {
     (void)cudaDeviceSynchronize();
   }
   ranges_->Remove(mapping_.base());
+}
+
+absl::StatusOr<std::unique_ptr<CudaVmmImport>> CudaVmmImport::Open(
+    UniqueFd fd, int64_t size, int device_count,
+    std::shared_ptr<DeviceRanges> ranges) {
+  // The driver keeps its own reference: `fd` is closed on return.
+  ASSIGN_OR_RETURN(gpu::VmmAllocation vmm,
+                   gpu::VmmAllocation::Import(fd.get(), size, -1));
+  if (vmm.device() >= device_count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the imported allocation is on cuda:", vmm.device(),
+        ", a device this daemon does not use"));
+  }
+  ranges->Add(vmm.data(), vmm.size(), vmm.device());
+  return std::unique_ptr<CudaVmmImport>(
+      new CudaVmmImport(std::move(vmm), std::move(ranges)));
+}
+
+CudaVmmImport::~CudaVmmImport() {
+  // Work queued on it (a request that returned with a recorded event) must
+  // finish before the mapping goes.
+  if (absl::StatusOr<ScopedCudaDevice> scoped =
+          ScopedCudaDevice::Enter(vmm_.device());
+      scoped.ok()) {
+    (void)cudaDeviceSynchronize();
+  }
+  ranges_->Remove(vmm_.data());
+}
+
+std::string CudaVmmImport::device() const {
+  return CudaDeviceName(vmm_.device());
 }
 
 }  // namespace kvdepot

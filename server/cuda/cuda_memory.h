@@ -1,6 +1,8 @@
 // Device memory of the CUDA backend: daemon allocations (pools and buffers,
-// each its own cudaMalloc exported by IPC handle) and client allocations
-// imported by handle. Both register their address ranges (DeviceRanges).
+// each its own VMM allocation handed over as a POSIX descriptor, or with
+// --legacy_cuda_ipc its own cudaMalloc exported by IPC handle) and client
+// allocations imported by descriptor (VMM) or by handle (legacy). All
+// register their address ranges (DeviceRanges).
 #ifndef KVDEPOT_SERVER_CUDA_CUDA_MEMORY_H_
 #define KVDEPOT_SERVER_CUDA_CUDA_MEMORY_H_
 
@@ -16,20 +18,24 @@
 #include "absl/synchronization/mutex.h"
 #include "common/cuda/cuda_events.h"
 #include "common/cuda/cuda_mappings.h"
+#include "common/cuda/vmm.h"
 #include "server/backend/backend.h"
 #include "server/cuda/device_ranges.h"
 
 namespace kvdepot {
 
-// A zero-filled cudaMalloc of a pool or buffer, exported with
-// cudaIpcGetMemHandle, with the stream its kernels run on and (created on
+// A zero-filled pool or buffer: a VMM allocation handed over by descriptor
+// (ExportFd), or with `legacy_ipc` a cudaMalloc exported with
+// cudaIpcGetMemHandle; with the stream its kernels run on and (created on
 // first use) the interprocess event recorded after ordered requests.
 class CudaAllocation final : public Memory {
  public:
   // `size` > 0 bytes on `device`; the allocation is rounded up to
-  // kCudaAllocationGranularity and zero-filled in full.
+  // kCudaAllocationGranularity (legacy) or the VMM granularity and
+  // zero-filled in full.
   static absl::StatusOr<std::unique_ptr<CudaAllocation>> Create(
-      int64_t size, int device, std::shared_ptr<DeviceRanges> ranges);
+      int64_t size, int device, std::shared_ptr<DeviceRanges> ranges,
+      bool legacy_ipc);
 
   CudaAllocation(const CudaAllocation&) = delete;
   CudaAllocation& operator=(const CudaAllocation&) = delete;
@@ -38,10 +44,18 @@ class CudaAllocation final : public Memory {
 
   uint8_t* data() const override { return base_; }
   int64_t size() const override { return size_; }
-  // cuda_ipc_handle of the base, size() bytes, offset 0, the device.
+  // A new descriptor of the VMM allocation; FAILED_PRECONDITION for a
+  // legacy one.
+  absl::StatusOr<UniqueFd> ExportFd() const override;
+  int64_t fd_size() const override {
+    return vmm_.valid() ? vmm_.size() : size_;
+  }
+  std::string device() const override;
+  // cuda_ipc_handle of the base, size() bytes, offset 0, the device
+  // (legacy only; nothing for a VMM allocation).
   void FillHandle(v1::SharedHandle* handle) const override;
 
-  int device() const { return device_; }
+  int device_ordinal() const { return device_; }
   cudaStream_t stream() const { return stream_; }
 
   // Records this allocation's interprocess event on stream() and returns
@@ -60,6 +74,8 @@ class CudaAllocation final : public Memory {
   std::shared_ptr<DeviceRanges> ranges_;
   cudaStream_t stream_ = nullptr;  // non-blocking, created with the memory
   std::string ipc_handle_;         // cudaIpcMemHandle_t bytes of base_
+  gpu::VmmAllocation vmm_;         // valid unless legacy
+  bool registered_ = false;        // in ranges_
 
   absl::Mutex event_mu_;
   std::optional<CudaIpcEvent> event_ ABSL_GUARDED_BY(event_mu_);
@@ -93,6 +109,34 @@ class CudaImport final : public Memory {
 
   CudaIpcMapping mapping_;
   v1::SharedHandle handle_;
+  std::shared_ptr<DeviceRanges> ranges_;
+};
+
+// A client's VMM allocation imported from its descriptor and mapped in the
+// daemon (gpu::VmmAllocation::Import validates it).
+class CudaVmmImport final : public Memory {
+ public:
+  // INVALID_ARGUMENT when `fd` is not a VMM export of at least `size`
+  // bytes, `size` a multiple of the granularity, on a device of this
+  // daemon (< device_count).
+  static absl::StatusOr<std::unique_ptr<CudaVmmImport>> Open(
+      UniqueFd fd, int64_t size, int device_count,
+      std::shared_ptr<DeviceRanges> ranges);
+
+  CudaVmmImport(const CudaVmmImport&) = delete;
+  CudaVmmImport& operator=(const CudaVmmImport&) = delete;
+  // Waits for work that may use it, then unmaps.
+  ~CudaVmmImport() override;
+
+  uint8_t* data() const override { return vmm_.data(); }
+  int64_t size() const override { return vmm_.size(); }
+  std::string device() const override;
+
+ private:
+  CudaVmmImport(gpu::VmmAllocation vmm, std::shared_ptr<DeviceRanges> ranges)
+      : vmm_(std::move(vmm)), ranges_(std::move(ranges)) {}
+
+  gpu::VmmAllocation vmm_;
   std::shared_ptr<DeviceRanges> ranges_;
 };
 
