@@ -264,11 +264,16 @@ absl::Status CompanionServer::AllocateBuffer(
         absl::StrCat("allocate_buffer.size = ", r.size(), " is outside [1, ",
                      options_.max_buffer_bytes, "] (--max_buffer_bytes)"));
   }
+  ASSIGN_OR_RETURN(MemoryReservation reservation,
+                   MemoryReservation::Open(options_.budget,
+                                           BudgetClientOf(caller), r.size(),
+                                           "allocate_buffer.size"));
   ASSIGN_OR_RETURN(std::unique_ptr<Memory> memory,
                    backend_->Allocate(r.size(), ""));
   ASSIGN_OR_RETURN(UniqueFd fd, memory->ExportFd());
   ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer,
-                   sessions_->AddBuffer(caller, std::move(memory)));
+                   sessions_->AddBuffer(caller, std::move(memory),
+                                        std::move(reservation)));
   out->set_buffer_id(buffer->id);
   out->set_size(buffer->memory->size());
   *fd_out = std::move(fd);
@@ -286,10 +291,17 @@ absl::Status CompanionServer::ImportBuffer(const Caller& caller,
         absl::StrCat("import_buffer.size = ", r.size(), " is outside [1, ",
                      options_.max_buffer_bytes, "] (--max_buffer_bytes)"));
   }
+  // Imported memory counts in the importing client's budget: the daemon
+  // maps it and would be the one to fault on it.
+  ASSIGN_OR_RETURN(MemoryReservation reservation,
+                   MemoryReservation::Open(options_.budget,
+                                           BudgetClientOf(caller), r.size(),
+                                           "import_buffer.size"));
   ASSIGN_OR_RETURN(std::unique_ptr<Memory> memory,
                    backend_->ImportFd(std::move(fd), r.size()));
   ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer,
-                   sessions_->AddBuffer(caller, std::move(memory)));
+                   sessions_->AddBuffer(caller, std::move(memory),
+                                        std::move(reservation)));
   out->set_buffer_id(buffer->id);
   out->set_size(buffer->memory->size());
   return absl::OkStatus();

@@ -104,7 +104,8 @@ void Pool::Grant(const Acl& grant) {
 }
 
 absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(
-    const v1::CreatePoolRequest& r, uid_t owner_uid) {
+    const v1::CreatePoolRequest& r, uid_t owner_uid,
+    absl::string_view budget_client) {
   RETURN_IF_ERROR(ValidatePoolName("name", r.name()));
   absl::StatusOr<std::string> device = backend_->ResolveDevice(r.device());
   if (!device.ok()) return device.status();
@@ -156,10 +157,15 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(
           absl::StrCat("pool \"", r.name(), "\" already exists"));
     }
   }
+  ASSIGN_OR_RETURN(
+      MemoryReservation reservation,
+      MemoryReservation::Open(budget_, budget_client, layout->total_bytes,
+                              absl::StrCat("pool \"", r.name(), "\"")));
   absl::StatusOr<std::unique_ptr<Memory>> memory =
       backend_->Allocate(layout->total_bytes, *device);
   if (!memory.ok()) return memory.status();
   auto pool = std::make_shared<Pool>();
+  pool->reservation = std::move(reservation);
   pool->name = r.name();
   pool->device = *device;
   pool->layout = *layout;

@@ -209,7 +209,8 @@ int64_t SessionManager::CloseNumber(uint64_t number) {
 }
 
 absl::StatusOr<std::shared_ptr<Buffer>> SessionManager::AddBuffer(
-    const Caller& caller, std::unique_ptr<Memory> memory) {
+    const Caller& caller, std::unique_ptr<Memory> memory,
+    MemoryReservation reservation) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(caller.session);
   if (!caller.authenticated() || it == sessions_.end()) {
@@ -225,6 +226,7 @@ absl::StatusOr<std::shared_ptr<Buffer>> SessionManager::AddBuffer(
   auto buffer = std::make_shared<Buffer>();
   buffer->id = next_buffer_id_++;
   buffer->owner_session = caller.session;
+  buffer->reservation = std::move(reservation);
   buffer->memory = std::move(memory);
   buffer_bytes_ += buffer->memory->size();
   s.buffers.insert(buffer->id);

@@ -32,12 +32,16 @@
 #include "absl/time/time.h"
 #include "server/access.h"
 #include "server/backend/backend.h"
+#include "server/memory_budget.h"
 
 namespace kvdepot {
 
 struct Buffer {
   uint64_t id = 0;                 // daemon-wide, > 0
   uint64_t owner_session = 0;      // session number
+  // Its bytes in the memory budget; before `memory`, so it is given back
+  // after the memory is freed.
+  MemoryReservation reservation;
   std::unique_ptr<Memory> memory;  // released with the last reference
   Acl acl;  // guarded by the SessionManager's lock
 };
@@ -100,9 +104,11 @@ class SessionManager {
   // The same by number (the companion connection closed).
   int64_t CloseNumber(uint64_t number);
 
-  // Adds `memory` as a new buffer of the caller's session.
+  // Adds `memory` as a new buffer of the caller's session; `reservation`
+  // (its bytes in the memory budget) lives and dies with it.
   absl::StatusOr<std::shared_ptr<Buffer>> AddBuffer(
-      const Caller& caller, std::unique_ptr<Memory> memory);
+      const Caller& caller, std::unique_ptr<Memory> memory,
+      MemoryReservation reservation = MemoryReservation());
 
   // The buffer `buffer_id` when the caller owns it or is granted it;
   // `field` names it in the error.
