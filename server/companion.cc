@@ -220,11 +220,6 @@ absl::Status CompanionServer::Hello(Connection* conn, const v1::Hello& hello,
     return absl::FailedPreconditionError(
         "this connection already has a session (one Hello per connection)");
   }
-  if (hello.client_name().size() > 256) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "client_name has ", hello.client_name().size(),
-        " bytes, more than 256"));
-  }
   ASSIGN_OR_RETURN(OpenedSession opened,
                    sessions_->OpenPeer(hello.client_name(), conn->creds));
   conn->session = opened.number;

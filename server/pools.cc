@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "server/logging.h"
 #include "kernels/format_host.h"
 #include "kernels/store_load_host.h"
 
@@ -17,15 +18,17 @@ constexpr size_t kMaxPoolNameChars = 64;
 absl::Status ValidatePoolName(absl::string_view field, absl::string_view name) {
   if (name.empty() || name.size() > kMaxPoolNameChars) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, " = \"", name, "\" must have 1..",
-                     kMaxPoolNameChars, " characters"));
+        absl::StrCat(field, " = \"", EscapeForLog(name, kMaxPoolNameChars),
+                     "\" has ", name.size(), " bytes; a pool name has 1..",
+                     kMaxPoolNameChars));
   }
   for (size_t i = 0; i < name.size(); ++i) {
     const char c = name[i];
     if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' &&
         c != '.' && c != '-') {
       return absl::InvalidArgumentError(
-          absl::StrCat(field, " = \"", name, "\": character ", i,
+          absl::StrCat(field, " = \"", EscapeForLog(name, kMaxPoolNameChars),
+                       "\": character ", i,
                        " is not in [A-Za-z0-9_.-]"));
     }
   }

@@ -49,7 +49,9 @@ struct Buffer {
 struct SessionLimits {
   absl::Duration default_lease = absl::Seconds(10);
   absl::Duration max_lease = absl::Minutes(10);
-  int64_t max_sessions = 4096;
+  int64_t max_sessions = 4096;          // all sessions together
+  int64_t max_sessions_per_uid = 256;   // peer sessions of one uid
+  int64_t max_client_name_bytes = 256;  // Hello / OpenSession client_name
   int64_t max_buffers_per_session = 1024;
   int64_t max_buffer_bytes = int64_t{64} << 30;
 };
@@ -144,6 +146,9 @@ class SessionManager {
     absl::flat_hash_set<uint64_t> buffers;
   };
 
+  // INVALID_ARGUMENT for a name longer than max_client_name_bytes (quoting
+  // at most 64 bytes of it, escaped).
+  absl::Status CheckClientName(absl::string_view name) const;
   absl::StatusOr<OpenedSession> OpenLocked(Session session)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the session's buffers from buffers_; returns them.
