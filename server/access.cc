@@ -4,6 +4,11 @@
 
 namespace kvdepot {
 
+std::string BudgetClientOf(const Caller& c) {
+  return c.peer ? absl::StrCat("uid ", c.uid)
+                : absl::StrCat("session ", c.session);
+}
+
 bool Acl::Allows(const Caller& c) const {
   if (!c.authenticated()) return false;
   if (sessions.contains(c.session)) return true;

@@ -14,6 +14,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <string>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
@@ -30,6 +31,10 @@ struct Caller {
 
   bool authenticated() const { return session != 0; }
 };
+
+// Whom a caller's memory counts against in the memory budget: its uid for
+// a peer session ("uid 1000"), else its session ("session 7").
+std::string BudgetClientOf(const Caller& c);
 
 // An access list: who besides the owner may use an object.
 struct Acl {

@@ -222,11 +222,6 @@ absl::Status CompanionServer::Hello(Connection* conn, const v1::Hello& hello,
     return absl::FailedPreconditionError(
         "this connection already has a session (one Hello per connection)");
   }
-  if (hello.client_name().size() > 256) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "client_name has ", hello.client_name().size(),
-        " bytes, more than 256"));
-  }
   ASSIGN_OR_RETURN(OpenedSession opened,
                    sessions_->OpenPeer(hello.client_name(), conn->creds));
   conn->session = opened.number;
@@ -271,13 +266,18 @@ absl::Status CompanionServer::AllocateBuffer(
         absl::StrCat("allocate_buffer.size = ", r.size(), " is outside [1, ",
                      options_.max_buffer_bytes, "] (--max_buffer_bytes)"));
   }
+  ASSIGN_OR_RETURN(MemoryReservation reservation,
+                   MemoryReservation::Open(options_.budget,
+                                           BudgetClientOf(caller), r.size(),
+                                           "allocate_buffer.size"));
   ASSIGN_OR_RETURN(std::unique_ptr<Memory> memory,
                    backend_->Allocate(r.size(), ""));
   ASSIGN_OR_RETURN(UniqueFd fd, memory->ExportFd());
   reply->set_fd_size(memory->fd_size());
   reply->set_fd_device(memory->device());
   ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer,
-                   sessions_->AddBuffer(caller, std::move(memory)));
+                   sessions_->AddBuffer(caller, std::move(memory),
+                                        std::move(reservation)));
   out->set_buffer_id(buffer->id);
   out->set_size(buffer->memory->size());
   *fd_out = std::move(fd);
@@ -295,10 +295,17 @@ absl::Status CompanionServer::ImportBuffer(const Caller& caller,
         absl::StrCat("import_buffer.size = ", r.size(), " is outside [1, ",
                      options_.max_buffer_bytes, "] (--max_buffer_bytes)"));
   }
+  // Imported memory counts in the importing client's budget: the daemon
+  // maps it and would be the one to fault on it.
+  ASSIGN_OR_RETURN(MemoryReservation reservation,
+                   MemoryReservation::Open(options_.budget,
+                                           BudgetClientOf(caller), r.size(),
+                                           "import_buffer.size"));
   ASSIGN_OR_RETURN(std::unique_ptr<Memory> memory,
                    backend_->ImportFd(std::move(fd), r.size()));
   ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer,
-                   sessions_->AddBuffer(caller, std::move(memory)));
+                   sessions_->AddBuffer(caller, std::move(memory),
+                                        std::move(reservation)));
   out->set_buffer_id(buffer->id);
   out->set_size(buffer->memory->size());
   return absl::OkStatus();

@@ -28,6 +28,7 @@
 #include "common/unique_fd.h"
 #include "kvdepot/v1/kvdepot.pb.h"
 #include "server/backend/backend.h"
+#include "server/memory_budget.h"
 #include "server/pools.h"
 #include "server/sessions.h"
 
@@ -41,6 +42,9 @@ struct CompanionOptions {
   gid_t group = -1;          // chown the socket to this group; -1 = keep
   int max_connections = 256;
   int64_t max_buffer_bytes = int64_t{16} << 30;
+  // What allocated and imported buffers are admitted against, counted for
+  // their session's client (BudgetClientOf); null = no admission.
+  MemoryBudget* budget = nullptr;
   // False while draining: new sessions, allocations and imports are
   // refused with UNAVAILABLE. Null = always accepting.
   // (Hello is answered while draining too: a session is no work, and an

@@ -176,6 +176,38 @@ absl::Status Daemon::ApplyConfig() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::unique_ptr<MemoryBudget>> Daemon::MakeMemoryBudget(
+    const Backend& backend) const {
+  if (backend.name() != "cpu") {
+    // Device memory: the host's budget says nothing about it (the CUDA
+    // backend's pools fail at cudaMalloc/cuMemCreate when the device is
+    // full, which is an error, not a SIGBUS).
+    spdlog::info("memory budget: none for the {} backend's device memory",
+                 std::string(backend.name()));
+    return nullptr;
+  }
+  int64_t total = options_.memory_budget_bytes;
+  std::string source = "--memory_budget_bytes";
+  if (total <= 0) {
+    absl::StatusOr<AvailableMemory> available =
+        ReadAvailableMemory(options_.memory_files);
+    if (!available.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot tell how much memory the daemon may use (",
+          available.status().message(), "); pass --memory_budget_bytes"));
+    }
+    total = available->bytes;
+    source = available->source;
+  }
+  spdlog::info("memory budget: {} ({} bytes) from {}; per client {}",
+               HumanBytes(total), total, source,
+               options_.memory_budget_per_client_bytes > 0
+                   ? HumanBytes(options_.memory_budget_per_client_bytes)
+                   : std::string("unlimited"));
+  return std::make_unique<MemoryBudget>(
+      total, options_.memory_budget_per_client_bytes, source);
+}
+
 absl::Status Daemon::Init() {
   BackendOptions backend_options;
   backend_options.legacy_cuda_ipc = options_.legacy_cuda_ipc;
@@ -183,13 +215,15 @@ absl::Status Daemon::Init() {
       MakeBackend(options_.backend, backend_options);
   if (!backend.ok()) return backend.status();
   metrics_ = std::make_unique<ServerMetrics>(KVCacheService::RpcNames());
+  ASSIGN_OR_RETURN(memory_budget_, MakeMemoryBudget(**backend));
   backend_ = std::make_unique<InstrumentedBackend>(*std::move(backend),
                                                    metrics_.get());
-  pools_ =
-      std::make_unique<PoolRegistry>(backend_.get(), options_.max_pool_bytes);
+  pools_ = std::make_unique<PoolRegistry>(
+      backend_.get(), options_.max_pool_bytes, memory_budget_.get());
   sessions_ = std::make_unique<SessionManager>(options_.sessions);
   ServiceOptions service_options = options_.service;
   service_options.metrics = metrics_.get();
+  service_options.memory_budget = memory_budget_.get();
   service_ = std::make_unique<KVCacheService>(backend_.get(), pools_.get(),
                                               sessions_.get(), service_options);
   service_->set_drain_hook([this] {
@@ -238,6 +272,7 @@ absl::Status Daemon::Init() {
     co.path = companion_path_;
     co.group = options_.socket_group;
     co.max_buffer_bytes = options_.service.max_buffer_bytes;
+    co.budget = memory_budget_.get();
     KVCacheService* service = service_.get();
     co.accepting = [service] { return !service->draining(); };
     absl::StatusOr<std::unique_ptr<CompanionServer>> companion =

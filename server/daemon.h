@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "server/backend/backend.h"
 #include "server/companion.h"
+#include "server/memory_budget.h"
 #include "server/metrics.h"
 #include "server/metrics_http.h"
 #include "server/pools.h"
@@ -54,6 +55,13 @@ struct DaemonOptions {
   int max_threads = 64;
   int max_streams_per_connection = 32;
   int64_t max_pool_bytes = int64_t{1} << 40;
+  // The memory budget (SPEC §11) of the CPU backend: > 0 = this many bytes
+  // (--memory_budget_bytes), 0 = what the system has available at start
+  // (ReadAvailableMemory of memory_files). per_client: the most one client
+  // (a uid, or an anonymous session) may hold; 0 = no per-client cap.
+  int64_t memory_budget_bytes = 0;
+  int64_t memory_budget_per_client_bytes = 0;
+  SystemMemoryFiles memory_files;
   absl::Duration reap_interval = absl::Milliseconds(500);
   absl::Duration drain_timeout = absl::Seconds(30);
   // After the in-flight calls finish, how long new calls keep getting
@@ -94,10 +102,15 @@ class Daemon {
   explicit Daemon(const DaemonOptions& options);
   absl::Status Init();
   absl::Status ApplyConfig();
+  // The CPU backend's memory budget (options or the system); null for
+  // device memory.
+  absl::StatusOr<std::unique_ptr<MemoryBudget>> MakeMemoryBudget(
+      const Backend& backend) const;
   void ReapLoop();
 
   const DaemonOptions options_;
   std::unique_ptr<ServerMetrics> metrics_;
+  std::unique_ptr<MemoryBudget> memory_budget_;  // null: not budgeted
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<PoolRegistry> pools_;
   std::unique_ptr<SessionManager> sessions_;

@@ -65,6 +65,20 @@ ABSL_FLAG(int, max_streams_per_connection, 32,
 ABSL_FLAG(int64_t, max_pool_bytes, int64_t{1} << 40, "Largest pool.");
 ABSL_FLAG(int64_t, max_buffer_bytes, int64_t{16} << 30,
           "Largest AllocateBuffer.");
+ABSL_FLAG(int64_t, memory_budget_bytes, 0,
+          "Bytes all pools and buffers (own and imported) may hold on the CPU "
+          "backend; 0 = what is available at start: cgroup v2 memory.max - "
+          "memory.current, v1 limit - usage, else MemAvailable.");
+ABSL_FLAG(int64_t, memory_budget_per_client_bytes, 0,
+          "Bytes one client (a uid; an anonymous session) may hold of the "
+          "memory budget; 0 = no per-client cap.");
+ABSL_FLAG(std::string, memory_cgroup_root, "/sys/fs/cgroup",
+          "Where the cgroup hierarchy is mounted (read for the memory "
+          "budget).");
+ABSL_FLAG(std::string, memory_self_cgroup, "/proc/self/cgroup",
+          "The daemon's cgroup membership file (read for the memory budget).");
+ABSL_FLAG(std::string, memory_meminfo, "/proc/meminfo",
+          "The meminfo file (MemAvailable when no cgroup limits).");
 ABSL_FLAG(int64_t, lease_ms, 10000, "Default session lease.");
 ABSL_FLAG(int64_t, max_lease_ms, 600000, "Longest session lease granted.");
 ABSL_FLAG(int64_t, reap_interval_ms, 500,
@@ -144,6 +158,18 @@ int main(int argc, char** argv) {
   options.legacy_cuda_ipc = absl::GetFlag(FLAGS_legacy_cuda_ipc);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_pool_bytes = absl::GetFlag(FLAGS_max_pool_bytes);
+  options.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes);
+  options.memory_budget_per_client_bytes =
+      absl::GetFlag(FLAGS_memory_budget_per_client_bytes);
+  options.memory_files.cgroup_root = absl::GetFlag(FLAGS_memory_cgroup_root);
+  options.memory_files.self_cgroup = absl::GetFlag(FLAGS_memory_self_cgroup);
+  options.memory_files.meminfo = absl::GetFlag(FLAGS_memory_meminfo);
+  if (options.memory_budget_bytes < 0 ||
+      options.memory_budget_per_client_bytes < 0) {
+    return UsageError(
+        "--memory_budget_bytes and --memory_budget_per_client_bytes must be "
+        ">= 0");
+  }
   options.service.max_buffer_bytes = absl::GetFlag(FLAGS_max_buffer_bytes);
   options.service.max_inline_bytes = options.max_message_bytes;
   options.sessions.default_lease =

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <limits>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -200,6 +201,41 @@ int64_t MemoryBudget::used_by(absl::string_view client) const {
   absl::MutexLock lock(&mu_);
   auto it = by_client_.find(client);
   return it == by_client_.end() ? 0 : it->second;
+}
+
+absl::StatusOr<MemoryReservation> MemoryReservation::Open(
+    MemoryBudget* budget, absl::string_view client, int64_t bytes,
+    absl::string_view what) {
+  MemoryReservation r;
+  if (budget == nullptr) return r;
+  absl::Status status = budget->Reserve(client, bytes, what);
+  if (!status.ok()) return status;
+  r.budget_ = budget;
+  r.client_ = std::string(client);
+  r.bytes_ = bytes;
+  return r;
+}
+
+MemoryReservation::MemoryReservation(MemoryReservation&& other) noexcept
+    : budget_(std::exchange(other.budget_, nullptr)),
+      client_(std::move(other.client_)),
+      bytes_(std::exchange(other.bytes_, 0)) {}
+
+MemoryReservation& MemoryReservation::operator=(
+    MemoryReservation&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    budget_ = std::exchange(other.budget_, nullptr);
+    client_ = std::move(other.client_);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+void MemoryReservation::Reset() {
+  if (budget_ != nullptr) budget_->Release(client_, bytes_);
+  budget_ = nullptr;
+  bytes_ = 0;
 }
 
 }  // namespace kvdepot

@@ -60,6 +60,7 @@ class MemoryBudget {
   void Release(absl::string_view client, int64_t bytes);
 
   int64_t total() const { return total_; }
+  const std::string& source() const { return source_; }
   int64_t used() const;
   int64_t used_by(absl::string_view client) const;
 
@@ -70,6 +71,35 @@ class MemoryBudget {
   mutable absl::Mutex mu_;
   int64_t used_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, int64_t> by_client_ ABSL_GUARDED_BY(mu_);
+};
+
+// Bytes held in a MemoryBudget for as long as this object lives: it sits
+// in the Pool or Buffer whose memory it admits (declared before the memory,
+// so it is given back after the memory is freed), so every path that frees
+// the object gives the bytes back. Move-only; an empty reservation (no
+// budget, e.g. device memory) holds nothing.
+class MemoryReservation {
+ public:
+  MemoryReservation() = default;
+  // Reserves `bytes` for `client` in `budget` (see MemoryBudget::Reserve);
+  // a null budget admits everything and holds nothing.
+  static absl::StatusOr<MemoryReservation> Open(MemoryBudget* budget,
+                                                absl::string_view client,
+                                                int64_t bytes,
+                                                absl::string_view what);
+  MemoryReservation(MemoryReservation&& other) noexcept;
+  MemoryReservation& operator=(MemoryReservation&& other) noexcept;
+  MemoryReservation(const MemoryReservation&) = delete;
+  MemoryReservation& operator=(const MemoryReservation&) = delete;
+  ~MemoryReservation() { Reset(); }
+
+  void Reset();  // gives the bytes back now
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  MemoryBudget* budget_ = nullptr;  // null = holds nothing
+  std::string client_;
+  int64_t bytes_ = 0;
 };
 
 // "1.5 GiB" style sizes for messages.

@@ -165,5 +165,30 @@ TEST(MemoryBudgetTest, ConcurrentReservationsNeverExceedTheTotal) {
   EXPECT_EQ(b.used(), 0);
 }
 
+TEST(MemoryReservationTest, GivesItsBytesBackWhenDestroyedOrMoved) {
+  MemoryBudget b(100, 0, "test");
+  {
+    absl::StatusOr<MemoryReservation> r =
+        MemoryReservation::Open(&b, "c", 60, "pool");
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(b.used(), 60);
+    EXPECT_EQ(MemoryReservation::Open(&b, "c", 41, "pool").status().code(),
+              absl::StatusCode::kResourceExhausted);
+    MemoryReservation moved = *std::move(r);
+    EXPECT_EQ(b.used(), 60);  // a move hands over, it does not release
+    moved = MemoryReservation();
+    EXPECT_EQ(b.used(), 0);
+    absl::StatusOr<MemoryReservation> again =
+        MemoryReservation::Open(&b, "c", 100, "pool");
+    ASSERT_TRUE(again.ok()) << again.status();
+  }
+  EXPECT_EQ(b.used(), 0);
+  EXPECT_EQ(b.used_by("c"), 0);
+  absl::StatusOr<MemoryReservation> none =
+      MemoryReservation::Open(nullptr, "c", INT64_MAX, "device pool");
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->bytes(), 0);
+}
+
 }  // namespace
 }  // namespace kvdepot

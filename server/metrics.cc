@@ -145,6 +145,12 @@ std::string RenderPrometheus(const v1::StatsResponse& s) {
       {"kvdepot_leased_buffers", "Buffers held by sessions.", s.buffers()},
       {"kvdepot_leased_buffer_bytes", "Bytes of the buffers held by sessions.",
        s.buffer_bytes()},
+      {"kvdepot_memory_budget_bytes",
+       "Bytes pools and buffers are admitted against (0 = not budgeted).",
+       s.memory_budget_bytes()},
+      {"kvdepot_memory_budget_used_bytes",
+       "Bytes of the memory budget held by pools and buffers.",
+       s.memory_budget_used_bytes()},
   };
   for (const auto& g : gauges) {
     Family(&out, g.name, "gauge", g.help);

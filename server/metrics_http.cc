@@ -38,6 +38,19 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
   });
+  // Bounded whatever clients do: a fixed pool of kHttpThreads connection
+  // threads, and a connection that sends nothing for kHttpIdleTimeout (or
+  // stalls mid-request as long) is closed, so idle connections cannot hold
+  // every thread for long and a scraper waits at most about
+  // queued / kHttpThreads timeouts (docs/DAEMON.md "Limits").
+  m->http_->new_task_queue = [] {
+    return new httplib::ThreadPool(kHttpThreads);
+  };
+  m->http_->set_keep_alive_timeout(kHttpIdleTimeoutSeconds);
+  m->http_->set_read_timeout(kHttpIdleTimeoutSeconds, 0);
+  m->http_->set_write_timeout(kHttpWriteTimeoutSeconds, 0);
+  m->http_->set_keep_alive_max_count(kHttpRequestsPerConnection);
+  m->http_->set_payload_max_length(kHttpMaxPayloadBytes);
   m->http_->Get(
       "/metrics", [render](const httplib::Request&, httplib::Response& res) {
         res.set_content(render(), "text/plain; version=0.0.4; charset=utf-8");

@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "server/logging.h"
 #include "kernels/format_host.h"
 #include "kernels/store_load_host.h"
 
@@ -17,15 +18,17 @@ constexpr size_t kMaxPoolNameChars = 64;
 absl::Status ValidatePoolName(absl::string_view field, absl::string_view name) {
   if (name.empty() || name.size() > kMaxPoolNameChars) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, " = \"", name, "\" must have 1..",
-                     kMaxPoolNameChars, " characters"));
+        absl::StrCat(field, " = \"", EscapeForLog(name, kMaxPoolNameChars),
+                     "\" has ", name.size(), " bytes; a pool name has 1..",
+                     kMaxPoolNameChars));
   }
   for (size_t i = 0; i < name.size(); ++i) {
     const char c = name[i];
     if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' &&
         c != '.' && c != '-') {
       return absl::InvalidArgumentError(
-          absl::StrCat(field, " = \"", name, "\": character ", i,
+          absl::StrCat(field, " = \"", EscapeForLog(name, kMaxPoolNameChars),
+                       "\": character ", i,
                        " is not in [A-Za-z0-9_.-]"));
     }
   }
@@ -104,7 +107,8 @@ void Pool::Grant(const Acl& grant) {
 }
 
 absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(
-    const v1::CreatePoolRequest& r, uid_t owner_uid) {
+    const v1::CreatePoolRequest& r, uid_t owner_uid,
+    absl::string_view budget_client) {
   RETURN_IF_ERROR(ValidatePoolName("name", r.name()));
   absl::StatusOr<std::string> device = backend_->ResolveDevice(r.device());
   if (!device.ok()) return device.status();
@@ -156,10 +160,15 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(
           absl::StrCat("pool \"", r.name(), "\" already exists"));
     }
   }
+  ASSIGN_OR_RETURN(
+      MemoryReservation reservation,
+      MemoryReservation::Open(budget_, budget_client, layout->total_bytes,
+                              absl::StrCat("pool \"", r.name(), "\"")));
   absl::StatusOr<std::unique_ptr<Memory>> memory =
       backend_->Allocate(layout->total_bytes, *device);
   if (!memory.ok()) return memory.status();
   auto pool = std::make_shared<Pool>();
+  pool->reservation = std::move(reservation);
   pool->name = r.name();
   pool->device = *device;
   pool->layout = *layout;

@@ -22,6 +22,7 @@
 #include "kvdepot/v1/kvdepot.pb.h"
 #include "server/access.h"
 #include "server/backend/backend.h"
+#include "server/memory_budget.h"
 
 namespace kvdepot {
 
@@ -31,6 +32,9 @@ struct Pool {
   PoolLayout layout;
   uid_t owner_uid = 0;
   v1::SharedHandle handle;  // legacy CUDA IPC only (--legacy_cuda_ipc)
+  // The pool's bytes in the daemon's memory budget; before `memory`, so it
+  // is given back after the memory is freed.
+  MemoryReservation reservation;
   absl::Mutex mu;           // guards the pool's bytes (not the fields above)
   std::unique_ptr<Memory> memory ABSL_PT_GUARDED_BY(mu);
   mutable absl::Mutex acl_mu;
@@ -52,13 +56,19 @@ void LayoutToProto(const PoolLayout& layout, v1::PoolLayout* out);
 
 class PoolRegistry {
  public:
-  PoolRegistry(Backend* backend, int64_t max_pool_bytes)
-      : backend_(backend), max_pool_bytes_(max_pool_bytes) {}
+  // budget: what pools are admitted against (null = no admission, e.g.
+  // device memory).
+  PoolRegistry(Backend* backend, int64_t max_pool_bytes,
+               MemoryBudget* budget = nullptr)
+      : backend_(backend), max_pool_bytes_(max_pool_bytes), budget_(budget) {}
 
-  // Validates the request (name, device, format, sizes) and allocates the
-  // pool. ALREADY_EXISTS for a taken name.
+  // Validates the request (name, device, format, sizes), reserves its bytes
+  // for `budget_client` in the memory budget ("" = the daemon's own) and
+  // allocates the pool. ALREADY_EXISTS for a taken name; RESOURCE_EXHAUSTED
+  // saying what is available when it does not fit the budget.
   absl::StatusOr<std::shared_ptr<Pool>> Create(
-      const v1::CreatePoolRequest& request, uid_t owner_uid);
+      const v1::CreatePoolRequest& request, uid_t owner_uid,
+      absl::string_view budget_client = "");
   // NOT_FOUND naming `field` when there is no such pool.
   absl::StatusOr<std::shared_ptr<Pool>> Get(absl::string_view field,
                                             absl::string_view name) const;
@@ -70,6 +80,7 @@ class PoolRegistry {
  private:
   Backend* const backend_;
   const int64_t max_pool_bytes_;
+  MemoryBudget* const budget_;
   mutable absl::Mutex mu_;
   absl::btree_map<std::string, std::shared_ptr<Pool>> pools_
       ABSL_GUARDED_BY(mu_);

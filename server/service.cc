@@ -226,7 +226,7 @@ grpc::Status KVCacheService::CreatePool(Ctx* ctx,
                      "create it from the companion socket or the config");
                }
                absl::StatusOr<std::shared_ptr<Pool>> pool =
-                   pools_->Create(*r, caller.uid);
+                   pools_->Create(*r, caller.uid, BudgetClientOf(caller));
                if (!pool.ok()) return pool.status();
                (*pool)->ToProto(out);
                return absl::OkStatus();
@@ -440,6 +440,11 @@ void KVCacheService::FillStats(v1::StatsResponse* out) const {
   for (const std::string& d : devices) out->add_devices(d);
   out->set_draining(draining());
   out->set_in_flight(in_flight_.load());
+  if (options_.memory_budget != nullptr) {
+    out->set_memory_budget_bytes(options_.memory_budget->total());
+    out->set_memory_budget_used_bytes(options_.memory_budget->used());
+    out->set_memory_budget_source(options_.memory_budget->source());
+  }
   metrics_->Fill(out);
 }
 

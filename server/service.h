@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "kvdepot/v1/kvdepot.grpc.pb.h"
 #include "server/backend/backend.h"
+#include "server/memory_budget.h"
 #include "server/metrics.h"
 #include "server/pools.h"
 #include "server/sessions.h"
@@ -32,6 +33,8 @@ struct ServiceOptions {
   // Where calls are counted (the daemon shares it with its backend and the
   // /metrics page); null = the service keeps its own.
   ServerMetrics* metrics = nullptr;
+  // The daemon's memory budget, reported by Stats; null = none.
+  const MemoryBudget* memory_budget = nullptr;
   // Tests only: Verify sleeps this long per block, so a test can make a
   // scan outlast a client's deadline without a large pool.
   absl::Duration verify_block_delay = absl::ZeroDuration();

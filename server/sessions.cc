@@ -8,6 +8,8 @@
 #include <utility>
 
 #include "absl/strings/escaping.h"
+#include "common/status_macros.h"
+#include "server/logging.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
@@ -77,10 +79,30 @@ bool ConstantTimeEqual(const std::array<uint8_t, 16>& a,
 
 }  // namespace
 
+absl::Status SessionManager::CheckClientName(absl::string_view name) const {
+  if (static_cast<int64_t>(name.size()) > limits_.max_client_name_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "client_name = \"", EscapeForLog(name, 64), "\" has ", name.size(),
+        " bytes, more than ", limits_.max_client_name_bytes));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<OpenedSession> SessionManager::OpenLocked(Session session) {
   if (static_cast<int64_t>(sessions_.size()) >= limits_.max_sessions) {
     return absl::ResourceExhaustedError(
         absl::StrCat("too many sessions (", limits_.max_sessions, ")"));
+  }
+  if (session.peer) {
+    int64_t of_uid = 0;
+    for (const auto& [number, other] : sessions_) {
+      if (other.peer && other.creds.uid == session.creds.uid) ++of_uid;
+    }
+    if (of_uid >= limits_.max_sessions_per_uid) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "uid ", session.creds.uid, " already has ", of_uid,
+          " sessions (at most ", limits_.max_sessions_per_uid, " per uid)"));
+    }
   }
   OpenedSession opened;
   opened.number = next_session_++;
@@ -95,6 +117,7 @@ absl::StatusOr<OpenedSession> SessionManager::OpenLocked(Session session) {
 
 absl::StatusOr<OpenedSession> SessionManager::OpenPeer(
     absl::string_view client_name, const PeerCredentials& peer) {
+  RETURN_IF_ERROR(CheckClientName(client_name));
   Session s;
   if (absl::Status st = FillRandom(s.secret.data(), s.secret.size());
       !st.ok()) {
@@ -115,6 +138,7 @@ absl::StatusOr<std::string> SessionManager::Open(absl::string_view client_name,
     return absl::InvalidArgumentError(absl::StrCat(
         "lease_ms = ", absl::ToInt64Milliseconds(lease), " must be >= 0"));
   }
+  RETURN_IF_ERROR(CheckClientName(client_name));
   if (lease == absl::ZeroDuration()) lease = limits_.default_lease;
   lease = std::min(lease, limits_.max_lease);
   Session s;
@@ -211,7 +235,8 @@ int64_t SessionManager::CloseNumber(uint64_t number) {
 }
 
 absl::StatusOr<std::shared_ptr<Buffer>> SessionManager::AddBuffer(
-    const Caller& caller, std::unique_ptr<Memory> memory) {
+    const Caller& caller, std::unique_ptr<Memory> memory,
+    MemoryReservation reservation) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(caller.session);
   if (!caller.authenticated() || it == sessions_.end()) {
@@ -227,6 +252,7 @@ absl::StatusOr<std::shared_ptr<Buffer>> SessionManager::AddBuffer(
   auto buffer = std::make_shared<Buffer>();
   buffer->id = next_buffer_id_++;
   buffer->owner_session = caller.session;
+  buffer->reservation = std::move(reservation);
   buffer->memory = std::move(memory);
   buffer_bytes_ += buffer->memory->size();
   s.buffers.insert(buffer->id);

@@ -32,12 +32,16 @@
 #include "absl/time/time.h"
 #include "server/access.h"
 #include "server/backend/backend.h"
+#include "server/memory_budget.h"
 
 namespace kvdepot {
 
 struct Buffer {
   uint64_t id = 0;                 // daemon-wide, > 0
   uint64_t owner_session = 0;      // session number
+  // Its bytes in the memory budget; before `memory`, so it is given back
+  // after the memory is freed.
+  MemoryReservation reservation;
   std::unique_ptr<Memory> memory;  // released with the last reference
   Acl acl;  // guarded by the SessionManager's lock
 };
@@ -45,7 +49,9 @@ struct Buffer {
 struct SessionLimits {
   absl::Duration default_lease = absl::Seconds(10);
   absl::Duration max_lease = absl::Minutes(10);
-  int64_t max_sessions = 4096;
+  int64_t max_sessions = 4096;          // all sessions together
+  int64_t max_sessions_per_uid = 256;   // peer sessions of one uid
+  int64_t max_client_name_bytes = 256;  // Hello / OpenSession client_name
   int64_t max_buffers_per_session = 1024;
   int64_t max_buffer_bytes = int64_t{64} << 30;
 };
@@ -100,9 +106,11 @@ class SessionManager {
   // The same by number (the companion connection closed).
   int64_t CloseNumber(uint64_t number);
 
-  // Adds `memory` as a new buffer of the caller's session.
+  // Adds `memory` as a new buffer of the caller's session; `reservation`
+  // (its bytes in the memory budget) lives and dies with it.
   absl::StatusOr<std::shared_ptr<Buffer>> AddBuffer(
-      const Caller& caller, std::unique_ptr<Memory> memory);
+      const Caller& caller, std::unique_ptr<Memory> memory,
+      MemoryReservation reservation = MemoryReservation());
 
   // The buffer `buffer_id` when the caller owns it or is granted it;
   // `field` names it in the error.
@@ -138,6 +146,9 @@ class SessionManager {
     absl::flat_hash_set<uint64_t> buffers;
   };
 
+  // INVALID_ARGUMENT for a name longer than max_client_name_bytes (quoting
+  // at most 64 bytes of it, escaped).
+  absl::Status CheckClientName(absl::string_view name) const;
   absl::StatusOr<OpenedSession> OpenLocked(Session session)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the session's buffers from buffers_; returns them.

@@ -208,5 +208,41 @@ TEST(SessionsTest, CloseLimitsAndClampedLeases) {
   EXPECT_EQ(m.Close(*id).status().code(), absl::StatusCode::kUnauthenticated);
 }
 
+// Client names are bounded (an 8 MiB name once cost 875 MiB), and the
+// refusal quotes at most 64 escaped bytes of it; one uid cannot take every
+// session.
+TEST(SessionsTest, ClientNameAndSessionsPerUidAreBounded) {
+  SessionLimits limits;
+  limits.max_sessions_per_uid = 3;
+  SessionManager m(limits);
+  PeerCredentials alice{.pid = 10, .uid = 1000, .gid = 1000};
+  PeerCredentials bob{.pid = 11, .uid = 1001, .gid = 1001};
+  const std::string huge = std::string(8 << 20, 'n') + "\nforged";
+  absl::StatusOr<OpenedSession> s = m.OpenPeer(huge, alice);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.status().message()),
+              HasSubstr("client_name = \"nnnn"));
+  EXPECT_THAT(std::string(s.status().message()),
+              HasSubstr("more than 256"));
+  EXPECT_LT(s.status().message().size(), 256u);
+  absl::Duration granted;
+  EXPECT_EQ(m.Open(huge, absl::ZeroDuration(), absl::Now(), &granted)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(m.OpenPeer(std::string(256, 'x'), alice).ok());
+  EXPECT_TRUE(m.OpenPeer("w", alice).ok());
+  absl::StatusOr<OpenedSession> third = m.OpenPeer("w", alice);
+  ASSERT_TRUE(third.ok());
+  s = m.OpenPeer("w", alice);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(s.status().message()),
+              HasSubstr("uid 1000 already has 3 sessions (at most 3 per uid)"));
+  EXPECT_TRUE(m.OpenPeer("w", bob).ok());  // another uid is not affected
+  m.CloseNumber(third->number);            // closing frees a slot
+  EXPECT_TRUE(m.OpenPeer("w", alice).ok());
+  EXPECT_EQ(m.Stats().sessions, 4);
+}
+
 }  // namespace
 }  // namespace kvdepot

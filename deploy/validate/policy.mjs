@@ -122,6 +122,14 @@ function checkSharedGpu(ctx, w, c, docs, errors) {
   if (backend !== "cuda" && backend !== "auto") {
     errors.push(`${at}: --backend=${backend}; the sidecar shares the pod's GPU, want cuda or auto`);
   }
+  // CUDA pools are not yet VMM + descriptors: without legacy IPC the CUDA
+  // backend refuses to allocate (docs/DAEMON.md).
+  if (!(c.args ?? []).includes("--legacy_cuda_ipc")) {
+    errors.push(`${at}: --legacy_cuda_ipc missing; the CUDA backend cannot allocate without it`);
+  }
+  if (flagValue(c.args, "socket_group") !== `${KVDEPOT_UID}`) {
+    errors.push(`${at}: --socket_group=${KVDEPOT_UID} missing; workers reach the sockets through that group`);
+  }
   const mine = (c.resources?.claims ?? []).map((x) => x.name);
   if (mine.length === 0) errors.push(`${at}: resources.claims is empty: kvdepot has no GPU claim`);
   for (const other of spec.containers) {

@@ -123,6 +123,14 @@ const SIDECAR_MUTATIONS = [
     const { c } = kvdepotOf(d);
     c.args = c.args.map((a) => (a.startsWith("--backend=") ? "--backend=cpu" : a));
   }],
+  ["policy", "--legacy_cuda_ipc missing", (d) => {
+    const { c } = kvdepotOf(d);
+    c.args = c.args.filter((a) => a !== "--legacy_cuda_ipc");
+  }],
+  ["policy", "--socket_group=65532 missing", (d) => {
+    const { c } = kvdepotOf(d);
+    c.args = c.args.filter((a) => !a.startsWith("--socket_group"));
+  }],
   ["policy", "kvdepot has no GPU claim", (d) => { delete kvdepotOf(d).c.resources.claims; }],
   ["policy", "container worker does not share GPU claim gpu with kvdepot", (d) => {
     delete workerOf(d).c.resources.claims;
