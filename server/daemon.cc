@@ -260,9 +260,16 @@ absl::Status Daemon::Init() {
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                    ServerCredentialsFor(target_, options_.tls));
   if (!socket_path_.empty()) {
-    if (socket_path_ == DefaultSocketPath()) {
-      RETURN_IF_ERROR(
-          PreparePrivateSocketDir(DefaultSocketDir(), options_.socket_group));
+    // The default socket's directory, and the directory of any socket
+    // path that does not exist yet (e.g. a subdirectory of a volume shared
+    // with workers, which Kubernetes creates 0777), are made private here.
+    // An existing directory named by --listen is the operator's choice.
+    const std::string dir =
+        socket_path_.substr(0, std::max<size_t>(socket_path_.rfind('/'), 1));
+    struct stat dir_st;
+    if (socket_path_ == DefaultSocketPath() ||
+        (lstat(dir.c_str(), &dir_st) != 0 && errno == ENOENT)) {
+      RETURN_IF_ERROR(PreparePrivateSocketDir(dir, options_.socket_group));
     }
     RETURN_IF_ERROR(ClaimSocketPath(socket_path_, SOCK_STREAM));
     companion_path_ = CompanionSocketPathOf(socket_path_);

@@ -141,6 +141,31 @@ TEST(DaemonTest, DrainGraceRefusesNewCallsBeforeTheListenerCloses) {
   EXPECT_FALSE((*c)->Ping().ok()) << "the listener is still open";
 }
 
+// A --listen socket in a directory that does not exist yet (a subdirectory
+// of a world-writable shared volume) gets a private directory made for it;
+// clients then accept it.
+TEST(DaemonTest, MissingSocketDirectoryIsCreatedPrivate) {
+  char tmpl[] = "/tmp/kvdepot-dt-vol-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  ASSERT_EQ(chmod(tmpl, 01777), 0);  // like an emptyDir volume
+  const std::string dir = std::string(tmpl) + "/daemon";
+  DaemonOptions o;
+  o.listen = dir + "/kvdepotd.sock";
+  o.backend = "cpu";
+  absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  struct stat st;
+  ASSERT_EQ(lstat(dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700);
+  ClientOptions co;
+  co.address = (*d)->target();
+  absl::StatusOr<std::unique_ptr<KVCacheClient>> c = KVCacheClient::Connect(co);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE((*c)->Ping().ok());
+  c->reset();
+  (*d)->Shutdown();
+}
+
 TEST(DaemonTest, BadConfigNamesThePool) {
   DaemonOptions o;
   o.listen = TempSocket("badcfg");
