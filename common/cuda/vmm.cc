@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda/cuda_mappings.h"
+#include "common/cuda/cuda_status.h"
 #include "common/cuda/driver_api.h"
 #include "common/status_macros.h"
 
@@ -21,6 +22,16 @@ CUmemAllocationProp DeviceProp(int device) {
   prop.location.id = device;
   prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   return prop;
+}
+
+// Makes `device` current with its primary context bound to this thread
+// (cudaFree(nullptr) is the runtime's idiom for that), so that the driver
+// calls that follow work on a thread that never used the runtime.
+absl::StatusOr<ScopedCudaDevice> BindDevice(int device) {
+  ASSIGN_OR_RETURN(ScopedCudaDevice scoped, ScopedCudaDevice::Enter(device));
+  RETURN_IF_CUDA_ERROR(cudaFree(nullptr),
+                       absl::StrCat("initializing cuda:", device));
+  return scoped;
 }
 
 }  // namespace
@@ -46,7 +57,7 @@ absl::StatusOr<VmmAllocation> VmmAllocation::Create(int device,
         absl::StrCat("a VMM allocation of ", size, " bytes"));
   }
   ASSIGN_OR_RETURN(const DriverApi* d, Driver());
-  ASSIGN_OR_RETURN(ScopedCudaDevice scoped, ScopedCudaDevice::Enter(device));
+  ASSIGN_OR_RETURN(ScopedCudaDevice scoped, BindDevice(device));
   ASSIGN_OR_RETURN(const int64_t g, Granularity(device));
   if (size > INT64_MAX - g) {
     return absl::InvalidArgumentError(
@@ -98,6 +109,7 @@ absl::StatusOr<VmmAllocation> VmmAllocation::Import(int fd, int64_t size,
         absl::StrCat("size = ", size, " must be > 0"));
   }
   ASSIGN_OR_RETURN(const DriverApi* d, Driver());
+  ASSIGN_OR_RETURN(ScopedCudaDevice bound, BindDevice(device >= 0 ? device : 0));
   VmmAllocation m;
   {
     const CUresult r = d->cuMemImportFromShareableHandle(
@@ -123,7 +135,7 @@ absl::StatusOr<VmmAllocation> VmmAllocation::Import(int fd, int64_t size,
                      ", not cuda:", device));
   }
   m.device_ = prop.location.id;
-  ASSIGN_OR_RETURN(ScopedCudaDevice scoped, ScopedCudaDevice::Enter(m.device_));
+  ASSIGN_OR_RETURN(ScopedCudaDevice scoped, BindDevice(m.device_));
   ASSIGN_OR_RETURN(const int64_t g, Granularity(m.device_));
   if (size % g != 0) {
     return absl::InvalidArgumentError(

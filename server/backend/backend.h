@@ -2,8 +2,9 @@
 // request first; a backend only allocates, maps and runs kernels on
 // validated input. The CPU backend keeps pools and buffers in sealed memfds
 // handed to clients as descriptors (SPEC §11) and runs the CPU reference;
-// the CUDA backend keeps them in device memory, shared by legacy CUDA IPC
-// handles only when the operator opted in (--legacy_cuda_ipc), and launches
+// the CUDA backend keeps them in device memory, VMM allocations handed over
+// as descriptors the same way (legacy CUDA IPC handles only when the
+// operator opted in, --legacy_cuda_ipc), and launches
 // the kernels (its pointers are then device addresses: inline request
 // data, which is host memory, must be staged by the backend).
 #ifndef KVDEPOT_SERVER_BACKEND_BACKEND_H_
@@ -53,7 +54,8 @@ class Memory {
 
 struct BackendOptions {
   // CUDA: share memory by legacy CUDA IPC handles (bearer tokens, SPEC §11);
-  // without it the CUDA backend refuses to allocate.
+  // without it pools and buffers are VMM allocations handed over as
+  // descriptors and handles are refused.
   bool legacy_cuda_ipc = false;
 };
 

@@ -36,6 +36,7 @@ struct Operand {
   int64_t bytes = 0;
   Where where = Where::kDevice;
   int64_t offset = 0;  // inside the Staging when not kDevice
+  std::shared_ptr<void> fence;  // UseFence of the memory it lies in
 };
 
 // What a call queued, so that a failure can drain the stream before the
@@ -126,15 +127,17 @@ class CudaBackend final : public Backend {
   // cudaMemcpyDefault: with unified addressing the runtime tells device
   // from host pointers. Calls that returned without waiting (record_event)
   // may still be running on their pools' streams, which the copy (legacy
-  // stream) does not follow: while any may be, wait for every device first.
+  // stream; the daemon's streams are non-blocking) does not follow: first
+  // wait for the work recorded on the UseFence of the memory each side lies
+  // in (never for the whole device).
   absl::Status CopyBytes(void* dst, const void* src, int64_t n) override {
     if (n <= 0) return absl::OkStatus();
-    if (unsynchronized_.exchange(0) > 0) {
-      for (int d = 0; d < device_count_; ++d) {
-        absl::StatusOr<ScopedCudaDevice> scoped = ScopedCudaDevice::Enter(d);
-        if (!scoped.ok()) return scoped.status();
-        RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize(),
-                             "waiting for event-ordered requests");
+    for (const void* p : {static_cast<const void*>(dst), src}) {
+      absl::StatusOr<std::optional<DeviceRanges::Range>> r =
+          ranges_->Find(p, n);
+      if (!r.ok()) return r.status();
+      if (r->has_value() && FenceOf(**r) != nullptr) {
+        RETURN_IF_ERROR(FenceOf(**r)->Wait());
       }
     }
     RETURN_IF_CUDA_ERROR(
@@ -187,6 +190,7 @@ class CudaBackend final : public Backend {
     } else if (reinterpret_cast<uintptr_t>(p) % alignment != 0) {
       op.where = Where::kStagedDevice;
     }
+    if (r->has_value()) op.fence = (*r)->fence;
     return op;
   }
 
@@ -204,9 +208,13 @@ class CudaBackend final : public Backend {
 
   // Marks the staging used, records or synchronizes (SPEC §9), then copies
   // host outputs back from pinned memory.
+  // `device_operands` are the call's operands in device memory: with
+  // record_event their memory's UseFence (and the pool's) records the
+  // stream, so that releasing or reading it waits for this call.
   absl::Status Finish(CudaAllocation* mem, StagingPool::Lease& lease,
                       Queued& queued, const GpuOrdering& ordering,
                       absl::Span<const Operand> host_outputs,
+                      absl::Span<const Operand* const> device_operands,
                       std::string* recorded_event) {
     cudaStream_t st = mem->stream();
     RETURN_IF_ERROR(lease->MarkUsed(st));
@@ -216,7 +224,14 @@ class CudaBackend final : public Backend {
       if (recorded_event != nullptr) *recorded_event = *std::move(handle);
     }
     if (ordering.record_event && host_outputs.empty()) {
-      unsynchronized_.fetch_add(1);
+      if (mem->fence() != nullptr) {
+        RETURN_IF_ERROR(static_cast<UseFence*>(mem->fence().get())->Record(st));
+      }
+      for (const Operand* op : device_operands) {
+        if (op->fence != nullptr) {
+          RETURN_IF_ERROR(static_cast<UseFence*>(op->fence.get())->Record(st));
+        }
+      }
     } else {
       RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(st),
                            "waiting for the request's kernels");
@@ -233,9 +248,6 @@ class CudaBackend final : public Backend {
   const bool legacy_ipc_;
   const std::shared_ptr<DeviceRanges> ranges_;
   StagingPool staging_;
-  // Calls that returned before their work finished, since CopyBytes last
-  // waited for the devices.
-  std::atomic<int64_t> unsynchronized_{0};
 };
 
 absl::Status CudaBackend::StoreOrdered(const PoolLayout& layout,
@@ -298,7 +310,8 @@ absl::Status CudaBackend::StoreOrdered(const PoolLayout& layout,
         gpu::Store(layout, (*mem)->data() + layout.layer_offset(layer), kv_dev,
                    dtype, reinterpret_cast<const int32_t*>(dev), n, launch));
   }
-  return Finish(*mem, *lease, queued, ordering, {}, recorded_event);
+  const Operand* used[1] = {&*kv_op};
+  return Finish(*mem, *lease, queued, ordering, {}, used, recorded_event);
 }
 
 absl::Status CudaBackend::LoadOrdered(const PoolLayout& layout,
@@ -400,8 +413,9 @@ absl::Status CudaBackend::LoadOrdered(const PoolLayout& layout,
       }
     }
   }
+  const Operand* used[2] = {&*data_op, &*scale_op};
   return Finish(*mem, *lease, queued, ordering,
-                absl::MakeConstSpan(host_outputs, num_host_outputs),
+                absl::MakeConstSpan(host_outputs, num_host_outputs), used,
                 recorded_event);
 }
 

@@ -9,6 +9,34 @@
 
 namespace kvdepot {
 
+UseFence::~UseFence() {
+  for (auto& [stream, event] : events_) (void)cudaEventDestroy(event);
+}
+
+absl::Status UseFence::Record(cudaStream_t stream) {
+  absl::MutexLock lock(&mu_);
+  cudaEvent_t& e = events_[stream];
+  if (e == nullptr) {
+    const cudaError_t err =
+        cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    if (err != cudaSuccess) {
+      events_.erase(stream);
+      return gpu::ToStatus(err, "cudaEventCreateWithFlags (a use fence)");
+    }
+  }
+  RETURN_IF_CUDA_ERROR(cudaEventRecord(e, stream), "recording a use fence");
+  return absl::OkStatus();
+}
+
+absl::Status UseFence::Wait() {
+  absl::MutexLock lock(&mu_);
+  for (auto& [stream, event] : events_) {
+    RETURN_IF_CUDA_ERROR(cudaEventSynchronize(event),
+                         "waiting for work queued on the memory");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<CudaAllocation>> CudaAllocation::Create(
     int64_t size, int device, std::shared_ptr<DeviceRanges> ranges,
     bool legacy_ipc) {
@@ -48,16 +76,18 @@ absl::StatusOr<std::unique_ptr<CudaAllocation>> CudaAllocation::Create(
     m->ipc_handle_.assign(reinterpret_cast<const char*>(&h), sizeof(h));
     m->ranges_->AddExported(m->ipc_handle_);
   }
-  m->ranges_->Add(m->base_, *bytes, device);
+  m->fence_ =
+      m->ranges_->Add(m->base_, *bytes, device, std::make_shared<UseFence>());
   m->registered_ = true;
   return m;
 }
 
 CudaAllocation::~CudaAllocation() {
   absl::StatusOr<ScopedCudaDevice> scoped = ScopedCudaDevice::Enter(device_);
-  // A buffer may still be read or written by work on another pool's stream
-  // (a request that returned with a recorded event): wait for the device.
-  (void)cudaDeviceSynchronize();
+  // A buffer may still be read or written by work on a pool's stream (a
+  // request that returned with a recorded event): wait for exactly that.
+  if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
+  if (fence_ != nullptr) (void)static_cast<UseFence*>(fence_.get())->Wait();
   {
     absl::MutexLock lock(&event_mu_);
     event_.reset();
@@ -102,11 +132,14 @@ absl::StatusOr<std::unique_ptr<CudaImport>> CudaImport::Open(
   absl::StatusOr<CudaIpcMapping> mapping = CudaIpcMapping::Open(handle);
   if (!mapping.ok()) return mapping.status();
   // Keyed by the mapping base: every import of one handle shares it.
-  ranges->Add(mapping->base(),
-              (mapping->data() - mapping->base()) + mapping->size(),
-              mapping->device());
-  return std::unique_ptr<CudaImport>(
+  std::shared_ptr<void> fence =
+      ranges->Add(mapping->base(),
+                  (mapping->data() - mapping->base()) + mapping->size(),
+                  mapping->device(), std::make_shared<UseFence>());
+  std::unique_ptr<CudaImport> m(
       new CudaImport(*std::move(mapping), handle, std::move(ranges)));
+  m->fence_ = std::move(fence);
+  return m;
 }
 
 CudaImport::~CudaImport() {
@@ -114,8 +147,8 @@ CudaImport::~CudaImport() {
   // finish before the mapping may close.
   if (absl::StatusOr<ScopedCudaDevice> scoped =
           ScopedCudaDevice::Enter(mapping_.device());
-      scoped.ok()) {
-    (void)cudaDeviceSynchronize();
+      scoped.ok() && fence_ != nullptr) {
+    (void)static_cast<UseFence*>(fence_.get())->Wait();
   }
   ranges_->Remove(mapping_.base());
 }
@@ -131,9 +164,12 @@ absl::StatusOr<std::unique_ptr<CudaVmmImport>> CudaVmmImport::Open(
         "the imported allocation is on cuda:", vmm.device(),
         ", a device this daemon does not use"));
   }
-  ranges->Add(vmm.data(), vmm.size(), vmm.device());
-  return std::unique_ptr<CudaVmmImport>(
+  std::shared_ptr<void> fence = ranges->Add(
+      vmm.data(), vmm.size(), vmm.device(), std::make_shared<UseFence>());
+  std::unique_ptr<CudaVmmImport> m(
       new CudaVmmImport(std::move(vmm), std::move(ranges)));
+  m->fence_ = std::move(fence);
+  return m;
 }
 
 CudaVmmImport::~CudaVmmImport() {
@@ -141,8 +177,8 @@ CudaVmmImport::~CudaVmmImport() {
   // finish before the mapping goes.
   if (absl::StatusOr<ScopedCudaDevice> scoped =
           ScopedCudaDevice::Enter(vmm_.device());
-      scoped.ok()) {
-    (void)cudaDeviceSynchronize();
+      scoped.ok() && fence_ != nullptr) {
+    (void)static_cast<UseFence*>(fence_.get())->Wait();
   }
   ranges_->Remove(vmm_.data());
 }

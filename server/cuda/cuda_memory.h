@@ -14,6 +14,7 @@
 #include <string>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/cuda/cuda_events.h"
@@ -23,6 +24,33 @@
 #include "server/cuda/device_ranges.h"
 
 namespace kvdepot {
+
+// The streams whose queued work uses one piece of memory: a request that
+// returns before its work finished (record_event) records the stream it
+// queued on here, and whoever must not race that work (CopyBytes, the
+// memory's release) waits for exactly those streams' recorded points, not
+// for the device. Thread-safe.
+class UseFence {
+ public:
+  UseFence() = default;
+  UseFence(const UseFence&) = delete;
+  UseFence& operator=(const UseFence&) = delete;
+  ~UseFence();
+
+  // Marks the work queued on `stream` so far (one event per stream, reused).
+  absl::Status Record(cudaStream_t stream);
+  // Waits for every recorded point.
+  absl::Status Wait();
+
+ private:
+  absl::Mutex mu_;
+  absl::flat_hash_map<cudaStream_t, cudaEvent_t> events_ ABSL_GUARDED_BY(mu_);
+};
+
+// The UseFence of a range from DeviceRanges::Find (null for none).
+inline UseFence* FenceOf(const DeviceRanges::Range& r) {
+  return static_cast<UseFence*>(r.fence.get());
+}
 
 // A zero-filled pool or buffer: a VMM allocation handed over by descriptor
 // (ExportFd), or with `legacy_ipc` a cudaMalloc exported with
@@ -39,7 +67,8 @@ class CudaAllocation final : public Memory {
 
   CudaAllocation(const CudaAllocation&) = delete;
   CudaAllocation& operator=(const CudaAllocation&) = delete;
-  // Waits for the device (work on any stream may use it), then frees.
+  // Waits for its stream and for the work recorded on its UseFence, then
+  // frees.
   ~CudaAllocation() override;
 
   uint8_t* data() const override { return base_; }
@@ -57,6 +86,7 @@ class CudaAllocation final : public Memory {
 
   int device_ordinal() const { return device_; }
   cudaStream_t stream() const { return stream_; }
+  const std::shared_ptr<void>& fence() const { return fence_; }
 
   // Records this allocation's interprocess event on stream() and returns
   // its cudaIpcEventHandle_t bytes (the same bytes every time: a later
@@ -76,6 +106,7 @@ class CudaAllocation final : public Memory {
   std::string ipc_handle_;         // cudaIpcMemHandle_t bytes of base_
   gpu::VmmAllocation vmm_;         // valid unless legacy
   bool registered_ = false;        // in ranges_
+  std::shared_ptr<void> fence_;    // UseFence, shared with ranges_
 
   absl::Mutex event_mu_;
   std::optional<CudaIpcEvent> event_ ABSL_GUARDED_BY(event_mu_);
@@ -110,6 +141,7 @@ class CudaImport final : public Memory {
   CudaIpcMapping mapping_;
   v1::SharedHandle handle_;
   std::shared_ptr<DeviceRanges> ranges_;
+  std::shared_ptr<void> fence_;  // UseFence, shared with ranges_
 };
 
 // A client's VMM allocation imported from its descriptor and mapped in the
@@ -125,7 +157,7 @@ class CudaVmmImport final : public Memory {
 
   CudaVmmImport(const CudaVmmImport&) = delete;
   CudaVmmImport& operator=(const CudaVmmImport&) = delete;
-  // Waits for work that may use it, then unmaps.
+  // Waits for the work recorded on its UseFence, then unmaps.
   ~CudaVmmImport() override;
 
   uint8_t* data() const override { return vmm_.data(); }
@@ -138,6 +170,7 @@ class CudaVmmImport final : public Memory {
 
   gpu::VmmAllocation vmm_;
   std::shared_ptr<DeviceRanges> ranges_;
+  std::shared_ptr<void> fence_;  // UseFence, shared with ranges_
 };
 
 }  // namespace kvdepot

@@ -6,14 +6,17 @@
 
 namespace kvdepot {
 
-void DeviceRanges::Add(const void* base, int64_t size, int device) {
+std::shared_ptr<void> DeviceRanges::Add(const void* base, int64_t size,
+                                        int device,
+                                        std::shared_ptr<void> fence) {
   const uintptr_t key = reinterpret_cast<uintptr_t>(base);
   absl::MutexLock lock(&mu_);
   Range& r = ranges_[key];
   r.base = key;
   r.size = std::max(r.size, size);
   r.device = device;
-  ++r.count;
+  if (r.count++ == 0) r.fence = std::move(fence);
+  return r.fence;
 }
 
 void DeviceRanges::Remove(const void* base) {

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -27,9 +28,15 @@ class DeviceRanges {
     int64_t size = 0;
     int device = -1;
     int count = 0;  // Adds not yet Removed
+    // What the backend tracks the range's users with (opaque here): the
+    // first Add's, shared by later Adds of the same base.
+    std::shared_ptr<void> fence;
   };
 
-  void Add(const void* base, int64_t size, int device);
+  // Returns the range's fence: `fence` for a new range, else the one the
+  // first Add of `base` gave.
+  std::shared_ptr<void> Add(const void* base, int64_t size, int device,
+                            std::shared_ptr<void> fence = nullptr);
   void Remove(const void* base);
   // The range holding [p, p + bytes), or nullopt when p is in no range
   // (host memory). INTERNAL when p is in a range that does not hold all
