@@ -43,8 +43,8 @@ mutate root-user "must end as USER 65532:65532" "s.replace('USER 65532:65532', '
 mutate add-url "not ADD" "s.replace('COPY . .', 'ADD https://example.com/x.tgz /src/')"
 mutate no-set-e "does not start with" "s.replace('RUN set -eux; \\\\\n    bazel', 'RUN bazel', 1)"
 mutate shell-entrypoint "ENTRYPOINT is not an exec-form" \
-  "s.replace('ENTRYPOINT [\"/usr/local/bin/kvdepotd\", \"--listen=unix:/run/kvdepot/kvdepotd.sock\"]', 'ENTRYPOINT /usr/local/bin/kvdepotd')"
-mutate wrong-socket "does not run /usr/local/bin/kvdepotd --listen" "s.replace('--listen=unix:/run/kvdepot/kvdepotd.sock', '--listen=/tmp/x.sock')"
+  "s.replace('ENTRYPOINT [\"/usr/local/bin/kvdepotd\", \"--listen=unix:/run/kvdepot/daemon/kvdepotd.sock\"]', 'ENTRYPOINT /usr/local/bin/kvdepotd')"
+mutate wrong-socket "does not run /usr/local/bin/kvdepotd --listen" "s.replace('--listen=unix:/run/kvdepot/daemon/kvdepotd.sock', '--listen=/tmp/x.sock')"
 mutate bad-stage "names no earlier stage" "s.replace('--from=build', '--from=builder')"
 mutate short-timeout "must exceed kvcachectl" "s.replace('--timeout=7s', '--timeout=5s')"
 mutate probe "HEALTHCHECK CMD is not" "s.replace('\"status\", \"--addr\"', '\"ping\", \"--addr\"')"

@@ -47,7 +47,7 @@ for overlay in sidecar daemonset; do
   done
   # The probe is exactly the command of the interface (docs/DEPLOY.md).
   probe="$(node "$check" probe-argv "$overlay" "$rendered" | tr '\n' ' ')"
-  [[ "$probe" == "kvcachectl status --addr unix:/run/kvdepot/kvdepotd.sock " ]] ||
+  [[ "$probe" == "kvcachectl status --addr unix:/run/kvdepot/daemon/kvdepotd.sock " ]] ||
     fail "$overlay probe is \"$probe\""
   passed=$((passed + 1))
 done

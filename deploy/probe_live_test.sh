@@ -40,7 +40,7 @@ cp -rL deploy/k8s "$work/k8s"
 kubectl kustomize "$work/k8s/overlays/sidecar" >"$work/sidecar.yaml" 2>"$work/kustomize.err" ||
   { cat "$work/kustomize.err" >&2; fail "kubectl kustomize overlays/sidecar"; }
 
-manifest_socket="unix:/run/kvdepot/kvdepotd.sock"
+manifest_socket="unix:/run/kvdepot/daemon/kvdepotd.sock"
 mapfile -t argv < <(node "$check" probe-argv sidecar "$work/sidecar.yaml")
 [[ "${argv[0]:-}" == kvcachectl ]] || fail "probe argv[0] is \"${argv[0]:-}\", want kvcachectl"
 probe=("$ctl")

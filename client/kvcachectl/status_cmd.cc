@@ -19,7 +19,7 @@ const CommandSpec kStatusSpec{
     "Exit 0 only when health is SERVING, 1 when the daemon answers but is\n"
     "NOT_SERVING (draining), 3 when it cannot be reached: usable as a\n"
     "Kubernetes exec probe:\n"
-    "  kvcachectl status --addr unix:/run/kvdepot/kvdepotd.sock",
+    "  kvcachectl status --addr unix:/run/kvdepot/daemon/kvdepotd.sock",
     DaemonFlags({})};
 
 // grpc.health.v1.Health/Check with service "" (an empty request). The

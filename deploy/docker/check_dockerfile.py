@@ -13,7 +13,7 @@ Checks the rules the image depends on and prints one line per problem:
     two binaries, which exist as Bazel targets, then deploy/docker/bundle.sh;
   - the final stage runs as a fixed numeric non-root UID:GID (65532, the
     group deploy/k8s relies on), ENTRYPOINT and HEALTHCHECK are exec-form
-    JSON arrays: the daemon on unix:/run/kvdepot/kvdepotd.sock and the
+    JSON arrays: the daemon on unix:/run/kvdepot/daemon/kvdepotd.sock and the
     probe command of /tmp/iface.md, with a timeout above kvcachectl's 5 s.
 With RUN_SCRIPTS_DIR, each RUN body is also written there as run_N.sh (for
 shellcheck). Exit 0 when clean, 1 otherwise.
@@ -25,7 +25,7 @@ import re
 import sys
 
 UID = "65532"
-SOCKET = "unix:/run/kvdepot/kvdepotd.sock"
+SOCKET = "unix:/run/kvdepot/daemon/kvdepotd.sock"
 PROBE = ["/usr/local/bin/kvcachectl", "status", "--addr", SOCKET]
 TARGETS = {"//server:kvdepotd": "server", "//client/kvcachectl:kvcachectl": "client/kvcachectl"}
 

@@ -30,7 +30,7 @@ as_user=(chroot --userspec=65532:65532 "$root")
 
 # The entrypoint as the image declares it.
 entrypoint=$("${podman[@]}" image inspect --format '{{json .Config.Entrypoint}}' "$tag")
-[[ "$entrypoint" == '["/usr/local/bin/kvdepotd","--listen=unix:/run/kvdepot/kvdepotd.sock"]' ]] ||
+[[ "$entrypoint" == '["/usr/local/bin/kvdepotd","--listen=unix:/run/kvdepot/daemon/kvdepotd.sock"]' ]] ||
   fail "unexpected entrypoint $entrypoint"
 user=$("${podman[@]}" image inspect --format '{{.Config.User}}' "$tag")
 [[ "$user" == 65532:65532 ]] || fail "image user is \"$user\", not 65532:65532"
@@ -42,10 +42,10 @@ grep -q "$(sed -n 's/.*kKvdepotVersion\[\] = "\(.*\)";/\1/p' common/version.h)" 
 "${as_user[@]}" /usr/local/bin/kvcachectl --version >/dev/null ||
   fail "kvcachectl --version"
 
-"${as_user[@]}" /usr/local/bin/kvdepotd --listen=unix:/run/kvdepot/kvdepotd.sock \
+"${as_user[@]}" /usr/local/bin/kvdepotd --listen=unix:/run/kvdepot/daemon/kvdepotd.sock \
   --backend=cpu >"$work/daemon.log" 2>&1 &
 pid=$!
-ctl=("${as_user[@]}" /usr/local/bin/kvcachectl --addr unix:/run/kvdepot/kvdepotd.sock)
+ctl=("${as_user[@]}" /usr/local/bin/kvcachectl --addr unix:/run/kvdepot/daemon/kvdepotd.sock)
 for _ in $(seq 1 100); do
   "${ctl[@]}" status >"$work/status" 2>&1 && break
   kill -0 "$pid" 2>/dev/null || { cat "$work/daemon.log" >&2; fail "daemon exited at start"; }

@@ -6,7 +6,7 @@ import yaml from "js-yaml";
 // docs/DEPLOY.md): exit 0 only while the daemon's health is SERVING.
 export const SOCKET_DIR = "/run/kvdepot";
 export const PROBE_ARGV = [
-  "kvcachectl", "status", "--addr", `unix:${SOCKET_DIR}/kvdepotd.sock`,
+  "kvcachectl", "status", "--addr", `unix:${SOCKET_DIR}/daemon/kvdepotd.sock`,
 ];
 export const KVDEPOT_UID = 65532; // deploy/docker/Dockerfile
 export const METRICS_PORT = 9400;

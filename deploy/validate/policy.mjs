@@ -122,10 +122,10 @@ function checkSharedGpu(ctx, w, c, docs, errors) {
   if (backend !== "cuda" && backend !== "auto") {
     errors.push(`${at}: --backend=${backend}; the sidecar shares the pod's GPU, want cuda or auto`);
   }
-  // CUDA pools are not yet VMM + descriptors: without legacy IPC the CUDA
-  // backend refuses to allocate (docs/DAEMON.md).
-  if (!(c.args ?? []).includes("--legacy_cuda_ipc")) {
-    errors.push(`${at}: --legacy_cuda_ipc missing; the CUDA backend cannot allocate without it`);
+  // CUDA pools are VMM allocations handed over as descriptors; legacy CUDA
+  // IPC handles are bearer tokens anyone who sees them can open (SPEC §11).
+  if ((c.args ?? []).includes("--legacy_cuda_ipc")) {
+    errors.push(`${at}: --legacy_cuda_ipc shares GPU memory by bearer tokens; manifests must use the descriptor path`);
   }
   if (flagValue(c.args, "socket_group") !== `${KVDEPOT_UID}`) {
     errors.push(`${at}: --socket_group=${KVDEPOT_UID} missing; workers reach the sockets through that group`);

@@ -123,9 +123,9 @@ const SIDECAR_MUTATIONS = [
     const { c } = kvdepotOf(d);
     c.args = c.args.map((a) => (a.startsWith("--backend=") ? "--backend=cpu" : a));
   }],
-  ["policy", "--legacy_cuda_ipc missing", (d) => {
+  ["policy", "--legacy_cuda_ipc shares GPU memory by bearer tokens", (d) => {
     const { c } = kvdepotOf(d);
-    c.args = c.args.filter((a) => a !== "--legacy_cuda_ipc");
+    c.args = [...c.args, "--legacy_cuda_ipc"];
   }],
   ["policy", "--socket_group=65532 missing", (d) => {
     const { c } = kvdepotOf(d);
