@@ -19,10 +19,9 @@ namespace kvdepot {
 
 absl::Status CheckSocketDirectory(const std::string& socket_path) {
   const size_t slash = socket_path.rfind('/');
-  const std::string dir =
-      slash == std::string::npos ? "."
-      : slash == 0               ? "/"
-                                 : socket_path.substr(0, slash);
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                       : socket_path.substr(0, slash);
   struct stat st;
   if (stat(dir.c_str(), &st) != 0) {
     return absl::UnavailableError(absl::StrCat(
@@ -76,14 +75,15 @@ absl::StatusOr<std::unique_ptr<CompanionConnection>> CompanionConnection::Open(
                           ? static_cast<int64_t>(cred.uid) == expected_uid
                           : cred.uid == getuid() || cred.uid == 0;
   if (!uid_ok) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "the process serving \"", path, "\" runs as uid ", cred.uid,
-        ", not the expected daemon uid ",
-        expected_uid >= 0 ? absl::StrCat(expected_uid)
-                          : absl::StrCat(getuid(), " or 0"),
-        " (KVDEPOT_DAEMON_UID); no memory is handed to it"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("the process serving \"", path, "\" runs as uid ",
+                     cred.uid, ", not the expected daemon uid ",
+                     expected_uid >= 0 ? absl::StrCat(expected_uid)
+                                       : absl::StrCat(getuid(), " or 0"),
+                     " (KVDEPOT_DAEMON_UID); no memory is handed to it"));
   }
-  std::unique_ptr<CompanionConnection> c(new CompanionConnection(std::move(fd)));
+  std::unique_ptr<CompanionConnection> c(
+      new CompanionConnection(std::move(fd)));
   v1::CompanionRequest hello;
   hello.mutable_hello()->set_client_name(client_name);
   absl::StatusOr<v1::CompanionReply> r = c->Call(hello, -1, nullptr);

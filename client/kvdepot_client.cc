@@ -59,8 +59,7 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
   absl::Status out(static_cast<absl::StatusCode>(status.error_code()),
                    status.error_message());
   if (!status.error_details().empty()) {
-    out.SetPayload(kGrpcStatusDetailsUrl,
-                   absl::Cord(status.error_details()));
+    out.SetPayload(kGrpcStatusDetailsUrl, absl::Cord(status.error_details()));
   }
   return out;
 }
@@ -98,12 +97,11 @@ absl::StatusOr<std::unique_ptr<KVCacheClient>> KVCacheClient::Connect(
   if (!socket.empty()) {
     RETURN_IF_ERROR(CheckSocketDirectory(socket));
     if (options.open_session) {
-      ASSIGN_OR_RETURN(
-          companion,
-          CompanionConnection::Open(
-              CompanionSocketPathOf(socket),
-              ExpectedDaemonUid(options.expected_daemon_uid),
-              options.client_name));
+      ASSIGN_OR_RETURN(companion,
+                       CompanionConnection::Open(
+                           CompanionSocketPathOf(socket),
+                           ExpectedDaemonUid(options.expected_daemon_uid),
+                           options.client_name));
       *session_id = companion->session_id();
     }
   }

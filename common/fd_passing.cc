@@ -51,8 +51,8 @@ absl::Status SendMessage(int sock, absl::string_view bytes,
     n = sendmsg(sock, &msg, MSG_NOSIGNAL);
   } while (n < 0 && errno == EINTR);
   if (n < 0) {
-    return absl::UnavailableError(
-        absl::StrCat("sendmsg on the companion socket: ", std::strerror(errno)));
+    return absl::UnavailableError(absl::StrCat(
+        "sendmsg on the companion socket: ", std::strerror(errno)));
   }
   if (static_cast<size_t>(n) != bytes.size()) {
     return absl::UnavailableError("sendmsg sent a partial message");
@@ -86,8 +86,8 @@ absl::StatusOr<ReceivedMessage> ReceiveMessage(int sock, size_t max_bytes,
     n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
   } while (n < 0 && errno == EINTR);
   if (n < 0) {
-    return absl::UnavailableError(
-        absl::StrCat("recvmsg on the companion socket: ", std::strerror(errno)));
+    return absl::UnavailableError(absl::StrCat(
+        "recvmsg on the companion socket: ", std::strerror(errno)));
   }
   // Own every descriptor first, so each error below closes them all.
   for (struct cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr;
@@ -104,9 +104,9 @@ absl::StatusOr<ReceivedMessage> ReceiveMessage(int sock, size_t max_bytes,
     return absl::OutOfRangeError("the peer closed the companion connection");
   }
   if ((msg.msg_flags & MSG_CTRUNC) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the message carried more than ", max_fds,
-        " descriptors; all of them were closed"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the message carried more than ", max_fds,
+                     " descriptors; all of them were closed"));
   }
   if (static_cast<int>(out.fds.size()) > max_fds) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -114,8 +114,8 @@ absl::StatusOr<ReceivedMessage> ReceiveMessage(int sock, size_t max_bytes,
         max_fds, "; all of them were closed"));
   }
   if ((msg.msg_flags & MSG_TRUNC) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the message is longer than ", max_bytes, " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the message is longer than ", max_bytes, " bytes"));
   }
   out.bytes.resize(static_cast<size_t>(n));
   return out;

@@ -94,8 +94,8 @@ absl::StatusOr<MemfdRegion> MemfdRegion::Create(absl::string_view name,
     rc = fallocate(fd.get(), 0, 0, size);
   } while (rc != 0 && errno == EINTR);
   if (rc != 0) return Errno(absl::StrCat("fallocate(memfd, ", size, " bytes)"));
-  if (fcntl(fd.get(), F_ADD_SEALS,
-            F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+  if (fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) !=
+      0) {
     return Errno("F_ADD_SEALS");
   }
   return Import("memfd", std::move(fd), size, /*keep_fd=*/true);

@@ -110,9 +110,9 @@ TEST(MemfdTest, RefusesEverythingThatIsNotASealedMemfd) {
                 "not the declared size");
   ExpectRefused(RawMemfd(kSize, F_SEAL_SHRINK | F_SEAL_GROW, false), kSize,
                 "has holes");
-  ExpectRefused(RawMemfd(kSize, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE,
-                         true),
-                kSize, "sealed against writing");
+  ExpectRefused(
+      RawMemfd(kSize, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE, true), kSize,
+      "sealed against writing");
   {
     UniqueFd rw = RawMemfd(kSize, F_SEAL_SHRINK | F_SEAL_GROW, true);
     UniqueFd ro(open(absl::StrCat("/proc/self/fd/", rw.get()).c_str(),
@@ -133,8 +133,8 @@ TEST(MemfdTest, HolePunchingAfterAcceptanceRefillsWithZeros) {
   EXPECT_EQ(r->fd(), -1);  // not kept unless asked
   for (int64_t i = 0; i < kSize; ++i) r->data()[i] = 0x5a;
   // The peer punches out every page and tries to truncate.
-  ASSERT_EQ(fallocate(peer.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                      0, kSize),
+  ASSERT_EQ(fallocate(peer.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+                      kSize),
             0);
   EXPECT_NE(ftruncate(peer.get(), 0), 0);
   // Reading and writing the whole mapping still works (no SIGBUS).

@@ -105,9 +105,9 @@ absl::Status ValidateFormat(const KVCacheFormat& f) {
   }
   if (f.scale_rounding == ScaleRounding::kPow2Ceil &&
       f.sf_format != ScaleFormat::kFP32) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "scale_rounding pow2_ceil needs sf_format fp32 (got ",
-        ScaleFormatName(f.sf_format), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("scale_rounding pow2_ceil needs sf_format fp32 (got ",
+                     ScaleFormatName(f.sf_format), ")"));
   }
   if (f.do_cast && !f.token_interleaved && f.quantized()) {
     return absl::InvalidArgumentError(
@@ -116,16 +116,13 @@ absl::Status ValidateFormat(const KVCacheFormat& f) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<KVCacheFormat> MakeFormat(QuantDtype dtype,
-                                         int32_t quantized_elements,
-                                         int32_t elements_per_sf,
-                                         int32_t bf16_elements, bool do_cast,
-                                         ScaleFormat sf_format,
-                                         bool token_interleaved,
-                                         ScaleRounding scale_rounding) {
-  const KVCacheFormat f{dtype,          quantized_elements, elements_per_sf,
-                        bf16_elements,  do_cast,            sf_format,
-                        token_interleaved, scale_rounding};
+absl::StatusOr<KVCacheFormat> MakeFormat(
+    QuantDtype dtype, int32_t quantized_elements, int32_t elements_per_sf,
+    int32_t bf16_elements, bool do_cast, ScaleFormat sf_format,
+    bool token_interleaved, ScaleRounding scale_rounding) {
+  const KVCacheFormat f{
+      dtype,   quantized_elements, elements_per_sf,   bf16_elements,
+      do_cast, sf_format,          token_interleaved, scale_rounding};
   RETURN_IF_ERROR(ValidateFormat(f));
   return f;
 }

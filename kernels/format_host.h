@@ -22,14 +22,11 @@ namespace kvdepot {
 absl::Status ValidateFormat(const KVCacheFormat& format);
 
 // Builds a format from its fields, or fails with ValidateFormat's error.
-absl::StatusOr<KVCacheFormat> MakeFormat(QuantDtype dtype,
-                                         int32_t quantized_elements,
-                                         int32_t elements_per_sf,
-                                         int32_t bf16_elements, bool do_cast,
-                                         ScaleFormat sf_format,
-                                         bool token_interleaved,
-                                         ScaleRounding scale_rounding =
-                                             ScaleRounding::kNone);
+absl::StatusOr<KVCacheFormat> MakeFormat(
+    QuantDtype dtype, int32_t quantized_elements, int32_t elements_per_sf,
+    int32_t bf16_elements, bool do_cast, ScaleFormat sf_format,
+    bool token_interleaved,
+    ScaleRounding scale_rounding = ScaleRounding::kNone);
 
 // A named format. bf16_elements is required for kBf16 (even, >= 2) and must
 // be 0 otherwise.

@@ -96,8 +96,7 @@ TEST(FormatTest, EveryValidationRuleIsRejectedByName) {
        {"BF16 tail", "bf16_elements = 8", "token_interleaved"}},
       {{Q::kE4M3, 64, 32, -2, true, S::kUE8M0, true}, {"bf16_elements = -2"}},
       // pow2_ceil scale rounding needs fp32 scales; unknown roundings fail.
-      {{Q::kE4M3, 64, 32, 0, true, S::kUE8M0, true,
-        ScaleRounding::kPow2Ceil},
+      {{Q::kE4M3, 64, 32, 0, true, S::kUE8M0, true, ScaleRounding::kPow2Ceil},
        {"pow2_ceil needs sf_format fp32"}},
       {{Q::kE4M3, 64, 32, 0, true, S::kFP32, true,
         static_cast<ScaleRounding>(5)},
@@ -121,8 +120,7 @@ TEST(FormatTest, EveryValidationRuleIsRejectedByName) {
     const KVCacheFormat& f = cases[i].format;
     EXPECT_FALSE(MakeFormat(f.quantized_dtype, f.quantized_elements,
                             f.elements_per_sf, f.bf16_elements, f.do_cast,
-                            f.sf_format, f.token_interleaved,
-                            f.scale_rounding)
+                            f.sf_format, f.token_interleaved, f.scale_rounding)
                      .ok())
         << "case " << i;
   }

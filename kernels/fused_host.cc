@@ -48,8 +48,9 @@ absl::Status ValidateFused(const KVCacheFormat& f, const FusedParams& p,
   }
   if (p.rope != RopeStyle::kNone) {
     if (p.rope != RopeStyle::kNeox && p.rope != RopeStyle::kInterleaved) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rope style = ", static_cast<int>(p.rope), " is not neox or interleaved"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("rope style = ", static_cast<int>(p.rope),
+                       " is not neox or interleaved"));
     }
     if (p.rope_dim <= 0 || p.rope_dim % 2 != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -65,10 +66,9 @@ absl::Status ValidateFused(const KVCacheFormat& f, const FusedParams& p,
     }
     for (size_t i = 0; i < positions.size(); ++i) {
       if (positions[i] < 0 || positions[i] >= p.max_position) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("positions[", i, "] = ", positions[i],
-                         " is outside [0, ", p.max_position,
-                         ") (the cos/sin cache length)"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "positions[", i, "] = ", positions[i], " is outside [0, ",
+            p.max_position, ") (the cos/sin cache length)"));
       }
     }
   }

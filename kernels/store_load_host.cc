@@ -7,8 +7,8 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -80,8 +80,8 @@ absl::Status ValidateQuantization(const KVCacheFormat& f) {
 }
 
 bool TakesBf16InputOnly(const KVCacheFormat& f) {
-  return f.quantized() && (f.scale_rounding == ScaleRounding::kPow2Ceil ||
-                           f.bf16_elements > 0);
+  return f.quantized() &&
+         (f.scale_rounding == ScaleRounding::kPow2Ceil || f.bf16_elements > 0);
 }
 
 absl::Status ValidateInputDtype(const KVCacheFormat& f, InputDtype dtype) {

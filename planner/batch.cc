@@ -38,10 +38,9 @@ absl::Status BlockTableView::Validate(int64_t min_rows) const {
     const absl::int128 needed =
         absl::int128(num_rows - 1) * row_stride + num_cols;
     if (absl::int128(data.size()) < needed) {
-      const std::string count =
-          needed <= std::numeric_limits<int64_t>::max()
-              ? absl::StrCat(static_cast<int64_t>(needed))
-              : std::string("more than 2^63");
+      const std::string count = needed <= std::numeric_limits<int64_t>::max()
+                                    ? absl::StrCat(static_cast<int64_t>(needed))
+                                    : std::string("more than 2^63");
       return absl::InvalidArgumentError(absl::StrCat(
           "block_table data holds ", data.size(), " entries, fewer than the ",
           count, " that ", num_rows, " rows of stride ", row_stride, " need"));

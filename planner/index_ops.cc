@@ -79,8 +79,8 @@ absl::Status KvIndexCat(absl::Span<const int32_t> swa_index, int32_t swa_width,
   }
   // Bounded before the size products below (rows * width fits int64).
   if (rows > std::numeric_limits<int32_t>::max()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rows = ", rows, " exceeds the int32 row range"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rows = ", rows, " exceeds the int32 row range"));
   }
   if (main_kv_offset < 0 || compressed_rows < 0 ||
       static_cast<int64_t>(main_kv_offset) + compressed_rows >

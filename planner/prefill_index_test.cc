@@ -161,12 +161,13 @@ TEST(KvIndexCatTest, ShiftsCompressedEntriesOnly) {
 // output) aborted on an absl span bounds assertion.
 TEST(KvIndexCatTest, ZeroWidthRows) {
   std::vector<int32_t> out;
-  const absl::Status s = KvIndexCat({}, 0, {}, 0, 3, 10, 20, absl::MakeSpan(out));
+  const absl::Status s =
+      KvIndexCat({}, 0, {}, 0, 3, 10, 20, absl::MakeSpan(out));
   EXPECT_TRUE(s.ok()) << s;
   // And in O(1): 2^31 - 1 empty rows used to take seconds.
   const absl::Time start = absl::Now();
-  EXPECT_TRUE(KvIndexCat({}, 0, {}, 0, INT32_MAX, 10, 20, absl::MakeSpan(out))
-                  .ok());
+  EXPECT_TRUE(
+      KvIndexCat({}, 0, {}, 0, INT32_MAX, 10, 20, absl::MakeSpan(out)).ok());
   EXPECT_LT(absl::Now() - start, absl::Milliseconds(100));
 }
 
@@ -174,8 +175,8 @@ TEST(KvIndexCatTest, ZeroWidthRows) {
 // rows * swa_width in the size checks.
 TEST(KvIndexCatTest, HugeRowsAreRejectedBeforeArithmetic) {
   std::vector<int32_t> out(4, -9);
-  const absl::Status s = KvIndexCat({0, 1}, 2, {0, 1}, 2, int64_t{1} << 62,
-                                    10, 20, absl::MakeSpan(out));
+  const absl::Status s = KvIndexCat({0, 1}, 2, {0, 1}, 2, int64_t{1} << 62, 10,
+                                    20, absl::MakeSpan(out));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("rows = 4611686018427387904 exceeds"));
   EXPECT_EQ(out, std::vector<int32_t>(4, -9));

@@ -59,8 +59,7 @@ TEST(WireTest, RejectsCountAndLengthMismatches) {
 TEST(WireTest, HugeCountWithHugeLimitDoesNotOverflow) {
   std::vector<int32_t> out;
   const int64_t huge = int64_t{0x5555555555555556};
-  const absl::Status s =
-      DecodeInt32s("f", "abcd", "n", huge, INT64_MAX, &out);
+  const absl::Status s = DecodeInt32s("f", "abcd", "n", huge, INT64_MAX, &out);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("f holds 4 bytes, expected 4 bytes x "
                                      "(n = 6148914691236517206)"));

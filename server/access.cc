@@ -39,9 +39,11 @@ absl::Status RequireAdmin(const Caller& c, absl::string_view what) {
   if (!c.authenticated()) return RequireSession(c);
   if (c.admin) return absl::OkStatus();
   return absl::PermissionDeniedError(
-      absl::StrCat(what, " needs the admin identity (the daemon's uid, root, "
+      absl::StrCat(what,
+                   " needs the admin identity (the daemon's uid, root, "
                    "--admin_gid or the config's admin ids); this session's "
-                   "uid ", c.peer ? absl::StrCat(c.uid) : "is anonymous",
+                   "uid ",
+                   c.peer ? absl::StrCat(c.uid) : "is anonymous",
                    c.peer ? " is not admin" : ""));
 }
 

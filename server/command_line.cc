@@ -49,9 +49,8 @@ int HandleHelpAndVersion(int argc, char** argv, absl::string_view about,
     for (const auto& [name, flag] : absl::GetAllFlags()) {
       if (absl::EndsWith(flag->Filename(), flags_file)) flags.push_back(flag);
     }
-    std::sort(flags.begin(), flags.end(), [](auto* a, auto* b) {
-      return a->Name() < b->Name();
-    });
+    std::sort(flags.begin(), flags.end(),
+              [](auto* a, auto* b) { return a->Name() < b->Name(); });
     for (const absl::CommandLineFlag* f : flags) {
       out << absl::StrFormat("  --%s (%s, default \"%s\")\n      %s\n",
                              f->Name(), TypeName(*f), f->DefaultValue(),
@@ -69,9 +68,9 @@ absl::Status CheckFlagSyntax(int argc, char** argv) {
     const absl::string_view a = argv[i];
     if (a == "--") {
       if (i + 1 < argc) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "unexpected argument \"", EscapeForLog(argv[i + 1]),
-            "\" (kvdepotd takes only flags)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("unexpected argument \"", EscapeForLog(argv[i + 1]),
+                         "\" (kvdepotd takes only flags)"));
       }
       break;
     }
@@ -104,8 +103,7 @@ absl::Status CheckFlagSyntax(int argc, char** argv) {
     }
     if (flag == nullptr) {
       return absl::InvalidArgumentError(
-          absl::StrCat("unknown flag \"", EscapeForLog(a),
-                       "\""));
+          absl::StrCat("unknown flag \"", EscapeForLog(a), "\""));
     }
     std::string error;
     if (!flag->ParseFrom(value, &error)) {
@@ -126,9 +124,9 @@ absl::Status CheckAddressFlag(absl::string_view flag, absl::string_view value,
   const std::string shown = EscapeForLog(value);
   const size_t colon = value.rfind(':');
   if (colon == absl::string_view::npos || colon == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--", flag, " = \"", shown, "\" is not host:port",
-        unix_allowed ? ", /path or unix:/path" : ""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " = \"", shown, "\" is not host:port",
+                     unix_allowed ? ", /path or unix:/path" : ""));
   }
   const absl::string_view port_text = value.substr(colon + 1);
   int64_t port = -1;

@@ -26,9 +26,9 @@ absl::Status Check(std::vector<std::string> args) {
 
 TEST(CheckFlagSyntaxTest, AcceptsEveryFormAbslAccepts) {
   EXPECT_TRUE(Check({}).ok());
-  EXPECT_TRUE(Check({"--cl_test_name=a", "--cl_test_count", "7",
-                     "--cl_test_on", "--nocl_test_on", "-cl_test_count=2",
-                     "--cl_test_on=false", "--helpfull"})
+  EXPECT_TRUE(Check({"--cl_test_name=a", "--cl_test_count", "7", "--cl_test_on",
+                     "--nocl_test_on", "-cl_test_count=2", "--cl_test_on=false",
+                     "--helpfull"})
                   .ok());
 }
 
@@ -41,8 +41,7 @@ TEST(CheckFlagSyntaxTest, RefusesUnknownFlagsBadValuesAndArguments) {
               HasSubstr("--cl_test_count needs a value"));
   EXPECT_THAT(Check({"serve"}).message(),
               HasSubstr("unexpected argument \"serve\""));
-  EXPECT_THAT(Check({"--nocl_test_name"}).message(),
-              HasSubstr("unknown flag"));
+  EXPECT_THAT(Check({"--nocl_test_name"}).message(), HasSubstr("unknown flag"));
   EXPECT_EQ(Check({"--x\n"}).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Check({"--x\n"}).message(), HasSubstr("--x\\x0a"));
 }
@@ -54,8 +53,8 @@ TEST(CheckAddressFlagTest, PortsOutsideTheRangeAreRefused) {
   EXPECT_TRUE(CheckAddressFlag("listen", "127.0.0.1:65535", true).ok());
   EXPECT_TRUE(CheckAddressFlag("listen", "[::1]:1", true).ok());
   EXPECT_TRUE(CheckAddressFlag("metrics_address", "0.0.0.0:0", false).ok());
-  for (const char* bad : {"127.0.0.1:99999", "127.0.0.1:-1", "host:",
-                          "host:80x", "host", ":80"}) {
+  for (const char* bad : {"127.0.0.1:99999", "127.0.0.1:-1",
+                          "host:", "host:80x", "host", ":80"}) {
     const absl::Status s = CheckAddressFlag("listen", bad, true);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_THAT(s.message(), HasSubstr("--listen = \"")) << bad;
@@ -69,8 +68,7 @@ TEST(HandleHelpAndVersionTest, HelpListsTheFlagsOfTheFile) {
   std::ostringstream out;
   std::string a0 = "kvdepotd", a1 = "-h";
   char* argv[] = {a0.data(), a1.data()};
-  EXPECT_EQ(HandleHelpAndVersion(2, argv, "about", "command_line_test.cc",
-                                 out),
+  EXPECT_EQ(HandleHelpAndVersion(2, argv, "about", "command_line_test.cc", out),
             0);
   EXPECT_THAT(out.str(), HasSubstr("about\n\nUsage: "));
   for (const char* f : {"--cl_test_name (string, default \"x\")",

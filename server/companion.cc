@@ -26,7 +26,6 @@ std::string ForLog(absl::string_view s) {
 
 }  // namespace
 
-
 absl::StatusOr<std::unique_ptr<CompanionServer>> CompanionServer::Start(
     const CompanionOptions& options, Backend* backend, PoolRegistry* pools,
     SessionManager* sessions) {
@@ -179,8 +178,8 @@ v1::CompanionReply CompanionServer::Handle(Connection* conn,
           break;
         case v1::CompanionRequest::kAllocateBuffer:
           rpc = "AllocateBuffer";
-          status = AllocateBuffer(*caller, req.allocate_buffer(), &reply,
-                                  fd_out);
+          status =
+              AllocateBuffer(*caller, req.allocate_buffer(), &reply, fd_out);
           break;
         case v1::CompanionRequest::kImportBuffer:
           rpc = "ImportBuffer";
@@ -207,8 +206,8 @@ v1::CompanionReply CompanionServer::Handle(Connection* conn,
     fd_out->reset();
     reply.set_code(static_cast<int>(status.code()));
     reply.set_message(std::string(status.message()));
-    spdlog::info("rpc={} session={} status={} error=\"{}\"", rpc,
-                 conn->session, absl::StatusCodeToString(status.code()),
+    spdlog::info("rpc={} session={} status={} error=\"{}\"", rpc, conn->session,
+                 absl::StatusCodeToString(status.code()),
                  ForLog(status.message()));
   } else {
     spdlog::info("rpc={} session={} status=OK", rpc, conn->session);
@@ -232,8 +231,8 @@ absl::Status CompanionServer::Hello(Connection* conn, const v1::Hello& hello,
   out->set_gid(conn->creds.gid);
   out->set_pid(conn->creds.pid);
   spdlog::info("rpc=Hello session={} uid={} gid={} pid={} client=\"{}\"",
-               opened.number, conn->creds.uid, conn->creds.gid,
-               conn->creds.pid, ForLog(hello.client_name()));
+               opened.number, conn->creds.uid, conn->creds.gid, conn->creds.pid,
+               ForLog(hello.client_name()));
   return absl::OkStatus();
 }
 
@@ -254,9 +253,10 @@ absl::Status CompanionServer::MapPool(const Caller& caller,
   return absl::OkStatus();
 }
 
-absl::Status CompanionServer::AllocateBuffer(
-    const Caller& caller, const v1::AllocateBufferRequest& r,
-    v1::CompanionReply* reply, UniqueFd* fd_out) {
+absl::Status CompanionServer::AllocateBuffer(const Caller& caller,
+                                             const v1::AllocateBufferRequest& r,
+                                             v1::CompanionReply* reply,
+                                             UniqueFd* fd_out) {
   v1::BufferInfo* out = reply->mutable_buffer();
   if (!accepting()) {
     return absl::UnavailableError("kvdepot is draining: no new buffers");
@@ -266,18 +266,18 @@ absl::Status CompanionServer::AllocateBuffer(
         absl::StrCat("allocate_buffer.size = ", r.size(), " is outside [1, ",
                      options_.max_buffer_bytes, "] (--max_buffer_bytes)"));
   }
-  ASSIGN_OR_RETURN(MemoryReservation reservation,
-                   MemoryReservation::Open(options_.budget,
-                                           BudgetClientOf(caller), r.size(),
-                                           "allocate_buffer.size"));
+  ASSIGN_OR_RETURN(
+      MemoryReservation reservation,
+      MemoryReservation::Open(options_.budget, BudgetClientOf(caller), r.size(),
+                              "allocate_buffer.size"));
   ASSIGN_OR_RETURN(std::unique_ptr<Memory> memory,
                    backend_->Allocate(r.size(), ""));
   ASSIGN_OR_RETURN(UniqueFd fd, memory->ExportFd());
   reply->set_fd_size(memory->fd_size());
   reply->set_fd_device(memory->device());
-  ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer,
-                   sessions_->AddBuffer(caller, std::move(memory),
-                                        std::move(reservation)));
+  ASSIGN_OR_RETURN(
+      std::shared_ptr<Buffer> buffer,
+      sessions_->AddBuffer(caller, std::move(memory), std::move(reservation)));
   out->set_buffer_id(buffer->id);
   out->set_size(buffer->memory->size());
   *fd_out = std::move(fd);
@@ -297,15 +297,15 @@ absl::Status CompanionServer::ImportBuffer(const Caller& caller,
   }
   // Imported memory counts in the importing client's budget: the daemon
   // maps it and would be the one to fault on it.
-  ASSIGN_OR_RETURN(MemoryReservation reservation,
-                   MemoryReservation::Open(options_.budget,
-                                           BudgetClientOf(caller), r.size(),
-                                           "import_buffer.size"));
+  ASSIGN_OR_RETURN(
+      MemoryReservation reservation,
+      MemoryReservation::Open(options_.budget, BudgetClientOf(caller), r.size(),
+                              "import_buffer.size"));
   ASSIGN_OR_RETURN(std::unique_ptr<Memory> memory,
                    backend_->ImportFd(std::move(fd), r.size()));
-  ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer,
-                   sessions_->AddBuffer(caller, std::move(memory),
-                                        std::move(reservation)));
+  ASSIGN_OR_RETURN(
+      std::shared_ptr<Buffer> buffer,
+      sessions_->AddBuffer(caller, std::move(memory), std::move(reservation)));
   out->set_buffer_id(buffer->id);
   out->set_size(buffer->memory->size());
   return absl::OkStatus();

@@ -38,8 +38,8 @@ namespace kvdepot {
 inline constexpr size_t kMaxCompanionMessageBytes = 64 << 10;
 
 struct CompanionOptions {
-  std::string path;          // the socket file (claimed by the caller)
-  gid_t group = -1;          // chown the socket to this group; -1 = keep
+  std::string path;  // the socket file (claimed by the caller)
+  gid_t group = -1;  // chown the socket to this group; -1 = keep
   int max_connections = 256;
   int64_t max_buffer_bytes = int64_t{16} << 30;
   // What allocated and imported buffers are admitted against, counted for
@@ -99,9 +99,7 @@ class CompanionServer {
   absl::Status ImportBuffer(const Caller& caller,
                             const v1::ImportMemfdRequest& r, UniqueFd fd,
                             v1::BufferInfo* out);
-  bool accepting() const {
-    return !options_.accepting || options_.accepting();
-  }
+  bool accepting() const { return !options_.accepting || options_.accepting(); }
   // Joins connection threads that finished.
   void ReapFinishedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

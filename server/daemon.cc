@@ -68,11 +68,11 @@ absl::Status PreparePrivateSocketDir(const std::string& dir, gid_t group) {
   const bool grouped = group != static_cast<gid_t>(-1);
   const mode_t want = grouped ? 0750 : 0700;
   if (mkdir(dir.c_str(), want) == 0) {
-    if (grouped && (chown(dir.c_str(), -1, group) != 0 ||
-                    chmod(dir.c_str(), want) != 0)) {
+    if (grouped &&
+        (chown(dir.c_str(), -1, group) != 0 || chmod(dir.c_str(), want) != 0)) {
       return absl::FailedPreconditionError(
-          absl::StrCat("cannot give the socket directory \"", dir,
-                       "\" group ", group, ": ", std::strerror(errno)));
+          absl::StrCat("cannot give the socket directory \"", dir, "\" group ",
+                       group, ": ", std::strerror(errno)));
     }
   } else if (errno != EEXIST) {
     return absl::FailedPreconditionError(
@@ -127,9 +127,9 @@ absl::Status Daemon::ApplyConfig() {
   if (options_.config_path.empty()) return absl::OkStatus();
   std::ifstream in(options_.config_path);
   if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat("--config: cannot read \"", options_.config_path,
-                     "\": ", std::strerror(errno)));
+    return absl::NotFoundError(absl::StrCat("--config: cannot read \"",
+                                            options_.config_path,
+                                            "\": ", std::strerror(errno)));
   }
   std::stringstream text;
   text << in.rdbuf();
@@ -138,10 +138,10 @@ absl::Status Daemon::ApplyConfig() {
   FirstError error;
   parser.RecordErrorsTo(&error);
   if (!parser.ParseFromString(text.str(), &config)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--config: \"", options_.config_path,
-        "\" is not a valid textproto kvdepot.v1.DaemonConfig: ",
-        error.error()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--config: \"", options_.config_path,
+                     "\" is not a valid textproto kvdepot.v1.DaemonConfig: ",
+                     error.error()));
   }
   AdminPolicy admin;
   admin.daemon_uid = geteuid();
@@ -242,8 +242,9 @@ absl::Status Daemon::Init() {
   RETURN_IF_ERROR(ApplyConfig());
   if (!options_.metrics_address.empty()) {
     KVCacheService* service = service_.get();
-    absl::StatusOr<std::unique_ptr<MetricsServer>> m =
-        MetricsServer::Start(options_.metrics_address, [service] {
+    absl::StatusOr<std::unique_ptr<MetricsServer>> m = MetricsServer::Start(
+        options_.metrics_address,
+        [service] {
           v1::StatsResponse stats;
           service->FillStats(&stats);
           return RenderPrometheus(stats);

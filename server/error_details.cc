@@ -2,7 +2,6 @@
 
 #include <cctype>
 
-
 #include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "google/rpc/error_details.pb.h"
@@ -11,8 +10,12 @@
 namespace kvdepot {
 namespace {
 
-bool IsIdentStart(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_'; }
-bool IsIdentChar(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+bool IsIdentStart(char c) {
+  return std::isalpha(static_cast<unsigned char>(c)) || c == '_';
+}
+bool IsIdentChar(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+}
 
 }  // namespace
 
@@ -37,8 +40,8 @@ std::string LeadingFieldPath(absl::string_view message) {
   }
   // Then what a validation message says next about that field.
   const absl::string_view rest = message.substr(i);
-  for (absl::string_view next : {" = ", ": ", " must ",
-                                 " repeats ", " overlaps "}) {
+  for (absl::string_view next :
+       {" = ", ": ", " must ", " repeats ", " overlaps "}) {
     if (absl::StartsWith(rest, next)) return std::string(message.substr(0, i));
   }
   return "";

@@ -58,10 +58,9 @@ TEST(ToGrpcStatusWithDetailsTest, OtherCodesAndUnknownFieldsHaveNoDetails) {
   EXPECT_EQ(ToGrpcStatusWithDetails(absl::NotFoundError("pool = \"a\""))
                 .error_details(),
             "");
-  EXPECT_EQ(
-      ToGrpcStatusWithDetails(absl::InvalidArgumentError("bad request"))
-          .error_details(),
-      "");
+  EXPECT_EQ(ToGrpcStatusWithDetails(absl::InvalidArgumentError("bad request"))
+                .error_details(),
+            "");
 }
 
 }  // namespace

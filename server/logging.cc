@@ -73,9 +73,9 @@ absl::Status CheckLogFlags(absl::string_view level, absl::string_view format) {
   bool known = false;
   for (const char* l : kLevels) known = known || level == l;
   if (!known) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--log_level = \"", EscapeForLog(level),
-        "\" is not one of trace, debug, info, warn, error, off"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--log_level = \"", EscapeForLog(level),
+                     "\" is not one of trace, debug, info, warn, error, off"));
   }
   if (format != "text" && format != "json") {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -23,7 +23,8 @@ TEST(EscapeForLogTest, LongValuesAreCutAndSaySo) {
   const std::string s(1000, 'a');
   const std::string e = EscapeForLog(s, 10);
   EXPECT_EQ(e, "aaaaaaaaaa...(1000 bytes)");
-  EXPECT_EQ(EscapeForLog(s), std::string(kMaxLoggedValueBytes, 'a') + "...(1000 bytes)");
+  EXPECT_EQ(EscapeForLog(s),
+            std::string(kMaxLoggedValueBytes, 'a') + "...(1000 bytes)");
 }
 
 TEST(EscapeForLogTest, EveryByteComesOutPrintable) {

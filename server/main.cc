@@ -16,10 +16,12 @@
 #include "server/logging.h"
 #include "spdlog/spdlog.h"
 
-ABSL_FLAG(std::string, listen, "",
-          "Listen address: empty = Unix socket $XDG_RUNTIME_DIR/kvdepot/kvdepotd.sock "
-          "or /tmp/kvdepot-$UID/kvdepotd.sock; /path or unix:/path = that socket; "
-          "host:port = TCP (opt-in; beyond loopback only with mutual TLS).");
+ABSL_FLAG(
+    std::string, listen, "",
+    "Listen address: empty = Unix socket "
+    "$XDG_RUNTIME_DIR/kvdepot/kvdepotd.sock "
+    "or /tmp/kvdepot-$UID/kvdepotd.sock; /path or unix:/path = that socket; "
+    "host:port = TCP (opt-in; beyond loopback only with mutual TLS).");
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate chain for TCP with mutual TLS (required, with "
           "--tls_key and --tls_client_ca, to listen beyond loopback).");

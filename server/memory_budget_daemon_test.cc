@@ -8,9 +8,9 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "client/kvdepot_client.h"
 #include "common/memfd.h"
-#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/daemon.h"
@@ -64,8 +64,8 @@ TEST(MemoryBudgetDaemonTest, PoolsBeyondTheBudgetFailAndDeleteFreesIt) {
   EXPECT_THAT(std::string(b.status().message()),
               HasSubstr(absl::StrCat("pool \"b\": ")));
   EXPECT_THAT(std::string(b.status().message()),
-              HasSubstr(absl::StrCat("(", a_bytes,
-                                     " bytes) does not fit the memory budget")));
+              HasSubstr(absl::StrCat(
+                  "(", a_bytes, " bytes) does not fit the memory budget")));
   EXPECT_THAT(std::string(b.status().message()),
               HasSubstr("of 1.0 MiB available (--memory_budget_bytes)"));
   absl::StatusOr<v1::StatsResponse> stats = c->Stats();

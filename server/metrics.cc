@@ -161,9 +161,8 @@ std::string RenderPrometheus(const v1::StatsResponse& s) {
          "Finished RPCs by method and status code.");
   for (const v1::RpcStats& r : s.rpcs()) {
     for (const v1::CodeCount& c : r.codes()) {
-      absl::StrAppend(&out, "kvdepot_requests_total{method=\"",
-                      Escape(r.rpc()), "\",code=\"", Escape(c.code()), "\"} ",
-                      c.calls(), "\n");
+      absl::StrAppend(&out, "kvdepot_requests_total{method=\"", Escape(r.rpc()),
+                      "\",code=\"", Escape(c.code()), "\"} ", c.calls(), "\n");
     }
   }
 
@@ -177,8 +176,7 @@ std::string RenderPrometheus(const v1::StatsResponse& s) {
       const std::string le = i < s.latency_bounds_us_size()
                                  ? Seconds(s.latency_bounds_us(i))
                                  : std::string("+Inf");
-      absl::StrAppend(&out,
-                      "kvdepot_request_duration_seconds_bucket{method=\"",
+      absl::StrAppend(&out, "kvdepot_request_duration_seconds_bucket{method=\"",
                       method, "\",le=\"", le, "\"} ", cumulative, "\n");
     }
     absl::StrAppend(&out, "kvdepot_request_duration_seconds_sum{method=\"",

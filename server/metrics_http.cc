@@ -55,12 +55,12 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
       "/metrics", [render](const httplib::Request&, httplib::Response& res) {
         res.set_content(render(), "text/plain; version=0.0.4; charset=utf-8");
       });
-  m->http_->Get("/healthz", [serving](const httplib::Request&,
-                                       httplib::Response& res) {
-    const bool ok = serving();
-    res.status = ok ? 200 : 503;
-    res.set_content(ok ? "SERVING\n" : "NOT_SERVING\n", "text/plain");
-  });
+  m->http_->Get(
+      "/healthz", [serving](const httplib::Request&, httplib::Response& res) {
+        const bool ok = serving();
+        res.status = ok ? 200 : 503;
+        res.set_content(ok ? "SERVING\n" : "NOT_SERVING\n", "text/plain");
+      });
   m->http_->Get("/", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("kvdepot: metrics at /metrics, health at /healthz\n",
                     "text/plain");
@@ -75,10 +75,10 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   }
   const int e = errno;  // from the failed bind or listen
   if (bound <= 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "--metrics_address: cannot listen on \"", address, "\": ",
-        e == EADDRINUSE ? "the port is in use (another daemon?)"
-                        : std::strerror(e)));
+    return absl::UnavailableError(
+        absl::StrCat("--metrics_address: cannot listen on \"", address, "\": ",
+                     e == EADDRINUSE ? "the port is in use (another daemon?)"
+                                     : std::strerror(e)));
   }
   m->address_ = absl::StrCat(address.substr(0, colon), ":", bound);
   httplib::Server* http = m->http_.get();

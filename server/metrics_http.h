@@ -20,11 +20,11 @@ class Server;
 namespace kvdepot {
 
 // The endpoint's limits (docs/DAEMON.md "Limits").
-inline constexpr int kHttpThreads = 64;               // connection threads
-inline constexpr int kHttpIdleTimeoutSeconds = 1;     // idle / read timeout
+inline constexpr int kHttpThreads = 64;            // connection threads
+inline constexpr int kHttpIdleTimeoutSeconds = 1;  // idle / read timeout
 inline constexpr int kHttpWriteTimeoutSeconds = 5;
 inline constexpr int kHttpRequestsPerConnection = 100;
-inline constexpr int kHttpMaxPayloadBytes = 4096;     // request bodies
+inline constexpr int kHttpMaxPayloadBytes = 4096;  // request bodies
 
 class MetricsServer {
  public:

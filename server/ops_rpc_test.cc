@@ -261,7 +261,8 @@ TEST_F(OpsRpcTest, CallsWithoutASessionAreRefused) {
   v1::DrainResponse d;
   EXPECT_EQ((*anon)->stub()->Drain(&c1, {}, &d).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_EQ((*anon)->DeletePool("p").code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ((*anon)->DeletePool("p").code(),
+            absl::StatusCode::kUnauthenticated);
   v1::InspectRequest ir;
   ir.set_pool("p");
   grpc::ClientContext c2;

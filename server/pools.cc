@@ -6,9 +6,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "server/logging.h"
 #include "kernels/format_host.h"
 #include "kernels/store_load_host.h"
+#include "server/logging.h"
 
 namespace kvdepot {
 namespace {
@@ -17,10 +17,9 @@ constexpr size_t kMaxPoolNameChars = 64;
 
 absl::Status ValidatePoolName(absl::string_view field, absl::string_view name) {
   if (name.empty() || name.size() > kMaxPoolNameChars) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, " = \"", EscapeForLog(name, kMaxPoolNameChars),
-                     "\" has ", name.size(), " bytes; a pool name has 1..",
-                     kMaxPoolNameChars));
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " = \"", EscapeForLog(name, kMaxPoolNameChars), "\" has ",
+        name.size(), " bytes; a pool name has 1..", kMaxPoolNameChars));
   }
   for (size_t i = 0; i < name.size(); ++i) {
     const char c = name[i];
@@ -28,8 +27,7 @@ absl::Status ValidatePoolName(absl::string_view field, absl::string_view name) {
         c != '.' && c != '-') {
       return absl::InvalidArgumentError(
           absl::StrCat(field, " = \"", EscapeForLog(name, kMaxPoolNameChars),
-                       "\": character ", i,
-                       " is not in [A-Za-z0-9_.-]"));
+                       "\": character ", i, " is not in [A-Za-z0-9_.-]"));
     }
   }
   return absl::OkStatus();
@@ -83,10 +81,10 @@ absl::Status Pool::CheckUse(const Caller& caller,
     absl::MutexLock lock(&acl_mu);
     if (acl.Allows(caller)) return absl::OkStatus();
   }
-  return absl::PermissionDeniedError(absl::StrCat(
-      field, " = \"", name, "\": this session (",
-      caller.peer ? absl::StrCat("uid ", caller.uid) : "anonymous",
-      ") is neither the pool's owner nor granted it"));
+  return absl::PermissionDeniedError(
+      absl::StrCat(field, " = \"", name, "\": this session (",
+                   caller.peer ? absl::StrCat("uid ", caller.uid) : "anonymous",
+                   ") is neither the pool's owner nor granted it"));
 }
 
 absl::Status Pool::CheckOwner(const Caller& caller,

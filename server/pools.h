@@ -35,7 +35,7 @@ struct Pool {
   // The pool's bytes in the daemon's memory budget; before `memory`, so it
   // is given back after the memory is freed.
   MemoryReservation reservation;
-  absl::Mutex mu;           // guards the pool's bytes (not the fields above)
+  absl::Mutex mu;  // guards the pool's bytes (not the fields above)
   std::unique_ptr<Memory> memory ABSL_PT_GUARDED_BY(mu);
   mutable absl::Mutex acl_mu;
   Acl acl ABSL_GUARDED_BY(acl_mu);

@@ -83,10 +83,9 @@ RecordHealth CheckRecord(const PoolLayout& layout, const uint8_t* block,
   }
   const int sb = ScaleBytes(f.sf_format);
   for (int s = 0; s < f.num_scales(); ++s) {
-    const bool possible =
-        f.scale_rounding == ScaleRounding::kPow2Ceil
-            ? Pow2ScaleIsPossible(scales + s * sb)
-            : ScaleIsPossible(f.sf_format, scales + s * sb);
+    const bool possible = f.scale_rounding == ScaleRounding::kPow2Ceil
+                              ? Pow2ScaleIsPossible(scales + s * sb)
+                              : ScaleIsPossible(f.sf_format, scales + s * sb);
     if (!possible) {
       if (h.first_bad_scale < 0) h.first_bad_scale = s;
       ++h.bad_scales;

@@ -9,21 +9,21 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "server/version.h"
 #include "server/error_details.h"
 #include "server/logging.h"
+#include "server/version.h"
 #include "spdlog/spdlog.h"
 
 namespace kvdepot {
 namespace {
 
 constexpr const char* kRpcNames[] = {
-    "OpenSession",  "KeepAlive",     "CloseSession", "CreatePool",
-    "GetPool",      "ListPools",     "DeletePool",   "AllocateBuffer",
-    "ImportBuffer", "ReleaseBuffer", "Grant",        "Store",
-    "Load",         "BuildPlan",     "PrefillLoad",  "ConvertTopk",
-    "SwaDecodeIndex", "PrefillIndex", "Stats",       "Ping",
-    "Inspect",      "Verify",        "Drain",
+    "OpenSession",    "KeepAlive",     "CloseSession", "CreatePool",
+    "GetPool",        "ListPools",     "DeletePool",   "AllocateBuffer",
+    "ImportBuffer",   "ReleaseBuffer", "Grant",        "Store",
+    "Load",           "BuildPlan",     "PrefillLoad",  "ConvertTopk",
+    "SwaDecodeIndex", "PrefillIndex",  "Stats",        "Ping",
+    "Inspect",        "Verify",        "Drain",
 };
 static_assert(sizeof(kRpcNames) / sizeof(kRpcNames[0]) ==
               static_cast<size_t>(Rpc::kCount));
@@ -173,16 +173,17 @@ absl::StatusOr<std::shared_ptr<Pool>> KVCacheService::UsablePool(
 grpc::Status KVCacheService::OpenSession(Ctx* ctx,
                                          const v1::OpenSessionRequest* r,
                                          v1::OpenSessionResponse* out) {
-  return Run(Rpc::kOpenSession, ctx, "", "", [&](const Caller&) -> absl::Status {
-    absl::Duration granted;
-    absl::StatusOr<std::string> id =
-        sessions_->Open(r->client_name(), absl::Milliseconds(r->lease_ms()),
-                        absl::Now(), &granted);
-    if (!id.ok()) return id.status();
-    out->set_session_id(*id);
-    out->set_lease_ms(absl::ToInt64Milliseconds(granted));
-    return absl::OkStatus();
-  });
+  return Run(
+      Rpc::kOpenSession, ctx, "", "", [&](const Caller&) -> absl::Status {
+        absl::Duration granted;
+        absl::StatusOr<std::string> id =
+            sessions_->Open(r->client_name(), absl::Milliseconds(r->lease_ms()),
+                            absl::Now(), &granted);
+        if (!id.ok()) return id.status();
+        out->set_session_id(*id);
+        out->set_lease_ms(absl::ToInt64Milliseconds(granted));
+        return absl::OkStatus();
+      });
 }
 
 grpc::Status KVCacheService::KeepAlive(Ctx* ctx, const v1::KeepAliveRequest* r,
@@ -193,10 +194,9 @@ grpc::Status KVCacheService::KeepAlive(Ctx* ctx, const v1::KeepAliveRequest* r,
                absl::StatusOr<absl::Duration> lease =
                    sessions_->Touch(r->session_id(), absl::Now());
                if (!lease.ok()) return lease.status();
-               out->set_lease_ms(
-                   *lease == absl::InfiniteDuration()
-                       ? 0
-                       : absl::ToInt64Milliseconds(*lease));
+               out->set_lease_ms(*lease == absl::InfiniteDuration()
+                                     ? 0
+                                     : absl::ToInt64Milliseconds(*lease));
                return absl::OkStatus();
              });
 }
@@ -276,7 +276,8 @@ static absl::Status LegacyBuffersOnly(const Backend& backend,
                                       absl::string_view rpc) {
   if (backend.legacy_handles()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
-      rpc, " over gRPC is only for legacy CUDA IPC handles (kvdepotd "
+      rpc,
+      " over gRPC is only for legacy CUDA IPC handles (kvdepotd "
       "--legacy_cuda_ipc); buffers are handed over as descriptors (memfds, "
       "CUDA VMM exports) on the companion socket (SPEC §11)"));
 }
@@ -286,24 +287,24 @@ grpc::Status KVCacheService::AllocateBuffer(Ctx* ctx,
                                             v1::BufferInfo* out) {
   return Run(Rpc::kAllocateBuffer, ctx, "", r->session_id(),
              [&](const Caller& caller) -> absl::Status {
-    if (r->size() <= 0 || r->size() > options_.max_buffer_bytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("size = ", r->size(), " is outside [1, ",
-                       options_.max_buffer_bytes, "] (--max_buffer_bytes)"));
-    }
-    RETURN_IF_ERROR(RequireSession(caller));
-    RETURN_IF_ERROR(LegacyBuffersOnly(*backend_, "AllocateBuffer"));
-    absl::StatusOr<std::unique_ptr<Memory>> memory =
-        backend_->Allocate(r->size(), "");
-    if (!memory.ok()) return memory.status();
-    absl::StatusOr<std::shared_ptr<Buffer>> buffer =
-        sessions_->AddBuffer(caller, *std::move(memory));
-    if (!buffer.ok()) return buffer.status();
-    out->set_buffer_id((*buffer)->id);
-    out->set_size((*buffer)->memory->size());
-    (*buffer)->memory->FillHandle(out->mutable_handle());
-    return absl::OkStatus();
-  });
+               if (r->size() <= 0 || r->size() > options_.max_buffer_bytes) {
+                 return absl::InvalidArgumentError(absl::StrCat(
+                     "size = ", r->size(), " is outside [1, ",
+                     options_.max_buffer_bytes, "] (--max_buffer_bytes)"));
+               }
+               RETURN_IF_ERROR(RequireSession(caller));
+               RETURN_IF_ERROR(LegacyBuffersOnly(*backend_, "AllocateBuffer"));
+               absl::StatusOr<std::unique_ptr<Memory>> memory =
+                   backend_->Allocate(r->size(), "");
+               if (!memory.ok()) return memory.status();
+               absl::StatusOr<std::shared_ptr<Buffer>> buffer =
+                   sessions_->AddBuffer(caller, *std::move(memory));
+               if (!buffer.ok()) return buffer.status();
+               out->set_buffer_id((*buffer)->id);
+               out->set_size((*buffer)->memory->size());
+               (*buffer)->memory->FillHandle(out->mutable_handle());
+               return absl::OkStatus();
+             });
 }
 
 grpc::Status KVCacheService::ImportBuffer(Ctx* ctx,
@@ -311,25 +312,25 @@ grpc::Status KVCacheService::ImportBuffer(Ctx* ctx,
                                           v1::BufferInfo* out) {
   return Run(Rpc::kImportBuffer, ctx, "", r->session_id(),
              [&](const Caller& caller) -> absl::Status {
-    RETURN_IF_ERROR(RequireSession(caller));
-    RETURN_IF_ERROR(LegacyBuffersOnly(*backend_, "ImportBuffer"));
-    if (r->handle().size() <= 0 ||
-        r->handle().size() > options_.max_buffer_bytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("handle.size = ", r->handle().size(), " is outside [1, ",
-                       options_.max_buffer_bytes, "] (--max_buffer_bytes)"));
-    }
-    absl::StatusOr<std::unique_ptr<Memory>> memory =
-        backend_->Import(r->handle());
-    if (!memory.ok()) return memory.status();
-    absl::StatusOr<std::shared_ptr<Buffer>> buffer =
-        sessions_->AddBuffer(caller, *std::move(memory));
-    if (!buffer.ok()) return buffer.status();
-    out->set_buffer_id((*buffer)->id);
-    out->set_size((*buffer)->memory->size());
-    *out->mutable_handle() = r->handle();
-    return absl::OkStatus();
-  });
+               RETURN_IF_ERROR(RequireSession(caller));
+               RETURN_IF_ERROR(LegacyBuffersOnly(*backend_, "ImportBuffer"));
+               if (r->handle().size() <= 0 ||
+                   r->handle().size() > options_.max_buffer_bytes) {
+                 return absl::InvalidArgumentError(absl::StrCat(
+                     "handle.size = ", r->handle().size(), " is outside [1, ",
+                     options_.max_buffer_bytes, "] (--max_buffer_bytes)"));
+               }
+               absl::StatusOr<std::unique_ptr<Memory>> memory =
+                   backend_->Import(r->handle());
+               if (!memory.ok()) return memory.status();
+               absl::StatusOr<std::shared_ptr<Buffer>> buffer =
+                   sessions_->AddBuffer(caller, *std::move(memory));
+               if (!buffer.ok()) return buffer.status();
+               out->set_buffer_id((*buffer)->id);
+               out->set_size((*buffer)->memory->size());
+               *out->mutable_handle() = r->handle();
+               return absl::OkStatus();
+             });
 }
 
 grpc::Status KVCacheService::ReleaseBuffer(Ctx* ctx,
@@ -344,28 +345,29 @@ grpc::Status KVCacheService::ReleaseBuffer(Ctx* ctx,
 
 grpc::Status KVCacheService::Grant(Ctx* ctx, const v1::GrantRequest* r,
                                    v1::GrantResponse* /*out*/) {
-  return Run(Rpc::kGrant, ctx, r->pool(), r->session_id(),
-             [&](const Caller& caller) -> absl::Status {
-    RETURN_IF_ERROR(RequireSession(caller));
-    Acl grant;
-    grant.uids.insert(r->uids().begin(), r->uids().end());
-    grant.gids.insert(r->gids().begin(), r->gids().end());
-    grant.sessions.insert(r->sessions().begin(), r->sessions().end());
-    switch (r->object_case()) {
-      case v1::GrantRequest::kPool: {
-        absl::StatusOr<std::shared_ptr<Pool>> pool =
-            pools_->Get("pool", r->pool());
-        if (!pool.ok()) return pool.status();
-        RETURN_IF_ERROR((*pool)->CheckOwner(caller, "Grant on"));
-        (*pool)->Grant(grant);
-        return absl::OkStatus();
-      }
-      case v1::GrantRequest::kBufferId:
-        return sessions_->GrantBuffer(caller, r->buffer_id(), grant);
-      default:
-        return absl::InvalidArgumentError("object: set pool or buffer_id");
-    }
-  });
+  return Run(
+      Rpc::kGrant, ctx, r->pool(), r->session_id(),
+      [&](const Caller& caller) -> absl::Status {
+        RETURN_IF_ERROR(RequireSession(caller));
+        Acl grant;
+        grant.uids.insert(r->uids().begin(), r->uids().end());
+        grant.gids.insert(r->gids().begin(), r->gids().end());
+        grant.sessions.insert(r->sessions().begin(), r->sessions().end());
+        switch (r->object_case()) {
+          case v1::GrantRequest::kPool: {
+            absl::StatusOr<std::shared_ptr<Pool>> pool =
+                pools_->Get("pool", r->pool());
+            if (!pool.ok()) return pool.status();
+            RETURN_IF_ERROR((*pool)->CheckOwner(caller, "Grant on"));
+            (*pool)->Grant(grant);
+            return absl::OkStatus();
+          }
+          case v1::GrantRequest::kBufferId:
+            return sessions_->GrantBuffer(caller, r->buffer_id(), grant);
+          default:
+            return absl::InvalidArgumentError("object: set pool or buffer_id");
+        }
+      });
 }
 
 grpc::Status KVCacheService::Store(Ctx* ctx, const v1::StoreRequest* r,

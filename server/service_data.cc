@@ -65,9 +65,8 @@ absl::StatusOr<std::shared_ptr<Pool>> KVCacheService::DataTarget(
 absl::Status KVCacheService::DoStore(Ctx* ctx, const Caller& caller,
                                      const v1::StoreRequest& r,
                                      v1::StoreResponse* out) {
-  absl::StatusOr<std::shared_ptr<Pool>> pool =
-      DataTarget(caller, r.pool(), r.layer(), r.wait_event_ipc_handle(),
-                 r.record_event());
+  absl::StatusOr<std::shared_ptr<Pool>> pool = DataTarget(
+      caller, r.pool(), r.layer(), r.wait_event_ipc_handle(), r.record_event());
   if (!pool.ok()) return pool.status();
   const PoolLayout& layout = (*pool)->layout;
   int64_t dtype_bytes = 0;
@@ -99,9 +98,8 @@ absl::Status KVCacheService::DoStore(Ctx* ctx, const Caller& caller,
 absl::Status KVCacheService::DoLoad(Ctx* ctx, const Caller& caller,
                                     const v1::LoadRequest& r,
                                     v1::LoadResponse* out) {
-  absl::StatusOr<std::shared_ptr<Pool>> pool =
-      DataTarget(caller, r.pool(), r.layer(), r.wait_event_ipc_handle(),
-                 r.record_event());
+  absl::StatusOr<std::shared_ptr<Pool>> pool = DataTarget(
+      caller, r.pool(), r.layer(), r.wait_event_ipc_handle(), r.record_event());
   if (!pool.ok()) return pool.status();
   const PoolLayout& layout = (*pool)->layout;
   Scratch& sc = ThreadScratch();
@@ -147,13 +145,13 @@ absl::Status KVCacheService::DoLoad(Ctx* ctx, const Caller& caller,
     return absl::InvalidArgumentError(
         "scales must be unset: a do_cast format loads BF16 rows only");
   }
-  absl::StatusOr<ByteRange> data =
-      ResolveOutput(*sessions_, caller, "data", r.data(), total_k * LoadDataRowBytes(f),
-                    options_.max_inline_bytes, out->mutable_data());
+  absl::StatusOr<ByteRange> data = ResolveOutput(
+      *sessions_, caller, "data", r.data(), total_k * LoadDataRowBytes(f),
+      options_.max_inline_bytes, out->mutable_data());
   if (!data.ok()) return data.status();
-  absl::StatusOr<ByteRange> scales =
-      ResolveOutput(*sessions_, caller, "scales", r.scales(), total_k * scale_row,
-                    options_.max_inline_bytes, out->mutable_scales());
+  absl::StatusOr<ByteRange> scales = ResolveOutput(
+      *sessions_, caller, "scales", r.scales(), total_k * scale_row,
+      options_.max_inline_bytes, out->mutable_scales());
   if (!scales.ok()) return scales.status();
   RETURN_IF_ERROR(CheckDisjoint("data", *data, "scales", *scales));
   out->set_total_k(total_k);

@@ -108,9 +108,10 @@ absl::Status KVCacheService::DoPrefillLoad(Ctx* ctx, const Caller& caller,
       *sessions_, caller, "chunk_kv", r.chunk_kv(),
       int64_t{pl->chunk_rows} * ml.format.elements() * dtype_bytes);
   if (!kv.ok()) return kv.status();
-  absl::StatusOr<ByteRange> output = ResolveOutput(
-      *sessions_, caller, "output", r.output(), int64_t{pl->total_rows} * row_bytes,
-      options_.max_inline_bytes, out->mutable_output());
+  absl::StatusOr<ByteRange> output =
+      ResolveOutput(*sessions_, caller, "output", r.output(),
+                    int64_t{pl->total_rows} * row_bytes,
+                    options_.max_inline_bytes, out->mutable_output());
   if (!output.ok()) return output.status();
   RETURN_IF_ERROR(CheckDisjoint("chunk_kv", *kv, "output", *output));
   out->set_total_k_swa(pl->swa_history_rows);

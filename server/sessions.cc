@@ -8,10 +8,10 @@
 #include <utility>
 
 #include "absl/strings/escaping.h"
-#include "common/status_macros.h"
-#include "server/logging.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "server/logging.h"
 
 namespace kvdepot {
 namespace {
@@ -106,11 +106,11 @@ absl::StatusOr<OpenedSession> SessionManager::OpenLocked(Session session) {
   }
   OpenedSession opened;
   opened.number = next_session_++;
-  opened.id = absl::StrCat(
-      opened.number, ".",
-      absl::BytesToHexString(absl::string_view(
-          reinterpret_cast<const char*>(session.secret.data()),
-          session.secret.size())));
+  opened.id =
+      absl::StrCat(opened.number, ".",
+                   absl::BytesToHexString(absl::string_view(
+                       reinterpret_cast<const char*>(session.secret.data()),
+                       session.secret.size())));
   sessions_.emplace(opened.number, std::move(session));
   return opened;
 }
@@ -270,9 +270,9 @@ absl::StatusOr<std::shared_ptr<Buffer>> SessionManager::GetBuffer(
   }
   const Buffer& b = *it->second;
   if (!caller.authenticated()) {
-    return absl::UnauthenticatedError(absl::StrCat(
-        field, " = ", buffer_id,
-        ": buffers can only be used with a session (session_id)"));
+    return absl::UnauthenticatedError(
+        absl::StrCat(field, " = ", buffer_id,
+                     ": buffers can only be used with a session (session_id)"));
   }
   if (b.owner_session != caller.session && !b.acl.Allows(caller)) {
     return absl::PermissionDeniedError(

@@ -37,13 +37,13 @@
 namespace kvdepot {
 
 struct Buffer {
-  uint64_t id = 0;                 // daemon-wide, > 0
-  uint64_t owner_session = 0;      // session number
+  uint64_t id = 0;             // daemon-wide, > 0
+  uint64_t owner_session = 0;  // session number
   // Its bytes in the memory budget; before `memory`, so it is given back
   // after the memory is freed.
   MemoryReservation reservation;
   std::unique_ptr<Memory> memory;  // released with the last reference
-  Acl acl;  // guarded by the SessionManager's lock
+  Acl acl;                         // guarded by the SessionManager's lock
 };
 
 struct SessionLimits {

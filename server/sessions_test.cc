@@ -222,14 +222,12 @@ TEST(SessionsTest, ClientNameAndSessionsPerUidAreBounded) {
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.status().message()),
               HasSubstr("client_name = \"nnnn"));
-  EXPECT_THAT(std::string(s.status().message()),
-              HasSubstr("more than 256"));
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("more than 256"));
   EXPECT_LT(s.status().message().size(), 256u);
   absl::Duration granted;
-  EXPECT_EQ(m.Open(huge, absl::ZeroDuration(), absl::Now(), &granted)
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      m.Open(huge, absl::ZeroDuration(), absl::Now(), &granted).status().code(),
+      absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(m.OpenPeer(std::string(256, 'x'), alice).ok());
   EXPECT_TRUE(m.OpenPeer("w", alice).ok());
   absl::StatusOr<OpenedSession> third = m.OpenPeer("w", alice);

@@ -182,10 +182,10 @@ TEST(AccessTest, SessionsCannotTouchEachOthersBuffers) {
   EXPECT_TRUE(a->ReleaseBuffer(abuf->id()).ok());
 
   // Session ids appear in no message and no log line.
-  const std::string secret_a = a->session_id().substr(
-      a->session_id().find('.') + 1);
-  const std::string secret_b = b->session_id().substr(
-      b->session_id().find('.') + 1);
+  const std::string secret_a =
+      a->session_id().substr(a->session_id().find('.') + 1);
+  const std::string secret_b =
+      b->session_id().substr(b->session_id().find('.') + 1);
   v1::StoreRequest wrong = KvStore("p", abuf->Slice(0, bytes), 2);
   wrong.set_session_id(a->session_id() + "x");
   absl::Status ws = b->Store(wrong).status();
@@ -333,9 +333,9 @@ TEST(AccessTest, TruncationImpossibleHolePunchingHarmless) {
   EXPECT_NE(ftruncate(fd.get(), bytes * 2), 0);
   EXPECT_NE(fcntl(fd.get(), F_ADD_SEALS, F_SEAL_WRITE), 0);
   // Punch every page out, then make the daemon read and write it.
-  ASSERT_EQ(fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
-                      bytes),
-            0);
+  ASSERT_EQ(
+      fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, bytes),
+      0);
   const uint64_t id = got->buffer().buffer_id();
   EXPECT_TRUE(c->Store(KvStore("p", SliceRef(id, 0, bytes), 2)).ok());
   v1::LoadRequest lr;
@@ -352,7 +352,8 @@ TEST(AccessTest, TruncationImpossibleHolePunchingHarmless) {
                       bytes),
             0);
   EXPECT_TRUE(
-      c->Store(KvStore("p", SliceRef(imported->buffer_id(), 0, bytes), 2)).ok());
+      c->Store(KvStore("p", SliceRef(imported->buffer_id(), 0, bytes), 2))
+          .ok());
   EXPECT_TRUE(c->Ping().ok());  // alive
 }
 
@@ -392,7 +393,8 @@ TEST(AccessTest, SecondUidCannotUseOrDeleteOthersPoolsNorDrain) {
   const char* kUser = "kvdepot-attack";
   if (getpwnam(kUser) == nullptr) {
     const int rc = std::system(
-        "/usr/sbin/useradd --system --user-group --no-create-home --shell /bin/false "
+        "/usr/sbin/useradd --system --user-group --no-create-home --shell "
+        "/bin/false "
         "kvdepot-attack >/dev/null 2>&1");
     if (rc != 0 || getpwnam(kUser) == nullptr) {
       GTEST_SKIP() << "useradd kvdepot-attack failed (rc " << rc << ")";
@@ -413,9 +415,9 @@ TEST(AccessTest, SecondUidCannotUseOrDeleteOthersPoolsNorDrain) {
                            "pools { name: \"granted\" format: \"V41\" "
                            "block_size: 4 num_blocks: 2 num_layers: 1 }\n"
                         << "grants { pool: \"granted\" uids: " << uid << " }\n";
-  LoggedDaemon d({absl::StrCat("--config=", config),
-                  absl::StrCat("--socket_group=", gid)},
-                 socket);
+  LoggedDaemon d(
+      {absl::StrCat("--config=", config), absl::StrCat("--socket_group=", gid)},
+      socket);
   // The probe binary, copied where the second uid can execute it.
   char bindir[] = "/tmp/kvdepot-probe-XXXXXX";
   ASSERT_NE(mkdtemp(bindir), nullptr);

@@ -30,7 +30,8 @@ int main(int argc, char** argv) {
     absl::StatusOr<kvdepot::BufferMapping> b =
         (*c)->AllocateBuffer(4096 * (i + 1));
     if (!b.ok()) {
-      std::fprintf(stderr, "AllocateBuffer: %s\n", b.status().ToString().c_str());
+      std::fprintf(stderr, "AllocateBuffer: %s\n",
+                   b.status().ToString().c_str());
       return 1;
     }
     std::printf("%llu\n", static_cast<unsigned long long>(b->id()));

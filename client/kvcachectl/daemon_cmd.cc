@@ -11,13 +11,13 @@
 
 namespace kvdepot::ctl {
 
-std::vector<FlagSpec> DaemonFlags(std::vector<FlagSpec> own,
-                                  bool streaming) {
-  own.push_back({"addr",
-                 absl::StrCat("daemon address: /path, unix:/path or host:port "
-                              "(default: $",
-                              kAddressEnv, ", else the daemon's default socket)"),
-                 ""});
+std::vector<FlagSpec> DaemonFlags(std::vector<FlagSpec> own, bool streaming) {
+  own.push_back(
+      {"addr",
+       absl::StrCat("daemon address: /path, unix:/path or host:port "
+                    "(default: $",
+                    kAddressEnv, ", else the daemon's default socket)"),
+       ""});
   own.push_back({"output", "output format: table, json or yaml", "table"});
   if (streaming) {
     own.push_back({"timeout",
@@ -76,9 +76,9 @@ int ParseDaemonArgs(const CommandSpec& spec,
   } else if (output == "yaml") {
     call->format = OutputFormat::kYaml;
   } else {
-    return UsageError(absl::StrCat("--output = \"", output,
-                                   "\" is not table, json or yaml"),
-                      spec, err);
+    return UsageError(
+        absl::StrCat("--output = \"", output, "\" is not table, json or yaml"),
+        spec, err);
   }
   const std::string timeout = parsed->Get("timeout");
   call->has_deadline = !timeout.empty();
@@ -92,7 +92,8 @@ int ParseDaemonArgs(const CommandSpec& spec,
   }
   call->options.address = DaemonAddress(*parsed);
   call->options.client_name = "kvcachectl";
-  call->options.open_session = true;  // a companion session: the caller's identity
+  call->options.open_session =
+      true;  // a companion session: the caller's identity
   call->options.keep_alive = false;
   call->options.timeout = call->timeout;
   call->options.connect_timeout = std::min(call->timeout, absl::Seconds(5));

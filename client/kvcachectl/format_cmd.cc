@@ -294,8 +294,9 @@ int RunDecode(const ParsedArgs& a, std::ostream& out, std::ostream& err) {
     for (size_t t = 0; t < n; ++t) {
       const uint8_t* r = in + t * rec;
       if (TakesBf16InputOnly(f)) {  // exactly the load's row
-        DecodeTokenBf16(f, r, r + f.data_bytes(),
-                        bf16.data() + t * 2 * static_cast<size_t>(f.elements()));
+        DecodeTokenBf16(
+            f, r, r + f.data_bytes(),
+            bf16.data() + t * 2 * static_cast<size_t>(f.elements()));
         continue;
       }
       DecodeToken(f, r, r + f.data_bytes(), x.data());

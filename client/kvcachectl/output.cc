@@ -74,9 +74,9 @@ Json Value(const Message& m, const FieldDescriptor* f, int i) {
 
 bool NeedsQuotes(const std::string& s) {
   if (s.empty()) return true;
-  static const char* kWords[] = {"true", "false", "null", "yes", "no",
-                                 "on",   "off",   "~",    "NaN", "Infinity",
-                                 "-Infinity"};
+  static const char* kWords[] = {"true", "false",    "null",     "yes",
+                                 "no",   "on",       "off",      "~",
+                                 "NaN",  "Infinity", "-Infinity"};
   for (const char* w : kWords) {
     if (s == w) return true;
   }
@@ -107,8 +107,10 @@ void Yaml(const Json& j, int indent, std::string* out) {
         absl::StrAppend(out, "\n");
         Yaml(v, indent + 2, out);
       } else {
-        absl::StrAppend(out, " ", v.is_object() ? "{}" : v.is_array() ? "[]"
-                                                                       : Scalar(v),
+        absl::StrAppend(out, " ",
+                        v.is_object()  ? "{}"
+                        : v.is_array() ? "[]"
+                                       : Scalar(v),
                         "\n");
       }
     }
@@ -121,7 +123,9 @@ void Yaml(const Json& j, int indent, std::string* out) {
         absl::StrAppend(out, pad, "- ", inner.substr(indent + 2));
       } else {
         absl::StrAppend(out, pad, "- ",
-                        v.is_object() ? "{}" : v.is_array() ? "[]" : Scalar(v),
+                        v.is_object()  ? "{}"
+                        : v.is_array() ? "[]"
+                                       : Scalar(v),
                         "\n");
       }
     }
@@ -153,13 +157,11 @@ Json ProtoToJson(const Message& m) {
   return out;
 }
 
-void PrintStructured(const Json& j, OutputFormat format,
-                     std::ostream& out) {
+void PrintStructured(const Json& j, OutputFormat format, std::ostream& out) {
   if (format == OutputFormat::kYaml) {
     out << ToYaml(j);
   } else {
-    out << j.dump(-1, ' ', false, Json::error_handler_t::replace)
-        << "\n";
+    out << j.dump(-1, ' ', false, Json::error_handler_t::replace) << "\n";
   }
 }
 

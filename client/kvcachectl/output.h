@@ -37,8 +37,7 @@ Json ProtoToJson(const google::protobuf::Message& m);
 std::string HashHex(uint64_t v);
 
 // Prints `j` as one line of JSON or as a YAML document (kJson / kYaml).
-void PrintStructured(const Json& j, OutputFormat format,
-                     std::ostream& out);
+void PrintStructured(const Json& j, OutputFormat format, std::ostream& out);
 
 // `j` as YAML (block style; strings quoted where YAML would misread them).
 std::string ToYaml(const Json& j);

@@ -106,8 +106,8 @@ int RunVerifyCommand(const Args& args, std::ostream& out, std::ostream& err) {
     if (parsed.Get("checksums") == "true") {
       std::vector<std::vector<std::string>> rows = {{"LAYER", "BLOCK", "XXH3"}};
       for (const auto& x : sums) {
-        rows.push_back(
-            {absl::StrCat(x.layer()), absl::StrCat(x.block()), HashHex(x.xxh3())});
+        rows.push_back({absl::StrCat(x.layer()), absl::StrCat(x.block()),
+                        HashHex(x.xxh3())});
       }
       PrintTable(rows, out);
       out << "\n";

@@ -23,11 +23,11 @@ absl::Status Resolve(const char* symbol, unsigned version, Fn* out) {
   if (e != cudaSuccess || found != cudaDriverEntryPointSuccess ||
       fn == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "the CUDA driver does not provide ", symbol, " (ABI ", version,
-        "): ", e != cudaSuccess ? cudaGetErrorString(e)
-               : found == cudaDriverEntryPointVersionNotSufficent
-                   ? "driver too old"
-                   : "symbol not found"));
+        "the CUDA driver does not provide ", symbol, " (ABI ", version, "): ",
+        e != cudaSuccess ? cudaGetErrorString(e)
+        : found == cudaDriverEntryPointVersionNotSufficent
+            ? "driver too old"
+            : "symbol not found"));
   }
   *out = reinterpret_cast<Fn>(fn);
   return absl::OkStatus();
@@ -51,8 +51,7 @@ absl::StatusOr<DriverApi> Load() {
   r("cuMemMap", kV10020, &d.cuMemMap);
   r("cuMemUnmap", kV10020, &d.cuMemUnmap);
   r("cuMemSetAccess", kV10020, &d.cuMemSetAccess);
-  r("cuMemGetAllocationGranularity", kV10020,
-    &d.cuMemGetAllocationGranularity);
+  r("cuMemGetAllocationGranularity", kV10020, &d.cuMemGetAllocationGranularity);
   r("cuMemGetAllocationPropertiesFromHandle", kV10020,
     &d.cuMemGetAllocationPropertiesFromHandle);
   r("cuStreamWaitValue64", kV11070, &d.cuStreamWaitValue64);

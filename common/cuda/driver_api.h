@@ -50,12 +50,12 @@ absl::Status DriverStatus(CUresult result, absl::string_view detail);
 
 }  // namespace kvdepot::gpu
 
-#define RETURN_IF_CU_ERROR(expr, detail)                               \
-  do {                                                                 \
-    const CUresult kv_cu_result_ = (expr);                             \
-    if (kv_cu_result_ != CUDA_SUCCESS) {                               \
-      return ::kvdepot::gpu::DriverStatus(kv_cu_result_, (detail));    \
-    }                                                                  \
+#define RETURN_IF_CU_ERROR(expr, detail)                            \
+  do {                                                              \
+    const CUresult kv_cu_result_ = (expr);                          \
+    if (kv_cu_result_ != CUDA_SUCCESS) {                            \
+      return ::kvdepot::gpu::DriverStatus(kv_cu_result_, (detail)); \
+    }                                                               \
   } while (false)
 
 #endif  // KVDEPOT_COMMON_CUDA_DRIVER_API_H_

@@ -40,18 +40,17 @@ absl::StatusOr<int64_t> VmmAllocation::Granularity(int device) {
   ASSIGN_OR_RETURN(const DriverApi* d, Driver());
   const CUmemAllocationProp prop = DeviceProp(device);
   size_t g = 0;
-  RETURN_IF_CU_ERROR(d->cuMemGetAllocationGranularity(
-                         &g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
-                     absl::StrCat("cuMemGetAllocationGranularity(cuda:",
-                                  device, ")"));
+  RETURN_IF_CU_ERROR(
+      d->cuMemGetAllocationGranularity(&g, &prop,
+                                       CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+      absl::StrCat("cuMemGetAllocationGranularity(cuda:", device, ")"));
   if (g == 0) {
     return absl::InternalError("cuMemGetAllocationGranularity returned 0");
   }
   return static_cast<int64_t>(g);
 }
 
-absl::StatusOr<VmmAllocation> VmmAllocation::Create(int device,
-                                                    int64_t size) {
+absl::StatusOr<VmmAllocation> VmmAllocation::Create(int device, int64_t size) {
   if (size <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("a VMM allocation of ", size, " bytes"));
@@ -109,7 +108,8 @@ absl::StatusOr<VmmAllocation> VmmAllocation::Import(int fd, int64_t size,
         absl::StrCat("size = ", size, " must be > 0"));
   }
   ASSIGN_OR_RETURN(const DriverApi* d, Driver());
-  ASSIGN_OR_RETURN(ScopedCudaDevice bound, BindDevice(device >= 0 ? device : 0));
+  ASSIGN_OR_RETURN(ScopedCudaDevice bound,
+                   BindDevice(device >= 0 ? device : 0));
   VmmAllocation m;
   {
     const CUresult r = d->cuMemImportFromShareableHandle(
@@ -123,8 +123,9 @@ absl::StatusOr<VmmAllocation> VmmAllocation::Import(int fd, int64_t size,
   }
   m.has_handle_ = true;
   CUmemAllocationProp prop = {};
-  RETURN_IF_CU_ERROR(d->cuMemGetAllocationPropertiesFromHandle(&prop, m.handle_),
-                     "cuMemGetAllocationPropertiesFromHandle");
+  RETURN_IF_CU_ERROR(
+      d->cuMemGetAllocationPropertiesFromHandle(&prop, m.handle_),
+      "cuMemGetAllocationPropertiesFromHandle");
   if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
     return absl::InvalidArgumentError(
         "the imported allocation is not device memory");
@@ -149,9 +150,11 @@ absl::StatusOr<VmmAllocation> VmmAllocation::Import(int fd, int64_t size,
   if (const CUresult r =
           d->cuMemMap(m.ptr_, static_cast<size_t>(size), 0, m.handle_, 0);
       r != CUDA_SUCCESS) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot map ", size, " bytes of the imported allocation (is it that "
-        "large?): ", DriverStatus(r, "cuMemMap").message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot map ", size,
+                     " bytes of the imported allocation (is it that "
+                     "large?): ",
+                     DriverStatus(r, "cuMemMap").message()));
   }
   m.mapped_ = true;
   CUmemAccessDesc access = {};

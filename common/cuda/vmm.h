@@ -36,8 +36,7 @@ class VmmAllocation {
   // is not a VMM export (a memfd, a pipe, ...), when `size` is not a
   // positive multiple of the granularity, when the allocation is smaller
   // than `size`, or when it lives on another device than `device`.
-  static absl::StatusOr<VmmAllocation> Import(int fd, int64_t size,
-                                              int device);
+  static absl::StatusOr<VmmAllocation> Import(int fd, int64_t size, int device);
 
   VmmAllocation() = default;
   VmmAllocation(VmmAllocation&& other) noexcept;
@@ -62,7 +61,7 @@ class VmmAllocation {
 
   CUmemGenericAllocationHandle handle_ = 0;
   bool has_handle_ = false;
-  CUdeviceptr ptr_ = 0;      // reserved range; 0 = none
+  CUdeviceptr ptr_ = 0;  // reserved range; 0 = none
   bool mapped_ = false;
   int64_t size_ = 0;
   int device_ = -1;

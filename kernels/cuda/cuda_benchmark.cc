@@ -250,10 +250,9 @@ int Main() {
                       prop.name, copy_bw / 1e9));
 
   // 2. Bandwidth at 64K and 1M tokens.
-  const std::vector<std::string> formats = {"V41",         "V41_FP4",
-                                            "FP4_INDEX",   "FP8_FP32SF_INDEX",
-                                            "MXFP8_INDEX", "BF16(512)",
-                                            "DS_MLA_FP8"};
+  const std::vector<std::string> formats = {
+      "V41",         "V41_FP4",   "FP4_INDEX", "FP8_FP32SF_INDEX",
+      "MXFP8_INDEX", "BF16(512)", "DS_MLA_FP8"};
   std::printf("%-18s %-16s %9s %10s %9s\n", "format", "kernel", "tokens",
               "GB/s", "of copy");
   std::vector<std::string> bw_rows;

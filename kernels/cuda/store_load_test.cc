@@ -24,8 +24,8 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr const char* kFormats[] = {
-    "V41",         "V41_FP4",   "FP4_INDEX", "FP8_FP32SF_INDEX",
-    "MXFP8_INDEX", "BF16(512)", "BF16(6)",   "BF16(4)", "DS_MLA_FP8"};
+    "V41",       "V41_FP4", "FP4_INDEX", "FP8_FP32SF_INDEX", "MXFP8_INDEX",
+    "BF16(512)", "BF16(6)", "BF16(4)",   "DS_MLA_FP8"};
 constexpr int64_t kBlockSizes[] = {1, 7, 64, 133};
 
 PoolLayout Layout(const std::string& name, int64_t block_size,

@@ -22,8 +22,8 @@
 
 namespace kvdepot::internal {
 
-void EncodePow2Record(const KVCacheFormat& f, const uint8_t* x,
-                      uint8_t* data, uint8_t* scales) {
+void EncodePow2Record(const KVCacheFormat& f, const uint8_t* x, uint8_t* data,
+                      uint8_t* scales) {
   const int group = f.elements_per_sf;
   const int tiles = f.quantized_elements / group;
   for (int t = 0; t < tiles; ++t) {

@@ -193,7 +193,8 @@ TEST(DsMlaStoreLoadTest, RoundTripBlockSizes) {
       slots[i] = i < 2 ? -1 : static_cast<int32_t>(l.num_slots() - 1 - (i - 2));
     }
     std::vector<uint8_t> pool(l.layer_bytes, 0x5A);
-    ASSERT_TRUE(Store(l, pool.data(), kv.data(), InputDtype::kBF16, slots).ok());
+    ASSERT_TRUE(
+        Store(l, pool.data(), kv.data(), InputDtype::kBF16, slots).ok());
     for (int64_t i = 0; i < n; ++i) {
       if (slots[i] < 0) continue;
       std::vector<uint8_t> want(kRec);

@@ -74,10 +74,10 @@ TEST(FusedStagesTest, RopeAndHadamardByHand) {
   p.cos_sin = cs.data();
   p.max_position = 2;
   FusedTransformToken(f, p, 1, x.data(), y.data());
-  EXPECT_EQ(y[64], 0xC000);  // -2
-  EXPECT_EQ(y[65], 0x3F80);  // 1
-  EXPECT_EQ(y[66], 0xC080);  // -4
-  EXPECT_EQ(y[67], 0x4040);  // 3
+  EXPECT_EQ(y[64], 0xC000);   // -2
+  EXPECT_EQ(y[65], 0x3F80);   // 1
+  EXPECT_EQ(y[66], 0xC080);   // -4
+  EXPECT_EQ(y[67], 0x4040);   // 3
   p.rope = RopeStyle::kNeox;  // pairs (64, 66), (65, 67)
   FusedTransformToken(f, p, 1, x.data(), y.data());
   EXPECT_EQ(y[64], 0xC040);  // -3
@@ -251,7 +251,8 @@ TEST_P(FusedFormatTest, StoreAndCastBackMatchALaterLoad) {
     p.cos_sin = cs.data();
     std::vector<uint8_t> pool(l.layer_bytes, 0x5A), want(l.layer_bytes, 0x5A);
     std::vector<uint16_t> cast(n * d, 0xAAAA);
-    ASSERT_TRUE(FusedStore(l, pool.data(), kv.data(), p, slots, cast.data()).ok());
+    ASSERT_TRUE(
+        FusedStore(l, pool.data(), kv.data(), p, slots, cast.data()).ok());
     std::vector<uint16_t> y(n * d);
     for (int64_t t = 0; t < n; ++t) {
       FusedTransformToken(f, p, pos[t], &kv[t * d], &y[t * d]);
@@ -266,9 +267,9 @@ TEST_P(FusedFormatTest, StoreAndCastBackMatchALaterLoad) {
                                static_cast<int32_t>(b * bs)});
     }
     std::vector<uint16_t> loaded(3 * bs * d);
-    ASSERT_TRUE(LoadSegments(l, pool.data(), segs, 3 * bs, loaded.data(),
-                             nullptr)
-                    .ok());
+    ASSERT_TRUE(
+        LoadSegments(l, pool.data(), segs, 3 * bs, loaded.data(), nullptr)
+            .ok());
     for (int64_t t = 3; t < n; ++t) {
       ASSERT_EQ(0, memcmp(&cast[t * d], &loaded[slots[t] * d], 2 * d))
           << "token " << t << " bs " << bs;
@@ -296,7 +297,8 @@ TEST(FusedDigestTest, SameBitsWithAndWithoutFma) {
   uint64_t h = 0xCBF29CE484222325ull;
   std::mt19937 rng(305);
   std::vector<float> cs(64 * 64);
-  for (auto& v : cs) v = std::ldexp(static_cast<float>(rng() % 2001) - 1000.0f, -10);
+  for (auto& v : cs)
+    v = std::ldexp(static_cast<float>(rng() % 2001) - 1000.0f, -10);
   for (const char* name : {"DS_MLA_FP8", "BF16(512)", "V41"}) {
     const KVCacheFormat f = F(name);
     const int32_t d = f.elements();
@@ -316,7 +318,8 @@ TEST(FusedDigestTest, SameBitsWithAndWithoutFma) {
     for (int i = 0; i < n; ++i) slots[i] = i;
     std::vector<uint8_t> pool(l.layer_bytes, 0);
     std::vector<uint16_t> cast(n * d);
-    ASSERT_TRUE(FusedStore(l, pool.data(), kv.data(), p, slots, cast.data()).ok());
+    ASSERT_TRUE(
+        FusedStore(l, pool.data(), kv.data(), p, slots, cast.data()).ok());
     h = Fnv(h, pool.data(), pool.size());
     h = Fnv(h, cast.data(), 2 * cast.size());
   }

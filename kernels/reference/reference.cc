@@ -305,7 +305,8 @@ void StorePow2(const PoolLayout& layout, uint8_t* layer, const uint8_t* kv,
   const int64_t row = 2 * static_cast<int64_t>(layout.format.elements());
   for (size_t i = 0; i < slots.size(); ++i) {
     if (slots[i] < 0) continue;
-    internal::EncodePow2Record(layout.format, kv + static_cast<int64_t>(i) * row,
+    internal::EncodePow2Record(layout.format,
+                               kv + static_cast<int64_t>(i) * row,
                                layer + layout.slot_data_offset(slots[i]),
                                layer + layout.slot_scale_offset(slots[i]));
   }
@@ -407,9 +408,8 @@ void EncodeToken(const KVCacheFormat& format, const float* x, uint8_t* data,
   if (IsPow2(format)) {  // BF16 input: the values rounded to BF16 first
     std::vector<uint16_t> bf16(static_cast<size_t>(format.elements()));
     for (size_t i = 0; i < bf16.size(); ++i) bf16[i] = FloatToBf16(x[i]);
-    internal::EncodePow2Record(format,
-                               reinterpret_cast<const uint8_t*>(bf16.data()),
-                               data, scales);
+    internal::EncodePow2Record(
+        format, reinterpret_cast<const uint8_t*>(bf16.data()), data, scales);
     return;
   }
   const auto* in = reinterpret_cast<const uint8_t*>(x);
@@ -457,9 +457,8 @@ void EncodeTokenBf16(const KVCacheFormat& format, const uint8_t* x,
       EncodeBf16<uint16_t>(format.elements(), x, data);
     } else {
       Scratch scratch(format.elements());
-      EncodeQuantized<D, F, uint16_t>(format.elements(),
-                                      format.elements_per_sf, x, data, scales,
-                                      scratch);
+      EncodeQuantized<D, F, uint16_t>(format.elements(), format.elements_per_sf,
+                                      x, data, scales, scratch);
     }
   });
 }
@@ -475,9 +474,8 @@ void DecodeTokenBf16(const KVCacheFormat& format, const uint8_t* data,
     if constexpr (D == Q::kNone) {
       memcpy(out, data, 2 * static_cast<size_t>(format.elements()));
     } else {
-      DecodeQuantized<D, F, uint16_t>(format.elements(),
-                                      format.elements_per_sf, data, scales,
-                                      out);
+      DecodeQuantized<D, F, uint16_t>(format.elements(), format.elements_per_sf,
+                                      data, scales, out);
     }
   });
 }

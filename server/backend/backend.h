@@ -106,10 +106,10 @@ class Backend {
   // memfd on the CPU backend (ValidateMemfd), a CUDA VMM export (POSIX fd)
   // of at least `size` bytes, `size` a multiple of the allocation
   // granularity, on the CUDA backend.
-  virtual absl::StatusOr<std::unique_ptr<Memory>> ImportFd(
-      UniqueFd /*fd*/, int64_t /*size*/) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the ", name(), " backend cannot import descriptors"));
+  virtual absl::StatusOr<std::unique_ptr<Memory>> ImportFd(UniqueFd /*fd*/,
+                                                           int64_t /*size*/) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the ", name(), " backend cannot import descriptors"));
   }
 
   // SPEC §4 on layer `layer` of `pool`. REQUIRES: validated input; kv holds

@@ -76,9 +76,9 @@ class CpuBackend final : public Backend {
 
   absl::StatusOr<std::unique_ptr<Memory>> ImportFd(UniqueFd fd,
                                                    int64_t size) override {
-    ASSIGN_OR_RETURN(MemfdRegion region,
-                     MemfdRegion::Import("import_buffer.fd", std::move(fd),
-                                         size));
+    ASSIGN_OR_RETURN(
+        MemfdRegion region,
+        MemfdRegion::Import("import_buffer.fd", std::move(fd), size));
     if (own_->Contains(region.dev(), region.ino())) {
       return absl::InvalidArgumentError(
           "import_buffer.fd is memory this daemon allocated (a pool or "

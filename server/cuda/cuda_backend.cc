@@ -35,7 +35,7 @@ struct Operand {
   uint8_t* ptr = nullptr;  // the caller's pointer
   int64_t bytes = 0;
   Where where = Where::kDevice;
-  int64_t offset = 0;  // inside the Staging when not kDevice
+  int64_t offset = 0;           // inside the Staging when not kDevice
   std::shared_ptr<void> fence;  // UseFence of the memory it lies in
 };
 
@@ -442,7 +442,8 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(
     return absl::FailedPreconditionError(
         "--backend=cuda: no CUDA device is visible");
   }
-  return std::unique_ptr<Backend>(new CudaBackend(*count, options.legacy_cuda_ipc));
+  return std::unique_ptr<Backend>(
+      new CudaBackend(*count, options.legacy_cuda_ipc));
 }
 
 }  // namespace kvdepot

@@ -132,10 +132,9 @@ absl::StatusOr<std::unique_ptr<CudaImport>> CudaImport::Open(
   absl::StatusOr<CudaIpcMapping> mapping = CudaIpcMapping::Open(handle);
   if (!mapping.ok()) return mapping.status();
   // Keyed by the mapping base: every import of one handle shares it.
-  std::shared_ptr<void> fence =
-      ranges->Add(mapping->base(),
-                  (mapping->data() - mapping->base()) + mapping->size(),
-                  mapping->device(), std::make_shared<UseFence>());
+  std::shared_ptr<void> fence = ranges->Add(
+      mapping->base(), (mapping->data() - mapping->base()) + mapping->size(),
+      mapping->device(), std::make_shared<UseFence>());
   std::unique_ptr<CudaImport> m(
       new CudaImport(*std::move(mapping), handle, std::move(ranges)));
   m->fence_ = std::move(fence);
@@ -160,9 +159,9 @@ absl::StatusOr<std::unique_ptr<CudaVmmImport>> CudaVmmImport::Open(
   ASSIGN_OR_RETURN(gpu::VmmAllocation vmm,
                    gpu::VmmAllocation::Import(fd.get(), size, -1));
   if (vmm.device() >= device_count) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the imported allocation is on cuda:", vmm.device(),
-        ", a device this daemon does not use"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the imported allocation is on cuda:", vmm.device(),
+                     ", a device this daemon does not use"));
   }
   std::shared_ptr<void> fence = ranges->Add(
       vmm.data(), vmm.size(), vmm.device(), std::make_shared<UseFence>());

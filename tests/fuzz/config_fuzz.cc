@@ -8,6 +8,7 @@
 // INVALID_ARGUMENT, ALREADY_EXISTS or RESOURCE_EXHAUSTED, never UNKNOWN or
 // INTERNAL; a created pool is found by its name.
 #include <unistd.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>

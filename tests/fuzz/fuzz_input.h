@@ -23,15 +23,15 @@ namespace kvdepot::fuzz {
 
 // Stops the run with a message: a property the target checks failed. The
 // replay test and libFuzzer both report an abort as a failure.
-#define FUZZ_CHECK(cond, ...)                                       \
-  do {                                                              \
-    if (!(cond)) {                                                  \
+#define FUZZ_CHECK(cond, ...)                                          \
+  do {                                                                 \
+    if (!(cond)) {                                                     \
       std::fprintf(stderr, "%s:%d: FUZZ_CHECK(%s) failed: ", __FILE__, \
-                   __LINE__, #cond);                                \
-      std::fprintf(stderr, __VA_ARGS__);                            \
-      std::fprintf(stderr, "\n");                                   \
-      std::abort();                                                 \
-    }                                                               \
+                   __LINE__, #cond);                                   \
+      std::fprintf(stderr, __VA_ARGS__);                               \
+      std::fprintf(stderr, "\n");                                      \
+      std::abort();                                                    \
+    }                                                                  \
   } while (0)
 
 class FuzzInput {
@@ -57,10 +57,20 @@ class FuzzInput {
   }
 
   int32_t Int32() {
-    static constexpr int64_t kEdges[14] = {
-        0,          -1,         1,          INT32_MAX, INT32_MAX - 1,
-        INT32_MIN,  INT32_MIN + 1, 1 << 16, (1 << 16) + 1, 1 << 24,
-        (1 << 30) + 1, 1 << 30, 65535,  1000003};
+    static constexpr int64_t kEdges[14] = {0,
+                                           -1,
+                                           1,
+                                           INT32_MAX,
+                                           INT32_MAX - 1,
+                                           INT32_MIN,
+                                           INT32_MIN + 1,
+                                           1 << 16,
+                                           (1 << 16) + 1,
+                                           1 << 24,
+                                           (1 << 30) + 1,
+                                           1 << 30,
+                                           65535,
+                                           1000003};
     const uint8_t b = Byte();
     if (b < 0xF0) return static_cast<int32_t>(b) - 16;
     if (b < 0xFE) return static_cast<int32_t>(kEdges[b - 0xF0]);
@@ -68,11 +78,20 @@ class FuzzInput {
   }
 
   int64_t Int64() {
-    static constexpr int64_t kEdges[14] = {
-        0,         -1,         INT64_MAX,       INT64_MIN,
-        INT32_MAX, INT32_MIN,  int64_t{1} << 32, (int64_t{1} << 32) + 1,
-        int64_t{1} << 62, -(int64_t{1} << 62), 0x5555555555555556,
-        -0x5555555555555556, int64_t{1} << 40, (int64_t{1} << 24) + 1};
+    static constexpr int64_t kEdges[14] = {0,
+                                           -1,
+                                           INT64_MAX,
+                                           INT64_MIN,
+                                           INT32_MAX,
+                                           INT32_MIN,
+                                           int64_t{1} << 32,
+                                           (int64_t{1} << 32) + 1,
+                                           int64_t{1} << 62,
+                                           -(int64_t{1} << 62),
+                                           0x5555555555555556,
+                                           -0x5555555555555556,
+                                           int64_t{1} << 40,
+                                           (int64_t{1} << 24) + 1};
     const uint8_t b = Byte();
     if (b < 0xF0) return static_cast<int64_t>(b) - 16;
     if (b < 0xFE) return kEdges[b - 0xF0];
@@ -88,7 +107,8 @@ class FuzzInput {
 
   // A length-prefixed byte string of at most max_len bytes.
   std::string Bytes(size_t max_len) {
-    const size_t n = static_cast<size_t>(Range(0, static_cast<int64_t>(max_len)));
+    const size_t n =
+        static_cast<size_t>(Range(0, static_cast<int64_t>(max_len)));
     return Take(n);
   }
   // Everything not read yet.
@@ -97,8 +117,11 @@ class FuzzInput {
  private:
   uint64_t Raw(int bytes) {
     uint64_t v = 0;
-    for (int i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(Byte()) << (8 * i);
-    if (bytes == 4) return static_cast<uint64_t>(static_cast<int64_t>(static_cast<int32_t>(v)));
+    for (int i = 0; i < bytes; ++i)
+      v |= static_cast<uint64_t>(Byte()) << (8 * i);
+    if (bytes == 4)
+      return static_cast<uint64_t>(
+          static_cast<int64_t>(static_cast<int32_t>(v)));
     return v;
   }
   std::string Take(size_t n) {

@@ -49,8 +49,7 @@ void FuzzConvertTopk(FuzzInput& in) {
   // The batch is valid_count's length (n only suggested it).
   for (size_t b = 0; b < valid_count.size(); ++b) {
     for (int32_t c = valid_count[b]; c < k; ++c) {
-      FUZZ_CHECK(topk[b * k + c] == -1, "topk[%zu][%d] past valid_count", b,
-                 c);
+      FUZZ_CHECK(topk[b * k + c] == -1, "topk[%zu][%d] past valid_count", b, c);
     }
   }
 }
@@ -71,8 +70,8 @@ void FuzzExpandSwaDecodeIndex(FuzzInput& in) {
   const SwaParams p = ReadSwaParams(in);
   std::vector<int32_t> out = in.Int32s(OutSize(in, Mul(n, p.window)));
   const std::vector<int32_t> before = out;
-  const absl::Status s =
-      ExpandSwaDecodeIndex(state_ids, starts, valid_lens, p, absl::MakeSpan(out));
+  const absl::Status s = ExpandSwaDecodeIndex(state_ids, starts, valid_lens, p,
+                                              absl::MakeSpan(out));
   if (!s.ok()) {
     CheckRejection(s, "ExpandSwaDecodeIndex");
     FUZZ_CHECK(out == before, "ExpandSwaDecodeIndex wrote on error");
@@ -88,9 +87,9 @@ void FuzzSwaDecodeWindows(FuzzInput& in) {
   const int64_t total_q = b.TotalQ();
   const int64_t rows = OutSize(in, total_q);
   std::vector<int32_t> ids(rows, 7), starts(rows, 7), lens(rows, 7);
-  const absl::Status s = ComputeSwaDecodeWindows(
-      b.batch, p, absl::MakeSpan(ids), absl::MakeSpan(starts),
-      absl::MakeSpan(lens));
+  const absl::Status s =
+      ComputeSwaDecodeWindows(b.batch, p, absl::MakeSpan(ids),
+                              absl::MakeSpan(starts), absl::MakeSpan(lens));
   std::vector<int32_t> dense(OutSize(in, Mul(total_q, p.window)), 7);
   const absl::Status d = BuildSwaDecodeIndex(b.batch, p, absl::MakeSpan(dense));
   if (!s.ok()) {
@@ -102,10 +101,12 @@ void FuzzSwaDecodeWindows(FuzzInput& in) {
   }
   if (!d.ok()) {
     CheckRejection(d, "BuildSwaDecodeIndex");
-    for (int32_t x : dense) FUZZ_CHECK(x == 7, "BuildSwaDecodeIndex wrote on error");
+    for (int32_t x : dense)
+      FUZZ_CHECK(x == 7, "BuildSwaDecodeIndex wrote on error");
     return;
   }
-  CheckAllIn(dense, 0, static_cast<int64_t>(p.ring_size) * p.num_states, "dense");
+  CheckAllIn(dense, 0, static_cast<int64_t>(p.ring_size) * p.num_states,
+             "dense");
   if (!s.ok()) return;
   std::vector<int32_t> expanded(dense.size(), 9);
   const absl::Status e =
@@ -120,8 +121,8 @@ void FuzzExpandSwaIndex(FuzzInput& in) {
   std::vector<int32_t> pivots = in.Int32s(Len(in, rows * kPivotFields));
   const int32_t width = in.Int32();
   const int32_t num_kv_rows = in.Int32();
-  std::vector<int32_t> out =
-      in.Int32s(OutSize(in, Mul(static_cast<int64_t>(pivots.size() / 4), width)));
+  std::vector<int32_t> out = in.Int32s(
+      OutSize(in, Mul(static_cast<int64_t>(pivots.size() / 4), width)));
   const std::vector<int32_t> before = out;
   const absl::Status s =
       ExpandSwaIndex(pivots, width, num_kv_rows, absl::MakeSpan(out));
@@ -144,9 +145,9 @@ void FuzzKvIndexCat(FuzzInput& in) {
   const int64_t width = static_cast<int64_t>(swa_width) + comp_width;
   std::vector<int32_t> out = in.Int32s(OutSize(in, Mul(rows, width)));
   const std::vector<int32_t> before = out;
-  const absl::Status s = KvIndexCat(swa, swa_width, comp, comp_width, rows,
-                                    main_kv_offset, comp_rows,
-                                    absl::MakeSpan(out));
+  const absl::Status s =
+      KvIndexCat(swa, swa_width, comp, comp_width, rows, main_kv_offset,
+                 comp_rows, absl::MakeSpan(out));
   if (!s.ok()) {
     CheckRejection(s, "KvIndexCat");
     FUZZ_CHECK(out == before, "KvIndexCat wrote on error");
@@ -162,11 +163,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace kvdepot::fuzz;
   FuzzInput in(data, size);
   switch (in.Byte() % 5) {
-    case 0: FuzzConvertTopk(in); break;
-    case 1: FuzzExpandSwaDecodeIndex(in); break;
-    case 2: FuzzSwaDecodeWindows(in); break;
-    case 3: FuzzExpandSwaIndex(in); break;
-    case 4: FuzzKvIndexCat(in); break;
+    case 0:
+      FuzzConvertTopk(in);
+      break;
+    case 1:
+      FuzzExpandSwaDecodeIndex(in);
+      break;
+    case 2:
+      FuzzSwaDecodeWindows(in);
+      break;
+    case 3:
+      FuzzExpandSwaIndex(in);
+      break;
+    case 4:
+      FuzzKvIndexCat(in);
+      break;
   }
   return 0;
 }

@@ -83,7 +83,8 @@ void FuzzStoreLoad(FuzzInput& in, const KVCacheFormat& format) {
   const bool has_math = ValidateQuantization(format).ok();
   if (l->layer_bytes > kMaxBytes || !has_math) return;
   std::vector<uint8_t> layer(l->layer_bytes);
-  for (size_t i = 0; i < layer.size(); ++i) layer[i] = static_cast<uint8_t>(i * 131);
+  for (size_t i = 0; i < layer.size(); ++i)
+    layer[i] = static_cast<uint8_t>(i * 131);
 
   // Store: mostly valid slots, sometimes duplicates or out of range.
   const int64_t n = in.Range(0, 8);
@@ -102,7 +103,8 @@ void FuzzStoreLoad(FuzzInput& in, const KVCacheFormat& format) {
   const int64_t total_k = in.Bool() ? in.Range(0, 64) : in.Int64();
   const int64_t data_row = LoadDataRowBytes(format);
   const int64_t scale_row = LoadScaleRowBytes(format);
-  if (total_k < 0 || total_k > 4096 || total_k * (data_row + scale_row) > kMaxBytes) {
+  if (total_k < 0 || total_k > 4096 ||
+      total_k * (data_row + scale_row) > kMaxBytes) {
     // Too large to allocate: only the validation runs.
     const absl::Status v = ValidateSegments(*l, segments, total_k);
     if (!v.ok()) CheckRejected(v, "ValidateSegments");
@@ -116,7 +118,8 @@ void FuzzStoreLoad(FuzzInput& in, const KVCacheFormat& format) {
   if (!t.ok()) {
     CheckRejected(t, "LoadSegments");
     for (uint8_t b : data) FUZZ_CHECK(b == 0xAB, "a rejected load wrote data");
-    for (uint8_t b : scales) FUZZ_CHECK(b == 0xCD, "a rejected load wrote scales");
+    for (uint8_t b : scales)
+      FUZZ_CHECK(b == 0xCD, "a rejected load wrote scales");
   }
 }
 
@@ -150,11 +153,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   const absl::Status v = kvdepot::ValidateFormat(*f);
-  FUZZ_CHECK(v.ok(), "a format the constructors accept fails ValidateFormat: %s",
+  FUZZ_CHECK(v.ok(),
+             "a format the constructors accept fails ValidateFormat: %s",
              v.ToString().c_str());
   absl::StatusOr<std::string> name = kvdepot::FormatName(*f);
   if (name.ok()) {
-    absl::StatusOr<kvdepot::KVCacheFormat> again = kvdepot::FormatFromName(*name);
+    absl::StatusOr<kvdepot::KVCacheFormat> again =
+        kvdepot::FormatFromName(*name);
     FUZZ_CHECK(again.ok(), "FormatName %s does not parse back", name->c_str());
   }
   if (in.Bool()) {

@@ -96,10 +96,10 @@ void FuzzBuilder(FuzzInput& in) {
       FUZZ_CHECK(!finished, "an append after Finish() succeeded");
     } else {
       // After Finish() bad arguments may be reported before the state.
-      FUZZ_CHECK(s.code() == absl::StatusCode::kInvalidArgument ||
-                     (finished &&
-                      s.code() == absl::StatusCode::kFailedPrecondition),
-                 "append: %s", s.ToString().c_str());
+      FUZZ_CHECK(
+          s.code() == absl::StatusCode::kInvalidArgument ||
+              (finished && s.code() == absl::StatusCode::kFailedPrecondition),
+          "append: %s", s.ToString().c_str());
       FUZZ_CHECK(b.total_k() == total_before &&
                      std::vector<int32_t>(b.segments().begin(),
                                           b.segments().end()) == before,
@@ -136,7 +136,8 @@ void FuzzCompressedPlan(FuzzInput& in) {
     return;
   }
   CheckPlan(seeded.b);
-  FUZZ_CHECK(cu[0] == 0 && cu.back() == seeded.b.total_k(), "cu_compressed ends");
+  FUZZ_CHECK(cu[0] == 0 && cu.back() == seeded.b.total_k(),
+             "cu_compressed ends");
   for (size_t i = 0; i + 1 < cu.size(); ++i) {
     FUZZ_CHECK(cu[i + 1] - cu[i] == p.RowsFor(batch.seqlen_k[i]),
                "sequence %zu rows", i);
@@ -177,7 +178,7 @@ void FuzzSwaPlan(FuzzInput& in) {
   }
   for (int32_t x : slots) {
     FUZZ_CHECK(x == -1 || (x >= 0 && x < static_cast<int64_t>(p.ring_size) *
-                                              p.num_states),
+                                             p.num_states),
                "slot %d", x);
   }
 }
@@ -210,8 +211,8 @@ void FuzzPrefill(FuzzInput& in) {
       OutSize(in, Mul(static_cast<int64_t>(pivots.size() / 4), window)));
   if (static_cast<int64_t>(index.size()) ==
       Mul(static_cast<int64_t>(pivots.size() / 4), window)) {
-    const absl::Status e =
-        ExpandSwaIndex(pivots, window, l->main_kv_offset, absl::MakeSpan(index));
+    const absl::Status e = ExpandSwaIndex(pivots, window, l->main_kv_offset,
+                                          absl::MakeSpan(index));
     FUZZ_CHECK(e.ok(), "the planner's pivots do not expand: %s",
                e.ToString().c_str());
   }
@@ -224,10 +225,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace kvdepot::fuzz;
   FuzzInput in(data, size);
   switch (in.Byte() % 4) {
-    case 0: FuzzBuilder(in); break;
-    case 1: FuzzCompressedPlan(in); break;
-    case 2: FuzzSwaPlan(in); break;
-    case 3: FuzzPrefill(in); break;
+    case 0:
+      FuzzBuilder(in);
+      break;
+    case 1:
+      FuzzCompressedPlan(in);
+      break;
+    case 2:
+      FuzzSwaPlan(in);
+      break;
+    case 3:
+      FuzzPrefill(in);
+      break;
   }
   return 0;
 }

@@ -29,8 +29,8 @@ inline int64_t Mul(int64_t a, int64_t b) {
 inline int64_t OutSize(FuzzInput& in, int64_t expected) {
   const uint8_t mode = in.Byte() % 8;
   if (expected >= 0 && expected <= kMaxOut && mode != 0) return expected;
-  const int64_t off = (expected >= 0 && expected <= kMaxOut ? expected : 0) +
-                      in.Range(-2, 2);
+  const int64_t off =
+      (expected >= 0 && expected <= kMaxOut ? expected : 0) + in.Range(-2, 2);
   return off < 0 ? 0 : off;
 }
 
@@ -89,8 +89,9 @@ struct BatchInput {
 
 // An error of a planner function: INVALID_ARGUMENT with a message.
 inline void CheckRejection(const absl::Status& s, const char* what) {
-  FUZZ_CHECK(s.code() == absl::StatusCode::kInvalidArgument && !s.message().empty(),
-             "%s: unexpected status %s", what, s.ToString().c_str());
+  FUZZ_CHECK(
+      s.code() == absl::StatusCode::kInvalidArgument && !s.message().empty(),
+      "%s: unexpected status %s", what, s.ToString().c_str());
 }
 
 }  // namespace kvdepot::fuzz

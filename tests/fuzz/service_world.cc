@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include "absl/time/clock.h"
-
 #include "server/cpu/cpu_backend.h"
 #include "tests/fuzz/fuzz_input.h"
 

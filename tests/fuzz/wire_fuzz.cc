@@ -16,12 +16,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int64_t max_count = in.Int64();
   const std::string bytes = in.Rest();
   std::vector<int32_t> out = {7, 7, 7};
-  const absl::Status s =
-      kvdepot::DecodeInt32s("field_x", bytes, "count_y", count, max_count, &out);
+  const absl::Status s = kvdepot::DecodeInt32s("field_x", bytes, "count_y",
+                                               count, max_count, &out);
   if (s.ok()) {
     FUZZ_CHECK(count >= 0 && count <= max_count, "count %lld max %lld",
-               static_cast<long long>(count), static_cast<long long>(max_count));
-    FUZZ_CHECK(static_cast<int64_t>(out.size()) == count, "size %zu", out.size());
+               static_cast<long long>(count),
+               static_cast<long long>(max_count));
+    FUZZ_CHECK(static_cast<int64_t>(out.size()) == count, "size %zu",
+               out.size());
     FUZZ_CHECK(bytes.size() == out.size() * 4, "bytes %zu", bytes.size());
     std::string again = "junk";
     kvdepot::EncodeInt32s(out, &again);
@@ -36,6 +38,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(out == std::vector<int32_t>({7, 7, 7}), "out changed on error");
   }
   // ReadInt32s takes any bytes (a trailing partial value is ignored).
-  FUZZ_CHECK(kvdepot::ReadInt32s(bytes).size() == bytes.size() / 4, "ReadInt32s size");
+  FUZZ_CHECK(kvdepot::ReadInt32s(bytes).size() == bytes.size() / 4,
+             "ReadInt32s size");
   return 0;
 }

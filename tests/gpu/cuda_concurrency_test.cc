@@ -177,9 +177,8 @@ TEST_F(CudaConcurrencyTest, ParallelClientsAgreeWithTheReference) {
 
 // --backend=auto picks CUDA where a GPU is visible.
 TEST_F(CudaConcurrencyTest, AutoBackendPicksCuda) {
-  absl::StatusOr<std::unique_ptr<DaemonProcess>> d =
-      DaemonProcess::Start({"--legacy_cuda_ipc", "--log_level=warn"},
-                           DaemonBinary());
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> d = DaemonProcess::Start(
+      {"--legacy_cuda_ipc", "--log_level=warn"}, DaemonBinary());
   ASSERT_TRUE(d.ok()) << d.status();
   std::unique_ptr<KVCacheClient> c = ConnectOrDie((*d)->socket_path());
   ASSERT_NE(c, nullptr);

@@ -63,8 +63,8 @@ class VmmDaemon : public ::testing::Environment {
   std::unique_ptr<DaemonProcess> daemon_;
 };
 
-VmmDaemon* const env = static_cast<VmmDaemon*>(
-    ::testing::AddGlobalTestEnvironment(new VmmDaemon));
+VmmDaemon* const env =
+    static_cast<VmmDaemon*>(::testing::AddGlobalTestEnvironment(new VmmDaemon));
 
 // Open descriptors of `pid` (-1 when /proc cannot tell).
 int CountFds(pid_t pid) {
@@ -135,9 +135,9 @@ class CudaVmmTest : public ::testing::Test {
 
 std::vector<uint8_t> ReadDevice(const uint8_t* p, int64_t n) {
   std::vector<uint8_t> host(static_cast<size_t>(n));
-  const absl::Status s = Cuda(
-      cudaMemcpy(host.data(), p, static_cast<size_t>(n), cudaMemcpyDeviceToHost),
-      "reading device memory");
+  const absl::Status s = Cuda(cudaMemcpy(host.data(), p, static_cast<size_t>(n),
+                                         cudaMemcpyDeviceToHost),
+                              "reading device memory");
   EXPECT_TRUE(s.ok()) << s;
   return host;
 }
@@ -199,19 +199,19 @@ TEST_F(CudaVmmTest, StoreFromAnImportedBufferThenLoadIntoADaemonBuffer) {
   ASSERT_OK(kvdepot::Store(layout, ref.layer(layer), kv_bf16.data(),
                            InputDtype::kBF16, slots));
   const std::vector<uint8_t> got = ReadDevice(pool->data(), layout.total_bytes);
-  EXPECT_EQ(CompareBytes(ref.bytes.data(), got.data(), layout.total_bytes,
-                         [&](int64_t o) { return DescribePoolOffset(layout, o); }),
-            "")
+  EXPECT_EQ(
+      CompareBytes(ref.bytes.data(), got.data(), layout.total_bytes,
+                   [&](int64_t o) { return DescribePoolOffset(layout, o); }),
+      "")
       << "the pool through the client's own mapping after Store";
 
   // Load whole blocks into a daemon-allocated buffer mapped by descriptor.
   std::vector<int32_t> segments;
   int64_t total_k = 0;
   for (int32_t b = 0; b < 6; ++b) {
-    segments.insert(segments.end(),
-                    {b == 4 ? -1 : b * 5, 0,
-                     static_cast<int32_t>(layout.block_size),
-                     static_cast<int32_t>(total_k)});
+    segments.insert(segments.end(), {b == 4 ? -1 : b * 5, 0,
+                                     static_cast<int32_t>(layout.block_size),
+                                     static_cast<int32_t>(total_k)});
     total_k += layout.block_size;
   }
   const int64_t data_bytes = total_k * LoadDataRowBytes(f);
@@ -231,7 +231,8 @@ TEST_F(CudaVmmTest, StoreFromAnImportedBufferThenLoadIntoADaemonBuffer) {
   *load.mutable_segments() = SegmentsProto(segments, total_k);
   const uint64_t out_id = out_reply.buffer().buffer_id();
   *load.mutable_data() = SliceRef(out_id, 0, data_bytes);
-  if (!f.do_cast) *load.mutable_scales() = SliceRef(out_id, data_bytes, scale_bytes);
+  if (!f.do_cast)
+    *load.mutable_scales() = SliceRef(out_id, data_bytes, scale_bytes);
   absl::StatusOr<v1::LoadResponse> loaded = client_->Load(load);
   ASSERT_TRUE(loaded.ok()) << "Load: " << loaded.status();
   const std::vector<uint8_t> got_out =
@@ -251,8 +252,7 @@ TEST_F(CudaVmmTest, DescriptorsThatAreNotVmmExportsAreRefused) {
   absl::StatusOr<int64_t> g = gpu::VmmAllocation::Granularity(0);
   ASSERT_TRUE(g.ok()) << g.status();
   // Warm up: one good import, so lazily opened driver descriptors exist.
-  absl::StatusOr<gpu::VmmAllocation> good =
-      gpu::VmmAllocation::Create(0, *g);
+  absl::StatusOr<gpu::VmmAllocation> good = gpu::VmmAllocation::Create(0, *g);
   ASSERT_TRUE(good.ok()) << good.status();
   {
     absl::StatusOr<UniqueFd> fd = good->ExportFd();

@@ -16,9 +16,8 @@ class DaemonEnvironment : public ::testing::Environment {
     const cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) return;  // GpuTest::SetUp reports it
     const std::string binary = DaemonBinary();
-    absl::StatusOr<std::unique_ptr<DaemonProcess>> d =
-        DaemonProcess::Start(
-            {"--backend=cuda", "--legacy_cuda_ipc", "--log_level=warn"}, binary);
+    absl::StatusOr<std::unique_ptr<DaemonProcess>> d = DaemonProcess::Start(
+        {"--backend=cuda", "--legacy_cuda_ipc", "--log_level=warn"}, binary);
     if (!d.ok()) {
       ADD_FAILURE() << "starting " << binary
                     << " --backend=cuda (set KVDEPOT_BINARY to override): "
