@@ -88,7 +88,8 @@ __global__ void __launch_bounds__(kThreads)
           Record(layer, layout.block_stride, block, slot - block * div.d);
       StoreStream16(rec + 16 * lane, q);
       if (lane == 0) StoreStream16(rec + 512, make_uint4(s0, s1, s2, s3));
-      if (lane < 8) StoreStream16(rec + kDsMlaTailOffset + 16 * lane, in[u].tail);
+      if (lane < 8)
+        StoreStream16(rec + kDsMlaTailOffset + 16 * lane, in[u].tail);
     }
   }
 }
@@ -144,8 +145,8 @@ cudaError_t LaunchDsMlaStore(const PoolLayout& layout, uint8_t* layer,
   constexpr auto kKernel = DsMlaStoreKernel<false>;
   const dim3 grid(
       PersistentGrid(n, kWarpsPerCta, ResidentCtas<kKernel, kThreads>()));
-  return LaunchKernel(kKernel, grid, dim3(kThreads), launch, layout, div,
-                      layer, kv, slots, n);
+  return LaunchKernel(kKernel, grid, dim3(kThreads), launch, layout, div, layer,
+                      kv, slots, n);
 }
 
 cudaError_t LaunchDsMlaLoad(const PoolLayout& layout, const uint8_t* layer,

@@ -18,7 +18,7 @@
 namespace kvdepot::gpu::internal {
 
 inline constexpr int kDsMlaRecord = kFormatDsMlaFp8.bytes_per_token();  // 656
-inline constexpr int kDsMlaElems = kFormatDsMlaFp8.elements();           // 576
+inline constexpr int kDsMlaElems = kFormatDsMlaFp8.elements();          // 576
 inline constexpr int kDsMlaTailOffset =
     kFormatDsMlaFp8.quantized_bytes() + kFormatDsMlaFp8.sf_bytes();  // 528
 static_assert(kFormatDsMlaFp8.elements_per_sf == 128 &&
@@ -54,7 +54,8 @@ __device__ __forceinline__ uint4 DsMlaEncode16(const float (&x)[16],
     *scale_bits = kDsMlaInfScaleBits;
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
-      w[i / 4] |= static_cast<uint32_t>(DsMlaInfTileCode(x[i])) << (8 * (i % 4));
+      w[i / 4] |= static_cast<uint32_t>(DsMlaInfTileCode(x[i]))
+                  << (8 * (i % 4));
     }
     return make_uint4(w[0], w[1], w[2], w[3]);
   }
@@ -64,9 +65,9 @@ __device__ __forceinline__ uint4 DsMlaEncode16(const float (&x)[16],
   const float inv = BitsToFloat(static_cast<uint32_t>(127 - e) << 23);  // 2^-e
 #pragma unroll
   for (int i = 0; i < 8; ++i) {  // finite, |x * 2^-e| <= 448: no NaN bytes
-    w[i / 2] |= E4M3x2<kHw>(__fmul_rn(x[2 * i], inv),
-                            __fmul_rn(x[2 * i + 1], inv))
-                << (16 * (i % 2));
+    w[i / 2] |=
+        E4M3x2<kHw>(__fmul_rn(x[2 * i], inv), __fmul_rn(x[2 * i + 1], inv))
+        << (16 * (i % 2));
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
@@ -86,8 +87,8 @@ __device__ __forceinline__ void DsMlaDecode16(uint4 q, uint32_t scale_bits,
     for (int i = 0; i < 8; ++i) {
       const uint32_t w = (&q.x)[i / 2] >> (16 * (i % 2));
       out[i] = FloatToBf16(__fmul_rn(DecodeE4M3(w & 0xFFu), scale)) |
-               (static_cast<uint32_t>(FloatToBf16(
-                    __fmul_rn(DecodeE4M3((w >> 8) & 0xFFu), scale)))
+               (static_cast<uint32_t>(
+                    FloatToBf16(__fmul_rn(DecodeE4M3((w >> 8) & 0xFFu), scale)))
                 << 16);
     }
     return;
