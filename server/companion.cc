@@ -253,19 +253,27 @@ absl::Status CompanionServer::MapPool(const Caller& caller,
   return absl::OkStatus();
 }
 
+// What a new buffer, allocated or imported, must pass first: the daemon
+// takes new work and the size is within --max_buffer_bytes.
+absl::Status CompanionServer::CheckNewBuffer(absl::string_view field,
+                                             int64_t size) const {
+  if (!accepting()) {
+    return absl::UnavailableError("kvdepot is draining: no new buffers");
+  }
+  if (size <= 0 || size > options_.max_buffer_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " = ", size, " is outside [1, ",
+                     options_.max_buffer_bytes, "] (--max_buffer_bytes)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CompanionServer::AllocateBuffer(const Caller& caller,
                                              const v1::AllocateBufferRequest& r,
                                              v1::CompanionReply* reply,
                                              UniqueFd* fd_out) {
   v1::BufferInfo* out = reply->mutable_buffer();
-  if (!accepting()) {
-    return absl::UnavailableError("kvdepot is draining: no new buffers");
-  }
-  if (r.size() <= 0 || r.size() > options_.max_buffer_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("allocate_buffer.size = ", r.size(), " is outside [1, ",
-                     options_.max_buffer_bytes, "] (--max_buffer_bytes)"));
-  }
+  RETURN_IF_ERROR(CheckNewBuffer("allocate_buffer.size", r.size()));
   ASSIGN_OR_RETURN(
       MemoryReservation reservation,
       MemoryReservation::Open(options_.budget, BudgetClientOf(caller), r.size(),
@@ -287,14 +295,7 @@ absl::Status CompanionServer::AllocateBuffer(const Caller& caller,
 absl::Status CompanionServer::ImportBuffer(const Caller& caller,
                                            const v1::ImportMemfdRequest& r,
                                            UniqueFd fd, v1::BufferInfo* out) {
-  if (!accepting()) {
-    return absl::UnavailableError("kvdepot is draining: no new buffers");
-  }
-  if (r.size() <= 0 || r.size() > options_.max_buffer_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("import_buffer.size = ", r.size(), " is outside [1, ",
-                     options_.max_buffer_bytes, "] (--max_buffer_bytes)"));
-  }
+  RETURN_IF_ERROR(CheckNewBuffer("import_buffer.size", r.size()));
   // Imported memory counts in the importing client's budget: the daemon
   // maps it and would be the one to fault on it.
   ASSIGN_OR_RETURN(

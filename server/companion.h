@@ -93,6 +93,7 @@ class CompanionServer {
   // Set reply's pool or buffer, fd_size and fd_device.
   absl::Status MapPool(const Caller& caller, const v1::MapPoolRequest& r,
                        v1::CompanionReply* reply, UniqueFd* fd_out);
+  absl::Status CheckNewBuffer(absl::string_view field, int64_t size) const;
   absl::Status AllocateBuffer(const Caller& caller,
                               const v1::AllocateBufferRequest& r,
                               v1::CompanionReply* reply, UniqueFd* fd_out);
