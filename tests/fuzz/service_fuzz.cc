@@ -6,9 +6,10 @@
 // bytes are skipped) and handed to the handler: decode, validate, plan,
 // CPU backend. Verify, a server stream, goes through an in-process gRPC
 // channel. Fix-ups keep inputs meaningful and the host safe: session_id
-// "s" is the live session; an ImportBuffer shm_name "i" is an object the
-// harness created, any other name gets a prefix no object has (the fuzzer
-// must not map other processes' memory).
+// "s" is the live session; every ImportBuffer shm_name gets a prefix no
+// object has (the CPU backend refuses gRPC imports anyway, but the fuzzer
+// must never map other processes' memory). Imported memory is a memfd the
+// world imported as buffer 2, as the companion socket would.
 // Property: no crash, no sanitizer report, never UNKNOWN (an exception or an
 // unconverted error) or INTERNAL.
 #include <grpcpp/grpcpp.h>
@@ -19,7 +20,6 @@
 #include <memory>
 #include <string>
 
-#include "common/shm.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "kvdepot/v1/kvdepot.grpc.pb.h"
@@ -55,7 +55,6 @@ struct Harness {
   VerifyForwarder forwarder;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<v1::KVCache::Stub> stub;
-  ShmRegion import;  // what ImportBuffer "i" names
 
   Harness() {
     grpc::ServerBuilder builder;
@@ -64,20 +63,11 @@ struct Harness {
     FUZZ_CHECK(server != nullptr, "in-process server");
     stub = v1::KVCache::NewStub(
         server->InProcessChannel(grpc::ChannelArguments()));
-    absl::StatusOr<ShmRegion> r = ShmRegion::Create(int64_t{1} << 20, 0600);
-    FUZZ_CHECK(r.ok(), "shm: %s", r.status().ToString().c_str());
-    import = *std::move(r);
   }
 };
 
 Harness& GetHarness() {
-  static Harness* h = [] {
-    auto* harness = new Harness();  // lives as long as the process
-    // Unlink the import object at exit (replay main returns, libFuzzer
-    // calls exit()); only a crash leaves it in /dev/shm.
-    std::atexit([] { GetHarness().import = ShmRegion(); });
-    return harness;
-  }();
+  static Harness* h = new Harness();  // lives as long as the process
   return *h;
 }
 
@@ -93,10 +83,8 @@ void FixUp(const World& w, google::protobuf::Message* m) {
   if (auto* imp = dynamic_cast<v1::ImportBufferRequest*>(m);
       imp != nullptr && imp->handle().has_shm_name()) {
     const std::string& name = imp->handle().shm_name();
-    imp->mutable_handle()->set_shm_name(
-        name == "i"
-            ? GetHarness().import.name()
-            : "/kvdepot-fuzz-absent-" + name.substr(name.empty() ? 0 : 1));
+    imp->mutable_handle()->set_shm_name("/kvdepot-fuzz-absent-" +
+                                        name.substr(name.empty() ? 0 : 1));
   }
 }
 

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "absl/time/clock.h"
+#include "common/memfd.h"
 #include "server/cpu/cpu_backend.h"
 #include "tests/fuzz/fuzz_input.h"
 
@@ -53,6 +54,17 @@ ServiceWorld::ServiceWorld()
   absl::StatusOr<std::shared_ptr<Buffer>> buffer =
       sessions.AddBuffer(*caller, *std::move(memory));
   FUZZ_CHECK(buffer.ok() && (*buffer)->id == 1, "buffer 1");
+  // Buffer 2: a client's memfd, validated and mapped like an import_buffer
+  // on the companion socket (the daemon keeps its own mapping).
+  absl::StatusOr<MemfdRegion> own = MemfdRegion::Create("fuzz-client", 1 << 20);
+  FUZZ_CHECK(own.ok(), "memfd: %s", own.status().ToString().c_str());
+  absl::StatusOr<UniqueFd> fd = own->Dup();
+  FUZZ_CHECK(fd.ok(), "dup");
+  absl::StatusOr<std::unique_ptr<Memory>> imported =
+      backend->ImportFd(*std::move(fd), int64_t{1} << 20);
+  FUZZ_CHECK(imported.ok(), "import: %s", imported.status().ToString().c_str());
+  buffer = sessions.AddBuffer(*caller, *std::move(imported));
+  FUZZ_CHECK(buffer.ok() && (*buffer)->id == 2, "buffer 2");
 }
 
 ServiceWorld::~ServiceWorld() {
