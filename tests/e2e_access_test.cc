@@ -270,6 +270,76 @@ TEST(AccessTest, DescriptorsThatAreNotSealedMemfdsAreRefusedWithoutLeaks) {
   EXPECT_EQ(st->buffers(), 0);
 }
 
+// The daemon's own memory handed back as a client's (a pool's or an
+// allocated buffer's memfd) and one client memfd imported twice (by the
+// same session or another) are refused; nothing is added, and a memfd
+// whose buffer was released may be imported again.
+TEST(AccessTest, DaemonMemoryAndDoubleImportsAreRefused) {
+  LoggedDaemon d;
+  std::unique_ptr<KVCacheClient> a = ConnectOrDie(d.socket());
+  std::unique_ptr<KVCacheClient> b = ConnectOrDie(d.socket());
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  const int64_t size = 64 << 10;
+  auto import = [](KVCacheClient& c, int fd, int64_t declared) {
+    v1::CompanionRequest r;
+    r.mutable_import_buffer()->set_size(declared);
+    return c.companion()->Call(r, fd, nullptr);
+  };
+  auto buffers = [&]() {
+    absl::StatusOr<v1::StatsResponse> st = a->Stats();
+    EXPECT_TRUE(st.ok());
+    return st.ok() ? st->buffers() : -1;
+  };
+  // A buffer the daemon allocated, handed back by its session and another.
+  v1::CompanionRequest alloc;
+  alloc.mutable_allocate_buffer()->set_size(size);
+  UniqueFd daemon_fd;
+  ASSERT_TRUE(a->companion()->Call(alloc, -1, &daemon_fd).ok());
+  ASSERT_EQ(buffers(), 1);
+  for (KVCacheClient* c : {a.get(), b.get()}) {
+    absl::StatusOr<v1::CompanionReply> r = import(*c, daemon_fd.get(), size);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(r.status().message()),
+                HasSubstr("memory this daemon allocated"));
+  }
+  // A pool's memfd, likewise.
+  ASSERT_TRUE(a->CreatePool(PoolRequest("p", "V41", 0, 4, 4, 1)).ok());
+  v1::CompanionRequest map;
+  map.mutable_map_pool()->set_name("p");
+  UniqueFd pool_fd;
+  absl::StatusOr<v1::CompanionReply> mapped =
+      a->companion()->Call(map, -1, &pool_fd);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  EXPECT_THAT(std::string(import(*a, pool_fd.get(),
+                                 mapped->pool().layout().total_bytes())
+                              .status()
+                              .message()),
+              HasSubstr("memory this daemon allocated"));
+  EXPECT_EQ(buffers(), 1);
+  // A client's memfd: the first import is accepted, a second one (same
+  // session, another session, another descriptor of it) is not.
+  absl::StatusOr<MemfdRegion> own = MemfdRegion::Create("own", size);
+  ASSERT_TRUE(own.ok());
+  absl::StatusOr<v1::CompanionReply> first = import(*a, own->fd(), size);
+  ASSERT_TRUE(first.ok()) << first.status();
+  absl::StatusOr<UniqueFd> dup = own->Dup();
+  ASSERT_TRUE(dup.ok());
+  for (KVCacheClient* c : {a.get(), b.get()}) {
+    for (int fd : {own->fd(), dup->get()}) {
+      absl::StatusOr<v1::CompanionReply> r = import(*c, fd, size);
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(std::string(r.status().message()),
+                  HasSubstr("already imported"));
+    }
+  }
+  EXPECT_EQ(buffers(), 2);
+  // Released, the memfd is the client's alone again: importable once more.
+  ASSERT_TRUE(a->ReleaseBuffer(first->buffer().buffer_id()).ok());
+  EXPECT_TRUE(import(*b, own->fd(), size).ok());
+  EXPECT_EQ(buffers(), 2);
+}
+
 TEST(AccessTest, TooManyDescriptorsInOneMessageAreAllClosed) {
   LoggedDaemon d;
   std::unique_ptr<KVCacheClient> c = ConnectOrDie(d.socket());

@@ -15,13 +15,20 @@
 namespace kvdepot {
 namespace {
 
-// The identities of the memfds this backend created: an import of one of
-// them (a client handing a pool back as its "own" buffer) is refused.
-class OwnMemfds {
+// Identities (st_dev, st_ino) of memfds: the ones this backend created (an
+// import of one of them, a client handing a pool back as its "own" buffer,
+// is refused) and the ones it imported (an import of the same memfd again,
+// while the first is alive, is refused: one client memfd is one buffer).
+class MemfdIds {
  public:
   void Add(dev_t dev, ino_t ino) {
     absl::MutexLock lock(&mu_);
     ids_.insert({dev, ino});
+  }
+  // False when the identity is there already.
+  bool TryAdd(dev_t dev, ino_t ino) {
+    absl::MutexLock lock(&mu_);
+    return ids_.insert({dev, ino}).second;
   }
   void Remove(dev_t dev, ino_t ino) {
     absl::MutexLock lock(&mu_);
@@ -37,27 +44,27 @@ class OwnMemfds {
   absl::flat_hash_set<std::pair<dev_t, ino_t>> ids_ ABSL_GUARDED_BY(mu_);
 };
 
+// A memfd region whose identity is in `ids` (added by the creator) until
+// the region is freed.
 class MemfdMemory final : public Memory {
  public:
-  MemfdMemory(MemfdRegion region, std::shared_ptr<OwnMemfds> own)
-      : region_(std::move(region)), own_(std::move(own)) {
-    if (own_ != nullptr) own_->Add(region_.dev(), region_.ino());
-  }
-  ~MemfdMemory() override {
-    if (own_ != nullptr) own_->Remove(region_.dev(), region_.ino());
-  }
+  MemfdMemory(MemfdRegion region, std::shared_ptr<MemfdIds> ids)
+      : region_(std::move(region)), ids_(std::move(ids)) {}
+  ~MemfdMemory() override { ids_->Remove(region_.dev(), region_.ino()); }
   uint8_t* data() const override { return region_.data(); }
   int64_t size() const override { return region_.size(); }
   absl::StatusOr<UniqueFd> ExportFd() const override { return region_.Dup(); }
 
  private:
   MemfdRegion region_;
-  std::shared_ptr<OwnMemfds> own_;  // null for imported memory
+  std::shared_ptr<MemfdIds> ids_;
 };
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend() : own_(std::make_shared<OwnMemfds>()) {}
+  CpuBackend()
+      : own_(std::make_shared<MemfdIds>()),
+        imported_(std::make_shared<MemfdIds>()) {}
 
   absl::string_view name() const override { return "cpu"; }
 
@@ -71,6 +78,7 @@ class CpuBackend final : public Backend {
   absl::StatusOr<std::unique_ptr<Memory>> Allocate(
       int64_t size, absl::string_view /*device*/) override {
     ASSIGN_OR_RETURN(MemfdRegion region, MemfdRegion::Create("kvdepot", size));
+    own_->Add(region.dev(), region.ino());
     return std::make_unique<MemfdMemory>(std::move(region), own_);
   }
 
@@ -84,7 +92,13 @@ class CpuBackend final : public Backend {
           "import_buffer.fd is memory this daemon allocated (a pool or "
           "buffer); address it by its name or buffer id instead");
     }
-    return std::make_unique<MemfdMemory>(std::move(region), nullptr);
+    if (!imported_->TryAdd(region.dev(), region.ino())) {
+      return absl::InvalidArgumentError(
+          "import_buffer.fd is a memfd already imported as a buffer (by this "
+          "or another session); name that buffer (Grant shares it) instead of "
+          "importing it again");
+    }
+    return std::make_unique<MemfdMemory>(std::move(region), imported_);
   }
 
   absl::Status Store(const PoolLayout& layout, const Memory& pool,
@@ -102,7 +116,8 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  std::shared_ptr<OwnMemfds> own_;
+  std::shared_ptr<MemfdIds> own_;       // pools and allocated buffers
+  std::shared_ptr<MemfdIds> imported_;  // clients' memfds, imported
 };
 
 }  // namespace
