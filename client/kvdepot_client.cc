@@ -3,6 +3,8 @@
 #include <grpcpp/support/client_interceptor.h>
 
 #include <chrono>
+#include <fstream>
+#include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -51,6 +53,37 @@ class SessionInterceptorFactory
  private:
   std::shared_ptr<std::string> id_;
 };
+
+// The channel credentials `options` ask for: mutual TLS from PEM files, or
+// plaintext.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> CredentialsFor(
+    const ClientOptions& options) {
+  if (options.tls_ca_path.empty() && options.tls_cert_path.empty() &&
+      options.tls_key_path.empty()) {
+    return grpc::InsecureChannelCredentials();
+  }
+  grpc::SslCredentialsOptions ssl;
+  struct File {
+    const char* field;
+    const std::string& path;
+    std::string* out;
+  };
+  for (const File& f :
+       {File{"tls_ca_path", options.tls_ca_path, &ssl.pem_root_certs},
+        File{"tls_cert_path", options.tls_cert_path, &ssl.pem_cert_chain},
+        File{"tls_key_path", options.tls_key_path, &ssl.pem_private_key}}) {
+    std::ifstream in(f.path);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (f.path.empty() || !in || text.str().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(f.field, " = \"", f.path,
+                       "\": mutual TLS needs all three PEM files readable"));
+    }
+    *f.out = text.str();
+  }
+  return grpc::SslCredentials(ssl);
+}
 
 }  // namespace
 
@@ -115,10 +148,17 @@ absl::StatusOr<std::unique_ptr<KVCacheClient>> KVCacheClient::Connect(
       interceptors;
   interceptors.push_back(
       std::make_unique<SessionInterceptorFactory>(session_id));
+  if (!socket.empty() &&
+      (!options.tls_ca_path.empty() || !options.tls_cert_path.empty())) {
+    return absl::InvalidArgumentError(
+        "tls_*: TLS is for TCP; a Unix socket is protected by its directory "
+        "and the companion socket's peer credentials");
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                   CredentialsFor(options));
   std::shared_ptr<grpc::Channel> channel =
       grpc::experimental::CreateCustomChannelWithInterceptors(
-          target, grpc::InsecureChannelCredentials(), args,
-          std::move(interceptors));
+          target, credentials, args, std::move(interceptors));
   if (!channel->WaitForConnected(
           std::chrono::system_clock::now() +
           absl::ToChronoMilliseconds(options.connect_timeout))) {
@@ -128,8 +168,11 @@ absl::StatusOr<std::unique_ptr<KVCacheClient>> KVCacheClient::Connect(
   }
   std::unique_ptr<KVCacheClient> client(new KVCacheClient(
       options, target, std::move(channel), session_id, std::move(companion)));
-  if (options.open_session && socket.empty()) {
-    // TCP: an anonymous lease session (SPEC §11).
+  if (options.open_session && socket.empty() && !options.tcp_lease_session) {
+    // TCP: a session that lives as long as its stream (SPEC §11).
+    RETURN_IF_ERROR(client->OpenTcpSession());
+  } else if (options.open_session && socket.empty()) {
+    // TCP: an anonymous lease session.
     v1::OpenSessionRequest r;
     r.set_client_name(options.client_name);
     r.set_lease_ms(absl::ToInt64Milliseconds(options.lease));
@@ -145,6 +188,27 @@ absl::StatusOr<std::unique_ptr<KVCacheClient>> KVCacheClient::Connect(
     }
   }
   return client;
+}
+
+absl::Status KVCacheClient::OpenTcpSession() {
+  tcp_sessions_ = v1::TcpSessions::NewStub(channel_);
+  // No deadline: the session lives as long as the call.
+  tcp_session_ctx_ = std::make_unique<grpc::ClientContext>();
+  v1::OpenSessionRequest r;
+  r.set_client_name(options_.client_name);
+  tcp_session_ = tcp_sessions_->Open(tcp_session_ctx_.get(), r);
+  v1::SessionEvent event;
+  if (!tcp_session_->Read(&event)) {
+    absl::Status s = FromGrpcStatus(tcp_session_->Finish());
+    tcp_session_.reset();
+    return s.ok() ? absl::UnavailableError(
+                        "the daemon ended the session stream at once")
+                  : s;
+  }
+  *session_id_ = event.session_id();
+  tcp_session_number_ = event.session_number();
+  tls_subject_ = event.tls_subject();
+  return absl::OkStatus();
 }
 
 void KVCacheClient::KeepAliveLoop(absl::Duration period) {
@@ -164,6 +228,15 @@ KVCacheClient::~KVCacheClient() {
     stopping_ = true;
   }
   if (keep_alive_.joinable()) keep_alive_.join();
+  if (tcp_session_ != nullptr) {
+    // The session ends with its stream.
+    tcp_session_ctx_->TryCancel();
+    v1::SessionEvent e;
+    while (tcp_session_->Read(&e)) {
+    }
+    (void)tcp_session_->Finish();
+    return;
+  }
   // A companion session ends when its connection closes (companion_).
   if (companion_ == nullptr && !session_id_->empty()) {
     v1::CloseSessionRequest r;

@@ -1,7 +1,9 @@
 // The C++ client of kvdepot. Connects (default: the daemon's default Unix
 // socket), opens a session on the companion socket (after checking the
-// socket directory and the daemon's uid; over TCP: an anonymous lease
-// session kept alive by a background thread), attaches the session id to
+// socket directory and the daemon's uid; over TCP: a TcpSessions.Open
+// stream held for the client's life, identified by its TLS certificate
+// when one is given, or an anonymous lease session kept alive by a
+// background thread when asked for), attaches the session id to
 // every call, wraps every RPC as absl::StatusOr, and maps pools and buffers
 // from descriptors the daemon hands over (pools cached per name).
 //
@@ -43,6 +45,15 @@ struct ClientOptions {
   // $KVDEPOT_DAEMON_UID, else the client's own uid or root.
   int64_t expected_daemon_uid = -1;
   absl::Duration lease = absl::ZeroDuration();
+  // TCP: the old anonymous lease session (OpenSession + KeepAlive) instead
+  // of a session stream.
+  bool tcp_lease_session = false;
+  // TCP with mutual TLS: PEM files of the roots the daemon's certificate
+  // chains to, and of this client's certificate chain and key (its
+  // identity: the certificate's subject). All empty = plaintext (loopback).
+  std::string tls_ca_path;
+  std::string tls_cert_path;
+  std::string tls_key_path;
   // Renew the lease from a background thread every lease / 3.
   bool keep_alive = true;
   // Per-call deadline.
@@ -64,10 +75,14 @@ class KVCacheClient {
 
   const std::string& target() const { return target_; }
   const std::string& session_id() const { return *session_id_; }
-  // The public number of the session (for Grant), 0 over TCP.
+  // The public number of the session (for Grant), 0 for a lease session.
   uint64_t session_number() const {
-    return companion_ != nullptr ? companion_->hello().session_number() : 0;
+    return companion_ != nullptr ? companion_->hello().session_number()
+                                 : tcp_session_number_;
   }
+  // The identity a TCP session stream was given (the certificate's
+  // subject; "" = anonymous or not a stream session).
+  const std::string& tls_subject() const { return tls_subject_; }
   // The companion connection (null over TCP or without a session).
   CompanionConnection* companion() const { return companion_.get(); }
   v1::KVCache::Stub* stub() const { return stub_.get(); }
@@ -119,6 +134,8 @@ class KVCacheClient {
                 std::shared_ptr<std::string> session_id,
                 std::unique_ptr<CompanionConnection> companion);
   void KeepAliveLoop(absl::Duration period);
+  // Opens the TcpSessions stream and reads its first event.
+  absl::Status OpenTcpSession();
 
   const ClientOptions options_;
   const std::string target_;
@@ -128,6 +145,12 @@ class KVCacheClient {
   // OpenSession, never changed after.
   std::shared_ptr<std::string> session_id_;
   std::unique_ptr<CompanionConnection> companion_;
+  // A TCP session stream: the session lives until it is cancelled.
+  std::unique_ptr<v1::TcpSessions::Stub> tcp_sessions_;
+  std::unique_ptr<grpc::ClientContext> tcp_session_ctx_;
+  std::unique_ptr<grpc::ClientReader<v1::SessionEvent>> tcp_session_;
+  uint64_t tcp_session_number_ = 0;
+  std::string tls_subject_;
 
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<PoolMapping>> pools_

@@ -2,7 +2,9 @@
 //
 // A Caller is resolved from the session a request carries: a peer session
 // (created on the companion socket, with the peer's SO_PEERCRED uid/gid),
-// an anonymous session (OpenSession, the TCP path) or none. Objects carry an
+// a TCP session stream (TcpSessions.Open; identified by the mutual-TLS
+// client certificate's subject, or anonymous on plain loopback TCP), an
+// anonymous lease session (OpenSession) or none. Objects carry an
 // owner and an Acl; the admin identity (the daemon's uid, root, and the
 // configured admin uids/gids) may delete any pool and Drain.
 //
@@ -27,13 +29,43 @@ struct Caller {
   bool peer = false;     // credentials known (companion socket)
   uid_t uid = 0;         // valid when peer
   gid_t gid = 0;         // valid when peer
+  // The mutual-TLS client certificate's subject of a TCP session stream;
+  // "" for peers and anonymous sessions.
+  std::string tls_subject;
   bool admin = false;
 
   bool authenticated() const { return session != 0; }
+  bool anonymous() const { return !peer && tls_subject.empty(); }
 };
 
-// Whom a caller's memory counts against in the memory budget: its uid for
-// a peer session ("uid 1000"), else its session ("session 7").
+// Longest TLS subject accepted (a session's identity, a grant), and the
+// most subjects one Grant may add.
+inline constexpr size_t kMaxTlsSubjectBytes = 1024;
+inline constexpr int kMaxTlsSubjectsPerGrant = 64;
+
+// INVALID_ARGUMENT naming `field` unless `subject` has 1 to
+// kMaxTlsSubjectBytes bytes.
+absl::Status CheckTlsSubject(absl::string_view field,
+                             absl::string_view subject);
+
+// Who owns an object: a uid (peers; the daemon's uid for config pools) or,
+// for objects a TLS session created, its certificate subject.
+struct Owner {
+  uid_t uid = 0;
+  std::string tls_subject;  // non-empty: owned by this subject, not a uid
+
+  bool Is(const Caller& c) const;
+  // "uid 1000" or "tls subject \"CN=a\"" (escaped, at most 64 bytes).
+  std::string Describe() const;
+};
+
+// How a caller is named in messages: "uid 1000", "tls subject \"CN=a\""
+// (escaped, at most 64 bytes) or "anonymous".
+std::string DescribeCaller(const Caller& c);
+
+// Whom a caller's memory and its per-client limits count against: its uid
+// for a peer session ("uid 1000"), its certificate subject for a TLS
+// session ("tls CN=a,O=b"), else its session ("session 7").
 std::string BudgetClientOf(const Caller& c);
 
 // An access list: who besides the owner may use an object.
@@ -41,7 +73,9 @@ struct Acl {
   absl::flat_hash_set<uid_t> uids;
   absl::flat_hash_set<gid_t> gids;
   absl::flat_hash_set<uint64_t> sessions;
-  bool anonymous = false;  // anonymous sessions too (config only)
+  absl::flat_hash_set<std::string> tls_subjects;  // TLS session identities
+  // Every session that is not a peer's (anonymous and TLS; config only).
+  bool anonymous = false;
 
   bool Allows(const Caller& c) const;
   void Merge(const Acl& other);
@@ -52,8 +86,10 @@ struct AdminPolicy {
   uid_t daemon_uid = 0;
   absl::flat_hash_set<uid_t> uids;
   absl::flat_hash_set<gid_t> gids;
+  absl::flat_hash_set<std::string> tls_subjects;  // config admin_tls_subjects
 
   bool IsAdmin(uid_t uid, gid_t gid) const;
+  bool IsAdminSubject(absl::string_view tls_subject) const;
 };
 
 // UNAUTHENTICATED unless the caller has a session (the message never

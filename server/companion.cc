@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/fd_passing.h"
 #include "common/status_macros.h"
+#include "server/limits.h"
 #include "spdlog/spdlog.h"
 
 namespace kvdepot {
@@ -94,8 +95,13 @@ void CompanionServer::AcceptLoop() {
     }
     ReapFinishedLocked();
     if (static_cast<int>(conns_.size()) >= options_.max_connections) {
-      spdlog::warn("rpc=companion status=RESOURCE_EXHAUSTED connections={}",
-                   conns_.size());
+      spdlog::warn(
+          "rpc=companion status=RESOURCE_EXHAUSTED connections={} "
+          "reason=limit_companion_connections",
+          conns_.size());
+      if (options_.metrics != nullptr) {
+        options_.metrics->RecordLimit(Limit::kCompanionConnections);
+      }
       continue;  // closed by `fd`
     }
     auto conn = std::make_unique<Connection>();
@@ -206,6 +212,10 @@ v1::CompanionReply CompanionServer::Handle(Connection* conn,
     fd_out->reset();
     reply.set_code(static_cast<int>(status.code()));
     reply.set_message(std::string(status.message()));
+    if (std::optional<Limit> limit = LimitOf(status);
+        limit.has_value() && options_.metrics != nullptr) {
+      options_.metrics->RecordLimit(*limit);
+    }
     spdlog::info("rpc={} session={} status={} error=\"{}\"", rpc, conn->session,
                  absl::StatusCodeToString(status.code()),
                  ForLog(status.message()));
@@ -254,8 +264,10 @@ absl::Status CompanionServer::MapPool(const Caller& caller,
 }
 
 // What a new buffer, allocated or imported, must pass first: the daemon
-// takes new work and the size is within --max_buffer_bytes.
-absl::Status CompanionServer::CheckNewBuffer(absl::string_view field,
+// takes new work, the size is within --max_buffer_bytes and the connection
+// may hold one more descriptor.
+absl::Status CompanionServer::CheckNewBuffer(const Caller& caller,
+                                             absl::string_view field,
                                              int64_t size) const {
   if (!accepting()) {
     return absl::UnavailableError("kvdepot is draining: no new buffers");
@@ -265,6 +277,18 @@ absl::Status CompanionServer::CheckNewBuffer(absl::string_view field,
         absl::StrCat(field, " = ", size, " is outside [1, ",
                      options_.max_buffer_bytes, "] (--max_buffer_bytes)"));
   }
+  // Requests of one connection run one at a time: no other can add a
+  // buffer between this count and the AddBuffer that follows.
+  const int64_t held = sessions_->BufferCount(caller.session);
+  if (held >= options_.max_descriptors_per_connection) {
+    return LimitExceeded(
+        Limit::kDescriptorsPerConnection,
+        absl::StrCat(field, ": this companion connection already holds ", held,
+                     " descriptors (one per buffer), the most one connection "
+                     "may hold (--max_descriptors_per_connection = ",
+                     options_.max_descriptors_per_connection,
+                     "); release a buffer first"));
+  }
   return absl::OkStatus();
 }
 
@@ -273,7 +297,7 @@ absl::Status CompanionServer::AllocateBuffer(const Caller& caller,
                                              v1::CompanionReply* reply,
                                              UniqueFd* fd_out) {
   v1::BufferInfo* out = reply->mutable_buffer();
-  RETURN_IF_ERROR(CheckNewBuffer("allocate_buffer.size", r.size()));
+  RETURN_IF_ERROR(CheckNewBuffer(caller, "allocate_buffer.size", r.size()));
   ASSIGN_OR_RETURN(
       MemoryReservation reservation,
       MemoryReservation::Open(options_.budget, BudgetClientOf(caller), r.size(),
@@ -295,7 +319,7 @@ absl::Status CompanionServer::AllocateBuffer(const Caller& caller,
 absl::Status CompanionServer::ImportBuffer(const Caller& caller,
                                            const v1::ImportMemfdRequest& r,
                                            UniqueFd fd, v1::BufferInfo* out) {
-  RETURN_IF_ERROR(CheckNewBuffer("import_buffer.size", r.size()));
+  RETURN_IF_ERROR(CheckNewBuffer(caller, "import_buffer.size", r.size()));
   // Imported memory counts in the importing client's budget: the daemon
   // maps it and would be the one to fault on it.
   ASSIGN_OR_RETURN(

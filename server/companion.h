@@ -29,6 +29,7 @@
 #include "kvdepot/v1/kvdepot.pb.h"
 #include "server/backend/backend.h"
 #include "server/memory_budget.h"
+#include "server/metrics.h"
 #include "server/pools.h"
 #include "server/sessions.h"
 
@@ -41,7 +42,12 @@ struct CompanionOptions {
   std::string path;  // the socket file (claimed by the caller)
   gid_t group = -1;  // chown the socket to this group; -1 = keep
   int max_connections = 256;
+  // Descriptors the daemon holds for one connection: one memfd (or VMM
+  // export) per buffer its session holds, allocated or imported.
+  int64_t max_descriptors_per_connection = 256;
   int64_t max_buffer_bytes = int64_t{16} << 30;
+  // Counts refusals by limit (null = not counted).
+  ServerMetrics* metrics = nullptr;
   // What allocated and imported buffers are admitted against, counted for
   // their session's client (BudgetClientOf); null = no admission.
   MemoryBudget* budget = nullptr;
@@ -93,7 +99,8 @@ class CompanionServer {
   // Set reply's pool or buffer, fd_size and fd_device.
   absl::Status MapPool(const Caller& caller, const v1::MapPoolRequest& r,
                        v1::CompanionReply* reply, UniqueFd* fd_out);
-  absl::Status CheckNewBuffer(absl::string_view field, int64_t size) const;
+  absl::Status CheckNewBuffer(const Caller& caller, absl::string_view field,
+                              int64_t size) const;
   absl::Status AllocateBuffer(const Caller& caller,
                               const v1::AllocateBufferRequest& r,
                               v1::CompanionReply* reply, UniqueFd* fd_out);

@@ -147,6 +147,12 @@ absl::Status Daemon::ApplyConfig() {
   admin.daemon_uid = geteuid();
   admin.uids.insert(config.admin_uids().begin(), config.admin_uids().end());
   admin.gids.insert(config.admin_gids().begin(), config.admin_gids().end());
+  for (int i = 0; i < config.admin_tls_subjects_size(); ++i) {
+    RETURN_IF_ERROR(
+        CheckTlsSubject(absl::StrCat("--config admin_tls_subjects[", i, "]"),
+                        config.admin_tls_subjects(i)));
+    admin.tls_subjects.insert(config.admin_tls_subjects(i));
+  }
   if (options_.admin_gid != static_cast<gid_t>(-1)) {
     admin.gids.insert(options_.admin_gid);
   }
@@ -171,6 +177,12 @@ absl::Status Daemon::ApplyConfig() {
     acl.uids.insert(g.uids().begin(), g.uids().end());
     acl.gids.insert(g.gids().begin(), g.gids().end());
     acl.anonymous = g.anonymous();
+    for (int j = 0; j < g.tls_subjects_size(); ++j) {
+      RETURN_IF_ERROR(CheckTlsSubject(
+          absl::StrCat("--config grants[", i, "].tls_subjects[", j, "]"),
+          g.tls_subjects(j)));
+      acl.tls_subjects.insert(g.tls_subjects(j));
+    }
     (*pool)->Grant(acl);
   }
   return absl::OkStatus();
@@ -220,12 +232,19 @@ absl::Status Daemon::Init() {
                                                    metrics_.get());
   pools_ = std::make_unique<PoolRegistry>(
       backend_.get(), options_.max_pool_bytes, memory_budget_.get());
+  pools_->set_max_pools(options_.max_pools);
   sessions_ = std::make_unique<SessionManager>(options_.sessions);
   ServiceOptions service_options = options_.service;
   service_options.metrics = metrics_.get();
   service_options.memory_budget = memory_budget_.get();
   service_ = std::make_unique<KVCacheService>(backend_.get(), pools_.get(),
                                               sessions_.get(), service_options);
+  {
+    KVCacheService* service = service_.get();
+    tcp_sessions_ = std::make_unique<TcpSessionService>(
+        sessions_.get(), [service] { return !service->draining(); },
+        metrics_.get());
+  }
   service_->set_drain_hook([this] {
     if (server_ != nullptr) {
       server_->GetHealthCheckService()->SetServingStatus(false);
@@ -281,6 +300,8 @@ absl::Status Daemon::Init() {
     co.group = options_.socket_group;
     co.max_buffer_bytes = options_.service.max_buffer_bytes;
     co.budget = memory_budget_.get();
+    co.max_descriptors_per_connection = options_.max_descriptors_per_connection;
+    co.metrics = metrics_.get();
     KVCacheService* service = service_.get();
     co.accepting = [service] { return !service->draining(); };
     absl::StatusOr<std::unique_ptr<CompanionServer>> companion =
@@ -316,6 +337,7 @@ absl::Status Daemon::Init() {
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
                              options_.max_streams_per_connection);
   builder.RegisterService(service_.get());
+  builder.RegisterService(tcp_sessions_.get());
   server_ = builder.BuildAndStart();
   if (server_ == nullptr) {
     return absl::UnavailableError(
@@ -376,6 +398,9 @@ void Daemon::Shutdown() {
   const bool served = reaper_.joinable();
   if (served) spdlog::info("kvdepot draining");
   if (service_ != nullptr) service_->StartDraining();
+  // TCP session streams end now (UNAVAILABLE): open, they would hold the
+  // server's shutdown until its deadline.
+  if (tcp_sessions_ != nullptr) tcp_sessions_->EndAll();
   if (server_ != nullptr) {
     server_->GetHealthCheckService()->SetServingStatus(false);
     const absl::Time deadline = absl::Now() + options_.drain_timeout;

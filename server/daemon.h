@@ -23,6 +23,7 @@
 #include "server/metrics_http.h"
 #include "server/pools.h"
 #include "server/service.h"
+#include "server/service_tcp_session.h"
 #include "server/sessions.h"
 #include "server/tls.h"
 
@@ -55,6 +56,10 @@ struct DaemonOptions {
   int max_threads = 64;
   int max_streams_per_connection = 32;
   int64_t max_pool_bytes = int64_t{1} << 40;
+  // Pools at once (all clients), and descriptors the daemon holds for one
+  // companion connection (its buffers' memfds) (docs/DAEMON.md "Limits").
+  int64_t max_pools = 1024;
+  int64_t max_descriptors_per_connection = 256;
   // The memory budget (SPEC §11) of the CPU backend: > 0 = this many bytes
   // (--memory_budget_bytes), 0 = what the system has available at start
   // (ReadAvailableMemory of memory_files). per_client: the most one client
@@ -115,6 +120,7 @@ class Daemon {
   std::unique_ptr<PoolRegistry> pools_;
   std::unique_ptr<SessionManager> sessions_;
   std::unique_ptr<KVCacheService> service_;
+  std::unique_ptr<TcpSessionService> tcp_sessions_;  // outlives server_
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsServer> metrics_server_;
   std::unique_ptr<CompanionServer> companion_;

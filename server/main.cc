@@ -65,6 +65,13 @@ ABSL_FLAG(int, max_threads, 64,
 ABSL_FLAG(int, max_streams_per_connection, 32,
           "Calls in flight on one client connection.");
 ABSL_FLAG(int64_t, max_pool_bytes, int64_t{1} << 40, "Largest pool.");
+ABSL_FLAG(int64_t, max_pools, 1024, "Pools at once, all clients together.");
+ABSL_FLAG(int64_t, max_descriptors_per_connection, 256,
+          "Descriptors the daemon holds for one companion connection (one "
+          "per buffer of its session, allocated or imported).");
+ABSL_FLAG(int64_t, max_verify_streams_per_client, 4,
+          "Verify streams one client (uid, TLS subject, anonymous session) "
+          "may run at once.");
 ABSL_FLAG(int64_t, max_buffer_bytes, int64_t{16} << 30,
           "Largest AllocateBuffer.");
 ABSL_FLAG(int64_t, memory_budget_bytes, 0,
@@ -148,6 +155,11 @@ int main(int argc, char** argv) {
   options.max_threads = absl::GetFlag(FLAGS_max_threads);
   options.max_streams_per_connection =
       absl::GetFlag(FLAGS_max_streams_per_connection);
+  options.max_pools = absl::GetFlag(FLAGS_max_pools);
+  options.max_descriptors_per_connection =
+      absl::GetFlag(FLAGS_max_descriptors_per_connection);
+  options.service.max_verify_streams_per_client =
+      absl::GetFlag(FLAGS_max_verify_streams_per_client);
   options.tls.cert_path = absl::GetFlag(FLAGS_tls_cert);
   options.tls.key_path = absl::GetFlag(FLAGS_tls_key);
   options.tls.client_ca_path = absl::GetFlag(FLAGS_tls_client_ca);

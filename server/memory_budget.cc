@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "server/limits.h"
 
 namespace kvdepot {
 namespace {
@@ -163,19 +164,23 @@ absl::Status MemoryBudget::Reserve(absl::string_view client, int64_t bytes,
   }
   absl::MutexLock lock(&mu_);
   if (bytes > total_ - used_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        what, ": ", HumanBytes(bytes), " (", bytes,
-        " bytes) does not fit the memory budget: ", HumanBytes(total_ - used_),
-        " of ", HumanBytes(total_), " available (", source_, ")"));
+    return LimitExceeded(
+        Limit::kMemoryBudget,
+        absl::StrCat(what, ": ", HumanBytes(bytes), " (", bytes,
+                     " bytes) does not fit the memory budget: ",
+                     HumanBytes(total_ - used_), " of ", HumanBytes(total_),
+                     " available (", source_, ")"));
   }
   int64_t& mine = by_client_[client];
   if (per_client_ > 0 && !client.empty() && bytes > per_client_ - mine) {
     const int64_t left = per_client_ - mine;
     if (mine == 0) by_client_.erase(client);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        what, ": ", HumanBytes(bytes), " (", bytes,
-        " bytes) exceeds this client's memory budget: ", HumanBytes(left),
-        " of ", HumanBytes(per_client_), " left"));
+    return LimitExceeded(
+        Limit::kMemoryPerClient,
+        absl::StrCat(
+            what, ": ", HumanBytes(bytes), " (", bytes,
+            " bytes) exceeds this client's memory budget: ", HumanBytes(left),
+            " of ", HumanBytes(per_client_), " left"));
   }
   mine += bytes;
   used_ += bytes;

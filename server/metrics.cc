@@ -47,7 +47,8 @@ ServerMetrics::ServerMetrics(std::vector<std::string> rpc_names)
     : rpc_names_(std::move(rpc_names)), rpcs_(new PerRpc[rpc_names_.size()]) {}
 
 void ServerMetrics::RecordCall(int rpc, absl::StatusCode code,
-                               int64_t latency_us, bool refused_by_drain) {
+                               int64_t latency_us, bool refused_by_drain,
+                               std::optional<Limit> limit) {
   PerRpc& r = rpcs_[rpc];
   r.calls.fetch_add(1, kRelaxed);
   r.latency_us.fetch_add(latency_us, kRelaxed);
@@ -63,9 +64,17 @@ void ServerMetrics::RecordCall(int rpc, absl::StatusCode code,
   r.errors.fetch_add(1, kRelaxed);
   if (refused_by_drain) {
     drain_rejections_.fetch_add(1, kRelaxed);
+  } else if (limit.has_value()) {
+    RecordLimit(*limit);
   } else {
     rejections_[c].fetch_add(1, kRelaxed);
   }
+}
+
+void ServerMetrics::RecordLimit(Limit limit) {
+  const int i = static_cast<int>(limit);
+  if (i < 0 || i >= static_cast<int>(Limit::kCount)) return;
+  limit_rejections_[i].fetch_add(1, kRelaxed);
 }
 
 void ServerMetrics::RecordStore(int64_t tokens, int64_t bytes, int64_t us) {
@@ -115,6 +124,13 @@ void ServerMetrics::Fill(v1::StatsResponse* out) const {
     if (n == 0) continue;
     v1::Rejection* r = out->add_rejections();
     r->set_reason(absl::AsciiStrToLower(CodeName(c)));
+    r->set_count(n);
+  }
+  for (int i = 0; i < static_cast<int>(Limit::kCount); ++i) {
+    const int64_t n = limit_rejections_[i].load(kRelaxed);
+    if (n == 0) continue;
+    v1::Rejection* r = out->add_rejections();
+    r->set_reason(absl::StrCat("limit_", LimitName(static_cast<Limit>(i))));
     r->set_count(n);
   }
 }

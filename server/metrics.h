@@ -9,12 +9,14 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "kvdepot/v1/kvdepot.pb.h"
+#include "server/limits.h"
 
 namespace kvdepot {
 
@@ -23,8 +25,9 @@ inline constexpr std::array<int64_t, 14> kLatencyBoundsUs = {
     50,    100,   250,   500,    1000,   2500,    5000,
     10000, 25000, 50000, 100000, 250000, 1000000, 5000000};
 
-// Why a call failed: "draining" for calls refused by a drain, else the
-// lower-case status code name ("invalid_argument", "not_found", ...).
+// Why a call failed: "draining" for calls refused by a drain,
+// "limit_<name>" for a refusal by one of the limits (server/limits.h), else
+// the lower-case status code name ("invalid_argument", "not_found", ...).
 inline constexpr int kNumStatusCodes = 17;
 
 class ServerMetrics {
@@ -33,8 +36,13 @@ class ServerMetrics {
   explicit ServerMetrics(std::vector<std::string> rpc_names);
 
   // One finished call of RPC index `rpc` (in [0, rpc_names.size())).
+  // `limit`: the limit that refused it (LimitOf(status)), counted as its
+  // rejection reason instead of the code.
   void RecordCall(int rpc, absl::StatusCode code, int64_t latency_us,
-                  bool refused_by_drain);
+                  bool refused_by_drain,
+                  std::optional<Limit> limit = std::nullopt);
+  // A refusal by `limit` outside the RPCs (the companion socket).
+  void RecordLimit(Limit limit);
   // A Store that wrote `tokens` records of `bytes` in all, in `us`.
   void RecordStore(int64_t tokens, int64_t bytes, int64_t us);
   // A Load of `rows` output rows of `bytes` in all, in `us`.
@@ -59,6 +67,8 @@ class ServerMetrics {
   std::unique_ptr<PerRpc[]> rpcs_;
   std::array<std::atomic<int64_t>, kNumStatusCodes> rejections_{};
   std::atomic<int64_t> drain_rejections_{0};
+  std::array<std::atomic<int64_t>, static_cast<size_t>(Limit::kCount)>
+      limit_rejections_{};
   std::atomic<int64_t> tokens_stored_{0};
   std::atomic<int64_t> bytes_stored_{0};
   std::atomic<int64_t> store_us_{0};

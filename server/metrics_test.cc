@@ -1,5 +1,6 @@
 #include "server/metrics.h"
 
+#include <map>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -46,6 +47,34 @@ TEST(ServerMetrics, CountsCallsCodesBucketsAndRejections) {
   ASSERT_EQ(s.rejections_size(), 2);
   EXPECT_EQ(s.rejections(0).reason(), "draining");
   EXPECT_EQ(s.rejections(1).reason(), "invalid_argument");
+}
+
+// A refusal by a limit counts under that limit's reason, not under
+// resource_exhausted; refusals outside the RPCs (RecordLimit) too.
+TEST(ServerMetrics, CountsRejectionsByLimit) {
+  ServerMetrics m({"CreatePool"});
+  const absl::Status pools = LimitExceeded(Limit::kPools, "too many pools");
+  ASSERT_EQ(pools.code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_EQ(LimitOf(pools), Limit::kPools);
+  EXPECT_EQ(LimitOf(absl::ResourceExhaustedError("no tag")), std::nullopt);
+  EXPECT_EQ(LimitOf(absl::OkStatus()), std::nullopt);
+  m.RecordCall(0, pools.code(), 5, false, LimitOf(pools));
+  m.RecordCall(0, pools.code(), 5, false, LimitOf(pools));
+  m.RecordCall(0, absl::StatusCode::kResourceExhausted, 5, false);
+  m.RecordLimit(Limit::kDescriptorsPerConnection);
+  v1::StatsResponse s;
+  m.Fill(&s);
+  std::map<std::string, int64_t> by_reason;
+  for (const v1::Rejection& r : s.rejections())
+    by_reason[r.reason()] = r.count();
+  EXPECT_EQ(by_reason, (std::map<std::string, int64_t>{
+                           {"resource_exhausted", 1},
+                           {"limit_pools", 2},
+                           {"limit_descriptors_per_connection", 1}}));
+  EXPECT_EQ(s.rpcs(0).errors(), 3);
+  EXPECT_TRUE(absl::StrContains(
+      RenderPrometheus(s),
+      "kvdepot_rejections_total{reason=\"limit_pools\"} 2\n"));
 }
 
 TEST(RenderPrometheus, HistogramIsCumulativeWithInfAndCounters) {

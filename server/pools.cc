@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "kernels/format_host.h"
 #include "kernels/store_load_host.h"
+#include "server/limits.h"
 #include "server/logging.h"
 
 namespace kvdepot {
@@ -74,29 +75,26 @@ absl::Status Pool::CheckUse(const Caller& caller,
         "\": using a pool needs a session (connect to the companion socket "
         "and pass its session id)"));
   }
-  if (caller.admin || (caller.peer && caller.uid == owner_uid)) {
+  if (caller.admin || Owner{owner_uid, owner_tls_subject}.Is(caller)) {
     return absl::OkStatus();
   }
   {
     absl::MutexLock lock(&acl_mu);
     if (acl.Allows(caller)) return absl::OkStatus();
   }
-  return absl::PermissionDeniedError(
-      absl::StrCat(field, " = \"", name, "\": this session (",
-                   caller.peer ? absl::StrCat("uid ", caller.uid) : "anonymous",
-                   ") is neither the pool's owner nor granted it"));
+  return absl::PermissionDeniedError(absl::StrCat(
+      field, " = \"", name, "\": this session (", DescribeCaller(caller),
+      ") is neither the pool's owner nor granted it"));
 }
 
 absl::Status Pool::CheckOwner(const Caller& caller,
                               absl::string_view what) const {
   if (!caller.authenticated()) return RequireSession(caller);
-  if (caller.admin || (caller.peer && caller.uid == owner_uid)) {
-    return absl::OkStatus();
-  }
+  const Owner owner{owner_uid, owner_tls_subject};
+  if (caller.admin || owner.Is(caller)) return absl::OkStatus();
   return absl::PermissionDeniedError(absl::StrCat(
-      what, " pool \"", name, "\" needs its owner (uid ", owner_uid,
-      ") or the admin identity; this session is ",
-      caller.peer ? absl::StrCat("uid ", caller.uid) : "anonymous"));
+      what, " pool \"", name, "\" needs its owner (", owner.Describe(),
+      ") or the admin identity; this session is ", DescribeCaller(caller)));
 }
 
 void Pool::Grant(const Acl& grant) {
@@ -106,7 +104,7 @@ void Pool::Grant(const Acl& grant) {
 
 absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(
     const v1::CreatePoolRequest& r, uid_t owner_uid,
-    absl::string_view budget_client) {
+    absl::string_view budget_client, absl::string_view owner_tls_subject) {
   RETURN_IF_ERROR(ValidatePoolName("name", r.name()));
   absl::StatusOr<std::string> device = backend_->ResolveDevice(r.device());
   if (!device.ok()) return device.status();
@@ -157,6 +155,7 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(
       return absl::AlreadyExistsError(
           absl::StrCat("pool \"", r.name(), "\" already exists"));
     }
+    RETURN_IF_ERROR(CheckCountLocked());
   }
   ASSIGN_OR_RETURN(
       MemoryReservation reservation,
@@ -171,18 +170,29 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(
   pool->device = *device;
   pool->layout = *layout;
   pool->owner_uid = owner_uid;
+  pool->owner_tls_subject = std::string(owner_tls_subject);
   if (backend_->legacy_handles()) (*memory)->FillHandle(&pool->handle);
   {
     absl::MutexLock pool_lock(&pool->mu);
     pool->memory = *std::move(memory);
   }
   absl::MutexLock lock(&mu_);
+  // Again: another Create may have added one since the check above.
+  if (!pools_.contains(r.name())) RETURN_IF_ERROR(CheckCountLocked());
   auto [it, inserted] = pools_.emplace(r.name(), pool);
   if (!inserted) {
     return absl::AlreadyExistsError(
         absl::StrCat("pool \"", r.name(), "\" already exists"));
   }
   return pool;
+}
+
+absl::Status PoolRegistry::CheckCountLocked() const {
+  if (static_cast<int64_t>(pools_.size()) < max_pools_) return absl::OkStatus();
+  return LimitExceeded(
+      Limit::kPools,
+      absl::StrCat("there are already ", pools_.size(), " pools, the most ",
+                   "this daemon holds (--max_pools = ", max_pools_, ")"));
 }
 
 absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Get(

@@ -4,8 +4,9 @@
 // wait on each other. A deleted pool stays alive until the requests that
 // hold it finish.
 //
-// Each pool has an owner (the uid of the session that created it; the
-// daemon's uid for config pools) and an access list (SPEC §11).
+// Each pool has an owner (the uid of the session that created it, or the
+// TLS subject of a TCP session stream; the daemon's uid for config pools)
+// and an access list (SPEC §11).
 #ifndef KVDEPOT_SERVER_POOLS_H_
 #define KVDEPOT_SERVER_POOLS_H_
 
@@ -31,6 +32,8 @@ struct Pool {
   std::string device;
   PoolLayout layout;
   uid_t owner_uid = 0;
+  // Non-empty: the pool belongs to this TLS subject, not to owner_uid.
+  std::string owner_tls_subject;
   v1::SharedHandle handle;  // legacy CUDA IPC only (--legacy_cuda_ipc)
   // The pool's bytes in the daemon's memory budget; before `memory`, so it
   // is given back after the memory is freed.
@@ -65,10 +68,15 @@ class PoolRegistry {
   // Validates the request (name, device, format, sizes), reserves its bytes
   // for `budget_client` in the memory budget ("" = the daemon's own) and
   // allocates the pool. ALREADY_EXISTS for a taken name; RESOURCE_EXHAUSTED
-  // saying what is available when it does not fit the budget.
+  // saying what is available when it does not fit the budget, or when
+  // max_pools pools exist. `owner_tls_subject` (non-empty) makes a TLS
+  // session's subject the owner instead of `owner_uid`.
   absl::StatusOr<std::shared_ptr<Pool>> Create(
       const v1::CreatePoolRequest& request, uid_t owner_uid,
-      absl::string_view budget_client = "");
+      absl::string_view budget_client = "",
+      absl::string_view owner_tls_subject = "");
+  // The most pools at once (default 1024). REQUIRES: before any Create.
+  void set_max_pools(int64_t n) { max_pools_ = n; }
   // NOT_FOUND naming `field` when there is no such pool.
   absl::StatusOr<std::shared_ptr<Pool>> Get(absl::string_view field,
                                             absl::string_view name) const;
@@ -81,6 +89,10 @@ class PoolRegistry {
   Backend* const backend_;
   const int64_t max_pool_bytes_;
   MemoryBudget* const budget_;
+  // RESOURCE_EXHAUSTED (Limit::kPools) when max_pools_ pools exist.
+  absl::Status CheckCountLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  int64_t max_pools_ = 1024;
   mutable absl::Mutex mu_;
   absl::btree_map<std::string, std::shared_ptr<Pool>> pools_
       ABSL_GUARDED_BY(mu_);

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "server/error_details.h"
+#include "server/limits.h"
 #include "server/logging.h"
 #include "server/version.h"
 #include "spdlog/spdlog.h"
@@ -92,7 +93,9 @@ KVCacheService::KVCacheService(Backend* backend, PoolRegistry* pools,
       pools_(pools),
       sessions_(sessions),
       options_(options),
-      start_time_(absl::Now()) {
+      start_time_(absl::Now()),
+      verify_slots_(options.max_verify_streams_per_client,
+                    Limit::kVerifyStreamsPerClient) {
   if (options.metrics == nullptr) {
     own_metrics_ = std::make_unique<ServerMetrics>(RpcNames());
   }
@@ -132,7 +135,7 @@ grpc::Status KVCacheService::Run(Rpc rpc, Ctx* ctx, absl::string_view pool,
   }
   const int64_t latency_us = absl::ToInt64Microseconds(absl::Now() - start);
   metrics_->RecordCall(static_cast<int>(rpc), status.code(), latency_us,
-                       refused_by_drain);
+                       refused_by_drain, LimitOf(status));
   const char* name = kRpcNames[static_cast<int>(rpc)];
   // The pool name and the message (which may quote a client's value) are
   // the client's: escaped and cut so they cannot forge or flood a line.
@@ -220,13 +223,14 @@ grpc::Status KVCacheService::CreatePool(Ctx* ctx,
   return Run(Rpc::kCreatePool, ctx, r->name(), "",
              [&](const Caller& caller) -> absl::Status {
                RETURN_IF_ERROR(RequireSession(caller));
-               if (!caller.peer) {
+               if (caller.anonymous()) {
                  return absl::PermissionDeniedError(
-                     "CreatePool: anonymous sessions (TCP) cannot own pools; "
-                     "create it from the companion socket or the config");
+                     "CreatePool: anonymous sessions cannot own pools; "
+                     "create it from the companion socket, over mutual TLS "
+                     "or in the config");
                }
-               absl::StatusOr<std::shared_ptr<Pool>> pool =
-                   pools_->Create(*r, caller.uid, BudgetClientOf(caller));
+               absl::StatusOr<std::shared_ptr<Pool>> pool = pools_->Create(
+                   *r, caller.uid, BudgetClientOf(caller), caller.tls_subject);
                if (!pool.ok()) return pool.status();
                (*pool)->ToProto(out);
                return absl::OkStatus();
@@ -353,6 +357,16 @@ grpc::Status KVCacheService::Grant(Ctx* ctx, const v1::GrantRequest* r,
         grant.uids.insert(r->uids().begin(), r->uids().end());
         grant.gids.insert(r->gids().begin(), r->gids().end());
         grant.sessions.insert(r->sessions().begin(), r->sessions().end());
+        if (r->tls_subjects_size() > kMaxTlsSubjectsPerGrant) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("tls_subjects has ", r->tls_subjects_size(),
+                           " entries, more than ", kMaxTlsSubjectsPerGrant));
+        }
+        for (int i = 0; i < r->tls_subjects_size(); ++i) {
+          RETURN_IF_ERROR(CheckTlsSubject(absl::StrCat("tls_subjects[", i, "]"),
+                                          r->tls_subjects(i)));
+          grant.tls_subjects.insert(r->tls_subjects(i));
+        }
         switch (r->object_case()) {
           case v1::GrantRequest::kPool: {
             absl::StatusOr<std::shared_ptr<Pool>> pool =

@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "kvdepot/v1/kvdepot.grpc.pb.h"
 #include "server/backend/backend.h"
+#include "server/client_slots.h"
 #include "server/memory_budget.h"
 #include "server/metrics.h"
 #include "server/pools.h"
@@ -30,6 +31,9 @@ struct ServiceOptions {
   int64_t max_array_elements = int64_t{1} << 24;  // per packed int32 field
   int64_t max_inline_bytes = int64_t{64} << 20;   // inline reply data
   int64_t max_buffer_bytes = int64_t{16} << 30;   // AllocateBuffer size
+  // Verify streams one client (uid, TLS subject, anonymous session) may
+  // run at once; <= 0 = no limit.
+  int64_t max_verify_streams_per_client = 4;
   // Where calls are counted (the daemon shares it with its backend and the
   // /metrics page); null = the service keeps its own.
   ServerMetrics* metrics = nullptr;
@@ -194,6 +198,7 @@ class KVCacheService final : public v1::KVCache::Service {
   std::unique_ptr<ServerMetrics> own_metrics_;  // when options.metrics is null
   ServerMetrics* metrics_;
   std::atomic<int64_t> in_flight_{0};
+  ClientSlots verify_slots_;  // Verify streams per client
 };
 
 // Not OK when the client cancelled or the deadline passed: checked before

@@ -104,6 +104,9 @@ absl::Status KVCacheService::DoVerify(
   absl::StatusOr<std::shared_ptr<Pool>> pool =
       UsablePool(caller, "pool", r.pool());
   if (!pool.ok()) return pool.status();
+  // Each running Verify holds a thread: bounded per client.
+  ASSIGN_OR_RETURN(ClientSlots::Slot slot,
+                   verify_slots_.Acquire(BudgetClientOf(caller), "Verify"));
   const PoolLayout& l = (*pool)->layout;
   std::vector<int64_t> layers;
   for (int i = 0; i < r.layers_size(); ++i) {

@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "server/limits.h"
 #include "server/logging.h"
 
 namespace kvdepot {
@@ -90,7 +91,8 @@ absl::Status SessionManager::CheckClientName(absl::string_view name) const {
 
 absl::StatusOr<OpenedSession> SessionManager::OpenLocked(Session session) {
   if (static_cast<int64_t>(sessions_.size()) >= limits_.max_sessions) {
-    return absl::ResourceExhaustedError(
+    return LimitExceeded(
+        Limit::kSessions,
         absl::StrCat("too many sessions (", limits_.max_sessions, ")"));
   }
   if (session.peer) {
@@ -99,9 +101,23 @@ absl::StatusOr<OpenedSession> SessionManager::OpenLocked(Session session) {
       if (other.peer && other.creds.uid == session.creds.uid) ++of_uid;
     }
     if (of_uid >= limits_.max_sessions_per_uid) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "uid ", session.creds.uid, " already has ", of_uid,
-          " sessions (at most ", limits_.max_sessions_per_uid, " per uid)"));
+      return LimitExceeded(
+          Limit::kSessionsPerClient,
+          absl::StrCat("uid ", session.creds.uid, " already has ", of_uid,
+                       " sessions (at most ", limits_.max_sessions_per_uid,
+                       " per uid)"));
+    }
+  } else if (!session.tls_subject.empty()) {
+    int64_t of_subject = 0;
+    for (const auto& [number, other] : sessions_) {
+      if (other.tls_subject == session.tls_subject) ++of_subject;
+    }
+    if (of_subject >= limits_.max_sessions_per_uid) {
+      return LimitExceeded(
+          Limit::kSessionsPerClient,
+          absl::StrCat("tls subject \"", EscapeForLog(session.tls_subject, 64),
+                       "\" already has ", of_subject, " sessions (at most ",
+                       limits_.max_sessions_per_uid, " per client)"));
     }
   }
   OpenedSession opened;
@@ -126,6 +142,26 @@ absl::StatusOr<OpenedSession> SessionManager::OpenPeer(
   s.client_name = std::string(client_name);
   s.peer = true;
   s.creds = peer;
+  absl::MutexLock lock(&mu_);
+  return OpenLocked(std::move(s));
+}
+
+absl::StatusOr<OpenedSession> SessionManager::OpenStream(
+    absl::string_view client_name, absl::string_view tls_subject) {
+  RETURN_IF_ERROR(CheckClientName(client_name));
+  if (tls_subject.size() > kMaxTlsSubjectBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the client certificate's subject has ", tls_subject.size(),
+        " bytes, more than ", kMaxTlsSubjectBytes));
+  }
+  Session s;
+  if (absl::Status st = FillRandom(s.secret.data(), s.secret.size());
+      !st.ok()) {
+    return st;
+  }
+  s.client_name = std::string(client_name);
+  s.stream = true;
+  s.tls_subject = std::string(tls_subject);
   absl::MutexLock lock(&mu_);
   return OpenLocked(std::move(s));
 }
@@ -165,7 +201,9 @@ absl::StatusOr<SessionManager::Session*> SessionManager::FindLocked(
       it->second.expires < now) {
     return UnknownSession();
   }
-  if (!it->second.peer) it->second.expires = now + it->second.lease;
+  if (!it->second.peer && !it->second.stream) {
+    it->second.expires = now + it->second.lease;
+  }
   return &it->second;
 }
 
@@ -177,6 +215,9 @@ Caller SessionManager::CallerOf(uint64_t number, const Session& s) const {
     c.uid = s.creds.uid;
     c.gid = s.creds.gid;
     c.admin = admin_.IsAdmin(s.creds.uid, s.creds.gid);
+  } else if (!s.tls_subject.empty()) {
+    c.tls_subject = s.tls_subject;
+    c.admin = admin_.IsAdminSubject(s.tls_subject);
   }
   return c;
 }
@@ -197,7 +238,7 @@ absl::StatusOr<absl::Duration> SessionManager::Touch(
   uint64_t number = 0;
   absl::StatusOr<Session*> s = FindLocked(session_id, now, &number);
   if (!s.ok()) return s.status();
-  return (*s)->peer ? absl::InfiniteDuration() : (*s)->lease;
+  return (*s)->peer || (*s)->stream ? absl::InfiniteDuration() : (*s)->lease;
 }
 
 void SessionManager::DropSessionLocked(
@@ -245,7 +286,8 @@ absl::StatusOr<std::shared_ptr<Buffer>> SessionManager::AddBuffer(
   Session& s = it->second;
   if (static_cast<int64_t>(s.buffers.size()) >=
       limits_.max_buffers_per_session) {
-    return absl::ResourceExhaustedError(
+    return LimitExceeded(
+        Limit::kBuffersPerSession,
         absl::StrCat("this session already holds ",
                      limits_.max_buffers_per_session, " buffers"));
   }
@@ -315,6 +357,14 @@ absl::Status SessionManager::GrantBuffer(const Caller& caller,
   g.anonymous = false;  // anonymous access comes from the config only
   buffers_[buffer_id]->acl.Merge(g);
   return absl::OkStatus();
+}
+
+int64_t SessionManager::BufferCount(uint64_t number) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(number);
+  return it == sessions_.end()
+             ? 0
+             : static_cast<int64_t>(it->second.buffers.size());
 }
 
 int64_t SessionManager::Reap(absl::Time now) {

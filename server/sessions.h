@@ -1,9 +1,11 @@
 // Client sessions and the buffers they own (SPEC §11).
 //
 // A peer session is opened on the companion socket with the peer's
-// credentials and lives until that connection closes (CloseNumber). An
-// anonymous session (OpenSession, the TCP path) holds a lease that requests
-// naming it renew; Reap() releases the expired ones.
+// credentials and lives until that connection closes (CloseNumber). A
+// stream session (TcpSessions.Open, the TCP path) carries the mutual-TLS
+// subject of its client ("" = anonymous) and lives until its stream ends
+// (CloseNumber). An anonymous lease session (OpenSession) holds a lease
+// that requests naming it renew; Reap() releases the expired ones.
 //
 // A session id is "<number>.<32 hex>": a public number (for grants and
 // lookup) and 128 random bits from getrandom, compared in constant time.
@@ -49,8 +51,10 @@ struct Buffer {
 struct SessionLimits {
   absl::Duration default_lease = absl::Seconds(10);
   absl::Duration max_lease = absl::Minutes(10);
-  int64_t max_sessions = 4096;          // all sessions together
-  int64_t max_sessions_per_uid = 256;   // peer sessions of one uid
+  int64_t max_sessions = 4096;  // all sessions together
+  // Sessions of one client: peer sessions of one uid, stream sessions of
+  // one TLS subject.
+  int64_t max_sessions_per_uid = 256;
   int64_t max_client_name_bytes = 256;  // Hello / OpenSession client_name
   int64_t max_buffers_per_session = 1024;
   int64_t max_buffer_bytes = int64_t{64} << 30;
@@ -84,6 +88,12 @@ class SessionManager {
   // A session of a companion-socket peer; no lease (CloseNumber ends it).
   absl::StatusOr<OpenedSession> OpenPeer(absl::string_view client_name,
                                          const PeerCredentials& peer);
+
+  // A session that lives as long as a TCP stream (CloseNumber ends it): of
+  // `tls_subject`, the client certificate's subject, or anonymous for "".
+  // INVALID_ARGUMENT for a subject longer than kMaxTlsSubjectBytes.
+  absl::StatusOr<OpenedSession> OpenStream(absl::string_view client_name,
+                                           absl::string_view tls_subject);
 
   // An anonymous session with `lease` (0 = default; clamped to max_lease).
   // Returns its id; *granted receives the lease.
@@ -125,6 +135,9 @@ class SessionManager {
   absl::Status GrantBuffer(const Caller& caller, uint64_t buffer_id,
                            const Acl& grant);
 
+  // Buffers session `number` holds (0 for an unknown session).
+  int64_t BufferCount(uint64_t number) const;
+
   // Releases every anonymous session whose lease ended before `now`.
   int64_t Reap(absl::Time now);
 
@@ -140,6 +153,8 @@ class SessionManager {
     Secret secret;
     std::string client_name;
     bool peer = false;
+    bool stream = false;      // ends with its stream, no lease
+    std::string tls_subject;  // stream sessions; "" = anonymous
     PeerCredentials creds;
     absl::Duration lease;
     absl::Time expires = absl::InfiniteFuture();

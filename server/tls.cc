@@ -110,7 +110,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
   return grpc::experimental::TlsServerCredentials(options);
 }
 
-std::string TlsPeerSubject(const grpc::ServerContext& context) {
+std::string TlsPeerSubject(const grpc::ServerContextBase& context) {
   const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
   if (auth == nullptr || !auth->IsPeerAuthenticated()) return "";
   for (const grpc::string_ref& v : auth->FindPropertyValues("x509_subject")) {

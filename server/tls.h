@@ -44,9 +44,10 @@ bool IsLoopbackTarget(absl::string_view target);
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
     absl::string_view target, const TlsOptions& tls);
 
-// The peer's mutual-TLS identity (the client certificate's subject), or ""
-// for a peer without one (Unix socket, plain loopback TCP).
-std::string TlsPeerSubject(const grpc::ServerContext& context);
+// The peer's mutual-TLS identity: the verified client certificate's subject
+// as gRPC writes it (RFC 2253, e.g. "CN=worker-a,O=kv"), or "" for a peer
+// without one (Unix socket, plain loopback TCP).
+std::string TlsPeerSubject(const grpc::ServerContextBase& context);
 
 }  // namespace kvdepot
 

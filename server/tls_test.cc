@@ -1,14 +1,13 @@
 // The listener's transport security: TCP beyond loopback is refused without
 // mutual TLS; with it, only clients whose certificate chains to the client CA
 // get in; rotated certificates are picked up without a restart. The
-// certificates are made by the openssl command line in the test's tmpdir.
+// certificates are made by the openssl command line in the test's tmpdir
+// (tls_test_certs.h).
 #include "server/tls.h"
 
 #include <grpcpp/grpcpp.h>
 
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -17,45 +16,18 @@
 #include "gtest/gtest.h"
 #include "kvdepot/v1/kvdepot.grpc.pb.h"
 #include "server/daemon.h"
+#include "server/tls_test_certs.h"
 
 namespace kvdepot {
 namespace {
 
 using ::testing::HasSubstr;
 
-std::string Dir() { return std::getenv("TEST_TMPDIR"); }
+using testing::ClientCreds;
+using testing::MakeCa;
+using testing::MakeCert;
 
-std::string Read(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-void Run(const std::string& cmd) {
-  ASSERT_EQ(std::system((cmd + " 2>/dev/null").c_str()), 0) << cmd;
-}
-
-// A CA `ca` and, signed by it, a key pair `name` with common name `cn`.
-void MakeCa(const std::string& ca) {
-  Run(absl::StrCat("cd ", Dir(), " && openssl req -x509 -newkey ec -pkeyopt ",
-                   "ec_paramgen_curve:prime256v1 -nodes -keyout ", ca,
-                   ".key -out ", ca, ".pem -days 2 -subj /CN=", ca));
-}
-void MakeCert(const std::string& ca, const std::string& name,
-              const std::string& cn) {
-  std::ofstream(Dir() + "/san.ext")
-      << "subjectAltName=IP:127.0.0.1,DNS:localhost\n";
-  Run(absl::StrCat("cd ", Dir(), " && openssl req -newkey ec -pkeyopt ",
-                   "ec_paramgen_curve:prime256v1 -nodes -keyout ", name,
-                   ".key.new -out ", name, ".csr -subj /CN=", cn,
-                   " && openssl x509 -req -in ", name, ".csr -CA ", ca,
-                   ".pem -CAkey ", ca, ".key -CAcreateserial -out ", name,
-                   ".pem.new -days 2 -extfile san.ext",
-                   // Replace both files by rename, as a rotation would.
-                   " && mv ", name, ".key.new ", name, ".key && mv ", name,
-                   ".pem.new ", name, ".pem"));
-}
+std::string Dir() { return testing::CertDir(); }
 
 TEST(TlsTest, LoopbackTargets) {
   EXPECT_TRUE(IsLoopbackTarget("127.0.0.1:50051"));
@@ -115,17 +87,6 @@ grpc::Status Ping(const std::string& target,
     }
   }
   return s;
-}
-
-std::shared_ptr<grpc::ChannelCredentials> ClientCreds(const std::string& ca,
-                                                      const std::string& name) {
-  grpc::SslCredentialsOptions o;
-  o.pem_root_certs = Read(Dir() + "/" + ca + ".pem");
-  if (!name.empty()) {
-    o.pem_private_key = Read(Dir() + "/" + name + ".key");
-    o.pem_cert_chain = Read(Dir() + "/" + name + ".pem");
-  }
-  return grpc::SslCredentials(o);
 }
 
 TEST(TlsTest, MutualTlsAdmitsOnlyClientsOfTheCaAndReloadsCertificates) {

@@ -2,18 +2,24 @@
 // stream and never read it (every stream pins a handler thread once its flow
 // control window fills). The daemon's threads stay within --max_threads plus
 // its fixed ones (the excess calls wait for a thread), and once the clients
-// go away a new client is served.
+// go away a new client is served. Then each per-client and global count
+// limit attacked (pools, descriptors per companion connection, concurrent
+// Verify streams per client): RESOURCE_EXHAUSTED with a message naming the
+// limit, counted under its reason, nothing else affected.
 #include <grpcpp/grpcpp.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/kvdepot_client.h"
+#include "common/memfd.h"
 #include "gtest/gtest.h"
 #include "kvdepot/v1/kvdepot.grpc.pb.h"
 #include "tests/daemon_process.h"
@@ -110,6 +116,181 @@ TEST(LimitsTest, UnreadStreamsCannotTakeMoreThreadsThanTheQuota) {
     ping = (*c)->Ping();
   } while (!ping.ok() && absl::Now() < deadline);
   EXPECT_TRUE(ping.ok()) << "the daemon did not recover: " << ping;
+}
+
+std::unique_ptr<KVCacheClient> Connect(const testing::DaemonProcess& d) {
+  ClientOptions co;
+  co.address = "unix:" + d.socket_path();
+  absl::StatusOr<std::unique_ptr<KVCacheClient>> c = KVCacheClient::Connect(co);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *std::move(c) : nullptr;
+}
+
+v1::CreatePoolRequest SmallPool(const std::string& name, int64_t blocks = 2) {
+  v1::CreatePoolRequest r;
+  r.set_name(name);
+  r.set_format("BF16");
+  r.set_elements(2);
+  r.set_block_size(1);
+  r.set_num_blocks(blocks);
+  r.set_num_layers(1);
+  return r;
+}
+
+// Rejections of `reason` in Stats (0 when none).
+int64_t Rejections(KVCacheClient& c, const std::string& reason) {
+  absl::StatusOr<v1::StatsResponse> s = c.Stats();
+  EXPECT_TRUE(s.ok()) << s.status();
+  if (!s.ok()) return -1;
+  for (const v1::Rejection& r : s->rejections()) {
+    if (r.reason() == reason) return r.count();
+  }
+  return 0;
+}
+
+void ExpectLimit(const absl::Status& s, const std::string& names) {
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), names)) << s;
+}
+
+TEST(LimitsTest, PoolCountIsGlobal) {
+  absl::StatusOr<std::unique_ptr<testing::DaemonProcess>> d =
+      testing::DaemonProcess::Start({"--backend=cpu", "--max_pools=3"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  std::unique_ptr<KVCacheClient> a = Connect(**d);
+  std::unique_ptr<KVCacheClient> b = Connect(**d);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(a->CreatePool(SmallPool("p0")).ok());
+  ASSERT_TRUE(a->CreatePool(SmallPool("p1")).ok());
+  ASSERT_TRUE(b->CreatePool(SmallPool("p2")).ok());
+  ExpectLimit(a->CreatePool(SmallPool("p3")).status(), "--max_pools = 3");
+  ExpectLimit(b->CreatePool(SmallPool("p4")).status(), "--max_pools = 3");
+  // Nothing was added, the existing pools still serve, a freed slot is
+  // taken again.
+  absl::StatusOr<v1::ListPoolsResponse> list = a->ListPools();
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->pools_size(), 3);
+  EXPECT_EQ(a->GetPool("p3").status().code(), absl::StatusCode::kNotFound);
+  v1::InspectRequest inspect;
+  inspect.set_pool("p2");
+  inspect.set_slot(1);
+  grpc::ClientContext ictx;
+  ictx.AddMetadata("kvdepot-session-id", b->session_id());
+  v1::InspectResponse inspected;
+  EXPECT_TRUE(b->stub()->Inspect(&ictx, inspect, &inspected).ok());
+  EXPECT_EQ(Rejections(*a, "limit_pools"), 2);
+  ASSERT_TRUE(a->DeletePool("p0").ok());
+  EXPECT_TRUE(b->CreatePool(SmallPool("p3")).ok());
+}
+
+TEST(LimitsTest, DescriptorsPerCompanionConnection) {
+  absl::StatusOr<std::unique_ptr<testing::DaemonProcess>> d =
+      testing::DaemonProcess::Start(
+          {"--backend=cpu", "--max_descriptors_per_connection=2"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  std::unique_ptr<KVCacheClient> a = Connect(**d);
+  std::unique_ptr<KVCacheClient> b = Connect(**d);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  absl::StatusOr<BufferMapping> a0 = a->AllocateBuffer(4096);
+  ASSERT_TRUE(a0.ok()) << a0.status();
+  absl::StatusOr<MemfdRegion> own = MemfdRegion::Create("mine", 4096);
+  ASSERT_TRUE(own.ok());
+  ASSERT_TRUE(a->ImportBuffer(*own).ok());
+  const std::string names = "--max_descriptors_per_connection = 2";
+  ExpectLimit(a->AllocateBuffer(4096).status(), names);
+  absl::StatusOr<MemfdRegion> more = MemfdRegion::Create("more", 4096);
+  ASSERT_TRUE(more.ok());
+  ExpectLimit(a->ImportBuffer(*more).status(), names);
+  // Another connection has its own descriptors.
+  EXPECT_TRUE(b->AllocateBuffer(4096).ok());
+  EXPECT_TRUE(b->ImportBuffer(*more).ok());
+  absl::StatusOr<v1::StatsResponse> st = a->Stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->buffers(), 4);
+  EXPECT_EQ(Rejections(*a, "limit_descriptors_per_connection"), 2);
+  // Released, a descriptor may be taken again.
+  ASSERT_TRUE(a->ReleaseBuffer(a0->id()).ok());
+  EXPECT_TRUE(a->AllocateBuffer(4096).ok());
+}
+
+// A Verify stream of `pool` with `session_id` in the metadata, read until
+// its first progress message (so the daemon is running it).
+struct VerifyStream {
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReader<v1::VerifyProgress>> reader;
+  bool started = false;
+
+  VerifyStream(v1::KVCache::Stub* stub, const std::string& session_id,
+               const std::string& pool) {
+    ctx.AddMetadata("kvdepot-session-id", session_id);
+    v1::VerifyRequest r;
+    r.set_pool(pool);
+    r.set_progress_every(1);
+    reader = stub->Verify(&ctx, r);
+    v1::VerifyProgress p;
+    started = reader->Read(&p);
+  }
+  grpc::Status Cancel() {
+    ctx.TryCancel();
+    v1::VerifyProgress p;
+    while (reader->Read(&p)) {
+    }
+    return reader->Finish();
+  }
+};
+
+TEST(LimitsTest, VerifyStreamsPerClient) {
+  const std::string config =
+      absl::StrCat(std::getenv("TEST_TMPDIR"), "/limits.textproto");
+  std::ofstream(config) << "pools { name: \"v\" format: \"BF16\" elements: 2 "
+                           "block_size: 1 num_blocks: 4096 num_layers: 1 }\n"
+                           "grants { pool: \"v\" anonymous: true }\n";
+  absl::StatusOr<std::unique_ptr<testing::DaemonProcess>> d =
+      testing::DaemonProcess::Start({"--backend=cpu",
+                                     "--max_verify_streams_per_client=2",
+                                     "--testonly_verify_block_delay_ms=20",
+                                     absl::StrCat("--config=", config)});
+  ASSERT_TRUE(d.ok()) << d.status();
+  std::unique_ptr<KVCacheClient> a = Connect(**d);
+  std::unique_ptr<KVCacheClient> a2 = Connect(**d);  // same uid: same client
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(a2, nullptr);
+  VerifyStream s1(a->stub(), a->session_id(), "v");
+  VerifyStream s2(a2->stub(), a2->session_id(), "v");
+  ASSERT_TRUE(s1.started);
+  ASSERT_TRUE(s2.started);
+  VerifyStream s3(a->stub(), a->session_id(), "v");
+  EXPECT_FALSE(s3.started);
+  grpc::Status refused = s3.reader->Finish();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(absl::StrContains(refused.error_message(),
+                                "verify_streams_per_client = 2"))
+      << refused.error_message();
+  // Another client (an anonymous session) is not affected, nor are other
+  // calls of this one.
+  grpc::ClientContext open_ctx;
+  v1::OpenSessionRequest open;
+  v1::OpenSessionResponse anon;
+  ASSERT_TRUE(a->stub()->OpenSession(&open_ctx, open, &anon).ok());
+  VerifyStream other(a->stub(), anon.session_id(), "v");
+  EXPECT_TRUE(other.started);
+  EXPECT_TRUE(a->Ping().ok());
+  EXPECT_TRUE(a->GetPool("v").ok());
+  EXPECT_EQ(Rejections(*a, "limit_verify_streams_per_client"), 1);
+  // Once a stream ends its slot is free again.
+  s1.Cancel();
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  bool again = false;
+  while (!again && absl::Now() < deadline) {
+    VerifyStream s4(a->stub(), a->session_id(), "v");
+    again = s4.started;
+    s4.Cancel();
+  }
+  EXPECT_TRUE(again);
+  s2.Cancel();
+  other.Cancel();
 }
 
 }  // namespace

@@ -1,0 +1,311 @@
+// TCP sessions (SPEC §11) attacked from outside: each client is a channel
+// with its own certificate (tls_test_certs.h) against an in-process daemon.
+// A session lives as long as its TcpSessions.Open stream and its identity
+// is the certificate's subject: one subject cannot use, grant or delete
+// another's pools; a config grant (or the owner's) to a subject lets it in;
+// cancelling the stream ends the session; plain loopback TCP is anonymous;
+// shutdown ends open streams.
+#include <grpcpp/grpcpp.h>
+
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+#include "kvdepot/v1/kvdepot.grpc.pb.h"
+#include "server/daemon.h"
+#include "server/tls_test_certs.h"
+
+namespace kvdepot {
+namespace {
+
+using testing::CertDir;
+using testing::ClientCreds;
+using ::testing::HasSubstr;
+using testing::MakeCa;
+using testing::MakeCert;
+
+constexpr char kPool[] =
+    "format: \"BF16\" elements: 8 block_size: 4 num_blocks: 2 num_layers: 1";
+
+// One client: a channel, its session stream and the session id.
+class Client {
+ public:
+  Client(const std::string& target,
+         std::shared_ptr<grpc::ChannelCredentials> creds) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 200);
+    auto channel = grpc::CreateCustomChannel(target, creds, args);
+    stub_ = v1::KVCache::NewStub(channel);
+    sessions_ = v1::TcpSessions::NewStub(channel);
+  }
+  ~Client() { Close(); }
+
+  // Opens the session stream and reads its first event.
+  grpc::Status Open(v1::SessionEvent* event) {
+    ctx_ = std::make_unique<grpc::ClientContext>();
+    v1::OpenSessionRequest r;
+    r.set_client_name("tcp-session-test");
+    stream_ = sessions_->Open(ctx_.get(), r);
+    if (!stream_->Read(event)) return stream_->Finish();
+    session_id_ = event->session_id();
+    return grpc::Status::OK;
+  }
+  // Cancels the stream (as a client that exits does) and collects it.
+  grpc::Status Close() {
+    if (stream_ == nullptr) return grpc::Status::OK;
+    ctx_->TryCancel();
+    v1::SessionEvent e;
+    while (stream_->Read(&e)) {
+    }
+    grpc::Status s = stream_->Finish();
+    stream_.reset();
+    return s;
+  }
+  // Waits for the end of the stream the daemon ends.
+  grpc::Status AwaitEnd() {
+    v1::SessionEvent e;
+    while (stream_->Read(&e)) {
+    }
+    grpc::Status s = stream_->Finish();
+    stream_.reset();
+    return s;
+  }
+
+  template <typename Req>
+  void Prepare(grpc::ClientContext* ctx, Req* /*r*/) {
+    ctx->set_deadline(std::chrono::system_clock::now() +
+                      std::chrono::seconds(10));
+    ctx->AddMetadata("kvdepot-session-id", session_id_);
+  }
+  grpc::StatusCode CreatePool(const std::string& name) {
+    v1::CreatePoolRequest r;
+    EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(kPool, &r));
+    r.set_name(name);
+    grpc::ClientContext ctx;
+    Prepare(&ctx, &r);
+    v1::PoolInfo out;
+    return stub_->CreatePool(&ctx, r, &out).error_code();
+  }
+  // A BF16 store of one token into slot 0: a write.
+  grpc::Status Store(const std::string& pool) {
+    v1::StoreRequest r;
+    r.set_pool(pool);
+    r.set_num_tokens(1);
+    r.set_slot_mapping(std::string(4, '\0'));
+    r.set_dtype(v1::INPUT_DTYPE_BF16);
+    r.mutable_kv()->set_inline_data(std::string(16, '\x3f'));
+    grpc::ClientContext ctx;
+    Prepare(&ctx, &r);
+    v1::StoreResponse out;
+    return stub_->Store(&ctx, r, &out);
+  }
+  grpc::StatusCode Inspect(const std::string& pool) {
+    v1::InspectRequest r;
+    r.set_pool(pool);
+    r.set_slot(0);
+    grpc::ClientContext ctx;
+    Prepare(&ctx, &r);
+    v1::InspectResponse out;
+    return stub_->Inspect(&ctx, r, &out).error_code();
+  }
+  grpc::StatusCode Delete(const std::string& pool) {
+    v1::DeletePoolRequest r;
+    r.set_name(pool);
+    grpc::ClientContext ctx;
+    Prepare(&ctx, &r);
+    v1::DeletePoolResponse out;
+    return stub_->DeletePool(&ctx, r, &out).error_code();
+  }
+  grpc::Status Grant(const std::string& pool,
+                     const std::vector<std::string>& subjects) {
+    v1::GrantRequest r;
+    r.set_pool(pool);
+    for (const std::string& s : subjects) r.add_tls_subjects(s);
+    grpc::ClientContext ctx;
+    Prepare(&ctx, &r);
+    v1::GrantResponse out;
+    return stub_->Grant(&ctx, r, &out);
+  }
+  int64_t Sessions() {
+    grpc::ClientContext ctx;
+    v1::StatsResponse out;
+    EXPECT_TRUE(stub_->Stats(&ctx, v1::StatsRequest(), &out).ok());
+    return out.sessions();
+  }
+  const std::string& session_id() const { return session_id_; }
+
+ private:
+  std::unique_ptr<v1::KVCache::Stub> stub_;
+  std::unique_ptr<v1::TcpSessions::Stub> sessions_;
+  std::unique_ptr<grpc::ClientContext> ctx_;
+  std::unique_ptr<grpc::ClientReader<v1::SessionEvent>> stream_;
+  std::string session_id_;
+};
+
+std::string WriteConfig(const std::string& text) {
+  const std::string path = CertDir() + "/config.textproto";
+  std::ofstream(path) << text;
+  return path;
+}
+
+class TcpSessionTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    MakeCa("ca");
+    MakeCert("ca", "server", "kvdepotd");
+    for (const char* c : {"worker-a", "worker-b", "worker-c", "ops"}) {
+      MakeCert("ca", c, c);
+    }
+  }
+
+  std::unique_ptr<Daemon> StartTls(const std::string& config) {
+    DaemonOptions o;
+    o.backend = "cpu";
+    o.listen = "127.0.0.1:0";
+    o.tls.cert_path = CertDir() + "/server.pem";
+    o.tls.key_path = CertDir() + "/server.key";
+    o.tls.client_ca_path = CertDir() + "/ca.pem";
+    o.memory_budget_bytes = int64_t{64} << 20;
+    o.drain_timeout = absl::Seconds(60);
+    o.config_path = WriteConfig(config);
+    absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(o);
+    EXPECT_TRUE(d.ok()) << d.status();
+    return d.ok() ? *std::move(d) : nullptr;
+  }
+};
+
+TEST_F(TcpSessionTest, SubjectsOwnTheirPoolsAndOnlyGrantsLetOthersIn) {
+  std::unique_ptr<Daemon> d = StartTls(absl::StrCat(
+      "pools { name: \"shared\" ", kPool, " }\n",
+      "grants { pool: \"shared\" tls_subjects: \"CN=worker-b\" }\n",
+      "admin_tls_subjects: \"CN=ops\"\n"));
+  ASSERT_NE(d, nullptr);
+  Client a(d->target(), ClientCreds("ca", "worker-a"));
+  Client b(d->target(), ClientCreds("ca", "worker-b"));
+  Client c(d->target(), ClientCreds("ca", "worker-c"));
+  v1::SessionEvent ea, eb, ec;
+  ASSERT_TRUE(a.Open(&ea).ok());
+  ASSERT_TRUE(b.Open(&eb).ok());
+  ASSERT_TRUE(c.Open(&ec).ok());
+  EXPECT_EQ(ea.tls_subject(), "CN=worker-a");
+  EXPECT_EQ(eb.tls_subject(), "CN=worker-b");
+  EXPECT_NE(ea.session_id(), eb.session_id());
+  EXPECT_NE(ea.session_number(), eb.session_number());
+
+  // A's pool is A's: B and C can neither read, write, grant nor delete it.
+  ASSERT_EQ(a.CreatePool("a-pool"), grpc::StatusCode::OK);
+  ASSERT_TRUE(a.Store("a-pool").ok());
+  for (Client* other : {&b, &c}) {
+    grpc::Status st = other->Store("a-pool");
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_THAT(st.error_message(), HasSubstr("neither the pool's owner"));
+    EXPECT_EQ(other->Inspect("a-pool"), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_EQ(other->Delete("a-pool"), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_EQ(other->Grant("a-pool", {"CN=worker-c"}).error_code(),
+              grpc::StatusCode::PERMISSION_DENIED);
+  }
+  EXPECT_EQ(c.Store("a-pool").error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << "a refused grant must not have let C in";
+
+  // The config grants "shared" to subject B only (the daemon owns it).
+  EXPECT_TRUE(b.Store("shared").ok());
+  EXPECT_EQ(a.Store("shared").error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(c.Inspect("shared"), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(b.Delete("shared"), grpc::StatusCode::PERMISSION_DENIED)
+      << "a grant is use, not ownership";
+
+  // The owner grants B by subject: B may use it, C still not.
+  grpc::Status bad = a.Grant("a-pool", {std::string(2000, 'x')});
+  EXPECT_EQ(bad.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(bad.error_message(), HasSubstr("tls_subjects[0]"));
+  EXPECT_EQ(
+      a.Grant("a-pool", std::vector<std::string>(65, "CN=x")).error_code(),
+      grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(b.Store("a-pool").error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << "a refused grant changed the access list";
+  ASSERT_TRUE(a.Grant("a-pool", {"CN=worker-b"}).ok());
+  EXPECT_TRUE(b.Store("a-pool").ok());
+  EXPECT_EQ(c.Store("a-pool").error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+
+  // The admin subject may delete anyone's pool; nobody else could.
+  Client ops(d->target(), ClientCreds("ca", "ops"));
+  v1::SessionEvent eo;
+  ASSERT_TRUE(ops.Open(&eo).ok());
+  EXPECT_EQ(ops.Delete("a-pool"), grpc::StatusCode::OK);
+  d->Shutdown();
+}
+
+TEST_F(TcpSessionTest, ClosingTheStreamEndsTheSessionNotTheOwnership) {
+  std::unique_ptr<Daemon> d = StartTls("");
+  ASSERT_NE(d, nullptr);
+  Client a(d->target(), ClientCreds("ca", "worker-a"));
+  v1::SessionEvent e;
+  ASSERT_TRUE(a.Open(&e).ok());
+  ASSERT_EQ(a.CreatePool("a-pool"), grpc::StatusCode::OK);
+  const int64_t before = a.Sessions();
+  ASSERT_GE(before, 1);
+  a.Close();
+  // The id of the ended session is refused (UNAUTHENTICATED), and it is
+  // gone from the daemon's count.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  grpc::Status st = a.Store("a-pool");
+  while (st.error_code() != grpc::StatusCode::UNAUTHENTICATED &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+    st = a.Store("a-pool");
+  }
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(st.error_message(), ::testing::Not(HasSubstr(e.session_id())));
+  EXPECT_EQ(a.Sessions(), before - 1);
+  // The pool belongs to the subject: a new session of it still owns it.
+  v1::SessionEvent again;
+  ASSERT_TRUE(a.Open(&again).ok());
+  EXPECT_NE(again.session_id(), e.session_id());
+  EXPECT_TRUE(a.Store("a-pool").ok());
+  EXPECT_EQ(a.Delete("a-pool"), grpc::StatusCode::OK);
+  d->Shutdown();
+}
+
+TEST_F(TcpSessionTest, LoopbackWithoutTlsIsAnonymousAndShutdownEndsStreams) {
+  DaemonOptions o;
+  o.backend = "cpu";
+  o.listen = "127.0.0.1:0";
+  o.memory_budget_bytes = int64_t{64} << 20;
+  o.drain_timeout = absl::Seconds(60);
+  o.config_path = WriteConfig(absl::StrCat(
+      "pools { name: \"open\" ", kPool, " }\n", "pools { name: \"closed\" ",
+      kPool, " }\n", "grants { pool: \"open\" anonymous: true }\n",
+      "grants { pool: \"closed\" tls_subjects: \"CN=worker-a\" }\n"));
+  absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  Client anon((*d)->target(), grpc::InsecureChannelCredentials());
+  v1::SessionEvent e;
+  ASSERT_TRUE(anon.Open(&e).ok());
+  EXPECT_EQ(e.tls_subject(), "");
+  EXPECT_FALSE(e.session_id().empty());
+  EXPECT_TRUE(anon.Store("open").ok());
+  EXPECT_EQ(anon.Store("closed").error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(anon.CreatePool("mine"), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(anon.Delete("open"), grpc::StatusCode::PERMISSION_DENIED);
+  // Shutdown ends the open stream itself (UNAVAILABLE) instead of waiting
+  // out the 60 s drain deadline and cancelling it.
+  std::thread stop([&] { (*d)->Shutdown(); });
+  grpc::Status end = anon.AwaitEnd();
+  stop.join();
+  EXPECT_EQ(end.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << end.error_message();
+  EXPECT_THAT(end.error_message(), HasSubstr("shutting down"));
+}
+
+}  // namespace
+}  // namespace kvdepot
