@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/kvdepot_client.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
@@ -305,6 +306,58 @@ TEST_F(TcpSessionTest, LoopbackWithoutTlsIsAnonymousAndShutdownEndsStreams) {
   EXPECT_EQ(end.error_code(), grpc::StatusCode::UNAVAILABLE)
       << end.error_message();
   EXPECT_THAT(end.error_message(), HasSubstr("shutting down"));
+}
+
+// The C++ client over TCP: it opens the session stream by itself, with its
+// certificate's identity, and ends the session when it is destroyed.
+TEST_F(TcpSessionTest, ClientLibraryHoldsAStreamSession) {
+  std::unique_ptr<Daemon> d = StartTls("");
+  ASSERT_NE(d, nullptr);
+  auto connect = [&](const std::string& who) {
+    ClientOptions o;
+    o.address = d->target();
+    o.tls_ca_path = CertDir() + "/ca.pem";
+    o.tls_cert_path = CertDir() + "/" + who + ".pem";
+    o.tls_key_path = CertDir() + "/" + who + ".key";
+    absl::StatusOr<std::unique_ptr<KVCacheClient>> c =
+        KVCacheClient::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  };
+  std::unique_ptr<KVCacheClient> a = connect("worker-a");
+  std::unique_ptr<KVCacheClient> b = connect("worker-b");
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(a->tls_subject(), "CN=worker-a");
+  EXPECT_NE(a->session_number(), 0u);
+  v1::CreatePoolRequest r;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(kPool, &r));
+  r.set_name("a-pool");
+  ASSERT_TRUE(a->CreatePool(r).ok());
+  EXPECT_EQ(b->DeletePool("a-pool").code(),
+            absl::StatusCode::kPermissionDenied);
+  absl::StatusOr<v1::StatsResponse> st = b->Stats();
+  ASSERT_TRUE(st.ok());
+  const int64_t before = st->sessions();
+  a.reset();
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (absl::Now() < deadline) {
+    st = b->Stats();
+    ASSERT_TRUE(st.ok());
+    if (st->sessions() == before - 1) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(st->sessions(), before - 1);
+  // Without a certificate the mutual-TLS daemon lets nobody in; a
+  // certificate file that is missing is refused before connecting.
+  ClientOptions missing;
+  missing.address = d->target();
+  missing.tls_ca_path = CertDir() + "/ca.pem";
+  missing.tls_cert_path = CertDir() + "/nobody.pem";
+  missing.tls_key_path = CertDir() + "/nobody.key";
+  EXPECT_EQ(KVCacheClient::Connect(missing).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  d->Shutdown();
 }
 
 }  // namespace
