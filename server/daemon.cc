@@ -315,7 +315,8 @@ absl::Status Daemon::Init() {
   builder.SetResourceQuota(quota);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
                              options_.max_streams_per_connection);
-  builder.RegisterService(service_.get());
+  ASSIGN_OR_RETURN(serving_, MakeServing(service_.get(), options_.serving));
+  builder.RegisterService(serving_->service());
   server_ = builder.BuildAndStart();
   if (server_ == nullptr) {
     return absl::UnavailableError(
@@ -344,9 +345,10 @@ absl::Status Daemon::Init() {
       v1::KVCache::service_full_name(), true);
   server_->GetHealthCheckService()->SetServingStatus(true);
   reaper_ = std::thread([this] { ReapLoop(); });
-  spdlog::info("kvdepot serving on {} companion={} backend={}", target_,
+  spdlog::info("kvdepot serving on {} companion={} backend={} serving={}",
+               target_,
                companion_path_.empty() ? "none (TCP)" : companion_path_,
-               std::string(backend_->name()));
+               std::string(backend_->name()), options_.serving.model);
   return absl::OkStatus();
 }
 
@@ -386,6 +388,7 @@ void Daemon::Shutdown() {
     server_->Shutdown(absl::ToChronoTime(deadline));
     server_->Wait();
   }
+  if (serving_ != nullptr) serving_->Shutdown();
   if (reaper_.joinable()) reaper_.join();
   if (companion_ != nullptr) companion_->Shutdown();
   metrics_server_.reset();

@@ -23,6 +23,7 @@
 #include "server/metrics_http.h"
 #include "server/pools.h"
 #include "server/service.h"
+#include "server/serving.h"
 #include "server/sessions.h"
 #include "server/tls.h"
 
@@ -70,6 +71,8 @@ struct DaemonOptions {
   absl::Duration drain_grace = absl::Milliseconds(200);
   SessionLimits sessions;
   ServiceOptions service;
+  // The gRPC serving model and its worker pools (server/serving.h).
+  ServingOptions serving;
 };
 
 class Daemon {
@@ -115,6 +118,7 @@ class Daemon {
   std::unique_ptr<PoolRegistry> pools_;
   std::unique_ptr<SessionManager> sessions_;
   std::unique_ptr<KVCacheService> service_;
+  std::unique_ptr<Serving> serving_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsServer> metrics_server_;
   std::unique_ptr<CompanionServer> companion_;
