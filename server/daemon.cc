@@ -211,6 +211,9 @@ absl::StatusOr<std::unique_ptr<MemoryBudget>> Daemon::MakeMemoryBudget(
 absl::Status Daemon::Init() {
   BackendOptions backend_options;
   backend_options.legacy_cuda_ipc = options_.legacy_cuda_ipc;
+  backend_options.cuda_wait_timeout = options_.cuda_wait_timeout;
+  backend_options.cuda_memory_reserve_bytes =
+      options_.cuda_memory_reserve_bytes;
   absl::StatusOr<std::unique_ptr<Backend>> backend =
       MakeBackend(options_.backend, backend_options);
   if (!backend.ok()) return backend.status();

@@ -50,6 +50,10 @@ struct DaemonOptions {
   gid_t admin_gid = static_cast<gid_t>(-1);
   // CUDA: share memory by legacy CUDA IPC handles (--legacy_cuda_ipc).
   bool legacy_cuda_ipc = false;
+  // CUDA: the watchdog on a client's wait event, and the device memory
+  // kept free for others (BackendOptions).
+  absl::Duration cuda_wait_timeout = absl::Seconds(10);
+  int64_t cuda_memory_reserve_bytes = int64_t{1} << 30;
   int64_t max_message_bytes = int64_t{64} << 20;
   // gRPC threads in all (pollers and handlers), and calls in flight on one
   // connection (docs/DAEMON.md "Limits").

@@ -59,6 +59,14 @@ ABSL_FLAG(bool, legacy_cuda_ipc, false,
           "accept clients' IPC handles. Without it pools and buffers are "
           "VMM allocations handed over as descriptors on the companion "
           "socket, and handles are refused.");
+ABSL_FLAG(int64_t, cuda_wait_timeout_ms, 10000,
+          "CUDA backend: how long a request waits (on the host) for the "
+          "client's wait event before it fails with DEADLINE_EXCEEDED; only "
+          "that request fails.");
+ABSL_FLAG(int64_t, cuda_memory_reserve_bytes, int64_t{1} << 30,
+          "CUDA backend: device memory left to others; pools and buffers "
+          "may take what was free at start minus this (RESOURCE_EXHAUSTED "
+          "beyond). -1 = no device budget.");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20,
           "Largest gRPC message received or sent.");
 ABSL_FLAG(int, max_threads, 64,
@@ -187,6 +195,13 @@ int main(int argc, char** argv) {
   options.socket_group = static_cast<gid_t>(absl::GetFlag(FLAGS_socket_group));
   options.admin_gid = static_cast<gid_t>(absl::GetFlag(FLAGS_admin_gid));
   options.legacy_cuda_ipc = absl::GetFlag(FLAGS_legacy_cuda_ipc);
+  if (absl::GetFlag(FLAGS_cuda_wait_timeout_ms) <= 0) {
+    return UsageError("--cuda_wait_timeout_ms must be > 0");
+  }
+  options.cuda_wait_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_cuda_wait_timeout_ms));
+  options.cuda_memory_reserve_bytes =
+      absl::GetFlag(FLAGS_cuda_memory_reserve_bytes);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_pool_bytes = absl::GetFlag(FLAGS_max_pool_bytes);
   options.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes);

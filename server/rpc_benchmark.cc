@@ -50,7 +50,12 @@ ABSL_FLAG(int, tokens, 256, "Tokens per Store/Load (a decode step).");
 ABSL_FLAG(std::string, json, "", "Also write the results to this JSON file.");
 ABSL_FLAG(std::string, serving_model, "callback",
           "In-process daemon: gRPC serving model (callback | sync).");
-ABSL_FLAG(std::string, backend, "cpu",
+#ifdef KVDEPOT_RPC_BENCHMARK_CUDA  // //server:rpc_benchmark_cuda
+#define KVDEPOT_RPC_BENCHMARK_BACKEND "cuda"
+#else
+#define KVDEPOT_RPC_BENCHMARK_BACKEND "cpu"
+#endif
+ABSL_FLAG(std::string, backend, KVDEPOT_RPC_BENCHMARK_BACKEND,
           "In-process daemon: cpu, or cuda (GPU host; K/V sent inline).");
 
 namespace kvdepot {

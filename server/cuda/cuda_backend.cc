@@ -382,6 +382,10 @@ absl::Status CudaBackend::StoreOrdered(const PoolLayout& layout,
         kv_op->where == Where::kDevice ? kv : dev + kv_op->offset;
     gpu::LaunchOptions launch;
     launch.stream = st;
+    // Programmatic Dependent Launch: after a kernel on the same stream
+    // (chained calls) this one may start early; its griddepcontrol.wait
+    // keeps the data dependency.
+    launch.pdl = true;
     RETURN_IF_ERROR(
         gpu::Store(layout, (*mem)->data() + layout.layer_offset(layer), kv_dev,
                    dtype, reinterpret_cast<const int32_t*>(dev), n, launch));
@@ -471,6 +475,10 @@ absl::Status CudaBackend::LoadOrdered(const PoolLayout& layout,
     };
     gpu::LaunchOptions launch;
     launch.stream = st;
+    // Programmatic Dependent Launch: after a kernel on the same stream
+    // (chained calls) this one may start early; its griddepcontrol.wait
+    // keeps the data dependency.
+    launch.pdl = true;
     RETURN_IF_ERROR(gpu::LoadSegments(
         layout, (*mem)->data() + layout.layer_offset(layer),
         reinterpret_cast<const int32_t*>(dev), num_segments, at(*data_op),
