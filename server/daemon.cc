@@ -223,6 +223,9 @@ absl::StatusOr<std::unique_ptr<MemoryBudget>> Daemon::MakeMemoryBudget(
 absl::Status Daemon::Init() {
   BackendOptions backend_options;
   backend_options.legacy_cuda_ipc = options_.legacy_cuda_ipc;
+  backend_options.cuda_wait_timeout = options_.cuda_wait_timeout;
+  backend_options.cuda_memory_reserve_bytes =
+      options_.cuda_memory_reserve_bytes;
   absl::StatusOr<std::unique_ptr<Backend>> backend =
       MakeBackend(options_.backend, backend_options);
   if (!backend.ok()) return backend.status();
@@ -336,7 +339,8 @@ absl::Status Daemon::Init() {
   builder.SetResourceQuota(quota);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
                              options_.max_streams_per_connection);
-  builder.RegisterService(service_.get());
+  ASSIGN_OR_RETURN(serving_, MakeServing(service_.get(), options_.serving));
+  builder.RegisterService(serving_->service());
   builder.RegisterService(tcp_sessions_.get());
   server_ = builder.BuildAndStart();
   if (server_ == nullptr) {
@@ -366,9 +370,10 @@ absl::Status Daemon::Init() {
       v1::KVCache::service_full_name(), true);
   server_->GetHealthCheckService()->SetServingStatus(true);
   reaper_ = std::thread([this] { ReapLoop(); });
-  spdlog::info("kvdepot serving on {} companion={} backend={}", target_,
+  spdlog::info("kvdepot serving on {} companion={} backend={} serving={}",
+               target_,
                companion_path_.empty() ? "none (TCP)" : companion_path_,
-               std::string(backend_->name()));
+               std::string(backend_->name()), options_.serving.model);
   return absl::OkStatus();
 }
 
@@ -411,6 +416,7 @@ void Daemon::Shutdown() {
     server_->Shutdown(absl::ToChronoTime(deadline));
     server_->Wait();
   }
+  if (serving_ != nullptr) serving_->Shutdown();
   if (reaper_.joinable()) reaper_.join();
   if (companion_ != nullptr) companion_->Shutdown();
   metrics_server_.reset();

@@ -24,6 +24,7 @@
 #include "server/pools.h"
 #include "server/service.h"
 #include "server/service_tcp_session.h"
+#include "server/serving.h"
 #include "server/sessions.h"
 #include "server/tls.h"
 
@@ -50,6 +51,10 @@ struct DaemonOptions {
   gid_t admin_gid = static_cast<gid_t>(-1);
   // CUDA: share memory by legacy CUDA IPC handles (--legacy_cuda_ipc).
   bool legacy_cuda_ipc = false;
+  // CUDA: the watchdog on a client's wait event, and the device memory
+  // kept free for others (BackendOptions).
+  absl::Duration cuda_wait_timeout = absl::Seconds(10);
+  int64_t cuda_memory_reserve_bytes = int64_t{1} << 30;
   int64_t max_message_bytes = int64_t{64} << 20;
   // gRPC threads in all (pollers and handlers), and calls in flight on one
   // connection (docs/DAEMON.md "Limits").
@@ -75,6 +80,8 @@ struct DaemonOptions {
   absl::Duration drain_grace = absl::Milliseconds(200);
   SessionLimits sessions;
   ServiceOptions service;
+  // The gRPC serving model and its worker pools (server/serving.h).
+  ServingOptions serving;
 };
 
 class Daemon {
@@ -121,6 +128,7 @@ class Daemon {
   std::unique_ptr<SessionManager> sessions_;
   std::unique_ptr<KVCacheService> service_;
   std::unique_ptr<TcpSessionService> tcp_sessions_;  // outlives server_
+  std::unique_ptr<Serving> serving_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsServer> metrics_server_;
   std::unique_ptr<CompanionServer> companion_;

@@ -56,6 +56,11 @@ class InstrumentedBackend final : public Backend {
   absl::Status CopyBytes(void* dst, const void* src, int64_t n) override {
     return inner_->CopyBytes(dst, src, n);
   }
+  absl::Status AwaitClientEvent(const Memory& pool,
+                                absl::string_view wait_event,
+                                absl::Time deadline) override {
+    return inner_->AwaitClientEvent(pool, wait_event, deadline);
+  }
 
  private:
   void CountStore(const PoolLayout& layout,

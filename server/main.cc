@@ -11,6 +11,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/time/time.h"
+#include "server/backend/cuda_env.h"
 #include "server/command_line.h"
 #include "server/daemon.h"
 #include "server/logging.h"
@@ -58,6 +59,14 @@ ABSL_FLAG(bool, legacy_cuda_ipc, false,
           "accept clients' IPC handles. Without it pools and buffers are "
           "VMM allocations handed over as descriptors on the companion "
           "socket, and handles are refused.");
+ABSL_FLAG(int64_t, cuda_wait_timeout_ms, 10000,
+          "CUDA backend: how long a request waits (on the host) for the "
+          "client's wait event before it fails with DEADLINE_EXCEEDED; only "
+          "that request fails.");
+ABSL_FLAG(int64_t, cuda_memory_reserve_bytes, int64_t{1} << 30,
+          "CUDA backend: device memory left to others; pools and buffers "
+          "may take what was free at start minus this (RESOURCE_EXHAUSTED "
+          "beyond). -1 = no device budget.");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20,
           "Largest gRPC message received or sent.");
 ABSL_FLAG(int, max_threads, 64,
@@ -97,6 +106,21 @@ ABSL_FLAG(int64_t, drain_grace_ms, 200,
           "in-flight ones finished, before the socket closes.");
 ABSL_FLAG(int64_t, testonly_verify_block_delay_ms, 0,
           "Tests only: Verify sleeps this long per block.");
+ABSL_FLAG(std::string, serving_model, "callback",
+          "gRPC serving model: callback (short calls inline on the thread "
+          "that read them, long ones on a bounded worker pool) or sync.");
+ABSL_FLAG(int, worker_threads, 8,
+          "Callback model: threads running offloaded calls (large Store/"
+          "Load, PrefillLoad, pool and buffer creation, every call that may "
+          "wait for the GPU).");
+ABSL_FLAG(int, ops_threads, 2,
+          "Callback model: threads running Verify and Inspect scans.");
+ABSL_FLAG(int, max_queued_calls, 1024,
+          "Callback model: offloaded calls waiting for a worker; beyond it a "
+          "call gets RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, inline_max_rows, 1024,
+          "Callback model, CPU backend: Store/Load rows up to which a call "
+          "runs inline on the gRPC thread.");
 ABSL_FLAG(int64_t, drain_timeout_s, 30,
           "On SIGTERM, how long in-flight calls may run before cancellation.");
 
@@ -141,6 +165,19 @@ int main(int argc, char** argv) {
     if (!s.ok()) return UsageError(s.message());
   }
 
+  // Before any CUDA call: the driver reads these when it initializes.
+  if (absl::GetFlag(FLAGS_backend) != "cpu") {
+    if (absl::Status s = kvdepot::PrepareCudaEnvironment(); !s.ok()) {
+      if (absl::GetFlag(FLAGS_backend) == "cuda") {
+        spdlog::error("cannot start: --backend=cuda: {}",
+                      std::string(s.message()));
+        return kvdepot::kExitStartFailed;
+      }
+      spdlog::warn("{} (the CUDA backend will refuse to start)",
+                   std::string(s.message()));
+    }
+  }
+
   // Block the drain signals in every thread; this one waits for them.
   sigset_t signals;
   sigemptyset(&signals);
@@ -170,6 +207,13 @@ int main(int argc, char** argv) {
   options.socket_group = static_cast<gid_t>(absl::GetFlag(FLAGS_socket_group));
   options.admin_gid = static_cast<gid_t>(absl::GetFlag(FLAGS_admin_gid));
   options.legacy_cuda_ipc = absl::GetFlag(FLAGS_legacy_cuda_ipc);
+  if (absl::GetFlag(FLAGS_cuda_wait_timeout_ms) <= 0) {
+    return UsageError("--cuda_wait_timeout_ms must be > 0");
+  }
+  options.cuda_wait_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_cuda_wait_timeout_ms));
+  options.cuda_memory_reserve_bytes =
+      absl::GetFlag(FLAGS_cuda_memory_reserve_bytes);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_pool_bytes = absl::GetFlag(FLAGS_max_pool_bytes);
   options.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes);
@@ -197,6 +241,11 @@ int main(int argc, char** argv) {
   options.service.verify_block_delay =
       absl::Milliseconds(absl::GetFlag(FLAGS_testonly_verify_block_delay_ms));
   options.drain_grace = absl::Milliseconds(absl::GetFlag(FLAGS_drain_grace_ms));
+  options.serving.model = absl::GetFlag(FLAGS_serving_model);
+  options.serving.worker_threads = absl::GetFlag(FLAGS_worker_threads);
+  options.serving.ops_threads = absl::GetFlag(FLAGS_ops_threads);
+  options.serving.max_queued_calls = absl::GetFlag(FLAGS_max_queued_calls);
+  options.serving.inline_max_rows = absl::GetFlag(FLAGS_inline_max_rows);
   if (options.sessions.default_lease <= absl::ZeroDuration() ||
       options.reap_interval <= absl::ZeroDuration()) {
     return UsageError("--lease_ms and --reap_interval_ms must be > 0");

@@ -8,7 +8,12 @@
 //   bazel run -c opt //server:rpc_benchmark -- --iterations=2000
 //
 // By default the daemon runs in this process (its own server threads, a
-// temporary socket); --address measures an external kvdepot instead.
+// temporary socket) with --serving_model (callback or sync) and --backend
+// (cpu, or cuda on a GPU host: the K/V then travel inline, staged by the
+// daemon, and the kernel time is the daemon's own backend time from
+// Stats); --address measures an external kvdepot instead. Ping is also
+// measured with a callback-API client and on a channel with gRPC's minimal
+// filter stack, to show what the client side costs.
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -17,6 +22,7 @@
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -25,12 +31,14 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "client/kvdepot_client.h"
 #include "kernels/format_host.h"
 #include "kernels/quant.h"
 #include "kernels/reference/reference.h"
 #include "proto/wire.h"
+#include "server/backend/cuda_env.h"
 #include "server/daemon.h"
 #include "spdlog/spdlog.h"
 
@@ -40,6 +48,15 @@ ABSL_FLAG(int, iterations, 2000, "Measured requests per kind.");
 ABSL_FLAG(int, warmup, 200, "Unmeasured requests per kind first.");
 ABSL_FLAG(int, tokens, 256, "Tokens per Store/Load (a decode step).");
 ABSL_FLAG(std::string, json, "", "Also write the results to this JSON file.");
+ABSL_FLAG(std::string, serving_model, "callback",
+          "In-process daemon: gRPC serving model (callback | sync).");
+#ifdef KVDEPOT_RPC_BENCHMARK_CUDA  // //server:rpc_benchmark_cuda
+#define KVDEPOT_RPC_BENCHMARK_BACKEND "cuda"
+#else
+#define KVDEPOT_RPC_BENCHMARK_BACKEND "cpu"
+#endif
+ABSL_FLAG(std::string, backend, KVDEPOT_RPC_BENCHMARK_BACKEND,
+          "In-process daemon: cpu, or cuda (GPU host; K/V sent inline).");
 
 namespace kvdepot {
 namespace {
@@ -122,7 +139,8 @@ int Run() {
       return 1;
     }
     options.listen = dir + "/kv.sock";
-    options.backend = "cpu";
+    options.backend = absl::GetFlag(FLAGS_backend);
+    options.serving.model = absl::GetFlag(FLAGS_serving_model);
     absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(options);
     if (!d.ok()) {
       std::fprintf(stderr, "%s\n", d.status().ToString().c_str());
@@ -153,17 +171,27 @@ int Run() {
   }
   const int tokens = absl::GetFlag(FLAGS_tokens);
   const int64_t kv_bytes = int64_t{tokens} * kElements * 2;
-  absl::StatusOr<BufferMapping> in = (*c)->AllocateBuffer(kv_bytes);
-  absl::StatusOr<BufferMapping> out = (*c)->AllocateBuffer(kv_bytes);
-  if (!in.ok() || !out.ok()) {
-    std::fprintf(stderr, "AllocateBuffer failed\n");
-    return 1;
+  // CPU: shared buffers (memfds mapped here). CUDA: the K/V travel inline
+  // (this benchmark has no device buffers of its own).
+  const bool inline_data = absl::GetFlag(FLAGS_backend) == "cuda";
+  std::optional<BufferMapping> in, out;
+  std::vector<uint8_t> host_in(static_cast<size_t>(kv_bytes));
+  if (!inline_data) {
+    absl::StatusOr<BufferMapping> i = (*c)->AllocateBuffer(kv_bytes);
+    absl::StatusOr<BufferMapping> o = (*c)->AllocateBuffer(kv_bytes);
+    if (!i.ok() || !o.ok()) {
+      std::fprintf(stderr, "AllocateBuffer failed\n");
+      return 1;
+    }
+    in.emplace(*std::move(i));
+    out.emplace(*std::move(o));
   }
+  uint8_t* kv_in = inline_data ? host_in.data() : in->data();
   std::mt19937 rng(301);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (int64_t i = 0; i < int64_t{tokens} * kElements; ++i) {
     const uint16_t h = FloatToBf16(normal(rng));
-    std::memcpy(in->data() + 2 * i, &h, 2);
+    std::memcpy(kv_in + 2 * i, &h, 2);
   }
   // Decode step: one token for each of `tokens` sequences, slots scattered
   // over the pool.
@@ -176,7 +204,11 @@ int Run() {
   store.set_num_tokens(tokens);
   EncodeInt32s(slots, store.mutable_slot_mapping());
   store.set_dtype(v1::INPUT_DTYPE_BF16);
-  *store.mutable_kv() = in->Slice(0, kv_bytes);
+  if (inline_data) {
+    store.mutable_kv()->set_inline_data(host_in.data(), host_in.size());
+  } else {
+    *store.mutable_kv() = in->Slice(0, kv_bytes);
+  }
   // Load of the same tokens, one segment each.
   std::vector<int32_t> segs;
   for (int i = 0; i < tokens; ++i) {
@@ -189,7 +221,11 @@ int Run() {
   s->set_num_segments(tokens);
   EncodeInt32s(segs, s->mutable_segments());
   s->set_total_k(tokens);
-  *load.mutable_data() = out->Slice(0, kv_bytes);
+  if (inline_data) {
+    load.mutable_data()->set_inline_output(true);
+  } else {
+    *load.mutable_data() = out->Slice(0, kv_bytes);
+  }
   // Load by block table: tokens / 64 sequences of 64 tokens.
   v1::LoadRequest load_bt;
   load_bt.set_pool(pool);
@@ -201,8 +237,12 @@ int Run() {
   std::vector<int32_t> table(seqs);
   std::iota(table.begin(), table.end(), 7);
   EncodeInt32s(table, sp->mutable_block_table());
-  *load_bt.mutable_data() =
-      out->Slice(0, int64_t{seqs} * kBlockSize * kElements * 2);
+  if (inline_data) {
+    load_bt.mutable_data()->set_inline_output(true);
+  } else {
+    *load_bt.mutable_data() =
+        out->Slice(0, int64_t{seqs} * kBlockSize * kElements * 2);
+  }
 
   const int warmup = absl::GetFlag(FLAGS_warmup);
   const int iters = absl::GetFlag(FLAGS_iterations);
@@ -223,6 +263,41 @@ int Run() {
   results.push_back(SocketPingPong(warmup, iters));
   results.push_back(Measure("Ping (empty RPC)", warmup, iters,
                             [&] { return client->Ping(); }));
+  // Client-side variants of the same empty call.
+  {
+    grpc::ChannelArguments args;
+    args.SetInt("kvdepot.bench.channel", 1);  // a connection of its own
+    args.SetInt(GRPC_ARG_MINIMAL_STACK, 1);
+    auto channel = grpc::CreateCustomChannel(
+        client->target(), grpc::InsecureChannelCredentials(), args);
+    auto stub = v1::KVCache::NewStub(channel);
+    results.push_back(Measure("  Ping, sync stub, minimal-stack channel",
+                              warmup, iters, [&]() -> absl::Status {
+                                grpc::ClientContext ctx;
+                                v1::PingRequest req;
+                                v1::PingResponse resp;
+                                grpc::Status s = stub->Ping(&ctx, req, &resp);
+                                return s.ok() ? absl::OkStatus()
+                                              : absl::UnavailableError(
+                                                    s.error_message());
+                              }));
+    results.push_back(Measure(
+        "  Ping, callback client, minimal-stack channel", warmup, iters,
+        [&]() -> absl::Status {
+          grpc::ClientContext ctx;
+          v1::PingRequest req;
+          v1::PingResponse resp;
+          grpc::Status status;
+          absl::Notification done;
+          stub->async()->Ping(&ctx, &req, &resp, [&](grpc::Status s) {
+            status = std::move(s);
+            done.Notify();
+          });
+          done.WaitForNotification();
+          return status.ok() ? absl::OkStatus()
+                             : absl::UnavailableError(status.error_message());
+        }));
+  }
   int64_t k0 = kernel_us(true);
   results.push_back(
       Measure(absl::StrCat("Store ", tokens, " tokens V41 (shared buffer)"),
@@ -248,8 +323,7 @@ int Run() {
   std::vector<uint8_t> rows(static_cast<size_t>(kv_bytes));
   const Result store_kernel =
       Measure("  kernel: reference Store", warmup, iters, [&] {
-        return Store(layout, layer.data(), in->data(), InputDtype::kBF16,
-                     slots);
+        return Store(layout, layer.data(), kv_in, InputDtype::kBF16, slots);
       });
   const Result load_kernel =
       Measure("  kernel: reference LoadSegments", warmup, iters, [&] {
@@ -277,6 +351,7 @@ int Run() {
       std::fclose(f);
     }
   }
+  constexpr size_t kStore = 4, kLoad = 5;  // after the Ping variants
   const double ping = results[1].p50_us;
   std::printf(
       "\nPing p50 over the same run's Unix-socket ping-pong p50: "
@@ -287,19 +362,19 @@ int Run() {
       "p50(Ping):\n"
       "  Store: %.1f us = %.2fx Ping\n  Load (segments): %.1f us = %.2fx "
       "Ping\n",
-      results[2].p50_us - store_kernel.p50_us,
-      (results[2].p50_us - store_kernel.p50_us) / ping,
-      results[3].p50_us - load_kernel.p50_us,
-      (results[3].p50_us - load_kernel.p50_us) / ping);
+      results[kStore].p50_us - store_kernel.p50_us,
+      (results[kStore].p50_us - store_kernel.p50_us) / ping,
+      results[kLoad].p50_us - load_kernel.p50_us,
+      (results[kLoad].p50_us - load_kernel.p50_us) / ping);
   std::printf(
       "request overhead = mean(RPC) - mean(in-daemon kernel time from Stats), "
       "ratio to mean(Ping):\n"
       "  Store: %.1f us (kernel %.1f us) = %.2fx Ping\n"
       "  Load (segments): %.1f us (kernel %.1f us) = %.2fx Ping\n",
-      results[2].mean_us - store_daemon_kernel_us, store_daemon_kernel_us,
-      (results[2].mean_us - store_daemon_kernel_us) / results[1].mean_us,
-      results[3].mean_us - load_daemon_kernel_us, load_daemon_kernel_us,
-      (results[3].mean_us - load_daemon_kernel_us) / results[1].mean_us);
+      results[kStore].mean_us - store_daemon_kernel_us, store_daemon_kernel_us,
+      (results[kStore].mean_us - store_daemon_kernel_us) / results[1].mean_us,
+      results[kLoad].mean_us - load_daemon_kernel_us, load_daemon_kernel_us,
+      (results[kLoad].mean_us - load_daemon_kernel_us) / results[1].mean_us);
   (void)client->DeletePool(pool);
   return 0;
 }
@@ -309,5 +384,12 @@ int Run() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_backend) != "cpu") {
+    // Before any CUDA call (the in-process daemon's backend checks it).
+    if (absl::Status s = kvdepot::PrepareCudaEnvironment(); !s.ok()) {
+      std::fprintf(stderr, "%s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
   return kvdepot::Run();
 }

@@ -76,7 +76,7 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   return ToGrpcStatusWithDetails(status);  // + google.rpc.BadRequest
 }
 
-absl::Status CheckAlive(const grpc::ServerContext* ctx) {
+absl::Status CheckAlive(const grpc::ServerContextBase* ctx) {
   if (ctx == nullptr) return absl::OkStatus();
   if (ctx->IsCancelled()) return absl::CancelledError("the call was cancelled");
   if (ctx->deadline() <= std::chrono::system_clock::now()) {
@@ -476,11 +476,10 @@ grpc::Status KVCacheService::Inspect(Ctx* ctx, const v1::InspectRequest* r,
              [&](const Caller& c) { return DoInspect(c, *r, out); });
 }
 
-grpc::Status KVCacheService::Verify(
-    Ctx* ctx, const v1::VerifyRequest* r,
-    grpc::ServerWriter<v1::VerifyProgress>* writer) {
+grpc::Status KVCacheService::Verify(Ctx* ctx, const v1::VerifyRequest* r,
+                                    const ProgressWriter& write) {
   return Run(Rpc::kVerify, ctx, r->pool(), "",
-             [&](const Caller& c) { return DoVerify(ctx, c, *r, writer); });
+             [&](const Caller& c) { return DoVerify(ctx, c, *r, write); });
 }
 
 grpc::Status KVCacheService::Drain(Ctx* ctx, const v1::DrainRequest* /*r*/,

@@ -71,7 +71,9 @@ enum class Rpc : int {
   kCount,
 };
 
-class KVCacheService final : public v1::KVCache::Service {
+// The handlers, independent of gRPC's serving model: server/serving.h
+// adapts them to the callback API (the default) or the sync API.
+class KVCacheService final {
  public:
   KVCacheService(Backend* backend, PoolRegistry* pools,
                  SessionManager* sessions, const ServiceOptions& options);
@@ -92,51 +94,58 @@ class KVCacheService final : public v1::KVCache::Service {
   // Gauges and counters as the Stats RPC returns them (also /metrics).
   void FillStats(v1::StatsResponse* out) const;
 
-  using Ctx = grpc::ServerContext;
+  // Both serving models' contexts (grpc::ServerContext of the sync API,
+  // grpc::CallbackServerContext of the callback API) are one of these.
+  using Ctx = grpc::ServerContextBase;
+  // Where Verify's progress messages go; false = the client went away.
+  using ProgressWriter = std::function<bool(const v1::VerifyProgress&)>;
   grpc::Status OpenSession(Ctx*, const v1::OpenSessionRequest*,
-                           v1::OpenSessionResponse*) override;
+                           v1::OpenSessionResponse*);
   grpc::Status KeepAlive(Ctx*, const v1::KeepAliveRequest*,
-                         v1::KeepAliveResponse*) override;
+                         v1::KeepAliveResponse*);
   grpc::Status CloseSession(Ctx*, const v1::CloseSessionRequest*,
-                            v1::CloseSessionResponse*) override;
-  grpc::Status CreatePool(Ctx*, const v1::CreatePoolRequest*,
-                          v1::PoolInfo*) override;
-  grpc::Status GetPool(Ctx*, const v1::GetPoolRequest*, v1::PoolInfo*) override;
+                            v1::CloseSessionResponse*);
+  grpc::Status CreatePool(Ctx*, const v1::CreatePoolRequest*, v1::PoolInfo*);
+  grpc::Status GetPool(Ctx*, const v1::GetPoolRequest*, v1::PoolInfo*);
   grpc::Status ListPools(Ctx*, const v1::ListPoolsRequest*,
-                         v1::ListPoolsResponse*) override;
+                         v1::ListPoolsResponse*);
   grpc::Status DeletePool(Ctx*, const v1::DeletePoolRequest*,
-                          v1::DeletePoolResponse*) override;
+                          v1::DeletePoolResponse*);
   grpc::Status AllocateBuffer(Ctx*, const v1::AllocateBufferRequest*,
-                              v1::BufferInfo*) override;
+                              v1::BufferInfo*);
   grpc::Status ImportBuffer(Ctx*, const v1::ImportBufferRequest*,
-                            v1::BufferInfo*) override;
+                            v1::BufferInfo*);
   grpc::Status ReleaseBuffer(Ctx*, const v1::ReleaseBufferRequest*,
-                             v1::ReleaseBufferResponse*) override;
-  grpc::Status Grant(Ctx*, const v1::GrantRequest*,
-                     v1::GrantResponse*) override;
-  grpc::Status Store(Ctx*, const v1::StoreRequest*,
-                     v1::StoreResponse*) override;
-  grpc::Status Load(Ctx*, const v1::LoadRequest*, v1::LoadResponse*) override;
+                             v1::ReleaseBufferResponse*);
+  grpc::Status Grant(Ctx*, const v1::GrantRequest*, v1::GrantResponse*);
+  grpc::Status Store(Ctx*, const v1::StoreRequest*, v1::StoreResponse*);
+  grpc::Status Load(Ctx*, const v1::LoadRequest*, v1::LoadResponse*);
   grpc::Status BuildPlan(Ctx*, const v1::BuildPlanRequest*,
-                         v1::BuildPlanResponse*) override;
+                         v1::BuildPlanResponse*);
   grpc::Status PrefillLoad(Ctx*, const v1::PrefillLoadRequest*,
-                           v1::PrefillLoadResponse*) override;
+                           v1::PrefillLoadResponse*);
   grpc::Status ConvertTopk(Ctx*, const v1::ConvertTopkRequest*,
-                           v1::ConvertTopkResponse*) override;
+                           v1::ConvertTopkResponse*);
   grpc::Status SwaDecodeIndex(Ctx*, const v1::SwaDecodeIndexRequest*,
-                              v1::SwaDecodeIndexResponse*) override;
+                              v1::SwaDecodeIndexResponse*);
   grpc::Status PrefillIndex(Ctx*, const v1::PrefillIndexRequest*,
-                            v1::PrefillIndexResponse*) override;
-  grpc::Status Stats(Ctx*, const v1::StatsRequest*,
-                     v1::StatsResponse*) override;
-  grpc::Status Ping(Ctx*, const v1::PingRequest*, v1::PingResponse*) override;
+                            v1::PrefillIndexResponse*);
+  grpc::Status Stats(Ctx*, const v1::StatsRequest*, v1::StatsResponse*);
+  grpc::Status Ping(Ctx*, const v1::PingRequest*, v1::PingResponse*);
   // Operations (service_ops.cc).
-  grpc::Status Inspect(Ctx*, const v1::InspectRequest*,
-                       v1::InspectResponse*) override;
+  grpc::Status Inspect(Ctx*, const v1::InspectRequest*, v1::InspectResponse*);
   grpc::Status Verify(Ctx*, const v1::VerifyRequest*,
-                      grpc::ServerWriter<v1::VerifyProgress>*) override;
-  grpc::Status Drain(Ctx*, const v1::DrainRequest*,
-                     v1::DrainResponse*) override;
+                      const ProgressWriter& write);
+  grpc::Status Verify(Ctx* ctx, const v1::VerifyRequest* r,
+                      grpc::ServerWriter<v1::VerifyProgress>* writer) {
+    return Verify(ctx, r, [writer](const v1::VerifyProgress& p) {
+      return writer->Write(p);
+    });
+  }
+  // Whether the backend's calls may wait for a device (GPU completion):
+  // such calls never run on a gRPC thread.
+  bool backend_waits_for_device() const { return backend_->name() != "cpu"; }
+  grpc::Status Drain(Ctx*, const v1::DrainRequest*, v1::DrainResponse*);
 
  private:
   // Refuses while draining or past the deadline, resolves the caller from
@@ -162,6 +171,14 @@ class KVCacheService final : public v1::KVCache::Service {
                                                    absl::string_view wait_event,
                                                    bool record_event);
 
+  // Awaits a Store/Load's client event on the host (Backend::
+  // AwaitClientEvent) before the pool's lock is taken, and returns the
+  // ordering to queue the work with: no event left to wait on, the
+  // caller's session (its own streams).
+  absl::StatusOr<GpuOrdering> AwaitOrdering(Ctx* ctx, const Caller& caller,
+                                            const Pool& pool,
+                                            const GpuOrdering& ordering);
+
   // The handlers (service_data.cc, service_index.cc).
   absl::Status DoStore(Ctx* ctx, const Caller& caller,
                        const v1::StoreRequest& r, v1::StoreResponse* out);
@@ -185,7 +202,7 @@ class KVCacheService final : public v1::KVCache::Service {
   absl::Status DoDrain(const Caller& caller, v1::DrainResponse* out);
   absl::Status DoVerify(Ctx* ctx, const Caller& caller,
                         const v1::VerifyRequest& r,
-                        grpc::ServerWriter<v1::VerifyProgress>* writer);
+                        const ProgressWriter& write);
 
   Backend* const backend_;
   PoolRegistry* const pools_;
@@ -203,7 +220,7 @@ class KVCacheService final : public v1::KVCache::Service {
 
 // Not OK when the client cancelled or the deadline passed: checked before
 // heavy work.
-absl::Status CheckAlive(const grpc::ServerContext* ctx);
+absl::Status CheckAlive(const grpc::ServerContextBase* ctx);
 
 // The call metadata key that carries the session id of calls whose request
 // has no session_id field.

@@ -62,6 +62,20 @@ absl::StatusOr<std::shared_ptr<Pool>> KVCacheService::DataTarget(
   return pool;
 }
 
+absl::StatusOr<GpuOrdering> KVCacheService::AwaitOrdering(
+    Ctx* ctx, const Caller& caller, const Pool& pool,
+    const GpuOrdering& ordering) {
+  const absl::Time deadline = ctx == nullptr
+                                  ? absl::InfiniteFuture()
+                                  : absl::FromChrono(ctx->deadline());
+  RETURN_IF_ERROR(
+      backend_->AwaitClientEvent(*pool.memory, ordering.wait_event, deadline));
+  GpuOrdering queued;
+  queued.record_event = ordering.record_event;
+  queued.session = caller.session;
+  return queued;
+}
+
 absl::Status KVCacheService::DoStore(Ctx* ctx, const Caller& caller,
                                      const v1::StoreRequest& r,
                                      v1::StoreResponse* out) {
@@ -89,9 +103,12 @@ absl::Status KVCacheService::DoStore(Ctx* ctx, const Caller& caller,
   const GpuOrdering ordering{r.wait_event_ipc_handle(), r.record_event()};
   if (r.num_tokens() == 0 && ordering.empty()) return absl::OkStatus();
   RETURN_IF_ERROR(CheckAlive(ctx));
+  absl::StatusOr<GpuOrdering> queued =
+      AwaitOrdering(ctx, caller, **pool, ordering);
+  if (!queued.ok()) return queued.status();
   absl::MutexLock lock(&(*pool)->mu);
   return backend_->StoreOrdered(layout, *(*pool)->memory, r.layer(), kv->data,
-                                *dtype, sc.slots, ordering,
+                                *dtype, sc.slots, *queued,
                                 out->mutable_recorded_event_ipc_handle());
 }
 
@@ -158,10 +175,13 @@ absl::Status KVCacheService::DoLoad(Ctx* ctx, const Caller& caller,
   const GpuOrdering ordering{r.wait_event_ipc_handle(), r.record_event()};
   if (segments.empty() && ordering.empty()) return absl::OkStatus();
   RETURN_IF_ERROR(CheckAlive(ctx));
+  absl::StatusOr<GpuOrdering> queued =
+      AwaitOrdering(ctx, caller, **pool, ordering);
+  if (!queued.ok()) return queued.status();
   absl::ReaderMutexLock lock(&(*pool)->mu);
   return backend_->LoadOrdered(layout, *(*pool)->memory, r.layer(), segments,
                                total_k, data->data,
-                               f.do_cast ? nullptr : scales->data, ordering,
+                               f.do_cast ? nullptr : scales->data, *queued,
                                out->mutable_recorded_event_ipc_handle());
 }
 

@@ -98,9 +98,9 @@ absl::Status KVCacheService::DoInspect(const Caller& caller,
   return absl::OkStatus();
 }
 
-absl::Status KVCacheService::DoVerify(
-    Ctx* ctx, const Caller& caller, const v1::VerifyRequest& r,
-    grpc::ServerWriter<v1::VerifyProgress>* writer) {
+absl::Status KVCacheService::DoVerify(Ctx* ctx, const Caller& caller,
+                                      const v1::VerifyRequest& r,
+                                      const ProgressWriter& write) {
   absl::StatusOr<std::shared_ptr<Pool>> pool =
       UsablePool(caller, "pool", r.pool());
   if (!pool.ok()) return pool.status();
@@ -174,7 +174,7 @@ absl::Status KVCacheService::DoVerify(
       if (done % every == 0 && done < total) {
         progress.set_blocks_done(done);
         progress.set_blocks_total(total);
-        if (!writer->Write(progress)) {
+        if (!write(progress)) {
           return absl::CancelledError("the client went away");
         }
         progress.Clear();
@@ -187,7 +187,7 @@ absl::Status KVCacheService::DoVerify(
   totals.set_pool_xxh3(
       XXH3_64bits(sums.data(), sums.size() * sizeof(uint64_t)));
   progress.MergeFrom(totals);
-  if (!writer->Write(progress)) {
+  if (!write(progress)) {
     return absl::CancelledError("the client went away");
   }
   spdlog::info("rpc=Verify pool={} blocks={} blocks_with_issues={}",

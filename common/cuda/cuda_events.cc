@@ -1,9 +1,11 @@
 #include "common/cuda/cuda_events.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/cuda/cuda_mappings.h"
 #include "common/cuda/cuda_status.h"
 #include "common/status_macros.h"
@@ -90,6 +92,32 @@ absl::Status CudaIpcEvent::Wait(cudaStream_t stream) const {
   RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(stream, event_, 0),
                        "cudaStreamWaitEvent(interprocess event)");
   return absl::OkStatus();
+}
+
+absl::Status CudaIpcEvent::AwaitOnHost(absl::string_view field,
+                                       absl::Time deadline) const {
+  // Short sleeps first (a ready event costs one query), then up to 200 us
+  // between polls: a wait is normally a kernel or two of the client.
+  absl::Duration pause = absl::Microseconds(2);
+  const absl::Time start = absl::Now();
+  for (;;) {
+    const cudaError_t e = cudaEventQuery(event_);
+    if (e == cudaSuccess) return absl::OkStatus();
+    if (e != cudaErrorNotReady) {
+      return gpu::ToStatus(e, absl::StrCat(field, ": cudaEventQuery"));
+    }
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          field, ": the client's event did not complete within ",
+          absl::FormatDuration(now - start),
+          " (the request's deadline or the daemon's watchdog, "
+          "--cuda_wait_timeout_ms); nothing of this request was queued or "
+          "written"));
+    }
+    absl::SleepFor(std::min(pause, deadline - now));
+    pause = std::min(pause * 2, absl::Microseconds(200));
+  }
 }
 
 absl::Status CudaIpcEvent::Synchronize() const {

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace kvdepot {
 
@@ -50,8 +51,16 @@ class CudaIpcEvent {
 
   // Records the event on `stream` (a stream of device()).
   absl::Status Record(cudaStream_t stream);
-  // Makes `stream` wait for the event's most recent record.
+  // Makes `stream` wait for the event's most recent record. Never for a
+  // client's event in the daemon: a GPU-side wait on another process's
+  // event cannot be released if it never fires (GPU_HOST.md); use
+  // AwaitOnHost there.
   absl::Status Wait(cudaStream_t stream) const;
+  // Polls the event on the host (cudaEventQuery; the calling thread
+  // sleeps between polls, nothing is queued on any stream) until its most
+  // recent record completed: OK, or DEADLINE_EXCEEDED naming `field` when
+  // `deadline` passed first.
+  absl::Status AwaitOnHost(absl::string_view field, absl::Time deadline) const;
   // Blocks the calling thread until the most recent record completed.
   absl::Status Synchronize() const;
 

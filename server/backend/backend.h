@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/unique_fd.h"
 #include "kernels/format.h"
@@ -57,6 +58,13 @@ struct BackendOptions {
   // without it pools and buffers are VMM allocations handed over as
   // descriptors and handles are refused.
   bool legacy_cuda_ipc = false;
+  // CUDA: the watchdog on a client's wait event (AwaitClientEvent): a
+  // request whose event has not fired by then fails with
+  // DEADLINE_EXCEEDED, nobody else's.
+  absl::Duration cuda_wait_timeout = absl::Seconds(10);
+  // CUDA: device memory kept free for others (the device budget is the
+  // free memory at start minus this); < 0 = no device budget.
+  int64_t cuda_memory_reserve_bytes = int64_t{1} << 30;
 };
 
 // GPU ordering of one Store or Load (SPEC §9; kvdepot.proto
@@ -68,6 +76,9 @@ struct GpuOrdering {
   // Record an interprocess event after the kernels and return without
   // waiting for them.
   bool record_event = false;
+  // The caller's session number (0 = none): the CUDA backend queues each
+  // session's work on its own stream.
+  uint64_t session = 0;
 
   bool empty() const { return wait_event.empty() && !record_event; }
 };
@@ -153,6 +164,22 @@ class Backend {
       return s;
     }
     return Load(layout, pool, layer, segments, total_k, data, scales);
+  }
+
+  // Waits on the host, before anything of the call is queued, for a
+  // client's event (GpuOrdering::wait_event bytes) that a call on `pool`
+  // must follow, until `deadline` at most (a backend may cut it shorter
+  // with its own watchdog): DEADLINE_EXCEEDED when it has not fired by
+  // then (only this call fails; call it without holding the pool's lock),
+  // INVALID_ARGUMENT when the bytes cannot be opened. Empty = OK at once.
+  // Backends without GPU events refuse non-empty bytes.
+  virtual absl::Status AwaitClientEvent(const Memory& /*pool*/,
+                                        absl::string_view wait_event,
+                                        absl::Time /*deadline*/) {
+    if (wait_event.empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("wait_event_ipc_handle: the ", name(),
+                     " backend has no GPU events; leave it unset"));
   }
 
   // Copies `n` bytes between any two of: backend memory (Memory::data()

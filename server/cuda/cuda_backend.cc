@@ -2,20 +2,25 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/cuda/cuda_events.h"
 #include "common/cuda/cuda_mappings.h"
 #include "common/cuda/cuda_status.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/store_load_host.h"
+#include "server/backend/cuda_env.h"
 #include "server/cuda/cuda_memory.h"
+#include "server/cuda/device_budget.h"
 #include "server/cuda/devices.h"
+#include "server/cuda/session_streams.h"
 #include "server/cuda/staging.h"
 
 namespace kvdepot {
@@ -58,9 +63,12 @@ absl::Status LegacyIpcRequired() {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device_count, bool legacy_ipc)
+  CudaBackend(int device_count, const BackendOptions& options,
+              std::shared_ptr<DeviceBudget> budget)
       : device_count_(device_count),
-        legacy_ipc_(legacy_ipc),
+        legacy_ipc_(options.legacy_cuda_ipc),
+        wait_timeout_(options.cuda_wait_timeout),
+        budget_(std::move(budget)),
         ranges_(std::make_shared<DeviceRanges>()) {}
 
   absl::string_view name() const override { return "cuda"; }
@@ -80,9 +88,17 @@ class CudaBackend final : public Backend {
       int64_t size, absl::string_view device) override {
     absl::StatusOr<int> d = ParseCudaDevice("device", device, device_count_);
     if (!d.ok()) return d.status();
+    // The device budget first: a pool that does not fit fails here, with
+    // how much is available, before any device memory is taken.
+    absl::StatusOr<int64_t> rounded = RoundUpAllocation(size);
+    if (!rounded.ok()) return rounded.status();
+    absl::StatusOr<std::shared_ptr<void>> token =
+        budget_->Reserve(*d, *rounded);
+    if (!token.ok()) return token.status();
     absl::StatusOr<std::unique_ptr<CudaAllocation>> m =
         CudaAllocation::Create(size, *d, ranges_, legacy_ipc_);
     if (!m.ok()) return m.status();
+    (*m)->HoldBudget(*std::move(token));
     return std::unique_ptr<Memory>(*std::move(m));
   }
 
@@ -140,10 +156,48 @@ class CudaBackend final : public Backend {
         RETURN_IF_ERROR(FenceOf(**r)->Wait());
       }
     }
-    RETURN_IF_CUDA_ERROR(
-        cudaMemcpy(dst, src, static_cast<size_t>(n), cudaMemcpyDefault),
-        "copying request bytes (cudaMemcpyDefault)");
+    // On the daemon's own copy stream of the device the memory lies on,
+    // waiting for that stream only (never the legacy stream or the
+    // device).
+    int device = -1;
+    for (const void* p : {static_cast<const void*>(dst), src}) {
+      absl::StatusOr<std::optional<DeviceRanges::Range>> r =
+          ranges_->Find(p, n);
+      if (r.ok() && r->has_value()) device = (*r)->device;
+    }
+    if (device < 0) {
+      std::memcpy(dst, src, static_cast<size_t>(n));
+      return absl::OkStatus();
+    }
+    absl::StatusOr<ScopedCudaDevice> scoped = ScopedCudaDevice::Enter(device);
+    if (!scoped.ok()) return scoped.status();
+    absl::StatusOr<SessionStream*> copy = copy_streams_.For(device, 0);
+    if (!copy.ok()) return copy.status();
+    absl::MutexLock lock(&copy_mu_);
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(dst, src, static_cast<size_t>(n),
+                                         cudaMemcpyDefault, (*copy)->stream()),
+                         "copying request bytes (cudaMemcpyDefault)");
+    RETURN_IF_CUDA_ERROR(cudaStreamSynchronize((*copy)->stream()),
+                         "copying request bytes (the daemon's copy stream)");
     return absl::OkStatus();
+  }
+
+  // The client's event, awaited on the host (never by a stream: a GPU-side
+  // wait on another process's event cannot be released; GPU_HOST.md), at
+  // most until the earlier of `deadline` and the watchdog.
+  absl::Status AwaitClientEvent(const Memory& pool, absl::string_view bytes,
+                                absl::Time deadline) override {
+    if (bytes.empty()) return absl::OkStatus();
+    absl::StatusOr<CudaAllocation*> mem = AsAllocation(pool);
+    if (!mem.ok()) return mem.status();
+    const int device = (*mem)->device_ordinal();
+    absl::StatusOr<ScopedCudaDevice> scoped = ScopedCudaDevice::Enter(device);
+    if (!scoped.ok()) return scoped.status();
+    absl::StatusOr<std::optional<CudaIpcEvent>> wait =
+        OpenWaitEvent(kWaitField, bytes, device);
+    if (!wait.ok()) return wait.status();
+    return (*wait)->AwaitOnHost(
+        kWaitField, std::min(deadline, absl::Now() + wait_timeout_));
   }
 
   absl::Status StoreOrdered(const PoolLayout& layout, const Memory& pool,
@@ -211,30 +265,32 @@ class CudaBackend final : public Backend {
   // `device_operands` are the call's operands in device memory: with
   // record_event their memory's UseFence (and the pool's) records the
   // stream, so that releasing or reading it waits for this call.
-  absl::Status Finish(CudaAllocation* mem, StagingPool::Lease& lease,
-                      Queued& queued, const GpuOrdering& ordering,
+  absl::Status Finish(CudaAllocation* mem, SessionStream* stream,
+                      StagingPool::Lease& lease, Queued& queued,
+                      const GpuOrdering& ordering,
                       absl::Span<const Operand> host_outputs,
                       absl::Span<const Operand* const> device_operands,
                       std::string* recorded_event) {
-    cudaStream_t st = mem->stream();
+    cudaStream_t st = stream->stream();
     RETURN_IF_ERROR(lease->MarkUsed(st));
+    // Later calls on this pool, on any session's stream, queue after this.
+    if (mem->fence() != nullptr) {
+      RETURN_IF_ERROR(static_cast<UseFence*>(mem->fence().get())->Record(st));
+    }
     if (ordering.record_event) {
-      absl::StatusOr<std::string> handle = mem->RecordEvent();
+      absl::StatusOr<std::string> handle = stream->RecordEvent();
       if (!handle.ok()) return handle.status();
       if (recorded_event != nullptr) *recorded_event = *std::move(handle);
     }
     if (ordering.record_event && host_outputs.empty()) {
-      if (mem->fence() != nullptr) {
-        RETURN_IF_ERROR(static_cast<UseFence*>(mem->fence().get())->Record(st));
-      }
       for (const Operand* op : device_operands) {
         if (op->fence != nullptr) {
           RETURN_IF_ERROR(static_cast<UseFence*>(op->fence.get())->Record(st));
         }
       }
     } else {
-      RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(st),
-                           "waiting for the request's kernels");
+      // This call's work only (the staging's event), not its stream's.
+      RETURN_IF_ERROR(lease->WaitUsed());
       for (const Operand& op : host_outputs) {
         std::memcpy(op.ptr, lease->host() + op.offset,
                     static_cast<size_t>(op.bytes));
@@ -244,10 +300,28 @@ class CudaBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  // The session's stream, ordered after earlier work on the pool (other
+  // streams' recorded points: the daemon's own work only).
+  absl::StatusOr<SessionStream*> StreamFor(CudaAllocation* mem, int device,
+                                           uint64_t session) {
+    absl::StatusOr<SessionStream*> s = streams_.For(device, session);
+    if (!s.ok()) return s.status();
+    if (mem->fence() != nullptr) {
+      RETURN_IF_ERROR(static_cast<UseFence*>(mem->fence().get())
+                          ->OrderAfter((*s)->stream()));
+    }
+    return s;
+  }
+
   const int device_count_;
   const bool legacy_ipc_;
+  const absl::Duration wait_timeout_;
+  const std::shared_ptr<DeviceBudget> budget_;
   const std::shared_ptr<DeviceRanges> ranges_;
   StagingPool staging_;
+  SessionStreams streams_;
+  SessionStreams copy_streams_;  // CopyBytes: one per device
+  absl::Mutex copy_mu_;
 };
 
 absl::Status CudaBackend::StoreOrdered(const PoolLayout& layout,
@@ -275,15 +349,17 @@ absl::Status CudaBackend::StoreOrdered(const PoolLayout& layout,
     kv_op->offset = staged;
     staged += StagingRound(kv_bytes);
   }
-  absl::StatusOr<std::optional<CudaIpcEvent>> wait =
-      OpenWaitEvent(kWaitField, ordering.wait_event, device);
-  if (!wait.ok()) return wait.status();
+  // A direct caller's event (the service awaits it before the pool lock).
+  RETURN_IF_ERROR(
+      AwaitClientEvent(pool, ordering.wait_event, absl::InfiniteFuture()));
   absl::StatusOr<StagingPool::Lease> lease = staging_.Acquire(device, staged);
   if (!lease.ok()) return lease.status();
 
-  cudaStream_t st = (*mem)->stream();
+  absl::StatusOr<SessionStream*> stream =
+      StreamFor(*mem, device, ordering.session);
+  if (!stream.ok()) return stream.status();
+  cudaStream_t st = (*stream)->stream();
   Queued queued{st};
-  if (wait->has_value()) RETURN_IF_ERROR((*wait)->Wait(st));
   uint8_t* host = (*lease)->host();
   uint8_t* dev = (*lease)->dev();
   if (n > 0) {
@@ -306,12 +382,17 @@ absl::Status CudaBackend::StoreOrdered(const PoolLayout& layout,
         kv_op->where == Where::kDevice ? kv : dev + kv_op->offset;
     gpu::LaunchOptions launch;
     launch.stream = st;
+    // Programmatic Dependent Launch: after a kernel on the same stream
+    // (chained calls) this one may start early; its griddepcontrol.wait
+    // keeps the data dependency.
+    launch.pdl = true;
     RETURN_IF_ERROR(
         gpu::Store(layout, (*mem)->data() + layout.layer_offset(layer), kv_dev,
                    dtype, reinterpret_cast<const int32_t*>(dev), n, launch));
   }
   const Operand* used[1] = {&*kv_op};
-  return Finish(*mem, *lease, queued, ordering, {}, used, recorded_event);
+  return Finish(*mem, *stream, *lease, queued, ordering, {}, used,
+                recorded_event);
 }
 
 absl::Status CudaBackend::LoadOrdered(const PoolLayout& layout,
@@ -348,15 +429,17 @@ absl::Status CudaBackend::LoadOrdered(const PoolLayout& layout,
       staged += StagingRound(op->bytes);
     }
   }
-  absl::StatusOr<std::optional<CudaIpcEvent>> wait =
-      OpenWaitEvent(kWaitField, ordering.wait_event, device);
-  if (!wait.ok()) return wait.status();
+  // A direct caller's event (the service awaits it before the pool lock).
+  RETURN_IF_ERROR(
+      AwaitClientEvent(pool, ordering.wait_event, absl::InfiniteFuture()));
   absl::StatusOr<StagingPool::Lease> lease = staging_.Acquire(device, staged);
   if (!lease.ok()) return lease.status();
 
-  cudaStream_t st = (*mem)->stream();
+  absl::StatusOr<SessionStream*> stream =
+      StreamFor(*mem, device, ordering.session);
+  if (!stream.ok()) return stream.status();
+  cudaStream_t st = (*stream)->stream();
   Queued queued{st};
-  if (wait->has_value()) RETURN_IF_ERROR((*wait)->Wait(st));
   uint8_t* host = (*lease)->host();
   uint8_t* dev = (*lease)->dev();
   Operand host_outputs[2];  // copied back after the synchronize
@@ -392,6 +475,10 @@ absl::Status CudaBackend::LoadOrdered(const PoolLayout& layout,
     };
     gpu::LaunchOptions launch;
     launch.stream = st;
+    // Programmatic Dependent Launch: after a kernel on the same stream
+    // (chained calls) this one may start early; its griddepcontrol.wait
+    // keeps the data dependency.
+    launch.pdl = true;
     RETURN_IF_ERROR(gpu::LoadSegments(
         layout, (*mem)->data() + layout.layer_offset(layer),
         reinterpret_cast<const int32_t*>(dev), num_segments, at(*data_op),
@@ -414,7 +501,7 @@ absl::Status CudaBackend::LoadOrdered(const PoolLayout& layout,
     }
   }
   const Operand* used[2] = {&*data_op, &*scale_op};
-  return Finish(*mem, *lease, queued, ordering,
+  return Finish(*mem, *stream, *lease, queued, ordering,
                 absl::MakeConstSpan(host_outputs, num_host_outputs), used,
                 recorded_event);
 }
@@ -433,6 +520,11 @@ absl::StatusOr<int> CudaDeviceCount() {
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(
     const BackendOptions& options) {
+  // Before the first CUDA call: the driver reads these when it starts.
+  if (absl::Status env = CheckCudaEnvironment(); !env.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--backend=cuda: ", env.message()));
+  }
   absl::StatusOr<int> count = CudaDeviceCount();
   if (!count.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -442,8 +534,21 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(
     return absl::FailedPreconditionError(
         "--backend=cuda: no CUDA device is visible");
   }
+  // The device budget: what each device has free now, minus the reserve.
+  auto budget = std::make_shared<DeviceBudget>();
+  if (options.cuda_memory_reserve_bytes >= 0) {
+    for (int d = 0; d < *count; ++d) {
+      absl::StatusOr<ScopedCudaDevice> scoped = ScopedCudaDevice::Enter(d);
+      if (!scoped.ok()) return scoped.status();
+      size_t free_bytes = 0, total_bytes = 0;
+      RETURN_IF_CUDA_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes),
+                           absl::StrCat("cudaMemGetInfo on cuda:", d));
+      budget->SetDevice(d, static_cast<int64_t>(free_bytes),
+                        options.cuda_memory_reserve_bytes);
+    }
+  }
   return std::unique_ptr<Backend>(
-      new CudaBackend(*count, options.legacy_cuda_ipc));
+      new CudaBackend(*count, options, std::move(budget)));
 }
 
 }  // namespace kvdepot

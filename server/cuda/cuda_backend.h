@@ -3,7 +3,21 @@
 // socket, client allocations are VMM descriptors imported and validated
 // (ImportFd); with --legacy_cuda_ipc pools and buffers are cudaMallocs
 // exported by CUDA IPC handles and client handles are imported. Store/Load
-// run the kernels of //kernels/cuda on a stream per pool.
+// run the kernels of //kernels/cuda on the calling session's stream
+// (SessionStreams), ordered after earlier work on the same pool by the
+// pool's UseFence (events of the daemon's own streams). Nothing ever
+// synchronizes the device: a call that must finish before its reply waits
+// for its own work (its staging event).
+//
+// Hazards designed out (GPU_HOST.md, SPEC §10): the backend refuses to
+// start unless CUDA_MODULE_LOADING=EAGER and CUDA_DEVICE_MAX_CONNECTIONS
+// is unset or >= 8 (server/backend/cuda_env.h); a client's wait event is
+// awaited on the host (AwaitClientEvent: cudaEventQuery polls, before the
+// pool's lock and before anything is queued) with a watchdog
+// (BackendOptions::cuda_wait_timeout), so an event that never fires fails
+// only its own request with DEADLINE_EXCEEDED; pools and buffers are
+// admitted against a device budget (free memory at start minus
+// --cuda_memory_reserve_bytes), RESOURCE_EXHAUSTED when they do not fit.
 //
 // Operands: a pointer inside a daemon allocation or an import (a buffer
 // slice) is used in place when the kernel's alignment allows (16 bytes for
@@ -13,15 +27,15 @@
 // are host copies the service validated and are always staged.
 //
 // Completion (Backend::StoreOrdered / LoadOrdered): without GPU ordering a
-// call returns after its work finished (cudaStreamSynchronize), so the
-// reply means "done". GpuOrdering::wait_event is opened
-// (cudaIpcOpenEventHandle) and waited on by the pool's stream before any
-// of the call's work; a handle that is malformed or cannot be opened fails
-// the call with INVALID_ARGUMENT naming wait_event_ipc_handle before
-// anything is queued. With GpuOrdering::record_event the call records the
-// pool's interprocess event after the work and returns at once (unless an
-// output is host memory, which must be copied back first); the client
-// waits on the event.
+// call returns after its work finished, so the reply means "done".
+// GpuOrdering::wait_event is opened (cudaIpcOpenEventHandle) and awaited
+// on the host before any of the call's work is queued; a handle that is
+// malformed or cannot be opened fails the call with INVALID_ARGUMENT
+// naming wait_event_ipc_handle before anything is queued. With
+// GpuOrdering::record_event the call records its stream's interprocess
+// event after the work and returns at once (unless an output is host
+// memory, which must be copied back first); the client waits on the
+// event.
 #ifndef KVDEPOT_SERVER_CUDA_CUDA_BACKEND_H_
 #define KVDEPOT_SERVER_CUDA_CUDA_BACKEND_H_
 

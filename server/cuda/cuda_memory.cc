@@ -37,6 +37,16 @@ absl::Status UseFence::Wait() {
   return absl::OkStatus();
 }
 
+absl::Status UseFence::OrderAfter(cudaStream_t stream) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [other, event] : events_) {
+    if (other == stream) continue;  // a stream runs in order anyway
+    RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(stream, event, 0),
+                         "ordering after earlier work on the memory");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<CudaAllocation>> CudaAllocation::Create(
     int64_t size, int device, std::shared_ptr<DeviceRanges> ranges,
     bool legacy_ipc) {

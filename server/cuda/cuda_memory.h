@@ -41,6 +41,10 @@ class UseFence {
   absl::Status Record(cudaStream_t stream);
   // Waits for every recorded point.
   absl::Status Wait();
+  // Makes `stream` wait (on the GPU) for every point recorded on the
+  // other streams: daemon streams only, whose work never waits on a
+  // client, so such a wait always ends.
+  absl::Status OrderAfter(cudaStream_t stream);
 
  private:
   absl::Mutex mu_;
@@ -85,6 +89,9 @@ class CudaAllocation final : public Memory {
   void FillHandle(v1::SharedHandle* handle) const override;
 
   int device_ordinal() const { return device_; }
+  // Keeps `token` (a DeviceBudget reservation) until after the memory is
+  // freed.
+  void HoldBudget(std::shared_ptr<void> token) { budget_ = std::move(token); }
   cudaStream_t stream() const { return stream_; }
   const std::shared_ptr<void>& fence() const { return fence_; }
 
@@ -98,6 +105,7 @@ class CudaAllocation final : public Memory {
                  std::shared_ptr<DeviceRanges> ranges)
       : base_(base), size_(size), device_(device), ranges_(std::move(ranges)) {}
 
+  std::shared_ptr<void> budget_;  // destroyed last: after the free
   uint8_t* base_ = nullptr;
   int64_t size_ = 0;  // requested bytes (the allocation may be larger)
   int device_ = -1;

@@ -33,6 +33,12 @@ Staging::~Staging() {
   if (dev_ != nullptr) (void)cudaFree(dev_);
 }
 
+absl::Status Staging::WaitUsed() {
+  RETURN_IF_CUDA_ERROR(cudaEventSynchronize(used_),
+                       "waiting for the request's kernels");
+  return absl::OkStatus();
+}
+
 absl::Status Staging::Prepare(int64_t bytes) {
   RETURN_IF_CUDA_ERROR(cudaEventSynchronize(used_),
                        "waiting for the previous use of a staging buffer");

@@ -45,6 +45,9 @@ class Staging {
   absl::Status Prepare(int64_t bytes);
   // Records the end of this user's work on `stream`.
   absl::Status MarkUsed(cudaStream_t stream);
+  // Blocks the calling thread until the work marked by MarkUsed finished
+  // (this call's work only, not the rest of its stream).
+  absl::Status WaitUsed();
 
  private:
   explicit Staging(int device) : device_(device) {}

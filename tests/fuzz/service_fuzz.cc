@@ -91,7 +91,8 @@ void FixUp(const World& w, google::protobuf::Message* m) {
 // Parses `bytes` as Req, calls the handler, checks the status.
 template <typename Req, typename Resp>
 void Call(World& w, const std::string& bytes, const char* rpc,
-          grpc::Status (KVCacheService::*handler)(Ctx*, const Req*, Resp*)) {
+          grpc::Status (KVCacheService::*handler)(KVCacheService::Ctx*,
+                                                  const Req*, Resp*)) {
   Req req;
   if (!req.ParseFromString(bytes)) return;  // gRPC would not deliver it
   FixUp(w, &req);

@@ -1,0 +1,303 @@
+#include "server/serving.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "server/worker_pool.h"
+
+namespace kvdepot {
+namespace {
+
+using CallbackCtx = grpc::CallbackServerContext;
+
+// a * b <= limit for untrusted a, b (negative values are small: the
+// handler rejects them at once).
+bool ProductAtMost(int64_t a, int64_t b, int64_t limit) {
+  if (a <= 0 || b <= 0) return true;
+  return a <= limit / b;
+}
+
+// Which calls leave the gRPC thread (serving.h). `device` = the backend's
+// calls may wait for the GPU.
+struct Policy {
+  int64_t rows;  // inline_max_rows
+  bool device;   // backend_waits_for_device()
+
+  // A Store/Load that can return without waiting for the GPU: ordered by a
+  // recorded event, no client event to await, no inline (host) data.
+  bool DeviceAsync(const v1::DataRef& a, const v1::DataRef* b,
+                   absl::string_view wait, bool record) const {
+    auto host = [](const v1::DataRef& d) {
+      return d.kind_case() == v1::DataRef::kInlineData ||
+             d.kind_case() == v1::DataRef::kInlineOutput;
+    };
+    return record && wait.empty() && !host(a) && (b == nullptr || !host(*b));
+  }
+  bool Offload(const v1::StoreRequest& r) const {
+    if (device) {
+      return !DeviceAsync(r.kv(), nullptr, r.wait_event_ipc_handle(),
+                          r.record_event());
+    }
+    return r.num_tokens() > rows;
+  }
+  bool Offload(const v1::LoadRequest& r) const {
+    if (device) {
+      return !DeviceAsync(r.data(), &r.scales(), r.wait_event_ipc_handle(),
+                          r.record_event());
+    }
+    if (r.has_segments()) return r.segments().total_k() > rows;
+    // 4 bytes per block table entry; a block holds up to 64 tokens or more.
+    return static_cast<int64_t>(r.sequences().block_table().size()) / 4 >
+           rows / 16;
+  }
+  bool Offload(const v1::BuildPlanRequest& r) const {
+    return static_cast<int64_t>(r.sequences().block_table().size()) / 4 >
+           rows * 4;
+  }
+  bool Offload(const v1::ConvertTopkRequest& r) const {
+    return device || !ProductAtMost(r.batch(), r.k(), rows * 16);
+  }
+  bool Offload(const v1::SwaDecodeIndexRequest& r) const {
+    return device || !ProductAtMost(r.num_queries(), r.window(), rows * 16);
+  }
+};
+
+// The callback API: inline or offloaded unary calls, Verify as a write
+// reactor fed by an ops-pool thread.
+class CallbackServing final : public Serving,
+                              public v1::KVCache::CallbackService {
+ public:
+  CallbackServing(KVCacheService* impl, const ServingOptions& o)
+      : impl_(impl),
+        policy_{o.inline_max_rows, impl->backend_waits_for_device()},
+        data_pool_("kvdepot-work", o.worker_threads, o.max_queued_calls),
+        ops_pool_("kvdepot-ops", o.ops_threads, o.max_queued_calls) {}
+
+  grpc::Service* service() override { return this; }
+  void Shutdown() override {
+    data_pool_.Shutdown();
+    ops_pool_.Shutdown();
+  }
+
+  // Runs `call` here, or on `pool` when `offload`; its status finishes
+  // the call.
+  template <typename Call>
+  grpc::ServerUnaryReactor* Dispatch(CallbackCtx* ctx, WorkerPool* pool,
+                                     bool offload, Call call) {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    if (!offload) {
+      reactor->Finish(call());
+      return reactor;
+    }
+    if (!pool->TrySubmit([reactor, call] { reactor->Finish(call()); })) {
+      reactor->Finish(grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat("kvdepot: ", pool->threads(),
+                       " workers are busy and the queue is full; retry")));
+    }
+    return reactor;
+  }
+
+#define KVDEPOT_UNARY(Method, Req, Resp, pool, offload)                \
+  grpc::ServerUnaryReactor* Method(CallbackCtx* ctx, const v1::Req* r, \
+                                   v1::Resp* out) override {           \
+    return Dispatch(ctx, pool, offload, [this, ctx, r, out] {          \
+      return impl_->Method(ctx, r, out);                               \
+    });                                                                \
+  }
+  // Session and lookup calls: short, inline. CloseSession releases the
+  // session's buffers, which on a device waits for their work.
+  KVDEPOT_UNARY(OpenSession, OpenSessionRequest, OpenSessionResponse,
+                &data_pool_, false)
+  KVDEPOT_UNARY(KeepAlive, KeepAliveRequest, KeepAliveResponse, &data_pool_,
+                false)
+  KVDEPOT_UNARY(CloseSession, CloseSessionRequest, CloseSessionResponse,
+                &data_pool_, policy_.device)
+  KVDEPOT_UNARY(GetPool, GetPoolRequest, PoolInfo, &data_pool_, false)
+  KVDEPOT_UNARY(ListPools, ListPoolsRequest, ListPoolsResponse, &data_pool_,
+                false)
+  KVDEPOT_UNARY(Grant, GrantRequest, GrantResponse, &data_pool_, false)
+  KVDEPOT_UNARY(Stats, StatsRequest, StatsResponse, &data_pool_, false)
+  KVDEPOT_UNARY(Ping, PingRequest, PingResponse, &data_pool_, false)
+  KVDEPOT_UNARY(Drain, DrainRequest, DrainResponse, &data_pool_, false)
+  // Allocation, zero-fill, mapping and release: offloaded.
+  KVDEPOT_UNARY(CreatePool, CreatePoolRequest, PoolInfo, &data_pool_, true)
+  KVDEPOT_UNARY(DeletePool, DeletePoolRequest, DeletePoolResponse, &data_pool_,
+                true)
+  KVDEPOT_UNARY(AllocateBuffer, AllocateBufferRequest, BufferInfo, &data_pool_,
+                true)
+  KVDEPOT_UNARY(ImportBuffer, ImportBufferRequest, BufferInfo, &data_pool_,
+                true)
+  KVDEPOT_UNARY(ReleaseBuffer, ReleaseBufferRequest, ReleaseBufferResponse,
+                &data_pool_, policy_.device)
+  // The data path: inline when short (serving.h).
+  KVDEPOT_UNARY(Store, StoreRequest, StoreResponse, &data_pool_,
+                policy_.Offload(*r))
+  KVDEPOT_UNARY(Load, LoadRequest, LoadResponse, &data_pool_,
+                policy_.Offload(*r))
+  KVDEPOT_UNARY(BuildPlan, BuildPlanRequest, BuildPlanResponse, &data_pool_,
+                policy_.Offload(*r))
+  KVDEPOT_UNARY(ConvertTopk, ConvertTopkRequest, ConvertTopkResponse,
+                &data_pool_, policy_.Offload(*r))
+  KVDEPOT_UNARY(SwaDecodeIndex, SwaDecodeIndexRequest, SwaDecodeIndexResponse,
+                &data_pool_, policy_.Offload(*r))
+  KVDEPOT_UNARY(PrefillIndex, PrefillIndexRequest, PrefillIndexResponse,
+                &data_pool_, true)
+  KVDEPOT_UNARY(PrefillLoad, PrefillLoadRequest, PrefillLoadResponse,
+                &data_pool_, true)
+  // Operator scans: their own pool.
+  KVDEPOT_UNARY(Inspect, InspectRequest, InspectResponse, &ops_pool_, true)
+#undef KVDEPOT_UNARY
+
+  grpc::ServerWriteReactor<v1::VerifyProgress>* Verify(
+      CallbackCtx* ctx, const v1::VerifyRequest* r) override;
+
+ private:
+  KVCacheService* const impl_;
+  const Policy policy_;
+  WorkerPool data_pool_;
+  WorkerPool ops_pool_;
+};
+
+// Verify on an ops-pool thread: each progress message is one write, and
+// the thread waits for it to complete (or the call to end) before the
+// next, so a reader that stops reading stalls only this scan, which ends
+// at the call's deadline or cancellation. Deletes itself in OnDone.
+class VerifyReactor final
+    : public grpc::ServerWriteReactor<v1::VerifyProgress> {
+ public:
+  VerifyReactor(KVCacheService* impl, CallbackCtx* ctx,
+                const v1::VerifyRequest* r)
+      : impl_(impl), ctx_(ctx), request_(r) {}
+
+  // On a pool thread.
+  void Run() {
+    grpc::Status status =
+        impl_->Verify(ctx_, request_,
+                      [this](const v1::VerifyProgress& p) { return Write(p); });
+    Finish(status);
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    write_ok_ = ok;
+  }
+  void OnCancel() override {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  bool Write(const v1::VerifyProgress& p) {
+    absl::MutexLock lock(&mu_);
+    if (cancelled_) return false;
+    // The reactor owns the message until OnWriteDone (gRPC serializes it
+    // when the write is performed).
+    message_ = p;
+    writing_ = true;
+    StartWrite(&message_);
+    mu_.Await(absl::Condition(this, &VerifyReactor::WriteEnded));
+    return !writing_ && write_ok_;
+  }
+  bool WriteEnded() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !writing_;
+  }
+
+  KVCacheService* const impl_;
+  CallbackCtx* const ctx_;
+  const v1::VerifyRequest* const request_;
+  absl::Mutex mu_;
+  v1::VerifyProgress message_;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool write_ok_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+grpc::ServerWriteReactor<v1::VerifyProgress>* CallbackServing::Verify(
+    CallbackCtx* ctx, const v1::VerifyRequest* r) {
+  auto* reactor = new VerifyReactor(impl_, ctx, r);
+  if (!ops_pool_.TrySubmit([reactor] { reactor->Run(); })) {
+    reactor->Finish(grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        "kvdepot: too many Verify/Inspect scans are queued; retry later"));
+  }
+  return reactor;
+}
+
+// The sync API: gRPC's handler threads call the handlers directly.
+class SyncServing final : public Serving, public v1::KVCache::Service {
+ public:
+  explicit SyncServing(KVCacheService* impl) : impl_(impl) {}
+  grpc::Service* service() override { return this; }
+  void Shutdown() override {}
+
+#define KVDEPOT_SYNC(Method, Req, Resp)                           \
+  grpc::Status Method(grpc::ServerContext* ctx, const v1::Req* r, \
+                      v1::Resp* out) override {                   \
+    return impl_->Method(ctx, r, out);                            \
+  }
+  KVDEPOT_SYNC(OpenSession, OpenSessionRequest, OpenSessionResponse)
+  KVDEPOT_SYNC(KeepAlive, KeepAliveRequest, KeepAliveResponse)
+  KVDEPOT_SYNC(CloseSession, CloseSessionRequest, CloseSessionResponse)
+  KVDEPOT_SYNC(CreatePool, CreatePoolRequest, PoolInfo)
+  KVDEPOT_SYNC(GetPool, GetPoolRequest, PoolInfo)
+  KVDEPOT_SYNC(ListPools, ListPoolsRequest, ListPoolsResponse)
+  KVDEPOT_SYNC(DeletePool, DeletePoolRequest, DeletePoolResponse)
+  KVDEPOT_SYNC(AllocateBuffer, AllocateBufferRequest, BufferInfo)
+  KVDEPOT_SYNC(ImportBuffer, ImportBufferRequest, BufferInfo)
+  KVDEPOT_SYNC(ReleaseBuffer, ReleaseBufferRequest, ReleaseBufferResponse)
+  KVDEPOT_SYNC(Grant, GrantRequest, GrantResponse)
+  KVDEPOT_SYNC(Store, StoreRequest, StoreResponse)
+  KVDEPOT_SYNC(Load, LoadRequest, LoadResponse)
+  KVDEPOT_SYNC(BuildPlan, BuildPlanRequest, BuildPlanResponse)
+  KVDEPOT_SYNC(PrefillLoad, PrefillLoadRequest, PrefillLoadResponse)
+  KVDEPOT_SYNC(ConvertTopk, ConvertTopkRequest, ConvertTopkResponse)
+  KVDEPOT_SYNC(SwaDecodeIndex, SwaDecodeIndexRequest, SwaDecodeIndexResponse)
+  KVDEPOT_SYNC(PrefillIndex, PrefillIndexRequest, PrefillIndexResponse)
+  KVDEPOT_SYNC(Stats, StatsRequest, StatsResponse)
+  KVDEPOT_SYNC(Ping, PingRequest, PingResponse)
+  KVDEPOT_SYNC(Inspect, InspectRequest, InspectResponse)
+  KVDEPOT_SYNC(Drain, DrainRequest, DrainResponse)
+#undef KVDEPOT_SYNC
+  grpc::Status Verify(grpc::ServerContext* ctx, const v1::VerifyRequest* r,
+                      grpc::ServerWriter<v1::VerifyProgress>* w) override {
+    return impl_->Verify(ctx, r, w);
+  }
+
+ private:
+  KVCacheService* const impl_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Serving>> MakeServing(
+    KVCacheService* impl, const ServingOptions& options) {
+  if (options.worker_threads < 1 || options.worker_threads > 1024 ||
+      options.ops_threads < 1 || options.ops_threads > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--worker_threads = ", options.worker_threads, ", --ops_threads = ",
+        options.ops_threads, ": each must be in [1, 1024]"));
+  }
+  if (options.max_queued_calls < 1 || options.inline_max_rows < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_queued_calls = ", options.max_queued_calls,
+        " must be >= 1 and --inline_max_rows = ", options.inline_max_rows,
+        " >= 0"));
+  }
+  if (options.model == "callback") {
+    return std::unique_ptr<Serving>(new CallbackServing(impl, options));
+  }
+  if (options.model == "sync") {
+    return std::unique_ptr<Serving>(new SyncServing(impl));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--serving_model = \"", options.model, "\": use callback or sync"));
+}
+
+}  // namespace kvdepot
