@@ -14,6 +14,7 @@
 #include "common/status_macros.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/store_load_host.h"
+#include "server/cuda/cuda_fused.h"
 #include "server/cuda/cuda_memory.h"
 #include "server/cuda/devices.h"
 #include "server/cuda/staging.h"
@@ -151,6 +152,15 @@ class CudaBackend final : public Backend {
                             absl::Span<const int32_t> slot_mapping,
                             const GpuOrdering& ordering,
                             std::string* recorded_event) override;
+
+  absl::Status StoreFused(const PoolLayout& layout, const Memory& pool,
+                          int64_t layer, const uint16_t* kv,
+                          const FusedParams& params,
+                          absl::Span<const int32_t> slot_mapping,
+                          uint16_t* cast_back) override {  // cuda_fused.cc
+    return CudaStoreFused(layout, pool, layer, kv, params, slot_mapping,
+                          cast_back);
+  }
 
   absl::Status LoadOrdered(const PoolLayout& layout, const Memory& pool,
                            int64_t layer, absl::Span<const int32_t> segments,

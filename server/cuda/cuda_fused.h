@@ -1,0 +1,30 @@
+// The CUDA backend's fused store (SPEC §8, Backend::StoreFused): the
+// Store RPC's `fused` option, a path for checking the kernel from outside,
+// not the decode hot path (the step path launches kernels/cuda/fused_kernels.h
+// itself). It waits for the device's earlier work, copies every operand
+// (host or device memory) into one device scratch allocation, launches the
+// kernel on the pool's layer, copies cast_back out and waits again, so the
+// call completes before it returns.
+#ifndef KVDEPOT_SERVER_CUDA_CUDA_FUSED_H_
+#define KVDEPOT_SERVER_CUDA_CUDA_FUSED_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "kernels/format.h"
+#include "kernels/fused.h"
+#include "server/backend/backend.h"
+
+namespace kvdepot {
+
+// As Backend::StoreFused; `pool` must be a CudaAllocation.
+absl::Status CudaStoreFused(const PoolLayout& layout, const Memory& pool,
+                            int64_t layer, const uint16_t* kv,
+                            const FusedParams& params,
+                            absl::Span<const int32_t> slot_mapping,
+                            uint16_t* cast_back);
+
+}  // namespace kvdepot
+
+#endif  // KVDEPOT_SERVER_CUDA_CUDA_FUSED_H_
