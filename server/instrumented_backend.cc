@@ -60,6 +60,17 @@ absl::Status InstrumentedBackend::StoreOrdered(
   return s;
 }
 
+absl::Status InstrumentedBackend::StoreFused(
+    const PoolLayout& layout, const Memory& pool, int64_t layer,
+    const uint16_t* kv, const FusedParams& params,
+    absl::Span<const int32_t> slot_mapping, uint16_t* cast_back) {
+  const absl::Time start = absl::Now();
+  absl::Status s = inner_->StoreFused(layout, pool, layer, kv, params,
+                                      slot_mapping, cast_back);
+  if (s.ok()) CountStore(layout, slot_mapping, MicrosSince(start));
+  return s;
+}
+
 absl::Status InstrumentedBackend::LoadOrdered(
     const PoolLayout& layout, const Memory& pool, int64_t layer,
     absl::Span<const int32_t> segments, int64_t total_k, void* data,

@@ -53,6 +53,11 @@ class InstrumentedBackend final : public Backend {
                            int64_t total_k, void* data, void* scales,
                            const GpuOrdering& ordering,
                            std::string* recorded_event) override;
+  absl::Status StoreFused(const PoolLayout& layout, const Memory& pool,
+                          int64_t layer, const uint16_t* kv,
+                          const FusedParams& params,
+                          absl::Span<const int32_t> slot_mapping,
+                          uint16_t* cast_back) override;
   absl::Status CopyBytes(void* dst, const void* src, int64_t n) override {
     return inner_->CopyBytes(dst, src, n);
   }

@@ -1,6 +1,7 @@
 // Store, Load, BuildPlan and PrefillLoad: validation of the whole request,
 // then the backend call under the pool lock.
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -10,6 +11,7 @@
 #include "planner/prefill_layout.h"
 #include "proto/wire.h"
 #include "server/data_refs.h"
+#include "server/fused_store.h"
 #include "server/request_checks.h"
 #include "server/service.h"
 
@@ -88,6 +90,10 @@ absl::Status KVCacheService::DoStore(Ctx* ctx, const Caller& caller,
       ToInputDtype("dtype", r.dtype(), &dtype_bytes);
   if (!dtype.ok()) return dtype.status();
   RETURN_IF_ERROR(ValidateInputDtype(layout.format, *dtype));
+  if (r.has_fused()) {
+    RETURN_IF_ERROR(CheckFusedStore(
+        *dtype, !r.wait_event_ipc_handle().empty() || r.record_event()));
+  }
   Scratch& sc = ThreadScratch();
   RETURN_IF_ERROR(DecodeInt32s("slot_mapping", r.slot_mapping(), "num_tokens",
                                r.num_tokens(), options_.max_array_elements,
@@ -97,9 +103,26 @@ absl::Status KVCacheService::DoStore(Ctx* ctx, const Caller& caller,
       ResolveInput(*sessions_, caller, "kv", r.kv(),
                    r.num_tokens() * layout.format.elements() * dtype_bytes);
   if (!kv.ok()) return kv.status();
+  std::optional<FusedStoreInputs> fused;
+  if (r.has_fused()) {
+    ASSIGN_OR_RETURN(
+        fused, ResolveFusedStore(
+                   *sessions_, *backend_, caller, layout.format, r.fused(),
+                   r.num_tokens(), *kv, options_.max_array_elements,
+                   options_.max_inline_bytes, out->mutable_cast_back()));
+  }
   int64_t written = 0;
   for (int32_t slot : sc.slots) written += slot >= 0 ? 1 : 0;
   out->set_tokens_written(written);
+  if (fused.has_value()) {
+    if (r.num_tokens() == 0) return absl::OkStatus();
+    RETURN_IF_ERROR(CheckAlive(ctx));
+    absl::MutexLock lock(&(*pool)->mu);
+    return backend_->StoreFused(
+        layout, *(*pool)->memory, r.layer(),
+        reinterpret_cast<const uint16_t*>(kv->data), fused->params, sc.slots,
+        reinterpret_cast<uint16_t*>(fused->cast_back.data));
+  }
   const GpuOrdering ordering{r.wait_event_ipc_handle(), r.record_event()};
   if (r.num_tokens() == 0 && ordering.empty()) return absl::OkStatus();
   RETURN_IF_ERROR(CheckAlive(ctx));

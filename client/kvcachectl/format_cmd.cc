@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/kvcachectl/args.h"
+#include "client/kvcachectl/format_fused.h"
 #include "kernels/format.h"
 #include "kernels/format_host.h"
 #include "kernels/quant.h"
@@ -50,14 +51,22 @@ const CommandSpec kLayoutSpec{
      {"num_layers", "layers in the pool", "1"},
      kOutputFlag}};
 
-const CommandSpec kEncodeSpec{
-    "kvcachectl format encode FORMAT --in FILE --out FILE",
-    "Reads n x elements little-endian BF16 values and writes n records of\n"
-    "bytes_per_token bytes each, every record laid out as [data | scales]\n"
-    "with exactly the bytes a store writes for that token. FP4 packs element\n"
-    "2i in the low nibble of byte i.",
-    {{"in", "input file: raw little-endian BF16, n x elements", ""},
-     {"out", "output file: n records", ""}}};
+const CommandSpec kEncodeSpec = [] {
+  CommandSpec spec{
+      "kvcachectl format encode FORMAT --in FILE --out FILE [fused flags]",
+      "Reads n x elements little-endian BF16 values and writes n records of\n"
+      "bytes_per_token bytes each, every record laid out as [data | scales]\n"
+      "with exactly the bytes a store writes for that token. FP4 packs "
+      "element\n"
+      "2i in the low nibble of byte i. With --norm_weight, --rope or\n"
+      "--hadamard_len the tokens first go through the fused store's RMSNorm,\n"
+      "RoPE and Hadamard (SPEC §8), bit for bit as the daemon computes them;\n"
+      "--cast_back also writes the BF16 a later load returns.",
+      {{"in", "input file: raw little-endian BF16, n x elements", ""},
+       {"out", "output file: n records", ""}}};
+  for (const FlagSpec& f : FusedEncodeFlags()) spec.flags.push_back(f);
+  return spec;
+}();
 
 const CommandSpec kDecodeSpec{
     "kvcachectl format decode FORMAT --in FILE --out FILE [--scales_out FILE] "
@@ -237,6 +246,11 @@ int RunEncode(const ParsedArgs& a, std::ostream& out, std::ostream& err) {
                          "(%d elements x 2 bytes = %d)",
                          io->input.size(), f.elements(), row)));
   }
+  if (WantsFused(a)) {
+    if (absl::Status s = FusedTransform(a, f, &io->input); !s.ok()) {
+      return Fail(err, s);
+    }
+  }
   const size_t n = io->input.size() / row;
   const size_t rec = static_cast<size_t>(f.bytes_per_token());
   std::vector<uint8_t> records(n * rec);
@@ -257,6 +271,18 @@ int RunEncode(const ParsedArgs& a, std::ostream& out, std::ostream& err) {
   if (absl::Status s = WriteFile(a.Get("out"), records.data(), records.size());
       !s.ok()) {
     return Fail(err, s);
+  }
+  if (!a.Get("cast_back").empty()) {  // what a later load returns
+    std::vector<uint8_t> cast(n * row);
+    for (size_t t = 0; t < n; ++t) {
+      const uint8_t* r = records.data() + t * rec;
+      DecodeTokenBf16(f, r, r + f.data_bytes(), cast.data() + t * row);
+    }
+    if (absl::Status s =
+            WriteFile(a.Get("cast_back"), cast.data(), cast.size());
+        !s.ok()) {
+      return Fail(err, s);
+    }
   }
   err << absl::StrFormat("encoded %d tokens into %d records of %d bytes\n", n,
                          n, rec);

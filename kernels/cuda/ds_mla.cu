@@ -9,8 +9,13 @@
 //
 // A tile (128 elements) is lanes 8k..8k+7; its amax and non-finite flags
 // meet by xor shuffles (ds_mla.cuh). The store is persistent with kSteps
-// tokens per warp in flight; the load is one CTA per (segment, tile of
-// kWarpsPerCta tokens), grid-stride in both.
+// tokens per warp in flight (every load of a round issued before any math);
+// the load is one CTA per (segment, tile of kWarpsPerCta x kSteps tokens),
+// grid-stride in both, each warp issuing the loads of its kSteps tokens
+// before decoding any. Round 1 ran store kSteps 2 and load kSteps 1 (73%
+// and 68% of copy at 64K tokens on the H200): more bytes in flight per warp
+// is the change (kStoreSteps / kLoadSteps); LaunchOptions::legacy_ds_mla
+// keeps the round-1 shapes for the benchmark. Same bytes either way.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -29,7 +34,8 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kWarpsPerCta = kThreads / kWarp;
-constexpr int kStoreSteps = 2;
+constexpr int kStoreSteps = 4, kLegacyStoreSteps = 2;
+constexpr int kLoadSteps = 4, kLegacyLoadSteps = 1;
 constexpr unsigned kMaxGridY = 65535;
 
 __device__ __forceinline__ uint8_t* Record(uint8_t* layer, int64_t stride,
@@ -42,7 +48,7 @@ struct StoreIn {
   int32_t slot;
 };
 
-template <bool kHw>
+template <bool kHw, int kSteps>
 __global__ void __launch_bounds__(kThreads)
     DsMlaStoreKernel(PoolLayout layout, FastDiv div, uint8_t* layer,
                      const uint16_t* kv,    // [n][576] BF16
@@ -54,10 +60,10 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t warp =
       static_cast<int64_t>(blockIdx.x) * kWarpsPerCta + threadIdx.x / kWarp;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerCta;
-  for (int64_t base = warp; base < n; base += kStoreSteps * warps) {
-    StoreIn in[kStoreSteps];
+  for (int64_t base = warp; base < n; base += kSteps * warps) {
+    StoreIn in[kSteps];
 #pragma unroll
-    for (int u = 0; u < kStoreSteps; ++u) {
+    for (int u = 0; u < kSteps; ++u) {
       const int64_t token = base + u * warps;
       in[u].slot = -1;
       if (token < n) {
@@ -69,7 +75,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
 #pragma unroll
-    for (int u = 0; u < kStoreSteps; ++u) {
+    for (int u = 0; u < kSteps; ++u) {
       const int32_t slot = in[u].slot;  // the same in every lane
       if (slot < 0) continue;
       LaneInput<uint16_t> raw;
@@ -94,6 +100,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+template <int kSteps>
 __global__ void __launch_bounds__(kThreads)
     DsMlaLoadKernel(PoolLayout layout, const uint8_t* layer,
                     const int32_t* segments,  // [S][4]; block -1 = zero rows
@@ -108,25 +115,63 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t s = blockIdx.x; s < num_segments; s += gridDim.x) {
     const int32_t* p = segments + kSegmentFields * s;
     const Segment seg{__ldg(p), __ldg(p + 1), __ldg(p + 2), __ldg(p + 3)};
-    for (int64_t i = mine; i < seg.len(); i += step) {
-      uint16_t* row = out + (static_cast<int64_t>(seg.dst) + i) * kDsMlaElems;
-      uint32_t w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      uint4 tail = make_uint4(0, 0, 0, 0);
-      if (seg.block >= 0) {
-        const uint8_t* rec =
-            layer + seg.block * layout.block_stride +
-            (seg.begin + i) * static_cast<int64_t>(kDsMlaRecord);
-        const uint4 q = LoadStream16(rec + 16 * lane);
-        const uint32_t sb =
-            __ldg(reinterpret_cast<const unsigned int*>(rec + 512) + lane / 8);
-        if (lane < 8) tail = LoadStream16(rec + kDsMlaTailOffset + 16 * lane);
-        DsMlaDecode16(q, sb, w);
+    for (int64_t i = mine; i < seg.len(); i += kSteps * step) {
+      uint4 q[kSteps], tail[kSteps];
+      uint32_t sb[kSteps];
+#pragma unroll
+      for (int u = 0; u < kSteps; ++u) {  // every load first
+        const int64_t k = i + u * step;
+        q[u] = tail[u] = make_uint4(0, 0, 0, 0);
+        sb[u] = 0;
+        if (seg.block >= 0 && k < seg.len()) {
+          const uint8_t* rec =
+              layer + seg.block * layout.block_stride +
+              (seg.begin + k) * static_cast<int64_t>(kDsMlaRecord);
+          q[u] = LoadStream16(rec + 16 * lane);
+          sb[u] = __ldg(reinterpret_cast<const unsigned int*>(rec + 512) +
+                        lane / 8);
+          if (lane < 8) {
+            tail[u] = LoadStream16(rec + kDsMlaTailOffset + 16 * lane);
+          }
+        }
       }
-      StoreStream16(row + 16 * lane, make_uint4(w[0], w[1], w[2], w[3]));
-      StoreStream16(row + 16 * lane + 8, make_uint4(w[4], w[5], w[6], w[7]));
-      if (lane < 8) StoreStream16(row + 512 + 8 * lane, tail);
+#pragma unroll
+      for (int u = 0; u < kSteps; ++u) {
+        const int64_t k = i + u * step;
+        if (k >= seg.len()) break;
+        uint32_t w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        if (seg.block >= 0) DsMlaDecode16(q[u], sb[u], w);
+        uint16_t* row = out + (static_cast<int64_t>(seg.dst) + k) * kDsMlaElems;
+        StoreStream16(row + 16 * lane, make_uint4(w[0], w[1], w[2], w[3]));
+        StoreStream16(row + 16 * lane + 8, make_uint4(w[4], w[5], w[6], w[7]));
+        if (lane < 8) StoreStream16(row + 512 + 8 * lane, tail[u]);
+      }
     }
   }
+}
+
+template <bool kHw, int kSteps>
+cudaError_t Store(const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
+                  const int32_t* slots, int64_t n, const Launch& launch) {
+  constexpr auto kKernel = DsMlaStoreKernel<kHw, kSteps>;
+  const FastDiv div = FastDiv::Of(static_cast<int32_t>(layout.block_size));
+  const dim3 grid(
+      PersistentGrid(n, kWarpsPerCta, ResidentCtas<kKernel, kThreads>()));
+  return LaunchKernel(kKernel, grid, dim3(kThreads), launch, layout, div, layer,
+                      kv, slots, n);
+}
+
+template <int kSteps>
+cudaError_t Load(const PoolLayout& layout, const uint8_t* layer,
+                 const int32_t* segments, int64_t num_segments, uint16_t* out,
+                 const Launch& launch) {
+  constexpr int64_t kPerCta = kWarpsPerCta * kSteps;
+  const int64_t tiles = (layout.block_size + kPerCta - 1) / kPerCta;
+  const dim3 grid(
+      static_cast<unsigned>(std::min<int64_t>(num_segments, INT32_MAX)),
+      static_cast<unsigned>(std::clamp<int64_t>(tiles, 1, kMaxGridY)));
+  return LaunchKernel(DsMlaLoadKernel<kSteps>, grid, dim3(kThreads), launch,
+                      layout, layer, segments, num_segments, out);
 }
 
 }  // namespace
@@ -134,30 +179,25 @@ __global__ void __launch_bounds__(kThreads)
 cudaError_t LaunchDsMlaStore(const PoolLayout& layout, uint8_t* layer,
                              const uint16_t* kv, const int32_t* slots,
                              int64_t n, bool hw_cvt, const Launch& launch) {
-  const FastDiv div = FastDiv::Of(static_cast<int32_t>(layout.block_size));
-  if (hw_cvt) {
-    constexpr auto kKernel = DsMlaStoreKernel<true>;
-    const dim3 grid(
-        PersistentGrid(n, kWarpsPerCta, ResidentCtas<kKernel, kThreads>()));
-    return LaunchKernel(kKernel, grid, dim3(kThreads), launch, layout, div,
-                        layer, kv, slots, n);
+  if (launch.legacy_ds_mla) {
+    return hw_cvt ? Store<true, kLegacyStoreSteps>(layout, layer, kv, slots, n,
+                                                   launch)
+                  : Store<false, kLegacyStoreSteps>(layout, layer, kv, slots, n,
+                                                    launch);
   }
-  constexpr auto kKernel = DsMlaStoreKernel<false>;
-  const dim3 grid(
-      PersistentGrid(n, kWarpsPerCta, ResidentCtas<kKernel, kThreads>()));
-  return LaunchKernel(kKernel, grid, dim3(kThreads), launch, layout, div, layer,
-                      kv, slots, n);
+  return hw_cvt
+             ? Store<true, kStoreSteps>(layout, layer, kv, slots, n, launch)
+             : Store<false, kStoreSteps>(layout, layer, kv, slots, n, launch);
 }
 
 cudaError_t LaunchDsMlaLoad(const PoolLayout& layout, const uint8_t* layer,
                             const int32_t* segments, int64_t num_segments,
                             uint16_t* out, const Launch& launch) {
-  const int64_t tiles = (layout.block_size + kWarpsPerCta - 1) / kWarpsPerCta;
-  const dim3 grid(
-      static_cast<unsigned>(std::min<int64_t>(num_segments, INT32_MAX)),
-      static_cast<unsigned>(std::clamp<int64_t>(tiles, 1, kMaxGridY)));
-  return LaunchKernel(DsMlaLoadKernel, grid, dim3(kThreads), launch, layout,
-                      layer, segments, num_segments, out);
+  if (launch.legacy_ds_mla) {
+    return Load<kLegacyLoadSteps>(layout, layer, segments, num_segments, out,
+                                  launch);
+  }
+  return Load<kLoadSteps>(layout, layer, segments, num_segments, out, launch);
 }
 
 }  // namespace kvdepot::gpu::internal

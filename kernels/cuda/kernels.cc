@@ -18,7 +18,8 @@ namespace kvdepot::gpu {
 namespace {
 
 internal::Launch ToLaunch(const LaunchOptions& options) {
-  return {static_cast<cudaStream_t>(options.stream), options.pdl};
+  return {static_cast<cudaStream_t>(options.stream), options.pdl,
+          options.legacy_ds_mla};
 }
 
 absl::StatusOr<FormatId> FormatIdOf(const KVCacheFormat& format) {

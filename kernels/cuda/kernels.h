@@ -31,6 +31,10 @@ struct LaunchOptions {
   // proven over all 2^32 inputs by the GPU tests) instead of quant.h's
   // integer path. Both give the same bytes.
   bool hw_e4m3 = true;
+  // DS_MLA_FP8 only: the first (round-1) store and load kernel shapes
+  // instead of the current ones, for the benchmark's side by side. Both
+  // give the same bytes.
+  bool legacy_ds_mla = false;
 };
 
 // Host-side validation, the contract's checks (store_load_host.h).

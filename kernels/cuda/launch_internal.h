@@ -17,7 +17,8 @@ namespace kvdepot::gpu::internal {
 
 struct Launch {
   cudaStream_t stream = nullptr;
-  bool pdl = false;  // Programmatic Dependent Launch attribute
+  bool pdl = false;            // Programmatic Dependent Launch attribute
+  bool legacy_ds_mla = false;  // LaunchOptions::legacy_ds_mla
 };
 
 // kv: [n][elements] BF16 bits (fp32_input false) or float; slots: [n],

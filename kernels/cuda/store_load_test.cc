@@ -223,6 +223,25 @@ TEST(StoreLoadLargeTest, LongSegmentsTakeSeveralRounds) {
   }
 }
 
+// DS_MLA_FP8's current kernel shapes (more tokens in flight per warp) and
+// the round-1 ones (LaunchOptions::legacy_ds_mla) give the reference's
+// bytes, on small batches, many rounds of the persistent store and long
+// segments that take several load steps.
+TEST(StoreLoadLargeTest, DsMlaCurrentAndLegacyShapes) {
+  std::mt19937 rng(307);
+  for (bool legacy : {false, true}) {
+    LaunchOptions options;
+    options.legacy_ds_mla = legacy;
+    for (int64_t bs : {1, 7, 64, 133, 1000}) {
+      const PoolLayout layout = Layout("DS_MLA_FP8", bs, 40000);
+      for (int64_t n : {1, 3, 517, 30000}) {
+        CheckStore(layout, n, InputDtype::kBF16, options, rng);
+      }
+      for (int64_t s : {1, 5, 150}) CheckLoad(layout, s, options, rng);
+    }
+  }
+}
+
 // A layer past 4 GiB: tokens stored into and loaded from the last blocks.
 TEST(StoreLoadLargeTest, LayerBeyondFourGiB) {
   std::mt19937 rng(305);

@@ -25,6 +25,7 @@
 #include "absl/types/span.h"
 #include "common/unique_fd.h"
 #include "kernels/format.h"
+#include "kernels/fused.h"
 #include "kernels/store_load.h"
 #include "kvdepot/v1/kvdepot.pb.h"
 
@@ -180,6 +181,21 @@ class Backend {
     return absl::InvalidArgumentError(
         absl::StrCat("wait_event_ipc_handle: the ", name(),
                      " backend has no GPU events; leave it unset"));
+  }
+
+  // The fused store (SPEC §8) on layer `layer` of `pool`: kv is BF16
+  // [slot_mapping.size()][elements]; params' arrays and cast_back (BF16
+  // [n][elements] or null) are request memory like kv (the CUDA backend
+  // stages host ones). REQUIRES: ValidateFused with the host copy of the
+  // positions and ValidateSlotMapping passed. Completes before returning.
+  virtual absl::Status StoreFused(const PoolLayout& /*layout*/,
+                                  const Memory& /*pool*/, int64_t /*layer*/,
+                                  const uint16_t* /*kv*/,
+                                  const FusedParams& /*params*/,
+                                  absl::Span<const int32_t> /*slot_mapping*/,
+                                  uint16_t* /*cast_back*/) {
+    return absl::UnimplementedError(
+        absl::StrCat("fused: the ", name(), " backend has no fused store"));
   }
 
   // Copies `n` bytes between any two of: backend memory (Memory::data()

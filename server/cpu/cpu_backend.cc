@@ -10,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/memfd.h"
 #include "common/status_macros.h"
+#include "kernels/reference/fused.h"
 #include "kernels/reference/reference.h"
 
 namespace kvdepot {
@@ -106,6 +107,15 @@ class CpuBackend final : public Backend {
                      absl::Span<const int32_t> slot_mapping) override {
     return kvdepot::Store(layout, pool.data() + layout.layer_offset(layer), kv,
                           dtype, slot_mapping);
+  }
+
+  absl::Status StoreFused(const PoolLayout& layout, const Memory& pool,
+                          int64_t layer, const uint16_t* kv,
+                          const FusedParams& params,
+                          absl::Span<const int32_t> slot_mapping,
+                          uint16_t* cast_back) override {
+    return FusedStore(layout, pool.data() + layout.layer_offset(layer), kv,
+                      params, slot_mapping, cast_back);
   }
 
   absl::Status Load(const PoolLayout& layout, const Memory& pool, int64_t layer,

@@ -17,6 +17,7 @@
 #include "kernels/cuda/kernels.h"
 #include "kernels/store_load_host.h"
 #include "server/backend/cuda_env.h"
+#include "server/cuda/cuda_fused.h"
 #include "server/cuda/cuda_memory.h"
 #include "server/cuda/device_budget.h"
 #include "server/cuda/devices.h"
@@ -205,6 +206,31 @@ class CudaBackend final : public Backend {
                             absl::Span<const int32_t> slot_mapping,
                             const GpuOrdering& ordering,
                             std::string* recorded_event) override;
+
+  absl::Status StoreFused(const PoolLayout& layout, const Memory& pool,
+                          int64_t layer, const uint16_t* kv,
+                          const FusedParams& params,
+                          absl::Span<const int32_t> slot_mapping,
+                          uint16_t* cast_back) override {  // cuda_fused.cc
+    absl::StatusOr<CudaAllocation*> mem = AsAllocation(pool);
+    if (!mem.ok()) return mem.status();
+    const int device = (*mem)->device_ordinal();
+    absl::StatusOr<ScopedCudaDevice> scoped = ScopedCudaDevice::Enter(device);
+    if (!scoped.ok()) return scoped.status();
+    // Sessionless stream 0, ordered after earlier work on the pool; later
+    // calls on the pool queue after this one through its fence.
+    absl::StatusOr<SessionStream*> stream = StreamFor(*mem, device, 0);
+    if (!stream.ok()) return stream.status();
+    cudaStream_t st = (*stream)->stream();
+    absl::Status s = CudaStoreFused(st, layout, pool, layer, kv, params,
+                                    slot_mapping, cast_back);
+    if ((*mem)->fence() != nullptr) {
+      absl::Status r =
+          static_cast<UseFence*>((*mem)->fence().get())->Record(st);
+      if (s.ok()) s = r;
+    }
+    return s;
+  }
 
   absl::Status LoadOrdered(const PoolLayout& layout, const Memory& pool,
                            int64_t layer, absl::Span<const int32_t> segments,

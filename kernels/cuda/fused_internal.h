@@ -1,0 +1,30 @@
+// The boundary between the fused store's launcher (fused_kernels.cc, plain
+// C++ with absl) and its kernel (fused.cu, nvcc without absl): sizes the
+// grid, picks the specialization (format x Hadamard length) and launches.
+#ifndef KVDEPOT_KERNELS_CUDA_FUSED_INTERNAL_H_
+#define KVDEPOT_KERNELS_CUDA_FUSED_INTERNAL_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/launch_internal.h"
+#include "kernels/format.h"
+#include "kernels/fused.h"
+#include "kernels/named_formats.h"
+
+namespace kvdepot::gpu::internal {
+
+// kv: [n][D] BF16; slots: [n], -1 = skip; cast_back: [n][D] BF16 or null.
+// The params' arrays are device memory. REQUIRES: ValidateFused and the
+// slots validated on host copies, n > 0, hadamard_len in {0, 64, 128, 256,
+// 512}, kv / layer / cast_back / norm_weight 16-byte aligned.
+cudaError_t LaunchFusedStore(FormatId id, const PoolLayout& layout,
+                             uint8_t* layer, const uint16_t* kv,
+                             const FusedParams& params, const int32_t* slots,
+                             int64_t n, uint16_t* cast_back,
+                             const Launch& launch);
+
+}  // namespace kvdepot::gpu::internal
+
+#endif  // KVDEPOT_KERNELS_CUDA_FUSED_INTERNAL_H_
