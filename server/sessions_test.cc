@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/limits.h"
 
 namespace kvdepot {
 namespace {
@@ -240,6 +241,84 @@ TEST(SessionsTest, ClientNameAndSessionsPerUidAreBounded) {
   m.CloseNumber(third->number);            // closing frees a slot
   EXPECT_TRUE(m.OpenPeer("w", alice).ok());
   EXPECT_EQ(m.Stats().sessions, 4);
+}
+
+}  // namespace
+}  // namespace kvdepot
+
+namespace kvdepot {
+namespace {
+
+// A TCP stream session: identified by its TLS subject (admin by subject),
+// no lease (Reap never ends it, CloseNumber does), bounded per subject and
+// in the length of the subject; the limits are tagged for the metrics.
+TEST(SessionsTest, StreamSessionsCarryTheirSubjectAndNoLease) {
+  SessionLimits limits;
+  limits.max_sessions_per_uid = 2;
+  SessionManager m(limits);
+  AdminPolicy admin;
+  admin.tls_subjects.insert("CN=ops");
+  m.set_admin_policy(admin);
+  absl::StatusOr<OpenedSession> a = m.OpenStream("w", "CN=worker-a");
+  ASSERT_TRUE(a.ok()) << a.status();
+  Caller c = MustAuth(m, a->id);
+  EXPECT_EQ(c.tls_subject, "CN=worker-a");
+  EXPECT_FALSE(c.peer);
+  EXPECT_FALSE(c.admin);
+  EXPECT_FALSE(c.anonymous());
+  absl::StatusOr<OpenedSession> ops = m.OpenStream("o", "CN=ops");
+  ASSERT_TRUE(ops.ok());
+  EXPECT_TRUE(MustAuth(m, ops->id).admin);
+  absl::StatusOr<OpenedSession> anon = m.OpenStream("x", "");
+  ASSERT_TRUE(anon.ok());
+  EXPECT_TRUE(MustAuth(m, anon->id).anonymous());
+  // No lease: years later it is still there; KeepAlive reports none.
+  const absl::Time later = kT0 + absl::Hours(24 * 365);
+  EXPECT_EQ(m.Reap(later), 0);
+  EXPECT_TRUE(m.Authenticate(a->id, later).ok());
+  absl::StatusOr<absl::Duration> lease = m.Touch(a->id, later);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(*lease, absl::InfiniteDuration());
+  // Sessions per subject are bounded; another subject is not affected.
+  ASSERT_TRUE(m.OpenStream("w", "CN=worker-a").ok());
+  absl::StatusOr<OpenedSession> third = m.OpenStream("w", "CN=worker-a");
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(LimitOf(third.status()), Limit::kSessionsPerClient);
+  EXPECT_THAT(std::string(third.status().message()), HasSubstr("CN=worker-a"));
+  EXPECT_TRUE(m.OpenStream("w", "CN=worker-b").ok());
+  // A subject longer than kMaxTlsSubjectBytes is refused.
+  absl::StatusOr<OpenedSession> huge =
+      m.OpenStream("w", std::string(kMaxTlsSubjectBytes + 1, 'x'));
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kInvalidArgument);
+  // The stream's end ends it.
+  const int64_t before = m.Stats().sessions;
+  EXPECT_EQ(m.CloseNumber(a->number), 0);
+  EXPECT_EQ(m.Stats().sessions, before - 1);
+  EXPECT_EQ(m.Authenticate(a->id, kT0).status().code(),
+            absl::StatusCode::kUnauthenticated);
+}
+
+// Access lists by subject: a TLS session is let in by its subject or by an
+// anonymous grant; a peer is not let in by a subject.
+TEST(SessionsTest, AclsMatchTlsSubjects) {
+  Acl acl;
+  acl.tls_subjects.insert("CN=b");
+  Caller b{.session = 7, .tls_subject = "CN=b"};
+  Caller c{.session = 8, .tls_subject = "CN=c"};
+  Caller peer{.session = 9, .peer = true, .uid = 1000, .gid = 1000};
+  EXPECT_TRUE(acl.Allows(b));
+  EXPECT_FALSE(acl.Allows(c));
+  EXPECT_FALSE(acl.Allows(peer));
+  acl.anonymous = true;
+  EXPECT_TRUE(acl.Allows(c));
+  EXPECT_FALSE(acl.Allows(peer));
+  const Owner owner{.uid = 1000, .tls_subject = "CN=b"};
+  EXPECT_TRUE(owner.Is(b));
+  EXPECT_FALSE(owner.Is(c));
+  EXPECT_FALSE(owner.Is(peer)) << "a subject-owned object is no uid's";
+  EXPECT_FALSE(CheckTlsSubject("f", "").ok());
+  EXPECT_FALSE(CheckTlsSubject("f", std::string(1025, 'x')).ok());
+  EXPECT_TRUE(CheckTlsSubject("f", "CN=b").ok());
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -358,6 +359,27 @@ TEST_F(TcpSessionTest, ClientLibraryHoldsAStreamSession) {
   EXPECT_EQ(KVCacheClient::Connect(missing).status().code(),
             absl::StatusCode::kInvalidArgument);
   d->Shutdown();
+}
+
+// Subjects in the config are checked like those of a Grant: the daemon
+// refuses to start on an empty or oversized one, naming it.
+TEST_F(TcpSessionTest, ConfigSubjectsAreChecked) {
+  for (const auto& [config, field] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"admin_tls_subjects: \"\"\n", "admin_tls_subjects[0]"},
+           {absl::StrCat("pools { name: \"p\" ", kPool,
+                         " }\ngrants { pool: \"p\" tls_subjects: \"",
+                         std::string(2000, 'x'), "\" }\n"),
+            "grants[0].tls_subjects[0]"}}) {
+    DaemonOptions o;
+    o.backend = "cpu";
+    o.listen = "127.0.0.1:0";
+    o.memory_budget_bytes = int64_t{64} << 20;
+    o.config_path = WriteConfig(config);
+    absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(o);
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_THAT(std::string(d.status().message()), HasSubstr(field));
+  }
 }
 
 }  // namespace
