@@ -61,6 +61,10 @@ class InstrumentedBackend final : public Backend {
   absl::Status CopyBytes(void* dst, const void* src, int64_t n) override {
     return inner_->CopyBytes(dst, src, n);
   }
+  absl::Status CastBack(const KVCacheFormat& format, const void* kv,
+                        InputDtype dtype, int64_t n, void* out) override {
+    return inner_->CastBack(format, kv, dtype, n, out);
+  }
   absl::Status AwaitClientEvent(const Memory& pool,
                                 absl::string_view wait_event,
                                 absl::Time deadline) override {

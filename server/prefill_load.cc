@@ -106,8 +106,17 @@ absl::Status RunPrefillLoad(Backend& backend, const LayerRef& swa,
                                output + int64_t{pl.main_kv_offset} * row_bytes,
                                nullptr));
   if (pl.chunk_rows == 0) return absl::OkStatus();
-  // The cast-back runs on the host: the chunk and its output rows may be
-  // device memory (CUDA backend), so it works on host copies.
+  // The cast-back on the backend's engine (the GPU: no bounce through host
+  // memory), else on the host: the chunk and its output rows may be
+  // device memory, so the host path works on copies.
+  uint8_t* chunk_out = output + int64_t{pl.swa_history_rows} * row_bytes;
+  absl::Status on_backend =
+      backend.CastBack(sl.format, chunk_kv, dtype, pl.chunk_rows, chunk_out);
+  if (on_backend.ok()) {
+    return backend.Store(sl, *swa.memory, swa.layer, chunk_kv, dtype,
+                         plan.store_slots);
+  }
+  if (on_backend.code() != absl::StatusCode::kUnimplemented) return on_backend;
   const int64_t in_bytes = int64_t{pl.chunk_rows} * sl.format.elements() *
                            (dtype == InputDtype::kBF16 ? 2 : 4);
   const int64_t out_bytes = int64_t{pl.chunk_rows} * row_bytes;

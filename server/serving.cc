@@ -195,15 +195,19 @@ class VerifyReactor final
 
  private:
   bool Write(const v1::VerifyProgress& p) {
-    absl::MutexLock lock(&mu_);
-    if (cancelled_) return false;
-    // The reactor owns the message until OnWriteDone (gRPC serializes it
-    // when the write is performed).
-    message_ = p;
-    writing_ = true;
+    {
+      absl::MutexLock lock(&mu_);
+      if (cancelled_) return false;
+      // The reactor owns the message until OnWriteDone (gRPC serializes it
+      // when the write is performed).
+      message_ = p;
+      writing_ = true;
+    }
+    // Not under mu_: OnWriteDone takes it.
     StartWrite(&message_);
+    absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(this, &VerifyReactor::WriteEnded));
-    return !writing_ && write_ok_;
+    return write_ok_;
   }
   bool WriteEnded() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return !writing_;

@@ -167,6 +167,20 @@ class Backend {
     return Load(layout, pool, layer, segments, total_k, data, scales);
   }
 
+  // PrefillLoad's cast-back (SPEC §6) on the backend's own engine: `n`
+  // tokens of `kv` (format.elements() values of `dtype` each) through
+  // `format`'s quantization and back, written to `out` as BF16 rows
+  // (LoadDataRowBytes each), bit-exact with the CPU reference (encode,
+  // decode, round to BF16). After the backend's earlier calls on the
+  // memory involved. UNIMPLEMENTED = the caller casts on the host (the
+  // CPU backend, whose memory is host memory). REQUIRES: a do_cast
+  // format, validated sizes.
+  virtual absl::Status CastBack(const KVCacheFormat& /*format*/,
+                                const void* /*kv*/, InputDtype /*dtype*/,
+                                int64_t /*n*/, void* /*out*/) {
+    return absl::UnimplementedError("cast-back on the host");
+  }
+
   // Waits on the host, before anything of the call is queued, for a
   // client's event (GpuOrdering::wait_event bytes) that a call on `pool`
   // must follow, until `deadline` at most (a backend may cut it shorter

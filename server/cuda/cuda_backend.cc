@@ -15,6 +15,7 @@
 #include "common/cuda/cuda_status.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/kernels.h"
+#include "kernels/format_host.h"
 #include "kernels/store_load_host.h"
 #include "server/backend/cuda_env.h"
 #include "server/cuda/cuda_fused.h"
@@ -201,6 +202,9 @@ class CudaBackend final : public Backend {
         kWaitField, std::min(deadline, absl::Now() + wait_timeout_));
   }
 
+  absl::Status CastBack(const KVCacheFormat& format, const void* kv,
+                        InputDtype dtype, int64_t n, void* out) override;
+
   absl::Status StoreOrdered(const PoolLayout& layout, const Memory& pool,
                             int64_t layer, const void* kv, InputDtype dtype,
                             absl::Span<const int32_t> slot_mapping,
@@ -349,6 +353,125 @@ class CudaBackend final : public Backend {
   SessionStreams copy_streams_;  // CopyBytes: one per device
   absl::Mutex copy_mu_;
 };
+
+// The cast-back as the kernels do it: the chunk stored into a scratch
+// layer of blocks of kCastBackBlock tokens (slots 0..n-1), then loaded back
+// as BF16 rows (a do_cast load decodes), both on the GPU; bit-exact with
+// the CPU reference because Store and LoadSegments are.
+absl::Status CudaBackend::CastBack(const KVCacheFormat& f, const void* kv,
+                                   InputDtype dtype, int64_t n, void* out) {
+  constexpr int64_t kCastBackBlock = 64;
+  if (n <= 0) return absl::OkStatus();
+  const int64_t kv_bytes =
+      n * f.elements() * (dtype == InputDtype::kFP32 ? 4 : 2);
+  const int64_t out_bytes = n * LoadDataRowBytes(f);
+  // The device: where either side lives; both host = nothing to gain.
+  int device = -1;
+  for (auto [p, bytes] : {std::pair<const void*, int64_t>{kv, kv_bytes},
+                          std::pair<const void*, int64_t>{out, out_bytes}}) {
+    absl::StatusOr<std::optional<DeviceRanges::Range>> r =
+        ranges_->Find(p, bytes);
+    if (!r.ok()) return r.status();
+    if (r->has_value() && device < 0) device = (*r)->device;
+  }
+  if (device < 0) return Backend::CastBack(f, kv, dtype, n, out);
+  absl::StatusOr<ScopedCudaDevice> scoped = ScopedCudaDevice::Enter(device);
+  if (!scoped.ok()) return scoped.status();
+  const int64_t blocks = (n + kCastBackBlock - 1) / kCastBackBlock;
+  absl::StatusOr<PoolLayout> layout =
+      MakePoolLayout(f, kCastBackBlock, blocks, 1);
+  if (!layout.ok()) return layout.status();
+  absl::StatusOr<Operand> kv_op =
+      Classify(kv, kv_bytes, device, 16, "chunk_kv");
+  if (!kv_op.ok()) return kv_op.status();
+  absl::StatusOr<Operand> out_op =
+      Classify(out, out_bytes, device, 16, "output");
+  if (!out_op.ok()) return out_op.status();
+  // Staging: [slots | segments | scratch layer | kv | out] (the last two
+  // when not used in place).
+  const int64_t slots_bytes = n * 4;
+  const int64_t segs_bytes = blocks * 4 * 4;
+  const int64_t segs_at = StagingRound(slots_bytes);
+  const int64_t layer_at = segs_at + StagingRound(segs_bytes);
+  int64_t staged = layer_at + StagingRound(layout->total_bytes);
+  for (Operand* op : {&*kv_op, &*out_op}) {
+    if (op->where != Where::kDevice) {
+      op->offset = staged;
+      staged += StagingRound(op->bytes);
+    }
+  }
+  absl::StatusOr<StagingPool::Lease> lease = staging_.Acquire(device, staged);
+  if (!lease.ok()) return lease.status();
+  absl::StatusOr<SessionStream*> stream = streams_.For(device, 0);
+  if (!stream.ok()) return stream.status();
+  cudaStream_t st = (*stream)->stream();
+  // After earlier work on the chunk's and the output's memory.
+  for (const Operand* op : {&*kv_op, &*out_op}) {
+    if (op->fence != nullptr) {
+      RETURN_IF_ERROR(static_cast<UseFence*>(op->fence.get())->OrderAfter(st));
+    }
+  }
+  Queued queued{st};
+  uint8_t* host = (*lease)->host();
+  uint8_t* dev = (*lease)->dev();
+  auto* slots = reinterpret_cast<int32_t*>(host);
+  for (int64_t i = 0; i < n; ++i) slots[i] = static_cast<int32_t>(i);
+  auto* segs = reinterpret_cast<int32_t*>(host + segs_at);
+  for (int64_t b = 0; b < blocks; ++b) {
+    segs[4 * b] = static_cast<int32_t>(b);
+    segs[4 * b + 1] = 0;
+    segs[4 * b + 2] =
+        static_cast<int32_t>(std::min(kCastBackBlock, n - b * kCastBackBlock));
+    segs[4 * b + 3] = static_cast<int32_t>(b * kCastBackBlock);
+  }
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(dev, host, static_cast<size_t>(layer_at),
+                                       cudaMemcpyHostToDevice, st),
+                       "staging the cast-back's slots and segments");
+  if (kv_op->where == Where::kHost) {
+    std::memcpy(host + kv_op->offset, kv, static_cast<size_t>(kv_bytes));
+    RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(dev + kv_op->offset, host + kv_op->offset,
+                        static_cast<size_t>(kv_bytes), cudaMemcpyHostToDevice,
+                        st),
+        "staging an inline chunk_kv");
+  } else if (kv_op->where == Where::kStagedDevice) {
+    RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(dev + kv_op->offset, kv, static_cast<size_t>(kv_bytes),
+                        cudaMemcpyDeviceToDevice, st),
+        "staging a misaligned chunk_kv slice");
+  }
+  const void* kv_dev =
+      kv_op->where == Where::kDevice ? kv : dev + kv_op->offset;
+  void* out_dev = out_op->where == Where::kDevice ? out : dev + out_op->offset;
+  gpu::LaunchOptions launch;
+  launch.stream = st;
+  launch.pdl = true;  // the load follows the store on the same stream
+  uint8_t* layer = dev + layer_at + layout->layer_offset(0);
+  RETURN_IF_ERROR(gpu::Store(*layout, layer, kv_dev, dtype,
+                             reinterpret_cast<const int32_t*>(dev), n, launch));
+  RETURN_IF_ERROR(gpu::LoadSegments(
+      *layout, layer, reinterpret_cast<const int32_t*>(dev + segs_at), blocks,
+      out_dev, nullptr, launch));
+  if (out_op->where == Where::kHost) {
+    RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(host + out_op->offset, dev + out_op->offset,
+                        static_cast<size_t>(out_bytes), cudaMemcpyDeviceToHost,
+                        st),
+        "copying the cast-back rows back");
+  } else if (out_op->where == Where::kStagedDevice) {
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(out, dev + out_op->offset,
+                                         static_cast<size_t>(out_bytes),
+                                         cudaMemcpyDeviceToDevice, st),
+                         "copying the cast-back rows to a misaligned slice");
+  }
+  RETURN_IF_ERROR((*lease)->MarkUsed(st));
+  RETURN_IF_ERROR((*lease)->WaitUsed());
+  if (out_op->where == Where::kHost) {
+    std::memcpy(out, host + out_op->offset, static_cast<size_t>(out_bytes));
+  }
+  queued.stream = nullptr;
+  return absl::OkStatus();
+}
 
 absl::Status CudaBackend::StoreOrdered(const PoolLayout& layout,
                                        const Memory& pool, int64_t layer,
