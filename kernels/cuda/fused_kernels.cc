@@ -69,7 +69,8 @@ absl::Status FusedStore(const PoolLayout& layout, void* layer,
       internal::LaunchFusedStore(
           *id, layout, static_cast<uint8_t*>(layer), kv, params, slot_mapping,
           num_tokens, cast_back,
-          {static_cast<cudaStream_t>(options.stream), options.pdl}),
+          {static_cast<cudaStream_t>(options.stream), options.pdl,
+           options.legacy_ds_mla, options.legacy_fused}),
       "launching the fused store kernel");
   return absl::OkStatus();
 }
