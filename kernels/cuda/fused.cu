@@ -22,7 +22,8 @@
 //               (index formats: lanes 0-7; DS_MLA_FP8 tail: lanes 0-7 with
 //               8 elements each; BF16(N): 8 elements per chunk, lane-strided)
 //
-// Two kernel shapes, same bytes (Launch::legacy_fused picks the first):
+// Two kernel shapes, same bytes (Launch::legacy_fused picks the first; its
+// kernels are built from this file by fused_legacy.cu, KVDEPOT_FUSED_LEGACY):
 //   legacy: the layout above, shared memory unswizzled (the Hadamard's
 //           lane-contiguous reads are 16-way bank conflicts), one token
 //           prefetched, the norm weights and cos/sin loaded per token.
@@ -887,19 +888,26 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
   }
 }
 
+// This file builds either shape's kernels (fused_legacy.cu defines
+// KVDEPOT_FUSED_LEGACY): the daemon's binaries carry only the current ones.
+#ifdef KVDEPOT_FUSED_LEGACY
+constexpr bool kLegacyBuild = true;
+#else
+constexpr bool kLegacyBuild = false;
+#endif
+
 template <FormatId kId, int kHad>
 cudaError_t Go(const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
                const FusedParams& p, const int32_t* slots, int64_t n,
                uint16_t* cast_back, const Launch& launch) {
   const FastDiv div = FastDiv::Of(static_cast<int32_t>(layout.block_size));
-  if (launch.legacy_fused) {
+  if constexpr (kLegacyBuild) {
     constexpr auto kKernel = FusedStoreKernel<kId, kHad>;
     const dim3 grid(
         PersistentGrid(n, kWarpsPerCta, ResidentCtas<kKernel, kThreads>()));
     return LaunchKernel(kKernel, grid, dim3(kThreads), launch, layout, div,
                         layer, kv, p, slots, n, cast_back);
-  }
-  if constexpr (FusedTraits<kId>::kD == kQuadD) {
+  } else if constexpr (FusedTraits<kId>::kD == kQuadD) {
     constexpr auto kKernel = FusedStoreKernelQuad<kId, kHad>;
     const dim3 grid(
         PersistentGrid(n, 4 * kWarpsPerCta, ResidentCtas<kKernel, kThreads>()));
@@ -942,11 +950,14 @@ cudaError_t ByHadamard(const PoolLayout& layout, uint8_t* layer,
 
 }  // namespace
 
-cudaError_t LaunchFusedStore(FormatId id, const PoolLayout& layout,
-                             uint8_t* layer, const uint16_t* kv,
-                             const FusedParams& p, const int32_t* slots,
-                             int64_t n, uint16_t* cast_back,
-                             const Launch& launch) {
+#ifdef KVDEPOT_FUSED_LEGACY
+cudaError_t LaunchFusedStoreLegacy(
+#else
+cudaError_t LaunchFusedStore(
+#endif
+    FormatId id, const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
+    const FusedParams& p, const int32_t* slots, int64_t n, uint16_t* cast_back,
+    const Launch& launch) {
   switch (id) {
     case FormatId::kV41:
       return ByHadamard<FormatId::kV41>(layout, layer, kv, p, slots, n,

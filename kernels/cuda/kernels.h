@@ -37,7 +37,8 @@ struct LaunchOptions {
   bool legacy_ds_mla = false;
   // FusedStore only: the first (round-1) fused kernel shape instead of the
   // current one, for the benchmark's side by side. Both give the same
-  // bytes.
+  // bytes. Needs //kernels/cuda:fused_legacy_device linked (the test and
+  // the benchmark); FailedPrecondition elsewhere.
   bool legacy_fused = false;
 };
 
