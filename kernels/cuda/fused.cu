@@ -21,6 +21,23 @@
 //   quantize:   lane l holds elements [16l, 16l + 16) as the store kernels
 //               (index formats: lanes 0-7; DS_MLA_FP8 tail: lanes 0-7 with
 //               8 elements each; BF16(N): 8 elements per chunk, lane-strided)
+//
+// Two kernel shapes, same bytes (Launch::legacy_fused picks the first; its
+// kernels are built from this file by fused_legacy.cu, KVDEPOT_FUSED_LEGACY):
+//   legacy: the layout above, shared memory unswizzled (the Hadamard's
+//           lane-contiguous reads are 16-way bank conflicts), one token
+//           prefetched, the norm weights and cos/sin loaded per token.
+//   current: the warp's token buffer XOR-swizzled in 16-byte units
+//           (Swz: conflict-free for every access pattern below), the
+//           Hadamard in two passes through shared memory (pass A: lane l
+//           holds [begin + l L/32, +L/32), stages h < L/32 in registers;
+//           pass B: lane holds the element bits log2(L/32)..2 log2(L/32) in
+//           registers, the rest by xor shuffles: 16 shuffles per value
+//           instead of 80 for L = 512), two tokens in flight per warp with
+//           their first cos/sin pair, and the norm weights kept in
+//           registers for the whole grid-stride loop.
+// The order of the Hadamard stages h = 1, 2, 4, ... and each a + b / a - b
+// is the reference's in both (a data layout only changes who holds what).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -92,15 +109,30 @@ constexpr int MaxChunks() {  // 8-element chunks per lane
 
 constexpr int Log2(int x) { return x <= 1 ? 0 : 1 + Log2(x / 2); }
 
+// The float index of element e in a warp's token buffer: identity (legacy)
+// or e with its 16-byte unit within the 128-byte row XORed with the row
+// (and bit 8 of e), a bijection inside each 32-float row that keeps every
+// aligned float4 contiguous.
+template <bool kSwz>
+__device__ __forceinline__ int Swz(int e) {
+  if constexpr (kSwz) {
+    const int r = (e >> 5) ^ ((e >> 8) << 2);
+    return e ^ ((r & 7) << 2);
+  } else {
+    return e;
+  }
+}
+
 // One token's input as loaded (raw BF16), its slot and position.
 template <int kChunks>
 struct TokenIn {
   uint4 v[kChunks];
   int32_t slot = -1;
   int64_t pos = 0;
+  float cos0 = 0.0f, sin0 = 0.0f;  // current kernel: cos_sin[pos][lane], ...
 };
 
-template <int kChunks>
+template <int kChunks, bool kCurrent = false>
 __device__ __forceinline__ void LoadToken(const uint16_t* kv, int64_t token,
                                           int32_t d, const int32_t* slots,
                                           const FusedParams& p, int lane,
@@ -113,6 +145,29 @@ __device__ __forceinline__ void LoadToken(const uint16_t* kv, int64_t token,
   }
   in.slot = __ldg(slots + token);
   in.pos = p.rope != RopeStyle::kNone ? __ldg(p.positions + token) : 0;
+  if constexpr (kCurrent) {
+    const int half = p.rope_dim / 2;
+    if (p.rope != RopeStyle::kNone && lane < half) {
+      const float* cs = p.cos_sin + in.pos * p.rope_dim;
+      in.cos0 = __ldg(cs + lane);
+      in.sin0 = __ldg(cs + half + lane);
+    }
+  }
+}
+
+// The norm weights of the lane's chunks (zero outside the norm range).
+template <int kChunks>
+__device__ __forceinline__ void LoadWeights(const FusedParams& p, int lane,
+                                            uint4 (&w)[kChunks]) {
+  const int c0 = p.norm_begin / 8, c1 = p.norm_end / 8;
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) {
+    const int c = lane + kWarp * k;
+    w[k] = p.norm() && c >= c0 && c < c1
+               ? __ldg(reinterpret_cast<const uint4*>(p.norm_weight +
+                                                      (8 * c - p.norm_begin)))
+               : make_uint4(0, 0, 0, 0);
+  }
 }
 
 __device__ __forceinline__ float SumSquares8(const float (&x)[8]) {
@@ -123,9 +178,10 @@ __device__ __forceinline__ float SumSquares8(const float (&x)[8]) {
 }
 
 // Step 1 in registers, then the token to shared memory.
-template <int kChunks>
+template <int kChunks, bool kCurrent>
 __device__ __forceinline__ void NormToShared(const TokenIn<kChunks>& in,
                                              int32_t d, const FusedParams& p,
+                                             const uint4 (&wpre)[kChunks],
                                              int lane, float* y) {
   float x[kChunks][8];
 #pragma unroll
@@ -157,8 +213,13 @@ __device__ __forceinline__ void NormToShared(const TokenIn<kChunks>& in,
     for (int k = 0; k < kChunks; ++k) {
       const int c = lane + kWarp * k;
       if (c < c0 || c >= c1) continue;
-      const uint4 wv = __ldg(reinterpret_cast<const uint4*>(
-          p.norm_weight + (8 * c - p.norm_begin)));
+      uint4 wv;
+      if constexpr (kCurrent) {
+        wv = wpre[k];
+      } else {
+        wv = __ldg(reinterpret_cast<const uint4*>(p.norm_weight +
+                                                  (8 * c - p.norm_begin)));
+      }
       const uint32_t w[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -174,27 +235,37 @@ __device__ __forceinline__ void NormToShared(const TokenIn<kChunks>& in,
   for (int k = 0; k < kChunks; ++k) {
     const int c = lane + kWarp * k;
     if (c >= d / 8) continue;
-    float4* o = reinterpret_cast<float4*>(y + 8 * c);
-    o[0] = make_float4(x[k][0], x[k][1], x[k][2], x[k][3]);
-    o[1] = make_float4(x[k][4], x[k][5], x[k][6], x[k][7]);
+    *reinterpret_cast<float4*>(y + Swz<kCurrent>(8 * c)) =
+        make_float4(x[k][0], x[k][1], x[k][2], x[k][3]);
+    *reinterpret_cast<float4*>(y + Swz<kCurrent>(8 * c + 4)) =
+        make_float4(x[k][4], x[k][5], x[k][6], x[k][7]);
   }
   __syncwarp();
 }
 
 // Step 2 on shared memory.
+template <bool kCurrent>
 __device__ __forceinline__ void Rope(const FusedParams& p, int64_t pos,
-                                     int lane, float* y) {
+                                     float cos0, float sin0, int lane,
+                                     float* y) {
   const int half = p.rope_dim / 2;
   const bool neox = p.rope == RopeStyle::kNeox;
   const float* cs = p.cos_sin + pos * p.rope_dim;
-  float* r = y + p.rope_offset;
+  const int r = p.rope_offset;
   for (int k = lane; k < half; k += kWarp) {
-    const int ia = neox ? k : 2 * k;
-    const int ib = neox ? k + half : 2 * k + 1;
-    const float a = r[ia], b = r[ib];
-    const float c = __ldg(cs + k), s = __ldg(cs + half + k);
-    r[ia] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-    r[ib] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    const int ia = Swz<kCurrent>(r + (neox ? k : 2 * k));
+    const int ib = Swz<kCurrent>(r + (neox ? k + half : 2 * k + 1));
+    const float a = y[ia], b = y[ib];
+    float c, s;
+    if (kCurrent && k == lane) {  // prefetched with the token
+      c = cos0;
+      s = sin0;
+    } else {
+      c = __ldg(cs + k);
+      s = __ldg(cs + half + k);
+    }
+    y[ia] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    y[ib] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
   }
   __syncwarp();
 }
@@ -235,14 +306,103 @@ __device__ __forceinline__ void Hadamard(int32_t begin, int lane, float* y) {
   __syncwarp();
 }
 
-// Step 4: 16 (or 8) values of shared memory rounded to BF16, as fp32 and as
-// packed BF16 words.
-template <int kN>
-__device__ __forceinline__ void RoundBf16(const float* y, float (&x)[kN],
+// Step 3, current kernel: the same stages in two passes over the swizzled
+// buffer. Pass A: lane l holds elements begin + [l kPer, l kPer + kPer),
+// stages h = 1 ... kPer / 2 in registers. Pass B: lane l, register i holds
+// element begin + (l mod kPer) + kPer i + kPer^2 (l / kPer), stages h =
+// kPer ... kPer^2 / 2 in registers, then h = kPer^2 ... L / 2 by xor
+// shuffles (lane bit log2(h / kPer)). Each stage pairs the same (a, b) as
+// the reference and writes a + b to the lower element, a - b to the upper.
+template <int kLen>
+__device__ __forceinline__ void HadamardTwoPass(int32_t begin, int lane,
+                                                float* y) {
+  constexpr int kPer = kLen / kWarp;
+  constexpr int kP = Log2(kPer);
+  static_assert(kPer >= 2 && kLen % kWarp == 0 && kPer * kPer <= kLen);
+  float v[kPer];
+  const int a0 = begin + kPer * lane;
+  const bool vec = kPer >= 4 && (begin & 3) == 0;
+  if (vec) {
+#pragma unroll
+    for (int q = 0; q < kPer / 4; ++q) {
+      const float4 f =
+          *reinterpret_cast<const float4*>(y + Swz<true>(a0 + 4 * q));
+      v[4 * q] = f.x;
+      v[4 * q + 1] = f.y;
+      v[4 * q + 2] = f.z;
+      v[4 * q + 3] = f.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) v[i] = y[Swz<true>(a0 + i)];
+  }
+#pragma unroll
+  for (int s = 1; s < kPer; s *= 2) {
+#pragma unroll
+    for (int i = 0; i < kPer; i += 2 * s) {
+#pragma unroll
+      for (int j = i; j < i + s; ++j) {
+        const float a = v[j], b = v[j + s];
+        v[j] = __fadd_rn(a, b);
+        v[j + s] = __fsub_rn(a, b);
+      }
+    }
+  }
+  // Each lane rewrites only what it read: no other lane touched it since
+  // the last __syncwarp.
+  if (vec) {
+#pragma unroll
+    for (int q = 0; q < kPer / 4; ++q) {
+      *reinterpret_cast<float4*>(y + Swz<true>(a0 + 4 * q)) =
+          make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) y[Swz<true>(a0 + i)] = v[i];
+  }
+  __syncwarp();
+  const int b0 = begin + (lane & (kPer - 1)) + kPer * kPer * (lane >> kP);
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) v[i] = y[Swz<true>(b0 + kPer * i)];
+#pragma unroll
+  for (int s = 1; s < kPer; s *= 2) {  // h = kPer * s
+#pragma unroll
+    for (int i = 0; i < kPer; i += 2 * s) {
+#pragma unroll
+      for (int j = i; j < i + s; ++j) {
+        const float a = v[j], b = v[j + s];
+        v[j] = __fadd_rn(a, b);
+        v[j + s] = __fsub_rn(a, b);
+      }
+    }
+  }
+#pragma unroll
+  for (int m = kPer; m < kWarp; m *= 2) {  // h = kPer * m: partner lane ^ m
+    const bool upper = (lane & m) != 0;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const float o = __shfl_xor_sync(kFullMask, v[i], m);
+      v[i] = upper ? __fsub_rn(o, v[i]) : __fadd_rn(v[i], o);
+    }
+  }
+  const float scale = BitsToFloat(kHadamardScaleBits[Log2(kLen)]);
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    y[Swz<true>(b0 + kPer * i)] = __fmul_rn(v[i], scale);
+  }
+  __syncwarp();
+}
+
+// Step 4: 16 (or 8) values of shared memory, elements [e0, e0 + kN) (e0 a
+// multiple of 4), rounded to BF16, as fp32 and as packed BF16 words.
+template <int kN, bool kSwz>
+__device__ __forceinline__ void RoundBf16(const float* y, int e0,
+                                          float (&x)[kN],
                                           uint32_t (&w)[kN / 2]) {
 #pragma unroll
   for (int i = 0; i < kN / 4; ++i) {
-    const float4 f = reinterpret_cast<const float4*>(y)[i];
+    const float4 f =
+        *reinterpret_cast<const float4*>(y + Swz<kSwz>(e0 + 4 * i));
     const uint32_t b0 = FloatToBf16(f.x), b1 = FloatToBf16(f.y);
     const uint32_t b2 = FloatToBf16(f.z), b3 = FloatToBf16(f.w);
     w[2 * i] = b0 | (b1 << 16);
@@ -267,18 +427,19 @@ __device__ __forceinline__ float ScaleValue(uint32_t stored) {
 
 // Steps 5-6 for the §3 formats: the store kernels' lane math (store.cu) on
 // the rounded values, then the decode of the lane's codes.
-template <class Q>
+template <class Q, bool kSwz>
 __device__ __forceinline__ void QuantizeLane(const PoolLayout& layout,
                                              const FastDiv& div, uint8_t* layer,
                                              const float* y, int32_t slot,
-                                             int lane, uint16_t* cast_row) {
+                                             int lane, bool active,
+                                             uint16_t* cast_row) {
+  // Inactive lanes (past the token) take part in the shuffles only.
   constexpr int kLpt = Q::kLanesPerToken;
   static_assert(kLpt == kWarp || kLpt == 8);
-  const bool active = lane < kLpt;  // lanes past the token compute nothing
   const int sub = lane % kLpt;
   float x[16];
   uint32_t bf[8];
-  RoundBf16<16>(y + 16 * sub, x, bf);
+  RoundBf16<16, kSwz>(y, 16 * sub, x, bf);
   float amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(x[i]));  // no NaN
@@ -339,6 +500,7 @@ __device__ __forceinline__ void QuantizeLane(const PoolLayout& layout,
 }
 
 // Steps 5-6 for DS_MLA_FP8 (SPEC §2.1): the 656-byte record of ds_mla.cu.
+template <bool kSwz>
 __device__ __forceinline__ void QuantizeDsMla(const PoolLayout& layout,
                                               const FastDiv& div,
                                               uint8_t* layer, const float* y,
@@ -346,10 +508,10 @@ __device__ __forceinline__ void QuantizeDsMla(const PoolLayout& layout,
                                               uint16_t* cast_row) {
   float x[16];
   uint32_t bf[8];
-  RoundBf16<16>(y + 16 * lane, x, bf);
+  RoundBf16<16, kSwz>(y, 16 * lane, x, bf);
   float xt[8];
   uint32_t tail[4] = {0, 0, 0, 0};
-  if (lane < 8) RoundBf16<8>(y + 512 + 8 * lane, xt, tail);
+  if (lane < 8) RoundBf16<8, kSwz>(y, 512 + 8 * lane, xt, tail);
   uint32_t sb;
   const uint4 q = DsMlaEncode16<true>(x, &sb);
   const uint32_t s0 = __shfl_sync(kFullMask, sb, 0);
@@ -374,6 +536,7 @@ __device__ __forceinline__ void QuantizeDsMla(const PoolLayout& layout,
 }
 
 // Steps 5-6 for BF16(N): the rounded values are the record and the load.
+template <bool kSwz>
 __device__ __forceinline__ void StoreBf16Row(const PoolLayout& layout,
                                              const FastDiv& div, uint8_t* layer,
                                              const float* y, int32_t d,
@@ -387,13 +550,45 @@ __device__ __forceinline__ void StoreBf16Row(const PoolLayout& layout,
   for (int c = lane; c < d / 8; c += kWarp) {
     float x[8];
     uint32_t w[4];
-    RoundBf16<8>(y + 8 * c, x, w);
+    RoundBf16<8, kSwz>(y, 8 * c, x, w);
     const uint4 v = make_uint4(w[0], w[1], w[2], w[3]);
     if (row != nullptr) StoreStream16(row + 16 * c, v);
     if (cast_row != nullptr) StoreStream16(cast_row + 8 * c, v);
   }
 }
 
+// Steps 1-6 of one token whose input is `in`, through the warp's buffer y.
+template <FormatId kId, int kHad, bool kCurrent, int kChunks>
+__device__ __forceinline__ void ProcessToken(const PoolLayout& layout,
+                                             const FastDiv& div, uint8_t* layer,
+                                             const FusedParams& p,
+                                             const TokenIn<kChunks>& in,
+                                             const uint4 (&weights)[kChunks],
+                                             int32_t d, int lane, float* y,
+                                             uint16_t* cast_row) {
+  NormToShared<kChunks, kCurrent>(in, d, p, weights, lane, y);
+  if (p.rope != RopeStyle::kNone) {
+    Rope<kCurrent>(p, in.pos, in.cos0, in.sin0, lane, y);
+  }
+  if constexpr (kHad > 0) {
+    if constexpr (kCurrent) {
+      HadamardTwoPass<kHad>(p.hadamard_begin, lane, y);
+    } else {
+      Hadamard<kHad>(p.hadamard_begin, lane, y);
+    }
+  }
+  if constexpr (kId == FormatId::kDsMlaFp8) {
+    QuantizeDsMla<kCurrent>(layout, div, layer, y, in.slot, lane, cast_row);
+  } else if constexpr (kId == FormatId::kBf16) {
+    StoreBf16Row<kCurrent>(layout, div, layer, y, d, in.slot, lane, cast_row);
+  } else {
+    using Q = typename FusedTraits<kId>::Q;
+    QuantizeLane<Q, kCurrent>(layout, div, layer, y, in.slot, lane,
+                              lane < Q::kLanesPerToken, cast_row);
+  }
+}
+
+// The legacy kernel: one token prefetched per warp.
 template <FormatId kId, int kHad>
 __global__ void __launch_bounds__(kThreads)
     FusedStoreKernel(PoolLayout layout, FastDiv div,  // by block_size
@@ -414,6 +609,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerCta;
   int64_t token =
       static_cast<int64_t>(blockIdx.x) * kWarpsPerCta + threadIdx.x / kWarp;
+  const uint4 unused[kChunks] = {};
   TokenIn<kChunks> cur;
   if (token < n) LoadToken(kv, token, d, slots, p, lane, cur);
   for (; token < n; token += warps) {
@@ -421,32 +617,309 @@ __global__ void __launch_bounds__(kThreads)
     if (token + warps < n) {
       LoadToken(kv, token + warps, d, slots, p, lane, next);
     }
-    NormToShared(cur, d, p, lane, y);
-    if (p.rope != RopeStyle::kNone) Rope(p, cur.pos, lane, y);
-    if constexpr (kHad > 0) Hadamard<kHad>(p.hadamard_begin, lane, y);
     uint16_t* cast_row = cast_back == nullptr ? nullptr : cast_back + token * d;
-    if constexpr (kId == FormatId::kDsMlaFp8) {
-      QuantizeDsMla(layout, div, layer, y, cur.slot, lane, cast_row);
-    } else if constexpr (kId == FormatId::kBf16) {
-      StoreBf16Row(layout, div, layer, y, d, cur.slot, lane, cast_row);
-    } else {
-      QuantizeLane<typename FusedTraits<kId>::Q>(layout, div, layer, y,
-                                                 cur.slot, lane, cast_row);
-    }
+    ProcessToken<kId, kHad, false>(layout, div, layer, p, cur, unused, d, lane,
+                                   y, cast_row);
     cur = next;
   }
 }
+
+// The current kernel: tokens t + W and t + 2 W (W = the grid's warps) in
+// flight while t is processed, their first cos/sin pair with them; the norm
+// weights loaded once. At least kMinCtas CTAs per SM (registers <= 128).
+constexpr int kMinCtas = 4;
+
+template <FormatId kId, int kHad>
+__global__ void __launch_bounds__(kThreads, kMinCtas)
+    FusedStoreKernelCurrent(PoolLayout layout, FastDiv div, uint8_t* layer,
+                            const uint16_t* kv, FusedParams p,
+                            const int32_t* slots, int64_t n,
+                            uint16_t* cast_back) {
+  constexpr int kChunks = MaxChunks<kId>();
+  __shared__ __align__(16) float tokens[kWarpsPerCta][MaxElems<kId>()];
+  PdlWait();
+  PdlLaunchDependents();
+  const int32_t d = FusedTraits<kId>::kD > 0 ? FusedTraits<kId>::kD
+                                             : layout.format.elements();
+  const int lane = threadIdx.x % kWarp;
+  float* y = tokens[threadIdx.x / kWarp];
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerCta;
+  int64_t token =
+      static_cast<int64_t>(blockIdx.x) * kWarpsPerCta + threadIdx.x / kWarp;
+  if (token >= n) return;  // warp-uniform
+  TokenIn<kChunks> cur, next;
+  LoadToken<kChunks, true>(kv, token, d, slots, p, lane, cur);
+  if (token + warps < n) {
+    LoadToken<kChunks, true>(kv, token + warps, d, slots, p, lane, next);
+  }
+  uint4 weights[kChunks];
+  LoadWeights(p, lane, weights);
+  for (; token < n; token += warps) {
+    TokenIn<kChunks> after;
+    if (token + 2 * warps < n) {
+      LoadToken<kChunks, true>(kv, token + 2 * warps, d, slots, p, lane, after);
+    }
+    uint16_t* cast_row = cast_back == nullptr ? nullptr : cast_back + token * d;
+    ProcessToken<kId, kHad, true>(layout, div, layer, p, cur, weights, d, lane,
+                                  y, cast_row);
+    cur = next;
+    next = after;
+  }
+}
+
+// The current kernel for the 128-element index formats: four tokens per
+// warp iteration (1 KB of input, contiguous). Loads: lane l holds chunk
+// l mod 16 of tokens l / 16 and 2 + l / 16. Token q's fp32 buffer is
+// y + kQuadStride q (swizzled within the token; the 8-float pad puts the
+// tokens' equal offsets on different banks). Hadamard and quantize: lanes
+// 8q ... 8q + 7 work on token q.
+constexpr int kQuadD = 128;
+constexpr int kQuadStride = kQuadD + 8;
+
+struct QuadIn {
+  uint4 v[2];
+  int32_t slot = -1;  // of token lane / 8
+  int64_t pos = 0;    // of token lane / 8
+};
+
+__device__ __forceinline__ void LoadQuad(const uint16_t* kv, int64_t base,
+                                         int64_t n, const int32_t* slots,
+                                         const FusedParams& p, int lane,
+                                         QuadIn& in) {
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int64_t t = base + 2 * k + lane / 16;
+    in.v[k] = t < n ? LoadStream16(kv + t * kQuadD + 8 * (lane % 16))
+                    : make_uint4(0, 0, 0, 0);
+  }
+  const int64_t t = base + lane / 8;
+  in.slot = t < n ? __ldg(slots + t) : -1;
+  in.pos = p.rope != RopeStyle::kNone && t < n ? __ldg(p.positions + t) : 0;
+}
+
+// Step 3 for four tokens, lanes 8q + m on token q: pass A, lane holds
+// begin + [m kPer, m kPer + kPer), stages h < kPer in registers; pass B,
+// register i holds begin + m + 8 i, stages h = kPer ... L / 2 in registers
+// (register distance h / 8). No shuffles.
+template <int kLen>
+__device__ __forceinline__ void HadamardQuad(int32_t begin, int lane,
+                                             float* y) {
+  constexpr int kPer = kLen / 8;
+  static_assert(kPer >= 8 && kLen <= kQuadD);
+  float* t = y + kQuadStride * (lane / 8);
+  const int m = lane % 8;
+  float v[kPer];
+  const int a0 = begin + kPer * m;
+  const bool vec = (begin & 3) == 0;
+  if (vec) {
+#pragma unroll
+    for (int q = 0; q < kPer / 4; ++q) {
+      const float4 f =
+          *reinterpret_cast<const float4*>(t + Swz<true>(a0 + 4 * q));
+      v[4 * q] = f.x;
+      v[4 * q + 1] = f.y;
+      v[4 * q + 2] = f.z;
+      v[4 * q + 3] = f.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) v[i] = t[Swz<true>(a0 + i)];
+  }
+#pragma unroll
+  for (int s = 1; s < kPer; s *= 2) {
+#pragma unroll
+    for (int i = 0; i < kPer; i += 2 * s) {
+#pragma unroll
+      for (int j = i; j < i + s; ++j) {
+        const float a = v[j], b = v[j + s];
+        v[j] = __fadd_rn(a, b);
+        v[j + s] = __fsub_rn(a, b);
+      }
+    }
+  }
+  if (vec) {
+#pragma unroll
+    for (int q = 0; q < kPer / 4; ++q) {
+      *reinterpret_cast<float4*>(t + Swz<true>(a0 + 4 * q)) =
+          make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) t[Swz<true>(a0 + i)] = v[i];
+  }
+  __syncwarp();
+  const int b0 = begin + m;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) v[i] = t[Swz<true>(b0 + 8 * i)];
+#pragma unroll
+  for (int s = kPer / 8; s < kPer; s *= 2) {  // h = 8 s
+#pragma unroll
+    for (int i = 0; i < kPer; i += 2 * s) {
+#pragma unroll
+      for (int j = i; j < i + s; ++j) {
+        const float a = v[j], b = v[j + s];
+        v[j] = __fadd_rn(a, b);
+        v[j + s] = __fsub_rn(a, b);
+      }
+    }
+  }
+  const float scale = BitsToFloat(kHadamardScaleBits[Log2(kLen)]);
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    t[Swz<true>(b0 + 8 * i)] = __fmul_rn(v[i], scale);
+  }
+  __syncwarp();
+}
+
+// Steps 1-6 of tokens base ... base + 3 (those < n).
+template <FormatId kId, int kHad>
+__device__ __forceinline__ void ProcessQuad(const PoolLayout& layout,
+                                            const FastDiv& div, uint8_t* layer,
+                                            const FusedParams& p,
+                                            const QuadIn& in, uint4 weight,
+                                            int64_t base, int64_t n, int lane,
+                                            float* y, uint16_t* cast_back) {
+  static_assert(FusedTraits<kId>::kD == kQuadD);
+  const int c = lane % 16;  // the lane's chunk of tokens k * 2 + lane / 16
+  float x[2][8];
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const uint32_t w[4] = {in.v[k].x, in.v[k].y, in.v[k].z, in.v[k].w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      x[k][2 * i] = BitsToFloat(w[i] << 16);
+      x[k][2 * i + 1] = BitsToFloat(w[i] & 0xFFFF0000u);
+    }
+  }
+  if (p.norm()) {
+    const int c0 = p.norm_begin / 8, c1 = p.norm_end / 8;
+    const bool in_range = c >= c0 && c < c1;
+    const uint32_t w[4] = {weight.x, weight.y, weight.z, weight.w};
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      // SPEC 8's tree on a 128-element token: slot j < 16 is chunk j,
+      // slots 16-31 are 0, so step h = 16 is slot + 0 and steps 8 ... 1
+      // stay inside each half-warp (one token each).
+      float slot = 0.0f;
+      if (in_range) slot = __fadd_rn(slot, SumSquares8(x[k]));
+      slot = __fadd_rn(slot, 0.0f);
+#pragma unroll
+      for (int h = 8; h >= 1; h /= 2) {
+        slot = __fadd_rn(slot, __shfl_xor_sync(kFullMask, slot, h));
+      }
+      const float sum = __shfl_sync(kFullMask, slot, lane & 16);
+      const float mean =
+          __fdiv_rn(sum, static_cast<float>(p.norm_end - p.norm_begin));
+      const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, p.eps)));
+      if (in_range) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          x[k][2 * i] =
+              __fmul_rn(__fmul_rn(x[k][2 * i], r), BitsToFloat(w[i] << 16));
+          x[k][2 * i + 1] = __fmul_rn(__fmul_rn(x[k][2 * i + 1], r),
+                                      BitsToFloat(w[i] & 0xFFFF0000u));
+        }
+      }
+    }
+  }
+  __syncwarp();  // the previous tokens' readers are done with y
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    float* t = y + kQuadStride * (2 * k + lane / 16);
+    *reinterpret_cast<float4*>(t + Swz<true>(8 * c)) =
+        make_float4(x[k][0], x[k][1], x[k][2], x[k][3]);
+    *reinterpret_cast<float4*>(t + Swz<true>(8 * c + 4)) =
+        make_float4(x[k][4], x[k][5], x[k][6], x[k][7]);
+  }
+  __syncwarp();
+  if (p.rope != RopeStyle::kNone) {
+    const int half = p.rope_dim / 2;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      if (base + q >= n) break;  // warp-uniform
+      const int64_t pos = __shfl_sync(kFullMask, in.pos, 8 * q);
+      const float* cs = p.cos_sin + pos * p.rope_dim;
+      const float c0 = lane < half ? __ldg(cs + lane) : 0.0f;
+      const float s0 = lane < half ? __ldg(cs + half + lane) : 0.0f;
+      Rope<true>(p, pos, c0, s0, lane, y + kQuadStride * q);
+    }
+  }
+  if constexpr (kHad > 0) HadamardQuad<kHad>(p.hadamard_begin, lane, y);
+  const int64_t t = base + lane / 8;
+  const bool active = t < n;
+  uint16_t* cast_row =
+      cast_back != nullptr && active ? cast_back + t * kQuadD : nullptr;
+  QuantizeLane<typename FusedTraits<kId>::Q, true>(
+      layout, div, layer, y + kQuadStride * (lane / 8), in.slot, lane, active,
+      cast_row);
+}
+
+template <FormatId kId, int kHad>
+__global__ void __launch_bounds__(kThreads, kMinCtas)
+    FusedStoreKernelQuad(PoolLayout layout, FastDiv div, uint8_t* layer,
+                         const uint16_t* kv, FusedParams p,
+                         const int32_t* slots, int64_t n, uint16_t* cast_back) {
+  __shared__ __align__(16) float tokens[kWarpsPerCta][4 * kQuadStride];
+  PdlWait();
+  PdlLaunchDependents();
+  const int lane = threadIdx.x % kWarp;
+  float* y = tokens[threadIdx.x / kWarp];
+  const int64_t step = 4 * static_cast<int64_t>(gridDim.x) * kWarpsPerCta;
+  int64_t base = 4 * (static_cast<int64_t>(blockIdx.x) * kWarpsPerCta +
+                      threadIdx.x / kWarp);
+  if (base >= n) return;  // warp-uniform
+  QuadIn cur, next;
+  LoadQuad(kv, base, n, slots, p, lane, cur);
+  if (base + step < n) LoadQuad(kv, base + step, n, slots, p, lane, next);
+  const int c = lane % 16;
+  const uint4 weight = p.norm() && c >= p.norm_begin / 8 && c < p.norm_end / 8
+                           ? __ldg(reinterpret_cast<const uint4*>(
+                                 p.norm_weight + (8 * c - p.norm_begin)))
+                           : make_uint4(0, 0, 0, 0);
+  for (; base < n; base += step) {
+    QuadIn after;
+    if (base + 2 * step < n) {
+      LoadQuad(kv, base + 2 * step, n, slots, p, lane, after);
+    }
+    ProcessQuad<kId, kHad>(layout, div, layer, p, cur, weight, base, n, lane, y,
+                           cast_back);
+    cur = next;
+    next = after;
+  }
+}
+
+// This file builds either shape's kernels (fused_legacy.cu defines
+// KVDEPOT_FUSED_LEGACY): the daemon's binaries carry only the current ones.
+#ifdef KVDEPOT_FUSED_LEGACY
+constexpr bool kLegacyBuild = true;
+#else
+constexpr bool kLegacyBuild = false;
+#endif
 
 template <FormatId kId, int kHad>
 cudaError_t Go(const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
                const FusedParams& p, const int32_t* slots, int64_t n,
                uint16_t* cast_back, const Launch& launch) {
-  constexpr auto kKernel = FusedStoreKernel<kId, kHad>;
   const FastDiv div = FastDiv::Of(static_cast<int32_t>(layout.block_size));
-  const dim3 grid(
-      PersistentGrid(n, kWarpsPerCta, ResidentCtas<kKernel, kThreads>()));
-  return LaunchKernel(kKernel, grid, dim3(kThreads), launch, layout, div, layer,
-                      kv, p, slots, n, cast_back);
+  if constexpr (kLegacyBuild) {
+    constexpr auto kKernel = FusedStoreKernel<kId, kHad>;
+    const dim3 grid(
+        PersistentGrid(n, kWarpsPerCta, ResidentCtas<kKernel, kThreads>()));
+    return LaunchKernel(kKernel, grid, dim3(kThreads), launch, layout, div,
+                        layer, kv, p, slots, n, cast_back);
+  } else if constexpr (FusedTraits<kId>::kD == kQuadD) {
+    constexpr auto kKernel = FusedStoreKernelQuad<kId, kHad>;
+    const dim3 grid(
+        PersistentGrid(n, 4 * kWarpsPerCta, ResidentCtas<kKernel, kThreads>()));
+    return LaunchKernel(kKernel, grid, dim3(kThreads), launch, layout, div,
+                        layer, kv, p, slots, n, cast_back);
+  } else {
+    constexpr auto kKernel = FusedStoreKernelCurrent<kId, kHad>;
+    const dim3 grid(
+        PersistentGrid(n, kWarpsPerCta, ResidentCtas<kKernel, kThreads>()));
+    return LaunchKernel(kKernel, grid, dim3(kThreads), launch, layout, div,
+                        layer, kv, p, slots, n, cast_back);
+  }
 }
 
 template <FormatId kId>
@@ -477,11 +950,14 @@ cudaError_t ByHadamard(const PoolLayout& layout, uint8_t* layer,
 
 }  // namespace
 
-cudaError_t LaunchFusedStore(FormatId id, const PoolLayout& layout,
-                             uint8_t* layer, const uint16_t* kv,
-                             const FusedParams& p, const int32_t* slots,
-                             int64_t n, uint16_t* cast_back,
-                             const Launch& launch) {
+#ifdef KVDEPOT_FUSED_LEGACY
+cudaError_t LaunchFusedStoreLegacy(
+#else
+cudaError_t LaunchFusedStore(
+#endif
+    FormatId id, const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
+    const FusedParams& p, const int32_t* slots, int64_t n, uint16_t* cast_back,
+    const Launch& launch) {
   switch (id) {
     case FormatId::kV41:
       return ByHadamard<FormatId::kV41>(layout, layer, kv, p, slots, n,

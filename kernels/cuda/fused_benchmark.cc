@@ -1,6 +1,8 @@
 // The fused store (SPEC §8) on the GPU host, against the same stages as
 // separate kernels (fused_stages.h: RMSNorm, RoPE, Hadamard, each writing
-// BF16, then the plain store) and against the plain store alone, as ratios
+// BF16, then the plain store), against the plain store alone and against
+// the fused store's first kernel shape ("legacy",
+// LaunchOptions::legacy_fused), as ratios
 // of the same run's device-to-device copy bandwidth:
 //  1. bandwidth at 64K and 1M tokens, L2 flushed before every timed launch;
 //  2. GPU time at 1..1024 tokens in CUDA-graph replay (goal: <= 3 us).
@@ -208,10 +210,11 @@ Workload Make(const Config& c, int64_t n) {
   return w;
 }
 
-Launcher FusedOf(Workload& w) {
-  return [&w](cudaStream_t s) {
+Launcher FusedOf(Workload& w, bool legacy = false) {
+  return [&w, legacy](cudaStream_t s) {
     LaunchOptions o;
     o.stream = s;
+    o.legacy_fused = legacy;
     return FusedStore(
         w.layout, w.pool.get(), w.kv.as<uint16_t>(), w.p, w.slots.as<int32_t>(),
         w.n, w.cast.get() != nullptr ? w.cast.as<uint16_t>() : nullptr, o);
@@ -313,6 +316,7 @@ int Main() {
       Workload w = Make(c, n);
       const std::pair<const char*, Launcher> ks[] = {
           {"fused", FusedOf(w)},
+          {"legacy", FusedOf(w, true)},
           {"stages", StagesOf(w)},
           {"store", PlainStoreOf(w)}};
       for (const auto& [kernel, f] : ks) {
@@ -343,6 +347,7 @@ int Main() {
       Workload w = Make(c, n);
       for (const auto& [kernel, f] :
            {std::pair<const char*, Launcher>{"fused", FusedOf(w)},
+            {"legacy", FusedOf(w, true)},
             {"stages", StagesOf(w)}}) {
         const double t = GraphSeconds(f, launches);
         std::printf("%-14s %-8s %7lld %9.2f\n", c.name.c_str(), kernel,

@@ -65,11 +65,17 @@ absl::Status FusedStore(const PoolLayout& layout, void* layer,
     RETURN_IF_ERROR(CheckPointer(params.positions, "positions", 8));
     RETURN_IF_ERROR(CheckPointer(params.cos_sin, "cos_sin", 4));
   }
+  const auto launch_fn = options.legacy_fused ? internal::LaunchFusedStoreLegacy
+                                              : internal::LaunchFusedStore;
+  if (launch_fn == nullptr) {
+    return absl::FailedPreconditionError(
+        "legacy_fused: //kernels/cuda:fused_legacy_device is not linked");
+  }
   RETURN_IF_CUDA_ERROR(
-      internal::LaunchFusedStore(
-          *id, layout, static_cast<uint8_t*>(layer), kv, params, slot_mapping,
-          num_tokens, cast_back,
-          {static_cast<cudaStream_t>(options.stream), options.pdl}),
+      launch_fn(*id, layout, static_cast<uint8_t*>(layer), kv, params,
+                slot_mapping, num_tokens, cast_back,
+                {static_cast<cudaStream_t>(options.stream), options.pdl,
+                 options.legacy_ds_mla, options.legacy_fused}),
       "launching the fused store kernel");
   return absl::OkStatus();
 }

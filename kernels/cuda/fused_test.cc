@@ -3,6 +3,7 @@
 // all or part of the token, NeoX and interleaved RoPE, every Hadamard
 // length that fits), DeepSeek MLA's ranges, -1 slots, NaN / +-Inf inputs,
 // and the cast_back output compared with a later GPU load of the slots.
+// Both kernel shapes (the current one and LaunchOptions::legacy_fused).
 #include "kernels/reference/fused.h"
 
 #include <cuda_runtime_api.h>
@@ -47,17 +48,20 @@ enum class Stages {
   kHadamard512,
   kAll,
   kMla,  // norm [0, D - 64), interleaved RoPE on the last 64, no Hadamard
+  kHadamardOdd,  // Hadamard 128 (or 64) at element 3, not a multiple of 4
 };
 constexpr Stages kAllStages[] = {
     Stages::kNone,        Stages::kNormAll,     Stages::kNormPart,
     Stages::kNeox,        Stages::kInterleaved, Stages::kHadamard64,
     Stages::kHadamard128, Stages::kHadamard256, Stages::kHadamard512,
-    Stages::kAll,         Stages::kMla};
+    Stages::kAll,         Stages::kMla,         Stages::kHadamardOdd};
 
 int HadamardOf(Stages s, int32_t d) {
   switch (s) {
     case Stages::kHadamard64:
       return 64;
+    case Stages::kHadamardOdd:  // 128: pass A's scalar path
+      return d >= 128 + 3 ? 128 : 64;
     case Stages::kHadamard128:
       return 128;
     case Stages::kHadamard256:
@@ -157,6 +161,7 @@ Inputs MakeInputs(std::mt19937& rng, const PoolLayout& layout, int64_t n,
   }
   p.hadamard_len = HadamardOf(stages, d);
   p.hadamard_begin = p.hadamard_len > 0 && d - p.hadamard_len >= 8 ? 8 : 0;
+  if (stages == Stages::kHadamardOdd) p.hadamard_begin = 3;
   if (p.norm()) {
     std::uniform_real_distribution<float> w(0.5f, 1.5f);
     in.weight.resize(p.norm_end - p.norm_begin);
@@ -194,6 +199,11 @@ PoolLayout Layout(const std::string& name, int64_t block_size,
   return *l;
 }
 
+void CheckKernel(const PoolLayout& layout, int64_t n, const Inputs& in,
+                 const std::vector<uint8_t>& initial,
+                 const std::vector<uint8_t>& want,
+                 const std::vector<uint16_t>& want_cast, bool legacy);
+
 // Runs the reference and the kernel on identical random pools; compares the
 // whole layer and cast_back, then loads the stored slots on the GPU and
 // compares them with cast_back (do_cast formats).
@@ -217,6 +227,19 @@ void CheckFused(const PoolLayout& layout, int64_t n, Stages stages,
     ASSERT_NE(want, initial) << "the reference wrote nothing";
   }
 
+  for (const bool legacy : {false, true}) {
+    SCOPED_TRACE(legacy ? "legacy kernel" : "current kernel");
+    CheckKernel(layout, n, in, initial, want, want_cast, legacy);
+    if (testing::Test::HasFatalFailure()) return;
+  }
+}
+
+// One kernel shape against the reference's layer and cast_back.
+void CheckKernel(const PoolLayout& layout, int64_t n, const Inputs& in,
+                 const std::vector<uint8_t>& initial,
+                 const std::vector<uint8_t>& want,
+                 const std::vector<uint16_t>& want_cast, bool legacy) {
+  const int32_t d = layout.format.elements();
   DeviceBuffer pool = Upload(initial);
   DeviceBuffer kv = Upload(in.kv);
   DeviceBuffer slots = Upload(in.slots);
@@ -234,9 +257,11 @@ void CheckFused(const PoolLayout& layout, int64_t n, Stages stages,
     p.positions = positions.as<int64_t>();
   }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  LaunchOptions options;
+  options.legacy_fused = legacy;
   const absl::Status s =
       gpu::FusedStore(layout, pool.get(), kv.as<uint16_t>(), p,
-                      slots.as<int32_t>(), n, cast.as<uint16_t>());
+                      slots.as<int32_t>(), n, cast.as<uint16_t>(), options);
   ASSERT_TRUE(s.ok()) << s;
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
@@ -282,6 +307,7 @@ void CheckFused(const PoolLayout& layout, int64_t n, Stages stages,
 bool Fits(Stages s, int32_t d) {
   const int h = HadamardOf(s, d);
   if (s >= Stages::kHadamard64 && s <= Stages::kHadamard512) return h <= d;
+  if (s == Stages::kHadamardOdd) return h + 3 <= d;
   return true;
 }
 

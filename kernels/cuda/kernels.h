@@ -35,6 +35,11 @@ struct LaunchOptions {
   // instead of the current ones, for the benchmark's side by side. Both
   // give the same bytes.
   bool legacy_ds_mla = false;
+  // FusedStore only: the first (round-1) fused kernel shape instead of the
+  // current one, for the benchmark's side by side. Both give the same
+  // bytes. Needs //kernels/cuda:fused_legacy_device linked (the test and
+  // the benchmark); FailedPrecondition elsewhere.
+  bool legacy_fused = false;
 };
 
 // Host-side validation, the contract's checks (store_load_host.h).

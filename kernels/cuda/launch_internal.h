@@ -19,6 +19,7 @@ struct Launch {
   cudaStream_t stream = nullptr;
   bool pdl = false;            // Programmatic Dependent Launch attribute
   bool legacy_ds_mla = false;  // LaunchOptions::legacy_ds_mla
+  bool legacy_fused = false;   // LaunchOptions::legacy_fused
 };
 
 // kv: [n][elements] BF16 bits (fp32_input false) or float; slots: [n],

@@ -30,7 +30,7 @@ NVCC_FLAGS = [
     "-fmad=false",
 ]
 
-def cuda_library(name, srcs, hdrs = [], cuda_hdrs = [], deps = [], copts = [], visibility = None, testonly = False):
+def cuda_library(name, srcs, hdrs = [], cuda_hdrs = [], deps = [], copts = [], visibility = None, testonly = False, alwayslink = False):
     """A cc_library whose sources are CUDA files.
 
     Args:
@@ -42,6 +42,7 @@ def cuda_library(name, srcs, hdrs = [], cuda_hdrs = [], deps = [], copts = [], v
       copts: extra nvcc flags.
       visibility: as usual.
       testonly: as usual.
+      alwayslink: as usual (objects nothing references by name still link).
     """
     if not CUDA_AVAILABLE:
         return
@@ -70,6 +71,7 @@ def cuda_library(name, srcs, hdrs = [], cuda_hdrs = [], deps = [], copts = [], v
         linkstatic = True,
         visibility = visibility,
         testonly = testonly,
+        alwayslink = alwayslink,
     )
 
 def cuda_only(rule, **kwargs):
