@@ -339,6 +339,18 @@ absl::Status Daemon::Init() {
   builder.SetResourceQuota(quota);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
                              options_.max_streams_per_connection);
+  // A Verify holds a scan thread while it runs: one client at its limit
+  // must leave at least one for everybody else.
+  if (options_.serving.model == "callback" &&
+      options_.service.max_verify_streams_per_client > 0 &&
+      options_.serving.ops_threads <=
+          options_.service.max_verify_streams_per_client) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--ops_threads = ", options_.serving.ops_threads,
+        " must exceed --max_verify_streams_per_client = ",
+        options_.service.max_verify_streams_per_client,
+        ": one client's scans could otherwise hold every scan thread"));
+  }
   ASSIGN_OR_RETURN(serving_, MakeServing(service_.get(), options_.serving));
   builder.RegisterService(serving_->service());
   builder.RegisterService(tcp_sessions_.get());

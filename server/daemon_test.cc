@@ -184,6 +184,22 @@ TEST(DaemonTest, BadConfigNamesThePool) {
   EXPECT_THAT(std::string(d.status().message()), HasSubstr("textproto"));
 }
 
+// One client at its Verify limit must not hold every scan thread.
+TEST(DaemonTest, ScanThreadsMustExceedOneClientsVerifyStreams) {
+  DaemonOptions o;
+  o.listen = TempSocket("scans");
+  o.serving.ops_threads = 2;
+  o.service.max_verify_streams_per_client = 2;
+  absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(o);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(d.status().message()),
+              HasSubstr("--ops_threads = 2 must exceed "
+                        "--max_verify_streams_per_client = 2"));
+  o.serving.ops_threads = 3;
+  d = Daemon::Start(o);
+  EXPECT_TRUE(d.ok()) << d.status();
+}
+
 TEST(DaemonTest, BackendSelection) {
   DaemonOptions o;
   o.listen = TempSocket("backend");

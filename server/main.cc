@@ -78,7 +78,7 @@ ABSL_FLAG(int64_t, max_pools, 1024, "Pools at once, all clients together.");
 ABSL_FLAG(int64_t, max_descriptors_per_connection, 256,
           "Descriptors the daemon holds for one companion connection (one "
           "per buffer of its session, allocated or imported).");
-ABSL_FLAG(int64_t, max_verify_streams_per_client, 4,
+ABSL_FLAG(int64_t, max_verify_streams_per_client, 2,
           "Verify streams one client (uid, TLS subject, anonymous session) "
           "may run at once.");
 ABSL_FLAG(int64_t, max_buffer_bytes, int64_t{16} << 30,
@@ -113,8 +113,10 @@ ABSL_FLAG(int, worker_threads, 8,
           "Callback model: threads running offloaded calls (large Store/"
           "Load, PrefillLoad, pool and buffer creation, every call that may "
           "wait for the GPU).");
-ABSL_FLAG(int, ops_threads, 2,
-          "Callback model: threads running Verify and Inspect scans.");
+ABSL_FLAG(int, ops_threads, 8,
+          "Callback model: threads running Verify and Inspect scans; must "
+          "exceed --max_verify_streams_per_client, so that no one client can "
+          "hold every scan thread.");
 ABSL_FLAG(int, max_queued_calls, 1024,
           "Callback model: offloaded calls waiting for a worker; beyond it a "
           "call gets RESOURCE_EXHAUSTED.");

@@ -33,7 +33,7 @@ struct ServiceOptions {
   int64_t max_buffer_bytes = int64_t{16} << 30;   // AllocateBuffer size
   // Verify streams one client (uid, TLS subject, anonymous session) may
   // run at once; <= 0 = no limit.
-  int64_t max_verify_streams_per_client = 4;
+  int64_t max_verify_streams_per_client = 2;
   // Where calls are counted (the daemon shares it with its backend and the
   // /metrics page); null = the service keeps its own.
   ServerMetrics* metrics = nullptr;

@@ -31,7 +31,7 @@ struct ServingOptions {
   // the one for Verify and Inspect (long scans that may wait on a slow
   // reader).
   int worker_threads = 8;
-  int ops_threads = 2;
+  int ops_threads = 8;
   int max_queued_calls = 1024;
   // Store/Load rows (tokens) up to which a request runs inline on the CPU
   // backend; index requests get 16x this many output entries.
