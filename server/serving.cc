@@ -75,11 +75,13 @@ class CallbackServing final : public Serving,
       : impl_(impl),
         policy_{o.inline_max_rows, impl->backend_waits_for_device()},
         data_pool_("kvdepot-work", o.worker_threads, o.max_queued_calls),
+        wait_pool_("kvdepot-wait", o.worker_threads, o.max_queued_calls),
         ops_pool_("kvdepot-ops", o.ops_threads, o.max_queued_calls) {}
 
   grpc::Service* service() override { return this; }
   void Shutdown() override {
     data_pool_.Shutdown();
+    wait_pool_.Shutdown();
     ops_pool_.Shutdown();
   }
 
@@ -135,10 +137,13 @@ class CallbackServing final : public Serving,
   KVDEPOT_UNARY(ReleaseBuffer, ReleaseBufferRequest, ReleaseBufferResponse,
                 &data_pool_, policy_.device)
   // The data path: inline when short (serving.h).
-  KVDEPOT_UNARY(Store, StoreRequest, StoreResponse, &data_pool_,
-                policy_.Offload(*r))
-  KVDEPOT_UNARY(Load, LoadRequest, LoadResponse, &data_pool_,
-                policy_.Offload(*r))
+  // A call awaiting a client's event holds its worker until the event fires
+  // or the watchdog ends it: those have their own pool, so clients that
+  // never signal cannot take the workers everybody else's calls run on.
+  KVDEPOT_UNARY(Store, StoreRequest, StoreResponse,
+                PoolFor(r->wait_event_ipc_handle()), policy_.Offload(*r))
+  KVDEPOT_UNARY(Load, LoadRequest, LoadResponse,
+                PoolFor(r->wait_event_ipc_handle()), policy_.Offload(*r))
   KVDEPOT_UNARY(BuildPlan, BuildPlanRequest, BuildPlanResponse, &data_pool_,
                 policy_.Offload(*r))
   KVDEPOT_UNARY(ConvertTopk, ConvertTopkRequest, ConvertTopkResponse,
@@ -157,9 +162,14 @@ class CallbackServing final : public Serving,
       CallbackCtx* ctx, const v1::VerifyRequest* r) override;
 
  private:
+  WorkerPool* PoolFor(const std::string& wait_event) {
+    return wait_event.empty() ? &data_pool_ : &wait_pool_;
+  }
+
   KVCacheService* const impl_;
   const Policy policy_;
   WorkerPool data_pool_;
+  WorkerPool wait_pool_;  // calls that await a client's event first
   WorkerPool ops_pool_;
 };
 
