@@ -1,6 +1,7 @@
 #include "server/serving.h"
 
 #include <algorithm>
+#include <string>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
