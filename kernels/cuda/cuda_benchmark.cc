@@ -195,23 +195,23 @@ Workload MakeWorkload(const std::string& name, int64_t n) {
 }
 
 Launcher StoreOf(Workload& w, bool hw, bool random_slots = false,
-                 bool legacy_ds_mla = false) {
-  return [&w, hw, random_slots, legacy_ds_mla](cudaStream_t s) {
+                 bool ds_mla_round2 = false) {
+  return [&w, hw, random_slots, ds_mla_round2](cudaStream_t s) {
     LaunchOptions o;
     o.stream = s;
     o.hw_e4m3 = hw;
-    o.legacy_ds_mla = legacy_ds_mla;
+    o.ds_mla_round2 = ds_mla_round2;
     return Store(w.layout, w.pool.get(), w.kv.get(), InputDtype::kBF16,
                  (random_slots ? w.random_slots : w.slots).as<int32_t>(), w.n,
                  o);
   };
 }
 
-Launcher LoadOf(Workload& w, bool legacy_ds_mla = false) {
-  return [&w, legacy_ds_mla](cudaStream_t s) {
+Launcher LoadOf(Workload& w, bool ds_mla_round2 = false) {
+  return [&w, ds_mla_round2](cudaStream_t s) {
     LaunchOptions o;
     o.stream = s;
-    o.legacy_ds_mla = legacy_ds_mla;
+    o.ds_mla_round2 = ds_mla_round2;
     return LoadSegments(w.layout, w.pool.get(), w.segments.as<int32_t>(),
                         w.num_segments, w.data.get(), w.scales.get(), o);
   };
@@ -273,10 +273,10 @@ int Main() {
         ks.push_back({"store_int_e4m3", StoreOf(w, false), w.store_bytes});
       }
       ks.push_back({"store_rand_slots", StoreOf(w, true, true), w.store_bytes});
-      if (name == "DS_MLA_FP8") {  // round 1's kernel shapes, same bytes
+      if (name == "DS_MLA_FP8") {  // round 2's kernel shapes, same bytes
         ks.push_back(
-            {"store_round1", StoreOf(w, true, false, true), w.store_bytes});
-        ks.push_back({"load_round1", LoadOf(w, true), w.load_bytes});
+            {"store_round2", StoreOf(w, true, false, true), w.store_bytes});
+        ks.push_back({"load_round2", LoadOf(w, true), w.load_bytes});
       }
       for (const K& k : ks) {
         const double t = bench.ColdSeconds(k.f, iters);

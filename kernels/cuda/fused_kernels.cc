@@ -75,7 +75,7 @@ absl::Status FusedStore(const PoolLayout& layout, void* layer,
       launch_fn(*id, layout, static_cast<uint8_t*>(layer), kv, params,
                 slot_mapping, num_tokens, cast_back,
                 {static_cast<cudaStream_t>(options.stream), options.pdl,
-                 options.legacy_ds_mla, options.legacy_fused}),
+                 options.ds_mla_round2, options.legacy_fused}),
       "launching the fused store kernel");
   return absl::OkStatus();
 }

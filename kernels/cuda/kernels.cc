@@ -19,7 +19,7 @@ namespace {
 
 internal::Launch ToLaunch(const LaunchOptions& options) {
   return {static_cast<cudaStream_t>(options.stream), options.pdl,
-          options.legacy_ds_mla};
+          options.ds_mla_round2};
 }
 
 absl::StatusOr<FormatId> FormatIdOf(const KVCacheFormat& format) {

@@ -18,7 +18,7 @@ namespace kvdepot::gpu::internal {
 struct Launch {
   cudaStream_t stream = nullptr;
   bool pdl = false;            // Programmatic Dependent Launch attribute
-  bool legacy_ds_mla = false;  // LaunchOptions::legacy_ds_mla
+  bool ds_mla_round2 = false;  // LaunchOptions::ds_mla_round2
   bool legacy_fused = false;   // LaunchOptions::legacy_fused
 };
 

@@ -223,15 +223,15 @@ TEST(StoreLoadLargeTest, LongSegmentsTakeSeveralRounds) {
   }
 }
 
-// DS_MLA_FP8's current kernel shapes (more tokens in flight per warp) and
-// the round-1 ones (LaunchOptions::legacy_ds_mla) give the reference's
+// DS_MLA_FP8's default kernel shapes and the round-2 ones (more tokens in
+// flight per warp, LaunchOptions::ds_mla_round2) give the reference's
 // bytes, on small batches, many rounds of the persistent store and long
 // segments that take several load steps.
-TEST(StoreLoadLargeTest, DsMlaCurrentAndLegacyShapes) {
+TEST(StoreLoadLargeTest, DsMlaDefaultAndRound2Shapes) {
   std::mt19937 rng(307);
-  for (bool legacy : {false, true}) {
+  for (bool round2 : {false, true}) {
     LaunchOptions options;
-    options.legacy_ds_mla = legacy;
+    options.ds_mla_round2 = round2;
     for (int64_t bs : {1, 7, 64, 133, 1000}) {
       const PoolLayout layout = Layout("DS_MLA_FP8", bs, 40000);
       for (int64_t n : {1, 3, 517, 30000}) {
