@@ -316,6 +316,8 @@ absl::Status Daemon::Init() {
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
                              options_.max_streams_per_connection);
   builder.RegisterService(service_.get());
+  ASSIGN_OR_RETURN(step_, step::AddStepService(&builder, *backend_,
+                                               pools_.get(), sessions_.get()));
   server_ = builder.BuildAndStart();
   if (server_ == nullptr) {
     return absl::UnavailableError(

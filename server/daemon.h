@@ -24,6 +24,7 @@
 #include "server/pools.h"
 #include "server/service.h"
 #include "server/sessions.h"
+#include "server/step/step_server.h"
 #include "server/tls.h"
 
 namespace kvdepot {
@@ -115,6 +116,7 @@ class Daemon {
   std::unique_ptr<PoolRegistry> pools_;
   std::unique_ptr<SessionManager> sessions_;
   std::unique_ptr<KVCacheService> service_;
+  std::unique_ptr<step::StepServer> step_;  // the step path (SPEC §10)
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsServer> metrics_server_;
   std::unique_ptr<CompanionServer> companion_;

@@ -1,0 +1,35 @@
+#include "server/step/step_server.h"
+
+#include <string>
+#include <utility>
+
+#ifdef KVDEPOT_HAVE_CUDA
+#include "server/step/cuda_engine.h"
+#endif
+
+namespace kvdepot::step {
+
+StepServer::StepServer(std::unique_ptr<StepEngineFactory> factory,
+                       const PoolRegistry* pools, SessionManager* sessions,
+                       RegistryOptions options)
+    : factory_(std::move(factory)),
+      registry_(factory_.get(), pools, sessions, options),
+      service_(&registry_, sessions) {}
+
+absl::StatusOr<std::unique_ptr<StepServer>> AddStepService(
+    grpc::ServerBuilder* builder, const Backend& backend,
+    const PoolRegistry* pools, SessionManager* sessions) {
+  std::unique_ptr<StepEngineFactory> factory;
+#ifdef KVDEPOT_HAVE_CUDA
+  if (backend.name() == "cuda") factory = MakeCudaEngineFactory();
+#endif
+  if (factory == nullptr) {
+    factory = MakeUnavailableEngineFactory(std::string(backend.name()));
+  }
+  auto server = std::make_unique<StepServer>(std::move(factory), pools,
+                                             sessions, RegistryOptions());
+  builder->RegisterService(server->service());
+  return server;
+}
+
+}  // namespace kvdepot::step
