@@ -221,10 +221,10 @@ absl::StatusOr<StepPlan> BuildStepPlan(const RegistrationConfig& config,
     }
     for (int64_t i = 0; i < cells; ++i) {
       if (values[i] < -1 || values[i] >= blocks) {
-        return Invalid(absl::StrCat("block_tables[", i / r.block_table_cols(),
-                                    "][", i % r.block_table_cols(), "]"),
-                       absl::StrCat(values[i], " is outside [-1, ", blocks,
-                                    ") (the index pools' blocks)"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "block_tables[", i / r.block_table_cols(), "][",
+            i % r.block_table_cols(), "] = ", values[i], " is outside [-1, ",
+            blocks, ") (the index pools' blocks)"));
       }
     }
     sec.block_tables = Reserve(&blob, cells);
