@@ -73,6 +73,11 @@ absl::Status SyncWithin(cudaStream_t s, absl::Duration limit) {
 
 StepRig::~StepRig() {
   if (worker_ != nullptr) kvd_worker_close(worker_);
+  if (options_.delete_pools && options_.create_pools && client_ != nullptr) {
+    for (const PoolRef* p : {&main_, &swa_, &index_}) {
+      if (!p->name.empty()) client_->DeletePool(p->name).IgnoreError();
+    }
+  }
   if (registration_id_ != 0 && stub_ != nullptr) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
@@ -179,7 +184,8 @@ absl::Status StepRig::Init(const std::string& socket) {
     out->set_buffer_id(io_id_);
     out->set_offset(offset);
   };
-  for (int l = 0; l < o.layers; ++l) {
+  for (int l = 0; l < o.layers && o.bare; ++l) r.add_layers();
+  for (int l = 0; l < o.layers && !o.bare; ++l) {
     v1::StepLayer* layer = r.add_layers();
     layer->set_ratio(1);
     layer->set_window(o.window);
@@ -195,9 +201,11 @@ absl::Status StepRig::Init(const std::string& socket) {
     ref(layer->mutable_topk(), topk_off(l));
     ref(layer->mutable_index_out(), out_off(l));
   }
-  r.mutable_swa_index()->set_pool(swa_.name);
-  r.mutable_swa_index()->set_window(o.window);
-  ref(r.mutable_swa_index()->mutable_out(), swa_out());
+  if (!o.bare) {
+    r.mutable_swa_index()->set_pool(swa_.name);
+    r.mutable_swa_index()->set_window(o.window);
+    ref(r.mutable_swa_index()->mutable_out(), swa_out());
+  }
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   v1::RegisterWorkerResponse reg;
@@ -217,12 +225,16 @@ StepInput StepRig::RandomStep(uint64_t step_id, std::mt19937& rng) const {
   const RigOptions& o = options_;
   StepInput in;
   in.step_id = step_id;
-  const int seqs = std::uniform_int_distribution<int>(
-      1, std::min(o.max_seqs, o.states))(rng);
+  const int seqs = o.decode_only ? std::min(o.max_seqs, o.states)
+                                 : std::uniform_int_distribution<int>(
+                                       1, std::min(o.max_seqs, o.states))(rng);
   int total = 0;
   for (int b = 0; b < seqs; ++b) {
     const int left = o.max_tokens - total - (seqs - b - 1);
-    const int q = std::min(left, std::uniform_int_distribution<int>(1, 2)(rng));
+    const int q =
+        o.decode_only
+            ? 1
+            : std::min(left, std::uniform_int_distribution<int>(1, 2)(rng));
     in.query_lens.push_back(q);
     total += q;
     in.seq_lens.push_back(std::uniform_int_distribution<int>(
@@ -269,6 +281,17 @@ StepInput StepRig::RandomStep(uint64_t step_id, std::mt19937& rng) const {
 
 v1::StepRequest StepRig::Request(const StepInput& in) const {
   v1::StepRequest r;
+  if (options_.bare) {
+    r.set_session_id(client_->session_id());
+    r.set_registration_id(registration_id_);
+    r.set_step_id(in.step_id);
+    r.set_slot_mapping(Pack(in.slots));
+    r.set_num_tokens(in.num_tokens());
+    r.set_num_seqs(static_cast<int32_t>(in.query_lens.size()));
+    r.set_seq_lens(Pack(in.seq_lens));
+    r.set_query_lens(Pack(in.query_lens));
+    return r;
+  }
   r.set_session_id(client_->session_id());
   r.set_registration_id(registration_id_);
   r.set_step_id(in.step_id);
@@ -308,7 +331,8 @@ void StepRig::StageInputs(const StepInput& in) {
   staged_tokens_ = n;
 }
 
-absl::Status StepRig::EnqueueWorker(cudaStream_t s, bool copy_inputs) {
+absl::Status StepRig::EnqueueWorker(cudaStream_t s, bool copy_inputs,
+                                    const WorkerHooks& hooks) {
   const int n = staged_tokens_;
   uint8_t* dev = io_.data();
   const uint8_t* host = staging_->data();
@@ -317,21 +341,34 @@ absl::Status StepRig::EnqueueWorker(cudaStream_t s, bool copy_inputs) {
                                 cudaMemcpyHostToDevice, s),
                 "copying the worker's rows");
   };
+  auto record = [&](int index) -> absl::Status {
+    if (hooks.phase_events == nullptr) return absl::OkStatus();
+    return Cuda(cudaEventRecord((*hooks.phase_events)[index], s),
+                "cudaEventRecord");
+  };
+  // work, event, mark, wait, event.
+  auto phase = [&](int p) -> absl::Status {
+    if (hooks.work) RETURN_IF_ERROR(hooks.work(s));
+    RETURN_IF_ERROR(record(2 * p));
+    RETURN_IF_ERROR(Worker(kvd_mark(worker_, s, p), "kvd_mark"));
+    RETURN_IF_ERROR(Worker(kvd_wait(worker_, s, p), "kvd_wait"));
+    return record(2 * p + 1);
+  };
+  RETURN_IF_ERROR(record(0));
   RETURN_IF_ERROR(Worker(kvd_step_begin(worker_, s), "kvd_step_begin"));
   RETURN_IF_ERROR(Worker(kvd_wait(worker_, s, KVD_BEGIN), "kvd_wait(begin)"));
+  RETURN_IF_ERROR(record(1));
   for (int l = 0; l < options_.layers; ++l) {
-    if (copy_inputs) {
+    if (copy_inputs && !options_.bare) {
       RETURN_IF_ERROR(copy(main_in(l), n * 1024));
       RETURN_IF_ERROR(copy(swa_in(l), n * 1024));
       RETURN_IF_ERROR(copy(index_in(l), n * 256));
     }
-    RETURN_IF_ERROR(Worker(kvd_mark(worker_, s, kvd_phase_a(l)), "mark A"));
-    RETURN_IF_ERROR(Worker(kvd_wait(worker_, s, kvd_phase_a(l)), "wait A"));
-    if (copy_inputs) {
+    RETURN_IF_ERROR(phase(kvd_phase_a(l)));
+    if (copy_inputs && !options_.bare) {
       RETURN_IF_ERROR(copy(topk_off(l), n * options_.top_k * 4));
     }
-    RETURN_IF_ERROR(Worker(kvd_mark(worker_, s, kvd_phase_b(l)), "mark B"));
-    RETURN_IF_ERROR(Worker(kvd_wait(worker_, s, kvd_phase_b(l)), "wait B"));
+    RETURN_IF_ERROR(phase(kvd_phase_b(l)));
   }
   return absl::OkStatus();
 }

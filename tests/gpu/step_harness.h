@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -48,6 +49,20 @@ struct RigOptions {
   int max_blocks_per_seq = 8;
   std::string index_format = "FP4_INDEX";
   int64_t watchdog_ms = 20000;
+  // Every step: max_seqs sequences of one query token (plain decode).
+  bool decode_only = false;
+  // Layers with no cache and no top-k, no SWA index: every phase is the
+  // bare handshake (the gate kernel only). For the bare round trip.
+  bool bare = false;
+  bool delete_pools = false;  // delete the created pools on destruction
+};
+
+// Optional instrumentation of StepRig::EnqueueWorker.
+struct WorkerHooks {
+  // Runs on the stream before each mark (the worker's own GPU work).
+  std::function<absl::Status(cudaStream_t)> work;
+  // [2 * phases]: recorded right before mark(p) and right after wait(p).
+  std::vector<cudaEvent_t>* phase_events = nullptr;
 };
 
 // One step's inputs (host copies).
@@ -81,7 +96,24 @@ class StepRig {
   // The worker's side of one step on `stream`: step_begin, begin wait, and
   // per layer the row copies from staging, mark/wait A, top-k copy, mark/
   // wait B. With copy_inputs false, no copies (graph replay of fixed rows).
-  absl::Status EnqueueWorker(cudaStream_t stream, bool copy_inputs = true);
+  absl::Status EnqueueWorker(cudaStream_t stream, bool copy_inputs = true,
+                             const WorkerHooks& hooks = {});
+  // The worker's rows (device) and their offsets, for library mode.
+  uint8_t* io() const { return io_.data(); }
+  int64_t main_in(int l) const { return region_[0] + l * layer_stride_; }
+  int64_t swa_in(int l) const { return main_in(l) + kv_bytes_; }
+  int64_t index_in(int l) const { return swa_in(l) + kv_bytes_; }
+  int64_t topk_off(int l) const { return index_in(l) + index_bytes_; }
+  int64_t out_off(int l) const { return topk_off(l) + topk_bytes_; }
+  int64_t swa_out() const {
+    return region_[0] + options_.layers * layer_stride_;
+  }
+  const PoolLayout& main_layout() const { return main_.layout; }
+  const PoolLayout& swa_layout() const { return swa_.layout; }
+  const PoolLayout& index_layout() const { return index_.layout; }
+  uint8_t* main_pool() const { return main_.mapping.data(); }
+  uint8_t* swa_pool() const { return swa_.mapping.data(); }
+  uint8_t* index_pool() const { return index_.mapping.data(); }
   // Applies the step to the reference pools and expected index rows.
   absl::Status ApplyReference(const StepInput& in);
   // Device pools byte-identical to the reference, every layer.
@@ -103,14 +135,6 @@ class StepRig {
   absl::StatusOr<PoolRef> OpenPool(const std::string& name,
                                    const std::string& format,
                                    int64_t block_size, int64_t num_blocks);
-  int64_t main_in(int l) const { return region_[0] + l * layer_stride_; }
-  int64_t swa_in(int l) const { return main_in(l) + kv_bytes_; }
-  int64_t index_in(int l) const { return swa_in(l) + kv_bytes_; }
-  int64_t topk_off(int l) const { return index_in(l) + index_bytes_; }
-  int64_t out_off(int l) const { return topk_off(l) + topk_bytes_; }
-  int64_t swa_out() const {
-    return region_[0] + options_.layers * layer_stride_;
-  }
 
   RigOptions options_;
   std::unique_ptr<KVCacheClient> client_;
