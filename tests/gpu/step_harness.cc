@@ -106,14 +106,14 @@ absl::StatusOr<StepRig::PoolRef> StepRig::OpenPool(const std::string& name,
   p.name = name;
   ASSIGN_OR_RETURN(KVCacheFormat f, FormatFromName(format));
   ASSIGN_OR_RETURN(p.layout,
-                   MakePoolLayout(f, block_size, num_blocks, options_.layers));
+                   MakePoolLayout(f, block_size, num_blocks, PoolLayers()));
   if (options_.create_pools) {
     v1::CreatePoolRequest c;
     c.set_name(name);
     c.set_format(format);
     c.set_block_size(block_size);
     c.set_num_blocks(num_blocks);
-    c.set_num_layers(options_.layers);
+    c.set_num_layers(PoolLayers());
     RETURN_IF_ERROR(client_->CreateOrGetPool(c).status());
   }
   v1::CompanionRequest req;

@@ -55,6 +55,7 @@ struct RigOptions {
   // bare handshake (the gate kernel only). For the bare round trip.
   bool bare = false;
   bool delete_pools = false;  // delete the created pools on destruction
+  int pool_layers = 0;        // layers of the created pools (0 = layers)
 };
 
 // Optional instrumentation of StepRig::EnqueueWorker.
@@ -131,6 +132,9 @@ class StepRig {
     std::vector<uint8_t> reference;  // total_bytes
   };
   StepRig() = default;
+  int64_t PoolLayers() const {
+    return options_.pool_layers > 0 ? options_.pool_layers : options_.layers;
+  }
   absl::Status Init(const std::string& socket);
   absl::StatusOr<PoolRef> OpenPool(const std::string& name,
                                    const std::string& format,
