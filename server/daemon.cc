@@ -240,14 +240,16 @@ absl::Status Daemon::Init() {
     sessions_->set_admin_policy(std::move(admin));
   }
   RETURN_IF_ERROR(ApplyConfig());
+  step_ = step::MakeStepServer(*backend_, pools_.get(), sessions_.get());
   if (!options_.metrics_address.empty()) {
     KVCacheService* service = service_.get();
+    step::StepRegistry* steps = step_->registry();
     absl::StatusOr<std::unique_ptr<MetricsServer>> m = MetricsServer::Start(
         options_.metrics_address,
-        [service] {
+        [service, steps] {
           v1::StatsResponse stats;
           service->FillStats(&stats);
-          return RenderPrometheus(stats);
+          return RenderPrometheus(stats) + steps->RenderPrometheus();
         },
         [service] { return !service->draining(); });
     if (!m.ok()) return m.status();
@@ -316,8 +318,7 @@ absl::Status Daemon::Init() {
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
                              options_.max_streams_per_connection);
   builder.RegisterService(service_.get());
-  ASSIGN_OR_RETURN(step_, step::AddStepService(&builder, *backend_,
-                                               pools_.get(), sessions_.get()));
+  builder.RegisterService(step_->service());  // the step path (SPEC §10)
   server_ = builder.BuildAndStart();
   if (server_ == nullptr) {
     return absl::UnavailableError(

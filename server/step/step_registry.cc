@@ -173,6 +173,13 @@ void StepRegistry::OnComplete(Registration* reg, const StepOutcome& o) {
                                : 0;
   reg->out_of_range = std::max(reg->out_of_range, o.out_of_range);
   ++reg->steps_completed;
+  size_t bucket = 0;
+  while (bucket < kStepLatencyBoundsUs.size() &&
+         o.step_us > kStepLatencyBoundsUs[bucket]) {
+    ++bucket;
+  }
+  ++reg->latency[bucket];
+  reg->latency_sum_us += o.step_us;
   absl::MutexLock c(&mu_);
   ++counters_.steps_completed;
   if (o.status_bits != 0) ++counters_.steps_with_status;
@@ -316,6 +323,67 @@ void StepRegistry::Watch(absl::Time now) {
     counters_.watchdog_expiries += expiries;
     counters_.cancels += cancels;
   }
+}
+
+std::string StepRegistry::RenderPrometheus() const {
+  const StepCounters c = Counters();
+  std::string out;
+  auto counter = [&out](const char* name, const char* help, int64_t v,
+                        const char* type = "counter") {
+    absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ",
+                    type, "\n", name, " ", v, "\n");
+  };
+  counter("kvdepot_step_registrations", "Live step-path registrations.",
+          c.registrations, "gauge");
+  counter("kvdepot_steps_accepted_total", "Step requests accepted.",
+          c.steps_accepted);
+  counter("kvdepot_steps_completed_total", "Steps finished on the GPU.",
+          c.steps_completed);
+  counter("kvdepot_steps_rejected_queue_full_total",
+          "Steps refused with two in flight.", c.steps_rejected_queue_full);
+  counter("kvdepot_steps_with_status_total",
+          "Steps that finished with a status bit set.", c.steps_with_status);
+  counter("kvdepot_step_cancels_total",
+          "Registrations cancelled (watchdog or closed session).", c.cancels);
+  counter("kvdepot_step_watchdog_expiries_total",
+          "Steps that passed their deadline.", c.watchdog_expiries);
+  counter("kvdepot_step_out_of_range_total",
+          "Device-resident entries the kernels turned into -1.",
+          c.out_of_range);
+  std::vector<std::shared_ptr<Registration>> all;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, reg] : regs_) all.push_back(reg);
+  }
+  if (all.empty()) return out;
+  absl::StrAppend(&out,
+                  "# HELP kvdepot_step_in_flight Steps in flight.\n"
+                  "# TYPE kvdepot_step_in_flight gauge\n"
+                  "# HELP kvdepot_step_status_bits Sticky doorbell status.\n"
+                  "# TYPE kvdepot_step_status_bits gauge\n"
+                  "# HELP kvdepot_step_latency_us Host-seen step time.\n"
+                  "# TYPE kvdepot_step_latency_us histogram\n");
+  for (const auto& reg : all) {
+    const std::string label = absl::StrCat("registration=\"", reg->id, "\"");
+    absl::MutexLock lock(&reg->mu);
+    absl::StrAppend(&out, "kvdepot_step_in_flight{", label, "} ",
+                    reg->deadlines.size(), "\n");
+    absl::StrAppend(&out, "kvdepot_step_status_bits{", label, "} ",
+                    reg->status_bits, "\n");
+    uint64_t cumulative = 0;
+    for (size_t b = 0; b < reg->latency.size(); ++b) {
+      cumulative += reg->latency[b];
+      const std::string le = b < kStepLatencyBoundsUs.size()
+                                 ? absl::StrCat(kStepLatencyBoundsUs[b])
+                                 : "+Inf";
+      absl::StrAppend(&out, "kvdepot_step_latency_us_bucket{", label, ",le=\"",
+                      le, "\"} ", cumulative, "\n");
+    }
+    absl::StrAppend(&out, "kvdepot_step_latency_us_sum{", label, "} ",
+                    reg->latency_sum_us, "\n", "kvdepot_step_latency_us_count{",
+                    label, "} ", cumulative, "\n");
+  }
+  return out;
 }
 
 StepCounters StepRegistry::Counters() const {

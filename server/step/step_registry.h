@@ -7,6 +7,7 @@
 #ifndef KVDEPOT_SERVER_STEP_STEP_REGISTRY_H_
 #define KVDEPOT_SERVER_STEP_STEP_REGISTRY_H_
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -27,6 +28,10 @@
 #include "server/step/step_engine.h"
 
 namespace kvdepot::step {
+
+// Upper bounds (us) of the step-time histogram's buckets.
+inline constexpr std::array<double, 11> kStepLatencyBoundsUs = {
+    50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000};
 
 struct RegistryOptions {
   int max_registrations = 64;
@@ -80,6 +85,13 @@ class StepRegistry {
 
   StepCounters Counters() const;
 
+  // The Prometheus text (format 0.0.4) of the counters, and per
+  // registration: in flight, finished steps, status bits, out-of-range
+  // count, cancelled, and a histogram of the host-seen step time (from
+  // enqueue to the completion report, which includes waiting for the
+  // worker). Appended to the daemon's /metrics.
+  std::string RenderPrometheus() const;
+
  private:
   struct Registration {
     uint64_t id = 0;
@@ -97,6 +109,9 @@ class StepRegistry {
     std::string cancel_reason ABSL_GUARDED_BY(mu);
     uint64_t steps_completed ABSL_GUARDED_BY(mu) = 0;
     uint64_t watchdog_expiries ABSL_GUARDED_BY(mu) = 0;
+    // Host-seen step time, buckets of kStepLatencyBoundsUs (+Inf last).
+    std::array<uint64_t, 12> latency ABSL_GUARDED_BY(mu) = {};
+    double latency_sum_us ABSL_GUARDED_BY(mu) = 0;
   };
 
   absl::StatusOr<std::shared_ptr<Registration>> Find(const Caller& caller,

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -499,6 +500,15 @@ TEST_F(StepRegistryTest, OutOfRangeAndStatusAreReported) {
   EXPECT_EQ(info->steps_completed(), 1u);
   EXPECT_EQ(registry_->Counters().out_of_range, 7);
   EXPECT_EQ(registry_->Counters().steps_with_status, 1);
+  const std::string text = registry_->RenderPrometheus();
+  EXPECT_THAT(text, HasSubstr("kvdepot_step_out_of_range_total 7\n"));
+  EXPECT_THAT(text, HasSubstr("kvdepot_steps_completed_total 1\n"));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("kvdepot_step_status_bits{"
+                                           "registration=\"",
+                                           id, "\"} 4\n")));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat(
+                        "kvdepot_step_latency_us_count{registration=\"", id,
+                        "\"} 1\n")));
 }
 
 TEST(StepEngineTest, WithoutAGpuRegistrationIsAFailedPrecondition) {

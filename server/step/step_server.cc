@@ -16,9 +16,9 @@ StepServer::StepServer(std::unique_ptr<StepEngineFactory> factory,
       registry_(factory_.get(), pools, sessions, options),
       service_(&registry_, sessions) {}
 
-absl::StatusOr<std::unique_ptr<StepServer>> AddStepService(
-    grpc::ServerBuilder* builder, const Backend& backend,
-    const PoolRegistry* pools, SessionManager* sessions) {
+std::unique_ptr<StepServer> MakeStepServer(const Backend& backend,
+                                           const PoolRegistry* pools,
+                                           SessionManager* sessions) {
   std::unique_ptr<StepEngineFactory> factory;
 #ifdef KVDEPOT_HAVE_CUDA
   if (backend.name() == "cuda") factory = MakeCudaEngineFactory();
@@ -26,10 +26,8 @@ absl::StatusOr<std::unique_ptr<StepServer>> AddStepService(
   if (factory == nullptr) {
     factory = MakeUnavailableEngineFactory(std::string(backend.name()));
   }
-  auto server = std::make_unique<StepServer>(std::move(factory), pools,
-                                             sessions, RegistryOptions());
-  builder->RegisterService(server->service());
-  return server;
+  return std::make_unique<StepServer>(std::move(factory), pools, sessions,
+                                      RegistryOptions());
 }
 
 }  // namespace kvdepot::step

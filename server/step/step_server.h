@@ -34,11 +34,12 @@ class StepServer {
   StepService service_;
 };
 
-// Builds the step path for `backend` and registers its service with
-// `builder` (before BuildAndStart). The result must outlive the server.
-absl::StatusOr<std::unique_ptr<StepServer>> AddStepService(
-    grpc::ServerBuilder* builder, const Backend& backend,
-    const PoolRegistry* pools, SessionManager* sessions);
+// The step path for `backend`: the CUDA engine on the CUDA backend, else
+// one that refuses every registration. The caller registers service()
+// with its ServerBuilder; the result must outlive the server.
+std::unique_ptr<StepServer> MakeStepServer(const Backend& backend,
+                                           const PoolRegistry* pools,
+                                           SessionManager* sessions);
 
 }  // namespace kvdepot::step
 
