@@ -313,8 +313,10 @@ class CudaStepEngine : public StepEngine {
       RETURN_IF_ERROR(Done(a));
       const int64_t b = db::PhaseB(static_cast<int64_t>(i));
       RETURN_IF_ERROR(Phase(b));
+      // Every phase runs the gate (the same handshake cost everywhere, and
+      // a mismatch is reported by the first phase that sees it).
+      RETURN_IF_ERROR(run_gate());
       if (l.has_phase_b()) {
-        RETURN_IF_ERROR(run_gate());
         RETURN_IF_ERROR(KernelStatus(
             device::LaunchConvertTopk(
                 gate, reinterpret_cast<const int32_t*>(l.topk.data()),

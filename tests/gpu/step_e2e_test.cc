@@ -7,10 +7,12 @@
 // flight is refused.
 #include <cuda_runtime_api.h>
 #include <signal.h>
+#include <stdlib.h>
 
 #include <memory>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "proto/step_doorbell.h"
@@ -27,7 +29,11 @@ namespace {
     ASSERT_TRUE(s_.ok()) << #expr << ": " << s_; \
   } while (false)
 
-const bool kEnvironment = (SetStepEnvironment(), true);
+// More than 8 registrations: 32 hardware connections (GPU_HOST.md), set
+// before CUDA starts here and inherited by the daemon.
+const bool kEnvironment =
+    (SetStepEnvironment(), setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1),
+     true);
 
 class StepDaemon : public ::testing::Environment {
  public:
@@ -190,6 +196,49 @@ TEST_F(StepE2eTest, AThirdStepInFlightIsRefused) {
   ASSERT_EQ(kvd_status(rig->worker(), &bits, nullptr, nullptr, &done), KVD_OK);
   EXPECT_EQ(done, 3u);
   EXPECT_EQ(bits & ~doorbell::kStatusOutOfRange, 0u);
+}
+
+// Ten registrations, each with its own streams in the daemon: one stalls
+// (its worker has not reached the step) while the nine others finish
+// theirs, then it finishes too; five more rounds after.
+TEST_F(StepE2eTest, TenRegistrationsProgressIndependently) {
+  constexpr int kRigs = 10;
+  std::vector<std::unique_ptr<StepRig>> rigs;
+  std::vector<Stream> streams;
+  for (int i = 0; i < kRigs; ++i) {
+    RigOptions o;
+    o.prefix = "many" + std::to_string(i);
+    o.layers = 1;
+    o.max_tokens = 8;
+    o.max_seqs = 4;
+    rigs.push_back(MakeRig(o));
+    ASSERT_NE(rigs.back(), nullptr);
+    absl::StatusOr<Stream> s = Stream::Create();
+    ASSERT_OK(s.status());
+    streams.push_back(*std::move(s));
+  }
+  std::mt19937 rng(1304);
+  for (uint64_t step = 1; step <= 6; ++step) {
+    std::vector<StepInput> inputs;
+    for (int i = 0; i < kRigs; ++i) {
+      inputs.push_back(rigs[i]->RandomStep(step, rng));
+      ASSERT_OK(rigs[i]->SendStep(inputs[i]).status());
+    }
+    // Registration 0 stalls first: its daemon stream waits on its doorbell.
+    for (int i = 1; i < kRigs; ++i) {
+      rigs[i]->StageInputs(inputs[i]);
+      ASSERT_OK(rigs[i]->EnqueueWorker(streams[i].get()));
+      ASSERT_OK(SyncWithin(streams[i].get(), absl::Seconds(30)));
+      ASSERT_OK(rigs[i]->ApplyReference(inputs[i]));
+      ASSERT_OK(rigs[i]->CheckIndexRows(inputs[i]));
+    }
+    rigs[0]->StageInputs(inputs[0]);
+    ASSERT_OK(rigs[0]->EnqueueWorker(streams[0].get()));
+    ASSERT_OK(SyncWithin(streams[0].get(), absl::Seconds(30)));
+    ASSERT_OK(rigs[0]->ApplyReference(inputs[0]));
+    ASSERT_OK(rigs[0]->CheckIndexRows(inputs[0]));
+  }
+  for (int i = 0; i < kRigs; ++i) ASSERT_OK(rigs[i]->CheckPools());
 }
 
 }  // namespace
