@@ -189,6 +189,7 @@ void StepRegistry::OnComplete(Registration* reg, const StepOutcome& o) {
 void StepRegistry::CancelLocked(Registration* reg, std::string reason) {
   if (reg->cancelled) return;
   reg->cancelled = true;
+  reg->cancelled_at = absl::Now();
   reg->cancel_reason = std::move(reason);
   spdlog::warn("step: registration {} cancelled: {}", reg->id,
                reg->cancel_reason);
@@ -299,6 +300,7 @@ void StepRegistry::Watch(absl::Time now) {
   dead.clear();  // engine destructors run here, off every gRPC thread
   int64_t expiries = 0;
   int64_t cancels = 0;
+  std::vector<uint64_t> gone;  // dead owners, cancelled, nothing in flight
   for (const auto& reg : all) {
     // The owner's session ends with its companion connection; its buffers
     // (the doorbell among them) go with it.
@@ -306,7 +308,13 @@ void StepRegistry::Watch(absl::Time now) {
         sessions_->GetBuffer(reg->owner, "doorbell", reg->config.doorbell->id)
             .ok();
     absl::MutexLock lock(&reg->mu);
-    if (reg->cancelled) continue;
+    if (reg->cancelled) {
+      if (!alive && reg->deadlines.empty() &&
+          now - reg->cancelled_at > options_.dead_retention) {
+        gone.push_back(reg->id);
+      }
+      continue;
+    }
     if (!alive) {
       CancelLocked(reg.get(), "the worker's session closed");
       ++cancels;
@@ -318,10 +326,15 @@ void StepRegistry::Watch(absl::Time now) {
                                            " passed its deadline (watchdog)"));
     }
   }
-  if (expiries + cancels > 0) {
-    absl::MutexLock lock(&mu_);
-    counters_.watchdog_expiries += expiries;
-    counters_.cancels += cancels;
+  absl::MutexLock lock(&mu_);
+  counters_.watchdog_expiries += expiries;
+  counters_.cancels += cancels;
+  for (uint64_t id : gone) {
+    auto it = regs_.find(id);
+    if (it == regs_.end()) continue;
+    retired_.push_back(std::move(it->second));
+    regs_.erase(it);
+    --counters_.registrations;
   }
 }
 

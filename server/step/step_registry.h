@@ -39,6 +39,10 @@ struct RegistryOptions {
   absl::Duration default_deadline = absl::Seconds(10);
   // How often the watchdog thread runs (0 = no thread; tests call Watch).
   absl::Duration watch_interval = absl::Milliseconds(20);
+  // A cancelled registration whose owner's session is gone is kept this
+  // long (for StepStatus / kvcachectl) once nothing is in flight, then
+  // removed.
+  absl::Duration dead_retention = absl::Seconds(60);
 };
 
 // Counters for metrics (all registrations, since start).
@@ -107,6 +111,7 @@ class StepRegistry {
     uint64_t out_of_range ABSL_GUARDED_BY(mu) = 0;
     bool cancelled ABSL_GUARDED_BY(mu) = false;
     std::string cancel_reason ABSL_GUARDED_BY(mu);
+    absl::Time cancelled_at ABSL_GUARDED_BY(mu);
     uint64_t steps_completed ABSL_GUARDED_BY(mu) = 0;
     uint64_t watchdog_expiries ABSL_GUARDED_BY(mu) = 0;
     // Host-seen step time, buckets of kStepLatencyBoundsUs (+Inf last).

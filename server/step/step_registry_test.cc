@@ -488,6 +488,16 @@ TEST_F(StepRegistryTest, ClosedWorkerSessionCancels) {
   registry_->Watch(absl::Now());
   EXPECT_EQ(factory_.last->cancels, 1);
   EXPECT_EQ(registry_->Counters().cancels, 1);
+  // Kept while its step is in flight and for a while after; then removed.
+  registry_->Watch(absl::Now() + absl::Minutes(5));
+  EXPECT_EQ(registry_->Counters().registrations, 1);
+  factory_.last->Finish(doorbell::kStatusCancelled);
+  registry_->Watch(absl::Now());
+  EXPECT_EQ(registry_->Counters().registrations, 1);
+  registry_->Watch(absl::Now() + absl::Minutes(5));
+  EXPECT_EQ(registry_->Counters().registrations, 0);
+  EXPECT_EQ(registry_->Status(owner_, id).status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST_F(StepRegistryTest, OutOfRangeAndStatusAreReported) {
