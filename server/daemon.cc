@@ -262,14 +262,16 @@ absl::Status Daemon::Init() {
     sessions_->set_admin_policy(std::move(admin));
   }
   RETURN_IF_ERROR(ApplyConfig());
+  step_ = step::MakeStepServer(*backend_, pools_.get(), sessions_.get());
   if (!options_.metrics_address.empty()) {
     KVCacheService* service = service_.get();
+    step::StepRegistry* steps = step_->registry();
     absl::StatusOr<std::unique_ptr<MetricsServer>> m = MetricsServer::Start(
         options_.metrics_address,
-        [service] {
+        [service, steps] {
           v1::StatsResponse stats;
           service->FillStats(&stats);
-          return RenderPrometheus(stats);
+          return RenderPrometheus(stats) + steps->RenderPrometheus();
         },
         [service] { return !service->draining(); });
     if (!m.ok()) return m.status();
@@ -354,6 +356,7 @@ absl::Status Daemon::Init() {
   ASSIGN_OR_RETURN(serving_, MakeServing(service_.get(), options_.serving));
   builder.RegisterService(serving_->service());
   builder.RegisterService(tcp_sessions_.get());
+  builder.RegisterService(step_->service());  // the step path (SPEC §10)
   server_ = builder.BuildAndStart();
   if (server_ == nullptr) {
     return absl::UnavailableError(

@@ -26,6 +26,7 @@
 #include "server/service_tcp_session.h"
 #include "server/serving.h"
 #include "server/sessions.h"
+#include "server/step/step_server.h"
 #include "server/tls.h"
 
 namespace kvdepot {
@@ -129,6 +130,7 @@ class Daemon {
   std::unique_ptr<KVCacheService> service_;
   std::unique_ptr<TcpSessionService> tcp_sessions_;  // outlives server_
   std::unique_ptr<Serving> serving_;
+  std::unique_ptr<step::StepServer> step_;  // the step path (SPEC §10)
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsServer> metrics_server_;
   std::unique_ptr<CompanionServer> companion_;

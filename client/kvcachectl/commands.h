@@ -29,6 +29,10 @@ int RunInspectCommand(const Args& args, std::ostream& out, std::ostream& err);
 int RunVerifyCommand(const Args& args, std::ostream& out, std::ostream& err);
 // drain: stop accepting new work; report in-flight requests.
 int RunDrainCommand(const Args& args, std::ostream& out, std::ostream& err);
+// registrations: the step path's registrations (SPEC §10) visible to the
+// caller, with their step counters and status.
+int RunRegistrationsCommand(const Args& args, std::ostream& out,
+                            std::ostream& err);
 
 }  // namespace kvdepot::ctl
 

@@ -25,6 +25,7 @@ constexpr char kTopHelp[] =
     "  inspect  decode the records of a slot or block\n"
     "  verify   scan a pool for bad scales and NaN/Inf; block checksums\n"
     "  drain    stop accepting new work; report in-flight requests\n"
+    "  registrations  the decode step path's registrations and status\n"
     "  format   offline tools for the byte contract: list, layout, encode,\n"
     "           decode (no daemon needed)\n"
     "  version  print kvcachectl's version (also --version)\n"
@@ -74,6 +75,7 @@ int main(int argc, char** argv) {
       {"inspect", kvdepot::ctl::RunInspectCommand},
       {"verify", kvdepot::ctl::RunVerifyCommand},
       {"drain", kvdepot::ctl::RunDrainCommand},
+      {"registrations", kvdepot::ctl::RunRegistrationsCommand},
   };
   for (const auto& [name, run] : kCommands) {
     if (command == name) return run(args, std::cout, std::cerr);

@@ -1,0 +1,457 @@
+#include "server/step/cuda_engine.h"
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/cuda/cuda_status.h"
+#include "common/cuda/driver_api.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/kernels.h"
+#include "proto/step_doorbell.h"
+#include "server/step/step_kernels.h"
+#include "spdlog/spdlog.h"
+
+namespace kvdepot::step {
+namespace {
+
+namespace db = ::kvdepot::doorbell;
+
+constexpr int kSlots = kMaxInFlight;
+constexpr int kHeaderWords = db::kWordsPerLine;
+
+// Staging buffers are recycled for later registrations, never freed:
+// cudaFree and cudaFreeHost synchronize the whole device, and a stream
+// parked on another registration's doorbell would hold them until that
+// registration's watchdog released it (GPU_HOST.md) -- from the very
+// thread that runs the watchdog. Bounded by the registrations alive at
+// once (--max_registrations) times kSlots.
+class StagingRecycler {
+ public:
+  // A buffer of `bytes` on `device` (pinned host memory when `host`).
+  static absl::StatusOr<void*> Take(int device, size_t bytes, bool host) {
+    {
+      absl::MutexLock lock(&mu_);
+      std::vector<void*>& free = Free()[{device, bytes, host}];
+      if (!free.empty()) {
+        void* p = free.back();
+        free.pop_back();
+        return p;
+      }
+    }
+    void* p = nullptr;
+    if (host) {
+      RETURN_IF_CUDA_ERROR(cudaHostAlloc(&p, bytes, cudaHostAllocDefault),
+                           "allocating the pinned staging area");
+    } else {
+      RETURN_IF_CUDA_ERROR(cudaMalloc(&p, bytes),
+                           "allocating the step staging area");
+    }
+    return p;
+  }
+  // Gives `p` back for reuse. REQUIRES: no queued work uses it.
+  static void Give(int device, size_t bytes, bool host, void* p) {
+    if (p == nullptr) return;
+    absl::MutexLock lock(&mu_);
+    Free()[{device, bytes, host}].push_back(p);
+  }
+
+ private:
+  using Key = std::tuple<int, size_t, bool>;
+  static std::map<Key, std::vector<void*>>& Free() {
+    static auto* free = new std::map<Key, std::vector<void*>>();
+    return *free;
+  }
+  static absl::Mutex mu_;
+};
+absl::Mutex StagingRecycler::mu_(absl::kConstInit);
+
+absl::Status KernelStatus(int error, absl::string_view what) {
+  return gpu::ToStatus(static_cast<cudaError_t>(error), what);
+}
+
+absl::StatusOr<int> DeviceIndex(absl::string_view device) {
+  int index = 0;
+  if (!absl::ConsumePrefix(&device, "cuda:") ||
+      !absl::SimpleAtoi(device, &index) || index < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the step path needs CUDA memory; the doorbell lives on ", device));
+  }
+  return index;
+}
+
+class CudaStepEngine : public StepEngine {
+ public:
+  CudaStepEngine(const RegistrationConfig& config, CompletionFn done,
+                 const gpu::DriverApi* api, int device)
+      : config_(config), done_(std::move(done)), api_(api), device_(device) {}
+
+  ~CudaStepEngine() override {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    if (thread_.joinable()) thread_.join();
+    cudaSetDevice(device_);
+    int in_flight = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      in_flight = gpu_in_flight_;
+    }
+    if (in_flight == 0) {
+      for (int s = 0; s < kSlots; ++s) {
+        StagingRecycler::Give(device_, blob_bytes_, false, device_staging_[s]);
+        StagingRecycler::Give(device_, blob_bytes_ + 8 * kHeaderWords, true,
+                              host_staging_[s]);
+      }
+      if (work_ != nullptr) cudaStreamDestroy(work_);
+      if (control_ != nullptr) cudaStreamDestroy(control_);
+    } else {
+      // A stream still parked after every release: leak rather than free
+      // memory a queued kernel may still touch.
+      spdlog::error("step engine: {} steps never finished; leaking streams",
+                    in_flight);
+    }
+  }
+
+  absl::Status Init() {
+    RETURN_IF_CUDA_ERROR(cudaSetDevice(device_), "cudaSetDevice");
+    RETURN_IF_CUDA_ERROR(
+        cudaStreamCreateWithFlags(&work_, cudaStreamNonBlocking),
+        "creating the work stream");
+    RETURN_IF_CUDA_ERROR(
+        cudaStreamCreateWithFlags(&control_, cudaStreamNonBlocking),
+        "creating the control stream");
+    blob_bytes_ = 4 * MaxBlobElements(config_);
+    for (int s = 0; s < kSlots; ++s) {
+      ASSIGN_OR_RETURN(device_staging_[s],
+                       StagingRecycler::Take(device_, blob_bytes_, false));
+      ASSIGN_OR_RETURN(
+          host_staging_[s],
+          StagingRecycler::Take(device_, blob_bytes_ + 8 * kHeaderWords, true));
+    }
+    // The doorbell starts zeroed: no flag, no done, no cancel.
+    doorbell_ = reinterpret_cast<uint64_t*>(config_.doorbell->memory->data());
+    RETURN_IF_CUDA_ERROR(
+        cudaMemsetAsync(doorbell_, 0, config_.doorbell_bytes, work_),
+        "zeroing the doorbell");
+    RETURN_IF_CU_ERROR(
+        api_->cuStreamWriteValue64(
+            reinterpret_cast<CUstream>(work_),
+            reinterpret_cast<CUdeviceptr>(doorbell_ + db::kMagicWord),
+            db::kDoorbellMagic, 0),
+        "writing the doorbell's magic word");
+    RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(work_),
+                         "initializing the doorbell");
+    thread_ = std::thread([this] { Loop(); });
+    return absl::OkStatus();
+  }
+
+  absl::Status Enqueue(StepPlan plan) override {
+    absl::MutexLock lock(&mu_);
+    pending_.push_back(std::move(plan));
+    return absl::OkStatus();
+  }
+
+  void Cancel() override {
+    absl::MutexLock lock(&mu_);
+    if (cancelled_) return;
+    cancelled_ = true;
+    release_needed_ = true;
+  }
+
+ private:
+  struct HostDone {
+    CudaStepEngine* engine = nullptr;
+    int slot = 0;
+    uint64_t step_id = 0;
+    absl::Time started;
+  };
+
+  uint64_t* Word(int64_t index) const { return doorbell_ + index; }
+  CUdeviceptr Addr(int64_t index) const {
+    return reinterpret_cast<CUdeviceptr>(doorbell_ + index);
+  }
+  CUstream Cu(cudaStream_t s) const { return reinterpret_cast<CUstream>(s); }
+
+  void Loop() {
+    cudaSetDevice(device_);
+    absl::Time give_up = absl::InfiniteFuture();
+    while (true) {
+      std::deque<StepOutcome> finished;
+      std::deque<StepPlan> plans;
+      bool release = false;
+      bool cancelled = false;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.AwaitWithTimeout(
+            absl::Condition(
+                +[](CudaStepEngine* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu_) {
+                  return e->stopping_ || !e->pending_.empty() ||
+                         !e->finished_.empty() || e->release_needed_;
+                },
+                this),
+            absl::Milliseconds(100));
+        if (stopping_ && !cancelled_ && gpu_in_flight_ > 0) {
+          // Stopping with work on the GPU: cancel it and wait for it.
+          cancelled_ = true;
+          release_needed_ = true;
+        }
+        finished.swap(finished_);
+        gpu_in_flight_ -= static_cast<int>(finished.size());
+        plans.swap(pending_);
+        cancelled = cancelled_;
+        // After a cancel every finished step lets the next queued one reach
+        // its (reset) flags: release again while any is on the GPU.
+        release = release_needed_ ||
+                  (cancelled_ && !finished.empty() && gpu_in_flight_ > 0);
+        release_needed_ = false;
+      }
+      if (release) Release();
+      for (const StepOutcome& o : finished) done_(o);
+      for (StepPlan& plan : plans) {
+        absl::Status s =
+            cancelled ? absl::CancelledError("cancelled") : EnqueueOnGpu(plan);
+        if (s.ok()) continue;
+        if (!cancelled) {
+          spdlog::error("step engine: step {}: {}", plan.step_id, s.ToString());
+        }
+        StepOutcome o;
+        o.step_id = plan.step_id;
+        o.status_bits =
+            cancelled ? db::kStatusCancelled : db::kStatusDaemonError;
+        done_(o);
+        if (!cancelled) Cancel();
+      }
+      absl::MutexLock lock(&mu_);
+      if (!stopping_) continue;
+      if (gpu_in_flight_ == 0 && pending_.empty() && finished_.empty()) {
+        return;
+      }
+      if (give_up == absl::InfiniteFuture()) {
+        give_up = absl::Now() + absl::Seconds(30);
+      } else if (absl::Now() > give_up) {
+        return;  // the destructor leaks what is still on the GPU
+      }
+    }
+  }
+
+  // The control stream: cancel word first, then every flag and done word
+  // (the worker's waits and the daemon's). Memory writes only.
+  void Release() {
+    const int64_t phases =
+        db::NumPhases(static_cast<int64_t>(config_.layers.size()));
+    CUresult r =
+        api_->cuStreamWriteValue64(Cu(control_), Addr(db::kCancelWord), 1, 0);
+    for (int64_t p = 0; p < phases && r == CUDA_SUCCESS; ++p) {
+      r = api_->cuStreamWriteValue64(Cu(control_), Addr(db::FlagWord(p)), 1, 0);
+      if (r == CUDA_SUCCESS) {
+        r = api_->cuStreamWriteValue64(Cu(control_), Addr(db::DoneWord(p)), 1,
+                                       0);
+      }
+    }
+    if (r != CUDA_SUCCESS) {
+      spdlog::error("step engine: releasing the doorbell: {}",
+                    gpu::DriverStatus(r, "cuStreamWriteValue64").ToString());
+    }
+  }
+
+  static void CUDART_CB OnHostDone(void* arg) {
+    HostDone* h = static_cast<HostDone*>(arg);
+    CudaStepEngine* e = h->engine;
+    const uint64_t* header = reinterpret_cast<const uint64_t*>(
+        static_cast<uint8_t*>(e->host_staging_[h->slot]) + e->blob_bytes_);
+    StepOutcome o;
+    o.step_id = h->step_id;
+    o.status_bits = header[db::kStatusWord];
+    o.out_of_range = header[db::kOutOfRange];
+    o.step_us = absl::ToDoubleMicroseconds(absl::Now() - h->started);
+    absl::MutexLock lock(&e->mu_);
+    e->finished_.push_back(o);
+  }
+
+  absl::Status Phase(int64_t phase) {
+    RETURN_IF_CU_ERROR(
+        api_->cuStreamWaitValue64(Cu(work_), Addr(db::FlagWord(phase)), 1,
+                                  CU_STREAM_WAIT_VALUE_EQ),
+        "cuStreamWaitValue64(flag)");
+    RETURN_IF_CU_ERROR(
+        api_->cuStreamWriteValue64(Cu(work_), Addr(db::FlagWord(phase)), 0, 0),
+        "cuStreamWriteValue64(flag = 0)");
+    return absl::OkStatus();
+  }
+  absl::Status Done(int64_t phase) {
+    RETURN_IF_CU_ERROR(
+        api_->cuStreamWriteValue64(Cu(work_), Addr(db::DoneWord(phase)), 1, 0),
+        "cuStreamWriteValue64(done = 1)");
+    return absl::OkStatus();
+  }
+
+  absl::Status Store(const CacheConfig& c, const int32_t* slots, int32_t n) {
+    gpu::LaunchOptions o;
+    o.stream = work_;
+    return gpu::Store(c.layout, c.layer_base, c.input.data(), InputDtype::kBF16,
+                      slots, n, o);
+  }
+
+  absl::Status EnqueueOnGpu(StepPlan& plan) {
+    const int slot = next_slot_;
+    next_slot_ = (next_slot_ + 1) % kSlots;
+    const StepSections& sec = plan.sections;
+    plan.blob[sec.gate] = 1;
+    const int64_t bytes = 4 * static_cast<int64_t>(plan.blob.size());
+    if (bytes > blob_bytes_) {
+      return absl::InternalError("step metadata larger than its staging area");
+    }
+    std::memcpy(host_staging_[slot], plan.blob.data(), bytes);
+    int32_t* base = static_cast<int32_t*>(device_staging_[slot]);
+    auto at = [base](int64_t off) { return off < 0 ? nullptr : base + off; };
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(base, host_staging_[slot], bytes,
+                                         cudaMemcpyHostToDevice, work_),
+                         "uploading the step's metadata");
+    const int32_t n = plan.num_tokens;
+    int32_t* gate = at(sec.gate);
+    int32_t* slots = at(sec.slots);
+    int32_t* comp = at(sec.compressed_slots);
+    int32_t* swa = at(sec.swa_slots);
+    auto run_gate = [&]() {
+      return KernelStatus(device::LaunchGate(doorbell_, plan.step_id, gate,
+                                             slots, comp, swa, n, work_),
+                          "launching the gate kernel");
+    };
+
+    // Phase S: the step begins; the SWA decode index.
+    RETURN_IF_ERROR(Phase(db::BeginPhase()));
+    RETURN_IF_ERROR(run_gate());
+    if (config_.swa_index.set()) {
+      const SwaIndexConfig& s = config_.swa_index;
+      RETURN_IF_ERROR(KernelStatus(
+          device::LaunchSwaIndex(gate, at(sec.swa_state), at(sec.swa_start),
+                                 at(sec.swa_valid), n, s.window, s.ring_size,
+                                 reinterpret_cast<int32_t*>(s.out.data()),
+                                 s.out.row_stride / 4, work_),
+          "launching the SWA decode index"));
+    }
+    RETURN_IF_ERROR(Done(db::BeginPhase()));
+
+    for (size_t i = 0; i < config_.layers.size(); ++i) {
+      const LayerConfig& l = config_.layers[i];
+      const int64_t a = db::PhaseA(static_cast<int64_t>(i));
+      RETURN_IF_ERROR(Phase(a));
+      RETURN_IF_ERROR(run_gate());
+      if (l.main.set()) RETURN_IF_ERROR(Store(l.main, slots, n));
+      if (l.swa.set()) RETURN_IF_ERROR(Store(l.swa, swa, n));
+      if (l.index.set()) {
+        RETURN_IF_ERROR(Store(l.index, l.ratio > 1 ? comp : slots, n));
+      }
+      RETURN_IF_ERROR(Done(a));
+      const int64_t b = db::PhaseB(static_cast<int64_t>(i));
+      RETURN_IF_ERROR(Phase(b));
+      // Every phase runs the gate (the same handshake cost everywhere, and
+      // a mismatch is reported by the first phase that sees it).
+      RETURN_IF_ERROR(run_gate());
+      if (l.has_phase_b()) {
+        RETURN_IF_ERROR(KernelStatus(
+            device::LaunchConvertTopk(
+                gate, reinterpret_cast<const int32_t*>(l.topk.data()),
+                l.topk.row_stride / 4,
+                reinterpret_cast<int32_t*>(l.index_out.data()),
+                l.index_out.row_stride / 4, n, plan.top_k, at(sec.row_seq),
+                at(sec.seq_lens), l.ratio, at(sec.block_tables),
+                plan.block_table_cols,
+                static_cast<int32_t>(l.index.layout.block_size),
+                static_cast<int32_t>(l.index.layout.num_blocks), doorbell_,
+                work_),
+            "launching convert_topk"));
+      }
+      RETURN_IF_ERROR(Done(b));
+    }
+    RETURN_IF_CU_ERROR(api_->cuStreamWriteValue64(
+                           Cu(work_), Addr(db::kDaemonDone), plan.step_id, 0),
+                       "cuStreamWriteValue64(daemon done)");
+    RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(
+            static_cast<uint8_t*>(host_staging_[slot]) + blob_bytes_, doorbell_,
+            8 * kHeaderWords, cudaMemcpyDeviceToHost, work_),
+        "reading the doorbell's status");
+    HostDone& h = host_done_[slot];
+    h.engine = this;
+    h.slot = slot;
+    h.step_id = plan.step_id;
+    h.started = absl::Now();
+    {
+      absl::MutexLock lock(&mu_);
+      ++gpu_in_flight_;
+    }
+    const cudaError_t e = cudaLaunchHostFunc(work_, &OnHostDone, &h);
+    if (e != cudaSuccess) {
+      absl::MutexLock lock(&mu_);
+      --gpu_in_flight_;
+      return gpu::ToStatus(e, "cudaLaunchHostFunc");
+    }
+    return absl::OkStatus();
+  }
+
+  const RegistrationConfig config_;
+  const CompletionFn done_;
+  const gpu::DriverApi* const api_;
+  const int device_;
+  cudaStream_t work_ = nullptr;
+  cudaStream_t control_ = nullptr;
+  uint64_t* doorbell_ = nullptr;
+  int64_t blob_bytes_ = 0;
+  std::array<void*, kSlots> device_staging_{};
+  std::array<void*, kSlots> host_staging_{};  // + the header readback
+  std::array<HostDone, kSlots> host_done_{};
+  int next_slot_ = 0;  // the enqueue thread's
+  std::thread thread_;
+
+  absl::Mutex mu_;
+  std::deque<StepPlan> pending_ ABSL_GUARDED_BY(mu_);
+  std::deque<StepOutcome> finished_ ABSL_GUARDED_BY(mu_);
+  int gpu_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool release_needed_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+class CudaFactory : public StepEngineFactory {
+ public:
+  absl::StatusOr<std::unique_ptr<StepEngine>> Create(
+      const RegistrationConfig& config, CompletionFn done) override {
+    const std::string env = doorbell::CheckStepEnvironment();
+    if (!env.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("RegisterWorker: kvdepotd's environment: ", env));
+    }
+    ASSIGN_OR_RETURN(const gpu::DriverApi* api, gpu::Driver());
+    ASSIGN_OR_RETURN(int device, DeviceIndex(config.device));
+    auto engine =
+        std::make_unique<CudaStepEngine>(config, std::move(done), api, device);
+    RETURN_IF_ERROR(engine->Init());
+    return engine;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<StepEngineFactory> MakeCudaEngineFactory() {
+  return std::make_unique<CudaFactory>();
+}
+
+}  // namespace kvdepot::step

@@ -1,0 +1,25 @@
+// The CUDA engine of the step path (SPEC §10, docs/STEP_PATH.md): per
+// registration a work stream and a control stream (non-blocking), two
+// staging slots in device memory with their pinned host twins, and one
+// enqueue thread. A step's metadata goes up with one copy; then every
+// phase waits on its doorbell flag (cuStreamWaitValue64), resets it, runs
+// the gate kernel and the phase's kernels, and writes done. Completion is
+// reported by a host function at the end of the step; cancellation writes
+// the cancel word and releases the flags from the control stream (memory
+// writes only, never a kernel).
+#ifndef KVDEPOT_SERVER_STEP_CUDA_ENGINE_H_
+#define KVDEPOT_SERVER_STEP_CUDA_ENGINE_H_
+
+#include <memory>
+
+#include "server/step/step_engine.h"
+
+namespace kvdepot::step {
+
+// FAILED_PRECONDITION from Create unless the daemon's environment passes
+// doorbell::CheckStepEnvironment() and the driver entry points load.
+std::unique_ptr<StepEngineFactory> MakeCudaEngineFactory();
+
+}  // namespace kvdepot::step
+
+#endif  // KVDEPOT_SERVER_STEP_CUDA_ENGINE_H_

@@ -1,0 +1,264 @@
+#include "server/step/step_config.h"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/store_load_host.h"
+#include "proto/step_doorbell.h"
+
+namespace kvdepot::step {
+namespace {
+
+absl::Status Invalid(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+absl::Status CheckBound(absl::string_view field, int64_t value, int64_t lo,
+                        int64_t hi) {
+  if (value < lo || value > hi) {
+    return Invalid(field,
+                   absl::StrCat(value, " is outside [", lo, ", ", hi, "]"));
+  }
+  return absl::OkStatus();
+}
+
+// Everything must live on one device.
+absl::Status SameDevice(absl::string_view field, const std::string& device,
+                        const std::string& expected) {
+  if (device != expected) {
+    return Invalid(field, absl::StrCat("lives on ", device,
+                                       " but the doorbell on ", expected));
+  }
+  return absl::OkStatus();
+}
+
+// Resolves a buffer range of `rows` rows of `row_bytes` bytes each.
+// row_stride 0 = packed (row_bytes). `packed_only`: the stride must be
+// row_bytes (the store kernels read packed rows).
+absl::StatusOr<BufferSpan> ResolveSpan(absl::string_view field,
+                                       const v1::StepBufferRef& ref,
+                                       int64_t rows, int64_t row_bytes,
+                                       int64_t alignment, bool packed_only,
+                                       const Caller& caller,
+                                       const SessionManager& sessions,
+                                       const std::string& device) {
+  BufferSpan span;
+  ASSIGN_OR_RETURN(span.buffer,
+                   sessions.GetBuffer(caller, absl::StrCat(field, ".buffer_id"),
+                                      ref.buffer_id()));
+  const int64_t size = span.buffer->memory->size();
+  RETURN_IF_ERROR(SameDevice(field, span.buffer->memory->device(), device));
+  span.offset = ref.offset();
+  span.row_stride = ref.row_stride() == 0 ? row_bytes : ref.row_stride();
+  if (span.offset < 0 || span.offset > size) {
+    return Invalid(
+        absl::StrCat(field, ".offset"),
+        absl::StrCat(span.offset, " is outside the buffer's ", size, " bytes"));
+  }
+  if (span.offset % alignment != 0) {
+    return Invalid(
+        absl::StrCat(field, ".offset"),
+        absl::StrCat(span.offset, " is not a multiple of ", alignment));
+  }
+  if (packed_only && span.row_stride != row_bytes) {
+    return Invalid(absl::StrCat(field, ".row_stride"),
+                   absl::StrCat(span.row_stride, " must be 0 or ", row_bytes,
+                                " (packed rows)"));
+  }
+  if (span.row_stride < row_bytes || span.row_stride > (int64_t{1} << 30) ||
+      span.row_stride % alignment != 0) {
+    return Invalid(absl::StrCat(field, ".row_stride"),
+                   absl::StrCat(span.row_stride, " must be a multiple of ",
+                                alignment, " in [", row_bytes, ", 2^30]"));
+  }
+  // rows <= 2^16, stride <= 2^30: no overflow.
+  const int64_t need = (rows - 1) * span.row_stride + row_bytes;
+  if (need > size - span.offset) {
+    return Invalid(field,
+                   absl::StrCat(rows, " rows of ", row_bytes, " bytes every ",
+                                span.row_stride, " from offset ", span.offset,
+                                " pass the buffer's ", size, " bytes"));
+  }
+  return span;
+}
+
+absl::StatusOr<CacheConfig> ResolveCache(absl::string_view field,
+                                         const v1::StepCache& c,
+                                         const RegistrationConfig& config,
+                                         const Caller& caller,
+                                         const PoolRegistry& pools,
+                                         const SessionManager& sessions) {
+  CacheConfig cache;
+  ASSIGN_OR_RETURN(cache.pool,
+                   pools.Get(absl::StrCat(field, ".pool"), c.pool()));
+  RETURN_IF_ERROR(cache.pool->CheckUse(caller, absl::StrCat(field, ".pool")));
+  RETURN_IF_ERROR(SameDevice(absl::StrCat(field, ".pool"), cache.pool->device,
+                             config.device));
+  cache.layout = cache.pool->layout;
+  RETURN_IF_ERROR(CheckBound(absl::StrCat(field, ".layer"), c.layer(), 0,
+                             cache.layout.num_layers - 1));
+  cache.layer = c.layer();
+  if (absl::Status s =
+          ValidateInputDtype(cache.layout.format, InputDtype::kBF16);
+      !s.ok()) {
+    return Invalid(absl::StrCat(field, ".pool"), s.message());
+  }
+  {
+    absl::ReaderMutexLock lock(&cache.pool->mu);
+    cache.layer_base =
+        cache.pool->memory->data() + cache.layout.layer_offset(cache.layer);
+  }
+  const int64_t row_bytes = int64_t{2} * cache.layout.format.elements();
+  ASSIGN_OR_RETURN(
+      cache.input,
+      ResolveSpan(absl::StrCat(field, ".input"), c.input(), config.max_tokens,
+                  row_bytes, 16,
+                  /*packed_only=*/true, caller, sessions, config.device));
+  return cache;
+}
+
+}  // namespace
+
+uint8_t* BufferSpan::data() const { return buffer->memory->data() + offset; }
+
+absl::StatusOr<RegistrationConfig> ResolveRegistration(
+    const v1::RegisterWorkerRequest& r, const Caller& caller,
+    const PoolRegistry& pools, const SessionManager& sessions) {
+  RETURN_IF_ERROR(RequireSession(caller));
+  RegistrationConfig config;
+  if (r.name().size() > kMaxNameBytes) {
+    return Invalid("name", absl::StrCat(r.name().size(), " bytes; at most ",
+                                        kMaxNameBytes));
+  }
+  config.name = r.name();
+  RETURN_IF_ERROR(
+      CheckBound("layers size", r.layers_size(), 1, doorbell::kMaxLayers));
+  RETURN_IF_ERROR(CheckBound("max_tokens", r.max_tokens(), 1, kMaxTokens));
+  RETURN_IF_ERROR(CheckBound("max_seqs", r.max_seqs(), 1,
+                             std::min(kMaxSeqs, r.max_tokens())));
+  RETURN_IF_ERROR(CheckBound("max_top_k", r.max_top_k(), 0, kMaxTopK));
+  RETURN_IF_ERROR(CheckBound("max_blocks_per_seq", r.max_blocks_per_seq(), 0,
+                             kMaxBlocksPerSeq));
+  config.max_tokens = r.max_tokens();
+  config.max_seqs = r.max_seqs();
+  config.max_top_k = r.max_top_k();
+  config.max_blocks_per_seq = r.max_blocks_per_seq();
+
+  // The doorbell: a buffer of the caller's own session.
+  ASSIGN_OR_RETURN(
+      config.doorbell,
+      sessions.GetBuffer(caller, "doorbell_buffer_id", r.doorbell_buffer_id()));
+  if (config.doorbell->owner_session != caller.session) {
+    return absl::PermissionDeniedError(
+        "doorbell_buffer_id: the doorbell must be a buffer of the "
+        "registering session");
+  }
+  config.device = config.doorbell->memory->device();
+  config.doorbell_bytes = doorbell::RegionBytes(r.layers_size());
+  if (config.doorbell->memory->size() < config.doorbell_bytes) {
+    return Invalid(
+        "doorbell_buffer_id",
+        absl::StrCat("the buffer has ", config.doorbell->memory->size(),
+                     " bytes; ", r.layers_size(), " layers need ",
+                     config.doorbell_bytes));
+  }
+
+  for (int i = 0; i < r.layers_size(); ++i) {
+    const v1::StepLayer& in = r.layers(i);
+    const std::string f = absl::StrCat("layers[", i, "]");
+    LayerConfig layer;
+    RETURN_IF_ERROR(CheckBound(absl::StrCat(f, ".ratio"),
+                               in.ratio() == 0 ? 1 : in.ratio(), 1, 1 << 16));
+    layer.ratio = in.ratio() == 0 ? 1 : in.ratio();
+    RETURN_IF_ERROR(
+        CheckBound(absl::StrCat(f, ".window"), in.window(), 0, 1 << 20));
+    layer.window = in.window();
+    if (in.has_main()) {
+      ASSIGN_OR_RETURN(layer.main,
+                       ResolveCache(absl::StrCat(f, ".main"), in.main(), config,
+                                    caller, pools, sessions));
+    }
+    if (in.has_swa()) {
+      ASSIGN_OR_RETURN(layer.swa,
+                       ResolveCache(absl::StrCat(f, ".swa"), in.swa(), config,
+                                    caller, pools, sessions));
+      const int32_t ring = static_cast<int32_t>(layer.swa.layout.block_size);
+      const int32_t states = static_cast<int32_t>(layer.swa.layout.num_blocks);
+      if (config.swa_ring_size != 0 && config.swa_ring_size != ring) {
+        return Invalid(absl::StrCat(f, ".swa.pool"),
+                       absl::StrCat("ring size (block_size) ", ring,
+                                    " differs from the other SWA caches' ",
+                                    config.swa_ring_size));
+      }
+      config.swa_ring_size = ring;
+      config.swa_num_states = config.swa_num_states == 0
+                                  ? states
+                                  : std::min(config.swa_num_states, states);
+      config.needs_swa_states = true;
+    }
+    if (in.has_index()) {
+      ASSIGN_OR_RETURN(layer.index,
+                       ResolveCache(absl::StrCat(f, ".index"), in.index(),
+                                    config, caller, pools, sessions));
+      if (layer.ratio > 1) config.needs_compressed_slots = true;
+    }
+    if (in.has_topk() != in.has_index_out()) {
+      return Invalid(f, "topk and index_out are set together or not at all");
+    }
+    if (in.has_topk()) {
+      if (!layer.index.set()) {
+        return Invalid(absl::StrCat(f, ".topk"),
+                       "phase B converts into the layer's index cache; set "
+                       "index");
+      }
+      if (config.max_top_k < 1 || config.max_blocks_per_seq < 1) {
+        return Invalid(absl::StrCat(f, ".topk"),
+                       "needs max_top_k >= 1 and max_blocks_per_seq >= 1");
+      }
+      const int64_t row = int64_t{4} * config.max_top_k;
+      ASSIGN_OR_RETURN(
+          layer.topk,
+          ResolveSpan(absl::StrCat(f, ".topk"), in.topk(), config.max_tokens,
+                      row, 4, false, caller, sessions, config.device));
+      ASSIGN_OR_RETURN(layer.index_out,
+                       ResolveSpan(absl::StrCat(f, ".index_out"),
+                                   in.index_out(), config.max_tokens, row, 4,
+                                   false, caller, sessions, config.device));
+      config.needs_block_tables = true;
+    }
+    config.layers.push_back(std::move(layer));
+  }
+
+  if (r.has_swa_index()) {
+    const v1::StepSwaIndex& s = r.swa_index();
+    SwaIndexConfig& out = config.swa_index;
+    ASSIGN_OR_RETURN(out.pool, pools.Get("swa_index.pool", s.pool()));
+    RETURN_IF_ERROR(out.pool->CheckUse(caller, "swa_index.pool"));
+    out.ring_size = static_cast<int32_t>(out.pool->layout.block_size);
+    out.num_states = static_cast<int32_t>(out.pool->layout.num_blocks);
+    RETURN_IF_ERROR(
+        CheckBound("swa_index.window", s.window(), 1, out.ring_size));
+    out.window = s.window();
+    if (config.swa_ring_size != 0 && config.swa_ring_size != out.ring_size) {
+      return Invalid(
+          "swa_index.pool",
+          absl::StrCat("ring size ", out.ring_size,
+                       " differs from the SWA caches' ", config.swa_ring_size));
+    }
+    config.swa_ring_size = out.ring_size;
+    config.swa_num_states =
+        config.swa_num_states == 0
+            ? out.num_states
+            : std::min(config.swa_num_states, out.num_states);
+    ASSIGN_OR_RETURN(out.out,
+                     ResolveSpan("swa_index.out", s.out(), config.max_tokens,
+                                 int64_t{4} * out.window, 4, false, caller,
+                                 sessions, config.device));
+    config.needs_swa_states = true;
+  }
+  return config;
+}
+
+}  // namespace kvdepot::step

@@ -1,0 +1,103 @@
+// A step-path registration resolved on the host (SPEC §10,
+// docs/STEP_PATH.md): the request's pools, layers and buffers looked up,
+// access-checked and bounds-checked once, holding references so that none
+// of them is freed while the registration lives.
+#ifndef KVDEPOT_SERVER_STEP_STEP_CONFIG_H_
+#define KVDEPOT_SERVER_STEP_STEP_CONFIG_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/format.h"
+#include "kvdepot/v1/step.pb.h"
+#include "server/access.h"
+#include "server/pools.h"
+#include "server/sessions.h"
+
+namespace kvdepot::step {
+
+// Bounds of a registration's per-step sizes.
+inline constexpr int32_t kMaxTokens = 1 << 16;
+inline constexpr int32_t kMaxSeqs = 1 << 14;
+inline constexpr int32_t kMaxTopK = 1 << 14;
+inline constexpr int32_t kMaxBlocksPerSeq = 1 << 16;
+inline constexpr int64_t kMaxNameBytes = 64;
+
+// [offset, ...) of a buffer, rows of row_stride bytes; device address base.
+struct BufferSpan {
+  std::shared_ptr<Buffer> buffer;  // null = unset
+  int64_t offset = 0;
+  int64_t row_stride = 0;
+
+  bool set() const { return buffer != nullptr; }
+  uint8_t* data() const;  // buffer base + offset
+};
+
+struct CacheConfig {
+  std::shared_ptr<Pool> pool;  // null = the layer has no such cache
+  PoolLayout layout;
+  int64_t layer = 0;
+  uint8_t* layer_base = nullptr;  // the pool's layer in device memory
+  BufferSpan input;               // BF16 [tokens][elements], packed rows
+
+  bool set() const { return pool != nullptr; }
+};
+
+struct LayerConfig {
+  CacheConfig main;
+  CacheConfig swa;
+  CacheConfig index;
+  int32_t ratio = 1;
+  int32_t window = 0;
+  BufferSpan topk;       // int32 [tokens][top_k], row_stride bytes apart
+  BufferSpan index_out;  // int32 [tokens][top_k]
+
+  bool has_phase_b() const { return topk.set(); }
+};
+
+struct SwaIndexConfig {
+  std::shared_ptr<Pool> pool;  // null = none
+  int32_t ring_size = 0;
+  int32_t num_states = 0;
+  int32_t window = 0;
+  BufferSpan out;  // int32 [tokens][window], row_stride bytes apart
+
+  bool set() const { return pool != nullptr; }
+};
+
+struct RegistrationConfig {
+  std::string name;
+  std::string device;  // of every pool and buffer ("cuda:0", "cpu")
+  std::shared_ptr<Buffer> doorbell;
+  int64_t doorbell_bytes = 0;  // used part (doorbell::RegionBytes)
+  std::vector<LayerConfig> layers;
+  SwaIndexConfig swa_index;
+  int32_t max_tokens = 0;
+  int32_t max_seqs = 0;
+  int32_t max_top_k = 0;
+  int32_t max_blocks_per_seq = 0;
+  // Derived: what a step must carry.
+  bool needs_swa_states = false;        // SWA caches or the SWA index
+  bool needs_compressed_slots = false;  // an index cache of ratio > 1
+  bool needs_block_tables = false;      // a layer with phase B
+  int32_t swa_ring_size = 0;            // shared by every SWA cache
+  int32_t swa_num_states = 0;           // the smallest SWA pool's blocks
+};
+
+// Looks everything up for `caller` and checks it: the doorbell is a buffer
+// of the caller's own session, large enough; every pool usable by the
+// caller, every buffer owned or granted; layers in range; inputs packed
+// BF16 rows of the pool's element count, 16-byte aligned; every buffer
+// range inside its buffer for the registration's bounds; everything on one
+// device. INVALID_ARGUMENT naming the field and index; NOT_FOUND /
+// PERMISSION_DENIED from the pool and buffer lookups.
+absl::StatusOr<RegistrationConfig> ResolveRegistration(
+    const v1::RegisterWorkerRequest& request, const Caller& caller,
+    const PoolRegistry& pools, const SessionManager& sessions);
+
+}  // namespace kvdepot::step
+
+#endif  // KVDEPOT_SERVER_STEP_STEP_CONFIG_H_

@@ -1,0 +1,51 @@
+// The daemon's own kernels of the step path (host-only header: no CUDA
+// syntax; streams travel as opaque pointers). Everything they read from
+// the worker (the doorbell's step-id word, top-k indices) is untrusted and
+// checked in the kernel; host-built metadata comes validated.
+#ifndef KVDEPOT_SERVER_STEP_STEP_KERNELS_H_
+#define KVDEPOT_SERVER_STEP_STEP_KERNELS_H_
+
+#include <cstdint>
+
+namespace kvdepot::step::device {
+
+// The phase gate, one block: open (gate[0] stays 1) when the doorbell's
+// step-id word equals `expected_step` and its cancel word is 0 and the gate
+// was open; else gate[0] = 0, the status word gets kStatusStepMismatch /
+// kStatusCancelled and the step's slot arrays (each [n], null = none) are
+// filled with -1 so the stores that follow write nothing.
+//   doorbell: the region's base (proto/step_doorbell.h words)
+// Returns the launch's cudaError_t as int.
+int LaunchGate(uint64_t* doorbell, uint64_t expected_step, int32_t* gate,
+               int32_t* slots0, int32_t* slots1, int32_t* slots2, int32_t n,
+               void* stream);
+
+// convert_topk of one layer (SPEC §7, planner ConvertTopk semantics) from
+// the worker's top-k rows into its index rows, when gate[0] is 1:
+//   topk:       [rows] rows of k int32 logical indices, topk_stride apart
+//   out:        [rows] rows of k int32 slots, out_stride apart (int32s)
+//   row_seq:    [rows] sequence of each row; seq_lens: [seqs] seqlen_k
+//   block_tables: [seqs][cols]
+// Per row: n = seq_lens[seq] / ratio, valid = min(k, n); column c >= valid
+// is -1; an entry x < 0, x >= n, x / block_size >= cols or a table entry
+// outside [0, num_blocks) is -1 and counted into the doorbell's
+// out-of-range word (and kStatusOutOfRange).
+int LaunchConvertTopk(const int32_t* gate, const int32_t* topk,
+                      int64_t topk_stride, int32_t* out, int64_t out_stride,
+                      int32_t rows, int32_t k, const int32_t* row_seq,
+                      const int32_t* seq_lens, int32_t ratio,
+                      const int32_t* block_tables, int32_t cols,
+                      int32_t block_size, int32_t num_blocks,
+                      uint64_t* doorbell, void* stream);
+
+// SWA decode index (SPEC §7) when gate[0] is 1: row r of out (out_stride
+// int32s apart) = state[r] * ring + (start[r] + i) % ring for i <
+// valid[r], -1 up to window.
+int LaunchSwaIndex(const int32_t* gate, const int32_t* state,
+                   const int32_t* start, const int32_t* valid, int32_t rows,
+                   int32_t window, int32_t ring, int32_t* out,
+                   int64_t out_stride, void* stream);
+
+}  // namespace kvdepot::step::device
+
+#endif  // KVDEPOT_SERVER_STEP_STEP_KERNELS_H_

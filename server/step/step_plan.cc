@@ -1,0 +1,242 @@
+#include "server/step/step_plan.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/store_load_host.h"
+#include "planner/plan.h"
+#include "proto/wire.h"
+
+namespace kvdepot::step {
+namespace {
+
+absl::Status Invalid(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+int64_t RoundUp4(int64_t n) { return (n + 3) / 4 * 4; }
+
+// Reserves `n` int32 in the blob; returns the section's offset.
+int64_t Reserve(std::vector<int32_t>* blob, int64_t n) {
+  const int64_t at = static_cast<int64_t>(blob->size());
+  blob->resize(static_cast<size_t>(at + RoundUp4(n)), 0);
+  return at;
+}
+
+absl::Span<int32_t> Section(std::vector<int32_t>* blob, int64_t at, int64_t n) {
+  return absl::MakeSpan(blob->data() + at, static_cast<size_t>(n));
+}
+
+// The smallest num_slots among the caches `pick` selects (0 = none).
+template <typename Pick>
+int64_t MinSlots(const RegistrationConfig& config, Pick pick) {
+  int64_t best = 0;
+  for (const LayerConfig& l : config.layers) {
+    const CacheConfig* c = pick(l);
+    if (c == nullptr || !c->set()) continue;
+    const int64_t n = c->layout.num_slots();
+    best = best == 0 ? n : std::min(best, n);
+  }
+  return best;
+}
+
+// ValidateSlotMapping against a pool of `num_slots` slots.
+absl::Status CheckSlots(absl::string_view prefix, int64_t num_slots,
+                        absl::Span<const int32_t> slots) {
+  PoolLayout layout;
+  layout.block_size = 1;
+  layout.num_blocks = num_slots;
+  absl::Status s = ValidateSlotMapping(layout, slots);
+  if (s.ok()) return s;
+  return absl::InvalidArgumentError(absl::StrCat(prefix, s.message()));
+}
+
+}  // namespace
+
+int64_t MaxBlobElements(const RegistrationConfig& c) {
+  const int64_t t = RoundUp4(c.max_tokens);
+  return 6 * t + t + RoundUp4(c.max_seqs) +
+         RoundUp4(int64_t{c.max_seqs} * c.max_blocks_per_seq) + 4;
+}
+
+absl::StatusOr<StepPlan> BuildStepPlan(const RegistrationConfig& config,
+                                       const v1::StepRequest& r,
+                                       absl::Duration default_deadline) {
+  StepPlan plan;
+  plan.step_id = r.step_id();
+  if (r.num_tokens() < 1 || r.num_tokens() > config.max_tokens) {
+    return Invalid("num_tokens",
+                   absl::StrCat(r.num_tokens(), " is outside [1, ",
+                                config.max_tokens, "] (max_tokens)"));
+  }
+  if (r.num_seqs() < 1 || r.num_seqs() > config.max_seqs) {
+    return Invalid("num_seqs", absl::StrCat(r.num_seqs(), " is outside [1, ",
+                                            config.max_seqs, "] (max_seqs)"));
+  }
+  const int32_t n = r.num_tokens();
+  const int32_t seqs = r.num_seqs();
+  plan.num_tokens = n;
+  plan.num_seqs = seqs;
+  plan.deadline = r.deadline_ms() == 0 ? default_deadline
+                                       : absl::Milliseconds(r.deadline_ms());
+
+  std::vector<int32_t>& blob = plan.blob;
+  blob.reserve(static_cast<size_t>(MaxBlobElements(config)));
+  StepSections& sec = plan.sections;
+
+  // Slot mapping: every pool it is stored into.
+  std::vector<int32_t> values;
+  RETURN_IF_ERROR(DecodeInt32s("slot_mapping", r.slot_mapping(), "num_tokens",
+                               n, config.max_tokens, &values));
+  const int64_t main_slots = MinSlots(config, [](const LayerConfig& l) {
+    return l.main.set() ? &l.main : (l.ratio == 1 ? &l.index : nullptr);
+  });
+  const int64_t ratio1_index = MinSlots(config, [](const LayerConfig& l) {
+    return l.ratio == 1 ? &l.index : nullptr;
+  });
+  const int64_t slot_bound =
+      main_slots == 0
+          ? ratio1_index
+          : (ratio1_index == 0 ? main_slots
+                               : std::min(main_slots, ratio1_index));
+  if (slot_bound > 0) RETURN_IF_ERROR(CheckSlots("", slot_bound, values));
+  sec.slots = Reserve(&blob, n);
+  std::memcpy(blob.data() + sec.slots, values.data(), 4 * values.size());
+
+  if (config.needs_compressed_slots) {
+    RETURN_IF_ERROR(DecodeInt32s("compressed_slot_mapping",
+                                 r.compressed_slot_mapping(), "num_tokens", n,
+                                 config.max_tokens, &values));
+    const int64_t bound = MinSlots(config, [](const LayerConfig& l) {
+      return l.ratio > 1 ? &l.index : nullptr;
+    });
+    RETURN_IF_ERROR(CheckSlots("compressed_", bound, values));
+    sec.compressed_slots = Reserve(&blob, n);
+    std::memcpy(blob.data() + sec.compressed_slots, values.data(),
+                4 * values.size());
+  } else if (!r.compressed_slot_mapping().empty()) {
+    return Invalid("compressed_slot_mapping",
+                   "set, but no index cache of this registration has a ratio "
+                   "> 1");
+  }
+
+  // Lengths.
+  std::vector<int32_t> seq_lens, query_lens, states, valid_starts;
+  RETURN_IF_ERROR(DecodeInt32s("seq_lens", r.seq_lens(), "num_seqs", seqs,
+                               config.max_seqs, &seq_lens));
+  RETURN_IF_ERROR(DecodeInt32s("query_lens", r.query_lens(), "num_seqs", seqs,
+                               config.max_seqs, &query_lens));
+  int64_t total = 0;
+  for (int32_t b = 0; b < seqs; ++b) {
+    if (query_lens[b] < 1 || query_lens[b] > n) {
+      return Invalid(absl::StrCat("query_lens[", b, "]"),
+                     absl::StrCat(query_lens[b], " is outside [1, ", n, "]"));
+    }
+    if (seq_lens[b] < query_lens[b]) {
+      return Invalid(absl::StrCat("seq_lens[", b, "]"),
+                     absl::StrCat(seq_lens[b], " is below query_lens[", b,
+                                  "] = ", query_lens[b]));
+    }
+    total += query_lens[b];
+  }
+  if (total != n) {
+    return Invalid("query_lens",
+                   absl::StrCat("sum ", total, " differs from num_tokens ", n));
+  }
+  sec.row_seq = Reserve(&blob, n);
+  {
+    int32_t row = 0;
+    for (int32_t b = 0; b < seqs; ++b) {
+      for (int32_t j = 0; j < query_lens[b]; ++j) {
+        blob[sec.row_seq + row++] = b;
+      }
+    }
+  }
+  sec.seq_lens = Reserve(&blob, seqs);
+  std::memcpy(blob.data() + sec.seq_lens, seq_lens.data(), 4 * seq_lens.size());
+
+  SequenceBatch batch;
+  batch.seqlen_k = seq_lens;
+  batch.seqlen_q = query_lens;
+  if (config.needs_swa_states) {
+    RETURN_IF_ERROR(DecodeInt32s("swa_state_ids", r.swa_state_ids(), "num_seqs",
+                                 seqs, config.max_seqs, &states));
+    if (!r.swa_valid_starts().empty()) {
+      RETURN_IF_ERROR(DecodeInt32s("swa_valid_starts", r.swa_valid_starts(),
+                                   "num_seqs", seqs, config.max_seqs,
+                                   &valid_starts));
+    }
+    batch.state_ids = states;
+    batch.swa_valid_start = valid_starts;
+    SwaParams store;
+    store.ring_size = config.swa_ring_size;
+    store.window = config.swa_ring_size;
+    store.num_states = config.swa_num_states;
+    RETURN_IF_ERROR(ValidateSwaBatch(batch, store.num_states).status());
+    sec.swa_slots = Reserve(&blob, n);
+    RETURN_IF_ERROR(
+        BuildSwaStoreSlots(batch, store, Section(&blob, sec.swa_slots, n)));
+    RETURN_IF_ERROR(CheckSlots("swa slots from swa_state_ids: ",
+                               int64_t{store.num_states} * store.ring_size,
+                               Section(&blob, sec.swa_slots, n)));
+    if (config.swa_index.set()) {
+      SwaParams window = store;
+      window.window = config.swa_index.window;
+      sec.swa_state = Reserve(&blob, n);
+      sec.swa_start = Reserve(&blob, n);
+      sec.swa_valid = Reserve(&blob, n);
+      RETURN_IF_ERROR(ComputeSwaDecodeWindows(
+          batch, window, Section(&blob, sec.swa_state, n),
+          Section(&blob, sec.swa_start, n), Section(&blob, sec.swa_valid, n)));
+    }
+  } else if (!r.swa_state_ids().empty()) {
+    return Invalid("swa_state_ids",
+                   "set, but this registration has no SWA cache or index");
+  }
+
+  if (config.needs_block_tables) {
+    if (r.top_k() < 1 || r.top_k() > config.max_top_k) {
+      return Invalid("top_k", absl::StrCat(r.top_k(), " is outside [1, ",
+                                           config.max_top_k, "] (max_top_k)"));
+    }
+    if (r.block_table_cols() < 1 ||
+        r.block_table_cols() > config.max_blocks_per_seq) {
+      return Invalid(
+          "block_table_cols",
+          absl::StrCat(r.block_table_cols(), " is outside [1, ",
+                       config.max_blocks_per_seq, "] (max_blocks_per_seq)"));
+    }
+    plan.top_k = r.top_k();
+    plan.block_table_cols = r.block_table_cols();
+    const int64_t cells = int64_t{seqs} * r.block_table_cols();
+    RETURN_IF_ERROR(DecodeInt32s(
+        "block_tables", r.block_tables(), "num_seqs * block_table_cols", cells,
+        int64_t{config.max_seqs} * config.max_blocks_per_seq, &values));
+    int64_t blocks = std::numeric_limits<int64_t>::max();
+    for (const LayerConfig& l : config.layers) {
+      if (l.has_phase_b()) blocks = std::min(blocks, l.index.layout.num_blocks);
+    }
+    for (int64_t i = 0; i < cells; ++i) {
+      if (values[i] < -1 || values[i] >= blocks) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "block_tables[", i / r.block_table_cols(), "][",
+            i % r.block_table_cols(), "] = ", values[i], " is outside [-1, ",
+            blocks, ") (the index pools' blocks)"));
+      }
+    }
+    sec.block_tables = Reserve(&blob, cells);
+    std::memcpy(blob.data() + sec.block_tables, values.data(),
+                4 * values.size());
+  } else if (!r.block_tables().empty() || r.top_k() != 0) {
+    return Invalid("block_tables",
+                   "set, but no layer of this registration has phase B "
+                   "(topk)");
+  }
+  sec.gate = Reserve(&blob, 4);
+  return plan;
+}
+
+}  // namespace kvdepot::step

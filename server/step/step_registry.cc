@@ -1,0 +1,410 @@
+#include "server/step/step_registry.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "proto/step_doorbell.h"
+#include "spdlog/spdlog.h"
+
+namespace kvdepot::step {
+
+StepRegistry::StepRegistry(StepEngineFactory* factory,
+                           const PoolRegistry* pools,
+                           const SessionManager* sessions,
+                           RegistryOptions options)
+    : factory_(factory), pools_(pools), sessions_(sessions), options_(options) {
+  if (options_.watch_interval > absl::ZeroDuration()) {
+    watcher_ = std::thread([this] { WatchLoop(); });
+  }
+}
+
+StepRegistry::~StepRegistry() {
+  std::vector<std::shared_ptr<Registration>> all;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    for (auto& [id, reg] : regs_) all.push_back(reg);
+    regs_.clear();
+    for (auto& reg : retired_) all.push_back(reg);
+    retired_.clear();
+  }
+  if (watcher_.joinable()) watcher_.join();
+  for (auto& reg : all) {
+    absl::MutexLock lock(&reg->mu);
+    CancelLocked(reg.get(), "daemon shutting down");
+  }
+  // The engines finish (their destructors wait for their streams) as the
+  // last references go.
+}
+
+void StepRegistry::WatchLoop() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_),
+                               options_.watch_interval)) {
+        return;
+      }
+    }
+    Watch(absl::Now());
+  }
+}
+
+absl::StatusOr<v1::RegisterWorkerResponse> StepRegistry::Register(
+    const Caller& caller, const v1::RegisterWorkerRequest& request) {
+  RETURN_IF_ERROR(RequireSession(caller));
+  {
+    absl::MutexLock lock(&mu_);
+    if (static_cast<int>(regs_.size()) >= options_.max_registrations) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("RegisterWorker: the daemon holds ", regs_.size(),
+                       " registrations, its limit"));
+    }
+    int mine = 0;
+    for (const auto& [id, reg] : regs_) {
+      if (reg->owner.session == caller.session) ++mine;
+    }
+    if (mine >= options_.max_registrations_per_session) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("RegisterWorker: this session holds ", mine,
+                       " registrations, its limit"));
+    }
+  }
+  ASSIGN_OR_RETURN(RegistrationConfig config,
+                   ResolveRegistration(request, caller, *pools_, *sessions_));
+  auto reg = std::make_shared<Registration>();
+  reg->owner = caller;
+  reg->config = std::move(config);
+  Registration* raw = reg.get();
+  ASSIGN_OR_RETURN(
+      reg->engine,
+      factory_->Create(reg->config, [this, raw](const StepOutcome& o) {
+        OnComplete(raw, o);
+      }));
+  v1::RegisterWorkerResponse out;
+  {
+    absl::MutexLock lock(&mu_);
+    reg->id = next_id_++;
+    regs_[reg->id] = reg;
+    absl::MutexLock c(&counters_mu_);
+    ++counters_.registrations;
+  }
+  out.set_registration_id(reg->id);
+  out.set_doorbell_bytes(reg->config.doorbell_bytes);
+  out.set_num_phases(static_cast<int32_t>(
+      doorbell::NumPhases(static_cast<int64_t>(reg->config.layers.size()))));
+  spdlog::info("step: registration {} ({} layers) by session {}", reg->id,
+               reg->config.layers.size(), caller.session);
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<StepRegistry::Registration>> StepRegistry::Find(
+    const Caller& caller, uint64_t id) const {
+  RETURN_IF_ERROR(RequireSession(caller));
+  std::shared_ptr<Registration> reg;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = regs_.find(id);
+    if (it != regs_.end()) reg = it->second;
+  }
+  if (reg == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("registration_id: no registration ", id));
+  }
+  bool allowed = caller.admin || caller.session == reg->owner.session;
+  if (!allowed) {
+    absl::MutexLock lock(&reg->mu);
+    allowed = reg->acl.Allows(caller);
+  }
+  if (!allowed) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("registration_id: registration ", id,
+                     " is neither owned by nor granted to this session"));
+  }
+  return reg;
+}
+
+absl::StatusOr<v1::StepResponse> StepRegistry::Step(
+    const Caller& caller, const v1::StepRequest& request) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Registration> reg,
+                   Find(caller, request.registration_id()));
+  absl::MutexLock lock(&reg->mu);
+  if (reg->cancelled) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "registration ", reg->id, " was cancelled (", reg->cancel_reason,
+        "); unregister it and register again"));
+  }
+  if (request.step_id() != reg->last_step_id + 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step_id: ", request.step_id(), " is not the next step (",
+                     reg->last_step_id + 1, ")"));
+  }
+  if (static_cast<int>(reg->deadlines.size()) >= kMaxInFlight) {
+    absl::MutexLock c(&counters_mu_);
+    ++counters_.steps_rejected_queue_full;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "step_id ", request.step_id(), ": ", kMaxInFlight,
+        " steps of registration ", reg->id,
+        " are in flight already; send it again when one finished"));
+  }
+  ASSIGN_OR_RETURN(StepPlan plan, BuildStepPlan(reg->config, request,
+                                                options_.default_deadline));
+  const absl::Time deadline = absl::Now() + plan.deadline;
+  RETURN_IF_ERROR(reg->engine->Enqueue(std::move(plan)));
+  reg->last_step_id = request.step_id();
+  reg->deadlines.push_back(deadline);
+  {
+    absl::MutexLock c(&counters_mu_);
+    ++counters_.steps_accepted;
+  }
+  v1::StepResponse out;
+  out.set_step_id(request.step_id());
+  out.set_queued(static_cast<int32_t>(reg->deadlines.size()));
+  return out;
+}
+
+void StepRegistry::OnComplete(Registration* reg, const StepOutcome& o) {
+  absl::MutexLock lock(&reg->mu);
+  if (!reg->deadlines.empty()) reg->deadlines.pop_front();
+  reg->completed_step_id = o.step_id;
+  reg->status_bits |= o.status_bits;
+  const uint64_t new_oor = o.out_of_range > reg->out_of_range
+                               ? o.out_of_range - reg->out_of_range
+                               : 0;
+  reg->out_of_range = std::max(reg->out_of_range, o.out_of_range);
+  ++reg->steps_completed;
+  size_t bucket = 0;
+  while (bucket < kStepLatencyBoundsUs.size() &&
+         o.step_us > kStepLatencyBoundsUs[bucket]) {
+    ++bucket;
+  }
+  ++reg->latency[bucket];
+  reg->latency_sum_us += o.step_us;
+  absl::MutexLock c(&counters_mu_);
+  ++counters_.steps_completed;
+  if (o.status_bits != 0) ++counters_.steps_with_status;
+  counters_.out_of_range += static_cast<int64_t>(new_oor);
+}
+
+void StepRegistry::CancelLocked(Registration* reg, std::string reason) {
+  if (reg->cancelled) return;
+  reg->cancelled = true;
+  reg->cancelled_at = absl::Now();
+  reg->cancel_reason = std::move(reason);
+  spdlog::warn("step: registration {} cancelled: {}", reg->id,
+               reg->cancel_reason);
+  reg->engine->Cancel();
+}
+
+absl::StatusOr<v1::RegistrationInfo> StepRegistry::Status(const Caller& caller,
+                                                          uint64_t id) const {
+  ASSIGN_OR_RETURN(std::shared_ptr<Registration> reg, Find(caller, id));
+  return InfoOf(*reg);
+}
+
+absl::Status StepRegistry::Unregister(const Caller& caller, uint64_t id) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Registration> reg, Find(caller, id));
+  if (!caller.admin && caller.session != reg->owner.session) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("registration_id: only the owner of registration ", id,
+                     " (or an admin) may unregister it"));
+  }
+  {
+    absl::MutexLock lock(&reg->mu);
+    if (!reg->deadlines.empty()) CancelLocked(reg.get(), "unregistered");
+  }
+  absl::MutexLock lock(&mu_);
+  if (regs_.erase(id) == 1) {
+    retired_.push_back(std::move(reg));
+    absl::MutexLock c(&counters_mu_);
+    --counters_.registrations;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepRegistry::Grant(const Caller& caller,
+                                 const v1::GrantRegistrationRequest& r) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Registration> reg,
+                   Find(caller, r.registration_id()));
+  if (!caller.admin && caller.session != reg->owner.session) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("registration_id: only the owner of registration ",
+                     r.registration_id(), " may grant it"));
+  }
+  if (r.uids_size() + r.sessions_size() == 0) {
+    return absl::InvalidArgumentError("uids, sessions: both empty");
+  }
+  if (r.uids_size() + r.sessions_size() > 256) {
+    return absl::InvalidArgumentError(
+        "uids, sessions: more than 256 entries in one grant");
+  }
+  absl::MutexLock lock(&reg->mu);
+  for (uint32_t uid : r.uids()) reg->acl.uids.insert(uid);
+  for (uint64_t s : r.sessions()) reg->acl.sessions.insert(s);
+  return absl::OkStatus();
+}
+
+v1::RegistrationInfo StepRegistry::InfoOf(const Registration& reg) {
+  v1::RegistrationInfo info;
+  info.set_registration_id(reg.id);
+  info.set_name(reg.config.name);
+  info.set_owner_session(reg.owner.session);
+  info.set_owner_uid(reg.owner.uid);
+  info.set_num_layers(static_cast<int32_t>(reg.config.layers.size()));
+  absl::MutexLock lock(&reg.mu);
+  info.set_last_step_id(reg.last_step_id);
+  info.set_completed_step_id(reg.completed_step_id);
+  info.set_in_flight(static_cast<int32_t>(reg.deadlines.size()));
+  info.set_status_bits(reg.status_bits);
+  info.set_out_of_range(reg.out_of_range);
+  info.set_cancelled(reg.cancelled);
+  info.set_cancel_reason(reg.cancel_reason);
+  info.set_steps_completed(reg.steps_completed);
+  info.set_watchdog_expiries(reg.watchdog_expiries);
+  return info;
+}
+
+std::vector<v1::RegistrationInfo> StepRegistry::List(
+    const Caller& caller) const {
+  std::vector<std::shared_ptr<Registration>> all;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, reg] : regs_) all.push_back(reg);
+  }
+  std::vector<v1::RegistrationInfo> out;
+  if (!caller.authenticated()) return out;
+  for (const auto& reg : all) {
+    bool visible = caller.admin || caller.session == reg->owner.session;
+    if (!visible) {
+      absl::MutexLock lock(&reg->mu);
+      visible = reg->acl.Allows(caller);
+    }
+    if (visible) out.push_back(InfoOf(*reg));
+  }
+  return out;
+}
+
+void StepRegistry::Watch(absl::Time now) {
+  std::vector<std::shared_ptr<Registration>> all;
+  std::vector<std::shared_ptr<Registration>> dead;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, reg] : regs_) all.push_back(reg);
+    // Retired registrations with nothing in flight are destroyed here.
+    std::vector<std::shared_ptr<Registration>> keep;
+    for (auto& reg : retired_) {
+      absl::MutexLock r(&reg->mu);
+      (reg->deadlines.empty() ? dead : keep).push_back(reg);
+    }
+    retired_.swap(keep);
+  }
+  dead.clear();  // engine destructors run here, off every gRPC thread
+  int64_t expiries = 0;
+  int64_t cancels = 0;
+  std::vector<uint64_t> gone;  // dead owners, cancelled, nothing in flight
+  for (const auto& reg : all) {
+    // The owner's session ends with its companion connection; its buffers
+    // (the doorbell among them) go with it.
+    const bool alive =
+        sessions_->GetBuffer(reg->owner, "doorbell", reg->config.doorbell->id)
+            .ok();
+    absl::MutexLock lock(&reg->mu);
+    if (reg->cancelled) {
+      if (!alive && reg->deadlines.empty() &&
+          now - reg->cancelled_at > options_.dead_retention) {
+        gone.push_back(reg->id);
+      }
+      continue;
+    }
+    if (!alive) {
+      CancelLocked(reg.get(), "the worker's session closed");
+      ++cancels;
+    } else if (!reg->deadlines.empty() && reg->deadlines.front() < now) {
+      ++reg->watchdog_expiries;
+      ++expiries;
+      ++cancels;
+      CancelLocked(reg.get(), absl::StrCat("step ", reg->completed_step_id + 1,
+                                           " passed its deadline (watchdog)"));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  absl::MutexLock c(&counters_mu_);
+  counters_.watchdog_expiries += expiries;
+  counters_.cancels += cancels;
+  for (uint64_t id : gone) {
+    auto it = regs_.find(id);
+    if (it == regs_.end()) continue;
+    retired_.push_back(std::move(it->second));
+    regs_.erase(it);
+    --counters_.registrations;
+  }
+}
+
+std::string StepRegistry::RenderPrometheus() const {
+  const StepCounters c = Counters();
+  std::string out;
+  auto counter = [&out](const char* name, const char* help, int64_t v,
+                        const char* type = "counter") {
+    absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ",
+                    type, "\n", name, " ", v, "\n");
+  };
+  counter("kvdepot_step_registrations", "Live step-path registrations.",
+          c.registrations, "gauge");
+  counter("kvdepot_steps_accepted_total", "Step requests accepted.",
+          c.steps_accepted);
+  counter("kvdepot_steps_completed_total", "Steps finished on the GPU.",
+          c.steps_completed);
+  counter("kvdepot_steps_rejected_queue_full_total",
+          "Steps refused with two in flight.", c.steps_rejected_queue_full);
+  counter("kvdepot_steps_with_status_total",
+          "Steps that finished with a status bit set.", c.steps_with_status);
+  counter("kvdepot_step_cancels_total",
+          "Registrations cancelled (watchdog or closed session).", c.cancels);
+  counter("kvdepot_step_watchdog_expiries_total",
+          "Steps that passed their deadline.", c.watchdog_expiries);
+  counter("kvdepot_step_out_of_range_total",
+          "Device-resident entries the kernels turned into -1.",
+          c.out_of_range);
+  std::vector<std::shared_ptr<Registration>> all;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, reg] : regs_) all.push_back(reg);
+  }
+  if (all.empty()) return out;
+  absl::StrAppend(&out,
+                  "# HELP kvdepot_step_in_flight Steps in flight.\n"
+                  "# TYPE kvdepot_step_in_flight gauge\n"
+                  "# HELP kvdepot_step_status_bits Sticky doorbell status.\n"
+                  "# TYPE kvdepot_step_status_bits gauge\n"
+                  "# HELP kvdepot_step_latency_us Host-seen step time.\n"
+                  "# TYPE kvdepot_step_latency_us histogram\n");
+  for (const auto& reg : all) {
+    const std::string label = absl::StrCat("registration=\"", reg->id, "\"");
+    absl::MutexLock lock(&reg->mu);
+    absl::StrAppend(&out, "kvdepot_step_in_flight{", label, "} ",
+                    reg->deadlines.size(), "\n");
+    absl::StrAppend(&out, "kvdepot_step_status_bits{", label, "} ",
+                    reg->status_bits, "\n");
+    uint64_t cumulative = 0;
+    for (size_t b = 0; b < reg->latency.size(); ++b) {
+      cumulative += reg->latency[b];
+      const std::string le = b < kStepLatencyBoundsUs.size()
+                                 ? absl::StrCat(kStepLatencyBoundsUs[b])
+                                 : "+Inf";
+      absl::StrAppend(&out, "kvdepot_step_latency_us_bucket{", label, ",le=\"",
+                      le, "\"} ", cumulative, "\n");
+    }
+    absl::StrAppend(&out, "kvdepot_step_latency_us_sum{", label, "} ",
+                    reg->latency_sum_us, "\n", "kvdepot_step_latency_us_count{",
+                    label, "} ", cumulative, "\n");
+  }
+  return out;
+}
+
+StepCounters StepRegistry::Counters() const {
+  absl::MutexLock lock(&counters_mu_);
+  return counters_;
+}
+
+}  // namespace kvdepot::step

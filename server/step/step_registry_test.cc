@@ -1,0 +1,533 @@
+// The step path's host side without a GPU: registration checks, the step
+// plan's checks (a negative test per rule; a refused step changes
+// nothing), step ids and queue depth, owners and grants (attacks by
+// another session), the watchdog, and the CPU backend's refusal. The
+// engine is a test double that records plans and finishes them on demand.
+#include "server/step/step_registry.h"
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/step_doorbell.h"
+#include "proto/wire.h"
+#include "server/cpu/cpu_backend.h"
+#include "server/pools.h"
+#include "server/sessions.h"
+#include "server/step/step_engine.h"
+
+namespace kvdepot::step {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Pack(std::vector<int32_t> v) {
+  std::string out;
+  EncodeInt32s(v, &out);
+  return out;
+}
+
+// Records plans; Finish() completes the oldest.
+class FakeEngine : public StepEngine {
+ public:
+  explicit FakeEngine(CompletionFn done) : done_(std::move(done)) {}
+  absl::Status Enqueue(StepPlan plan) override {
+    plans.push_back(std::move(plan));
+    return absl::OkStatus();
+  }
+  void Cancel() override { ++cancels; }
+  void Finish(uint64_t status_bits = 0, uint64_t oor = 0) {
+    StepOutcome o;
+    o.step_id = plans.front().step_id;
+    o.status_bits = status_bits;
+    o.out_of_range = oor;
+    plans.pop_front();
+    done_(o);
+  }
+  std::deque<StepPlan> plans;
+  int cancels = 0;
+
+ private:
+  CompletionFn done_;
+};
+
+class FakeFactory : public StepEngineFactory {
+ public:
+  absl::StatusOr<std::unique_ptr<StepEngine>> Create(
+      const RegistrationConfig& config, CompletionFn done) override {
+    auto e = std::make_unique<FakeEngine>(std::move(done));
+    last = e.get();
+    last_config = config;
+    return e;
+  }
+  FakeEngine* last = nullptr;
+  RegistrationConfig last_config;
+};
+
+constexpr int kLayers = 2;
+
+class StepRegistryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    backend_ = MakeCpuBackend({});
+    pools_ = std::make_unique<PoolRegistry>(backend_.get(), int64_t{1} << 30);
+    sessions_ = std::make_unique<SessionManager>(SessionLimits());
+    RegistryOptions o;
+    o.watch_interval = absl::ZeroDuration();  // Watch is called by hand
+    registry_ = std::make_unique<StepRegistry>(&factory_, pools_.get(),
+                                               sessions_.get(), o);
+    owner_ = Open("worker", 1000);
+    other_ = Open("intruder", 2000);
+    CreatePool("main", "V41", 16, 64);
+    CreatePool("swa", "V41", 32, 16);
+    CreatePool("index", "FP4_INDEX", 16, 64);
+    doorbell_ = AddBuffer(owner_, 4096);
+    io_ = AddBuffer(owner_, 1 << 20);
+  }
+
+  Caller Open(const std::string& name, uid_t uid) {
+    PeerCredentials p;
+    p.uid = uid;
+    p.gid = uid;
+    p.pid = 1;
+    absl::StatusOr<OpenedSession> s = sessions_->OpenPeer(name, p);
+    EXPECT_TRUE(s.ok()) << s.status();
+    absl::StatusOr<Caller> c = sessions_->Authenticate(s->id, absl::Now());
+    EXPECT_TRUE(c.ok()) << c.status();
+    return *c;
+  }
+  void CreatePool(const std::string& name, const std::string& format, int bs,
+                  int blocks) {
+    v1::CreatePoolRequest r;
+    r.set_name(name);
+    r.set_format(format);
+    r.set_block_size(bs);
+    r.set_num_blocks(blocks);
+    r.set_num_layers(kLayers);
+    ASSERT_TRUE(pools_->Create(r, 1000).ok());
+  }
+  uint64_t AddBuffer(const Caller& c, int64_t size) {
+    absl::StatusOr<std::unique_ptr<Memory>> m = backend_->Allocate(size, "cpu");
+    EXPECT_TRUE(m.ok());
+    absl::StatusOr<std::shared_ptr<Buffer>> b =
+        sessions_->AddBuffer(c, *std::move(m));
+    EXPECT_TRUE(b.ok()) << b.status();
+    return (*b)->id;
+  }
+
+  // Two layers with main, SWA and index caches and phase B; the SWA index.
+  v1::RegisterWorkerRequest Registration() const {
+    v1::RegisterWorkerRequest r;
+    r.set_doorbell_buffer_id(doorbell_);
+    r.set_max_tokens(8);
+    r.set_max_seqs(4);
+    r.set_max_top_k(16);
+    r.set_max_blocks_per_seq(4);
+    r.set_name("rank0");
+    int64_t off = 0;
+    auto ref = [&](v1::StepBufferRef* out, int64_t bytes) {
+      out->set_buffer_id(io_);
+      out->set_offset(off);
+      off += (bytes + 255) / 256 * 256;
+    };
+    for (int l = 0; l < kLayers; ++l) {
+      v1::StepLayer* layer = r.add_layers();
+      layer->set_window(8);
+      for (auto [cache, pool, elements] :
+           {std::tuple{layer->mutable_main(), "main", 512},
+            std::tuple{layer->mutable_swa(), "swa", 512},
+            std::tuple{layer->mutable_index(), "index", 128}}) {
+        cache->set_pool(pool);
+        cache->set_layer(l);
+        ref(cache->mutable_input(), 8 * elements * 2);
+      }
+      ref(layer->mutable_topk(), 8 * 16 * 4);
+      ref(layer->mutable_index_out(), 8 * 16 * 4);
+    }
+    r.mutable_swa_index()->set_pool("swa");
+    r.mutable_swa_index()->set_window(8);
+    ref(r.mutable_swa_index()->mutable_out(), 8 * 8 * 4);
+    return r;
+  }
+
+  uint64_t Register() {
+    absl::StatusOr<v1::RegisterWorkerResponse> r =
+        registry_->Register(owner_, Registration());
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->registration_id() : 0;
+  }
+
+  // Two sequences: 1 and 2 query tokens.
+  v1::StepRequest Step(uint64_t reg, uint64_t step) const {
+    v1::StepRequest r;
+    r.set_registration_id(reg);
+    r.set_step_id(step);
+    r.set_num_tokens(3);
+    r.set_slot_mapping(Pack({5, -1, 700}));
+    r.set_num_seqs(2);
+    r.set_seq_lens(Pack({10, 40}));
+    r.set_query_lens(Pack({1, 2}));
+    r.set_swa_state_ids(Pack({3, 7}));
+    r.set_block_tables(Pack({1, 2, -1, -1, 4, 5, 6, -1}));
+    r.set_block_table_cols(4);
+    r.set_top_k(16);
+    return r;
+  }
+
+  absl::Status StepError(v1::StepRequest r) {
+    return registry_->Step(owner_, r).status();
+  }
+
+  FakeFactory factory_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<PoolRegistry> pools_;
+  std::unique_ptr<SessionManager> sessions_;
+  std::unique_ptr<StepRegistry> registry_;
+  Caller owner_, other_;
+  uint64_t doorbell_ = 0, io_ = 0;
+};
+
+TEST_F(StepRegistryTest, StepBuildsOnePlanWithEverySection) {
+  const uint64_t id = Register();
+  ASSERT_NE(id, 0u);
+  absl::StatusOr<v1::StepResponse> r = registry_->Step(owner_, Step(id, 1));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->queued(), 1);
+  ASSERT_EQ(factory_.last->plans.size(), 1u);
+  const StepPlan& p = factory_.last->plans.front();
+  const StepSections& s = p.sections;
+  EXPECT_EQ(p.step_id, 1u);
+  EXPECT_EQ(p.num_tokens, 3);
+  auto at = [&](int64_t off, int i) { return p.blob[off + i]; };
+  EXPECT_EQ(at(s.slots, 0), 5);
+  EXPECT_EQ(at(s.slots, 1), -1);
+  EXPECT_EQ(at(s.slots, 2), 700);
+  // SWA ring 32: state 3 position 9; state 7 positions 38, 39.
+  EXPECT_EQ(at(s.swa_slots, 0), 3 * 32 + 9);
+  EXPECT_EQ(at(s.swa_slots, 1), 7 * 32 + 38 % 32);
+  EXPECT_EQ(at(s.swa_slots, 2), 7 * 32 + 39 % 32);
+  EXPECT_EQ(at(s.row_seq, 0), 0);
+  EXPECT_EQ(at(s.row_seq, 2), 1);
+  EXPECT_EQ(at(s.seq_lens, 1), 40);
+  EXPECT_EQ(at(s.block_tables, 5), 5);
+  // SWA decode windows (W = 8): position 9 sees 2..9.
+  EXPECT_EQ(at(s.swa_start, 0), 2);
+  EXPECT_EQ(at(s.swa_valid, 0), 8);
+  EXPECT_EQ(p.blob.size() % 4, 0u);
+  EXPECT_LE(static_cast<int64_t>(p.blob.size()),
+            MaxBlobElements(factory_.last_config));
+}
+
+TEST_F(StepRegistryTest, StepIdsAreConsecutiveAndTwoDeep) {
+  const uint64_t id = Register();
+  EXPECT_EQ(StepError(Step(id, 2)).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(registry_->Step(owner_, Step(id, 1)).ok());
+  EXPECT_EQ(StepError(Step(id, 1)).code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<v1::StepResponse> second =
+      registry_->Step(owner_, Step(id, 2));
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(second->queued(), 2);
+  absl::Status third = StepError(Step(id, 3));
+  EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(third.message()), HasSubstr("in flight"));
+  EXPECT_EQ(factory_.last->plans.size(), 2u);
+  EXPECT_EQ(registry_->Counters().steps_rejected_queue_full, 1);
+  factory_.last->Finish();
+  ASSERT_TRUE(registry_->Step(owner_, Step(id, 3)).ok());
+  absl::StatusOr<v1::RegistrationInfo> info = registry_->Status(owner_, id);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->last_step_id(), 3u);
+  EXPECT_EQ(info->completed_step_id(), 1u);
+  EXPECT_EQ(info->in_flight(), 2);
+}
+
+TEST_F(StepRegistryTest, EveryStepRuleRefusesAndChangesNothing) {
+  const uint64_t id = Register();
+  struct Case {
+    std::string name;
+    std::function<void(v1::StepRequest*)> mutate;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"slot out of range",
+       [](v1::StepRequest* r) {
+         r->set_slot_mapping(Pack({5, -1, 1024}));
+       },
+       "slot_mapping[2] = 1024"},
+      {"slot below -1",
+       [](v1::StepRequest* r) {
+         r->set_slot_mapping(Pack({5, -2, 7}));
+       },
+       "slot_mapping[1] = -2"},
+      {"duplicate slot",
+       [](v1::StepRequest* r) {
+         r->set_slot_mapping(Pack({5, 9, 5}));
+       },
+       "slot_mapping[2]"},
+      {"packed size",
+       [](v1::StepRequest* r) {
+         r->set_slot_mapping(Pack({5, 9}));
+       },
+       "slot_mapping"},
+      {"num_tokens too large", [](v1::StepRequest* r) { r->set_num_tokens(9); },
+       "num_tokens"},
+      {"num_tokens zero", [](v1::StepRequest* r) { r->set_num_tokens(0); },
+       "num_tokens"},
+      {"num_seqs too large", [](v1::StepRequest* r) { r->set_num_seqs(5); },
+       "num_seqs"},
+      {"query_lens sum",
+       [](v1::StepRequest* r) {
+         r->set_query_lens(Pack({1, 1}));
+       },
+       "query_lens: sum 2"},
+      {"query_lens zero",
+       [](v1::StepRequest* r) {
+         r->set_query_lens(Pack({0, 3}));
+       },
+       "query_lens[0]"},
+      {"seq_lens below query_lens",
+       [](v1::StepRequest* r) {
+         r->set_seq_lens(Pack({10, 1}));
+       },
+       "seq_lens[1]"},
+      {"state id outside the ring pool",
+       [](v1::StepRequest* r) {
+         r->set_swa_state_ids(Pack({3, 16}));
+       },
+       "state"},
+      {"shared ring",
+       [](v1::StepRequest* r) {
+         r->set_swa_state_ids(Pack({3, 3}));
+         r->set_seq_lens(Pack({10, 10}));
+       },
+       "swa slots"},
+      {"block table entry",
+       [](v1::StepRequest* r) {
+         r->set_block_tables(Pack({1, 2, -1, -1, 4, 64, 6, -1}));
+       },
+       "block_tables[1][1] = 64"},
+      {"block table cols",
+       [](v1::StepRequest* r) { r->set_block_table_cols(5); },
+       "block_table_cols"},
+      {"top_k too large", [](v1::StepRequest* r) { r->set_top_k(17); },
+       "top_k"},
+      {"top_k zero", [](v1::StepRequest* r) { r->set_top_k(0); }, "top_k"},
+      {"compressed slots without ratio",
+       [](v1::StepRequest* r) {
+         r->set_compressed_slot_mapping(Pack({1, 2, 3}));
+       },
+       "compressed_slot_mapping"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    v1::StepRequest r = Step(id, 1);
+    c.mutate(&r);
+    absl::Status s = StepError(r);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.message));
+  }
+  EXPECT_TRUE(factory_.last->plans.empty());
+  absl::StatusOr<v1::RegistrationInfo> info = registry_->Status(owner_, id);
+  EXPECT_EQ(info->last_step_id(), 0u);
+  EXPECT_TRUE(registry_->Step(owner_, Step(id, 1)).ok());
+}
+
+TEST_F(StepRegistryTest, EveryRegistrationRuleRefuses) {
+  struct Case {
+    std::string name;
+    std::function<void(v1::RegisterWorkerRequest*)> mutate;
+    absl::StatusCode code;
+    std::string message;
+  };
+  const uint64_t small = AddBuffer(owner_, 64);
+  const std::vector<Case> cases = {
+      {"no layers", [](v1::RegisterWorkerRequest* r) { r->clear_layers(); },
+       absl::StatusCode::kInvalidArgument, "layers size"},
+      {"max_tokens", [](v1::RegisterWorkerRequest* r) { r->set_max_tokens(0); },
+       absl::StatusCode::kInvalidArgument, "max_tokens"},
+      {"doorbell too small",
+       [small](v1::RegisterWorkerRequest* r) {
+         r->set_doorbell_buffer_id(small);
+       },
+       absl::StatusCode::kInvalidArgument, "doorbell_buffer_id"},
+      {"unknown doorbell",
+       [](v1::RegisterWorkerRequest* r) { r->set_doorbell_buffer_id(999); },
+       absl::StatusCode::kNotFound, "doorbell_buffer_id"},
+      {"layer out of range",
+       [](v1::RegisterWorkerRequest* r) {
+         r->mutable_layers(1)->mutable_main()->set_layer(2);
+       },
+       absl::StatusCode::kInvalidArgument, "layers[1].main.layer"},
+      {"unknown pool",
+       [](v1::RegisterWorkerRequest* r) {
+         r->mutable_layers(0)->mutable_swa()->set_pool("nope");
+       },
+       absl::StatusCode::kNotFound, "layers[0].swa.pool"},
+      {"input past the buffer",
+       [](v1::RegisterWorkerRequest* r) {
+         r->mutable_layers(0)->mutable_main()->mutable_input()->set_offset(
+             (1 << 20) - 1024);
+       },
+       absl::StatusCode::kInvalidArgument, "layers[0].main.input"},
+      {"negative offset",
+       [](v1::RegisterWorkerRequest* r) {
+         r->mutable_layers(0)->mutable_topk()->set_offset(-4);
+       },
+       absl::StatusCode::kInvalidArgument, "layers[0].topk.offset"},
+      {"unaligned input",
+       [](v1::RegisterWorkerRequest* r) {
+         r->mutable_layers(0)->mutable_index()->mutable_input()->set_offset(8);
+       },
+       absl::StatusCode::kInvalidArgument, "layers[0].index.input.offset"},
+      {"strided input",
+       [](v1::RegisterWorkerRequest* r) {
+         r->mutable_layers(0)->mutable_main()->mutable_input()->set_row_stride(
+             4096);
+       },
+       absl::StatusCode::kInvalidArgument, "row_stride"},
+      {"topk without index_out",
+       [](v1::RegisterWorkerRequest* r) {
+         r->mutable_layers(1)->clear_index_out();
+       },
+       absl::StatusCode::kInvalidArgument, "layers[1]"},
+      {"topk without index cache",
+       [](v1::RegisterWorkerRequest* r) {
+         r->mutable_layers(1)->clear_index();
+       },
+       absl::StatusCode::kInvalidArgument, "layers[1].topk"},
+      {"window beyond the ring",
+       [](v1::RegisterWorkerRequest* r) {
+         r->mutable_swa_index()->set_window(33);
+       },
+       absl::StatusCode::kInvalidArgument, "swa_index.window"},
+      {"long name",
+       [](v1::RegisterWorkerRequest* r) { r->set_name(std::string(65, 'n')); },
+       absl::StatusCode::kInvalidArgument, "name"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    v1::RegisterWorkerRequest r = Registration();
+    c.mutate(&r);
+    absl::Status s = registry_->Register(owner_, r).status();
+    EXPECT_EQ(s.code(), c.code) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.message));
+  }
+  EXPECT_EQ(registry_->Counters().registrations, 0);
+}
+
+// Attacks: another session names the owner's doorbell or buffers, or
+// drives, reads, grants or removes a registration it was not granted.
+TEST_F(StepRegistryTest, AnotherSessionCanNeitherUseNorDrive) {
+  EXPECT_EQ(registry_->Register(other_, Registration()).status().code(),
+            absl::StatusCode::kPermissionDenied);  // someone else's doorbell
+  v1::RegisterWorkerRequest r = Registration();
+  r.set_doorbell_buffer_id(AddBuffer(other_, 4096));
+  EXPECT_EQ(registry_->Register(other_, r).status().code(),
+            absl::StatusCode::kPermissionDenied);  // someone else's rows
+  const uint64_t id = Register();
+  v1::StepRequest step = Step(id, 1);
+  EXPECT_EQ(registry_->Step(other_, step).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(registry_->Status(other_, id).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(registry_->Unregister(other_, id).code(),
+            absl::StatusCode::kPermissionDenied);
+  v1::GrantRegistrationRequest g;
+  g.set_registration_id(id);
+  g.add_sessions(other_.session);
+  EXPECT_EQ(registry_->Grant(other_, g).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(registry_->List(other_).empty());
+  EXPECT_EQ(registry_->Step(Caller(), step).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  // Granted: it may drive the registration, still not remove or grant it.
+  ASSERT_TRUE(registry_->Grant(owner_, g).ok());
+  EXPECT_TRUE(registry_->Step(other_, step).ok());
+  EXPECT_EQ(registry_->List(other_).size(), 1u);
+  EXPECT_EQ(registry_->Unregister(other_, id).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(registry_->Grant(other_, g).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(registry_->Unregister(owner_, id).ok());
+  EXPECT_EQ(registry_->Status(owner_, id).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(StepRegistryTest, WatchdogCancelsALateStepOnce) {
+  const uint64_t id = Register();
+  v1::StepRequest r = Step(id, 1);
+  r.set_deadline_ms(1);
+  ASSERT_TRUE(registry_->Step(owner_, r).ok());
+  registry_->Watch(absl::Now());  // not yet late (1 ms)
+  registry_->Watch(absl::Now() + absl::Seconds(1));
+  registry_->Watch(absl::Now() + absl::Seconds(2));
+  EXPECT_EQ(factory_.last->cancels, 1);
+  factory_.last->Finish(doorbell::kStatusCancelled);
+  absl::StatusOr<v1::RegistrationInfo> info = registry_->Status(owner_, id);
+  EXPECT_TRUE(info->cancelled());
+  EXPECT_THAT(info->cancel_reason(), HasSubstr("watchdog"));
+  EXPECT_EQ(info->watchdog_expiries(), 1u);
+  EXPECT_EQ(info->status_bits(), doorbell::kStatusCancelled);
+  absl::Status s = StepError(Step(id, 2));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("cancelled"));
+  EXPECT_EQ(registry_->Counters().watchdog_expiries, 1);
+}
+
+TEST_F(StepRegistryTest, ClosedWorkerSessionCancels) {
+  const uint64_t id = Register();
+  ASSERT_TRUE(registry_->Step(owner_, Step(id, 1)).ok());
+  registry_->Watch(absl::Now());
+  EXPECT_EQ(factory_.last->cancels, 0);
+  sessions_->CloseNumber(owner_.session);
+  registry_->Watch(absl::Now());
+  EXPECT_EQ(factory_.last->cancels, 1);
+  EXPECT_EQ(registry_->Counters().cancels, 1);
+  // Kept while its step is in flight and for a while after; then removed.
+  registry_->Watch(absl::Now() + absl::Minutes(5));
+  EXPECT_EQ(registry_->Counters().registrations, 1);
+  factory_.last->Finish(doorbell::kStatusCancelled);
+  registry_->Watch(absl::Now());
+  EXPECT_EQ(registry_->Counters().registrations, 1);
+  registry_->Watch(absl::Now() + absl::Minutes(5));
+  EXPECT_EQ(registry_->Counters().registrations, 0);
+  EXPECT_EQ(registry_->Status(owner_, id).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(StepRegistryTest, OutOfRangeAndStatusAreReported) {
+  const uint64_t id = Register();
+  ASSERT_TRUE(registry_->Step(owner_, Step(id, 1)).ok());
+  factory_.last->Finish(doorbell::kStatusOutOfRange, 7);
+  absl::StatusOr<v1::RegistrationInfo> info = registry_->Status(owner_, id);
+  EXPECT_EQ(info->out_of_range(), 7u);
+  EXPECT_EQ(info->status_bits(), doorbell::kStatusOutOfRange);
+  EXPECT_EQ(info->steps_completed(), 1u);
+  EXPECT_EQ(registry_->Counters().out_of_range, 7);
+  EXPECT_EQ(registry_->Counters().steps_with_status, 1);
+  const std::string text = registry_->RenderPrometheus();
+  EXPECT_THAT(text, HasSubstr("kvdepot_step_out_of_range_total 7\n"));
+  EXPECT_THAT(text, HasSubstr("kvdepot_steps_completed_total 1\n"));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("kvdepot_step_status_bits{"
+                                           "registration=\"",
+                                           id, "\"} 4\n")));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat(
+                        "kvdepot_step_latency_us_count{registration=\"", id,
+                        "\"} 1\n")));
+}
+
+TEST(StepEngineTest, WithoutAGpuRegistrationIsAFailedPrecondition) {
+  std::unique_ptr<StepEngineFactory> f = MakeUnavailableEngineFactory("cpu");
+  absl::StatusOr<std::unique_ptr<StepEngine>> e =
+      f->Create(RegistrationConfig(), [](const StepOutcome&) {});
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(e.status().message()), HasSubstr("cpu backend"));
+}
+
+}  // namespace
+}  // namespace kvdepot::step

@@ -1,0 +1,440 @@
+// step_benchmark (issue 13 item 1): a DeepSeek-V3.2-like decode step of L
+// layers, per layer phase A (V41 main store, V41 SWA store, index-cache
+// store in FP4_INDEX or MXFP8_INDEX) and phase B (convert_topk, B queries
+// x top-k), the SWA decode index once per step; side by side in one run:
+//   (a) library mode: the same kernels launched by the worker on its own
+//       stream (the floor);
+//   (c) the step path: kvdepotd (child process) on a registration, the
+//       worker's stream marking and waiting per phase;
+// each with X us of synthetic worker GPU work before every phase. Reported
+// per step: worker-stream time (GPU events), per-phase handoff (events
+// around mark..wait) minus the same phase's kernel time in library mode,
+// the bare doorbell round trip of the same run (a registration whose
+// phases run only the gate kernel), the daemon's CPU time (/proc) and the
+// scheduler's (this thread's CPU clock around Step). Mode (b), per-layer
+// RPCs, is not in this version.
+#include <cuda_runtime_api.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/kernels.h"
+#include "planner/plan.h"
+#include "server/step/step_kernels.h"
+#include "tests/daemon_process.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/step_bench_kernels.h"
+#include "tests/gpu/step_harness.h"
+
+ABSL_FLAG(int, layers, 61, "layers per step");
+ABSL_FLAG(std::string, batches, "1,64,256,1024", "B values (decode tokens)");
+ABSL_FLAG(std::string, work_us, "0,50,200", "synthetic worker work per phase");
+ABSL_FLAG(std::string, index_formats, "FP4_INDEX,MXFP8_INDEX",
+          "index-cache formats");
+ABSL_FLAG(int, top_k, 2048, "top-k per query");
+ABSL_FLAG(int, steps, 30, "measured steps per configuration");
+ABSL_FLAG(std::string, json, "", "also write the rows as JSON here");
+
+namespace kvdepot::testing {
+namespace {
+
+std::vector<int> Ints(const std::string& csv) {
+  std::vector<int> out;
+  for (absl::string_view p : absl::StrSplit(csv, ',')) {
+    int v = 0;
+    if (absl::SimpleAtoi(p, &v)) out.push_back(v);
+  }
+  return out;
+}
+
+double ThreadCpuUs() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
+// utime + stime of `pid` in microseconds.
+double ProcessCpuUs(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(f, line);
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::vector<std::string> fields = absl::StrSplit(line.substr(close + 2), ' ');
+  if (fields.size() < 13) return 0;
+  double ut = 0, st = 0;
+  absl::SimpleAtod(fields[11], &ut);
+  absl::SimpleAtod(fields[12], &st);
+  return (ut + st) * 1e6 / sysconf(_SC_CLK_TCK);
+}
+
+struct Events {
+  std::vector<cudaEvent_t> e;
+  explicit Events(size_t n) : e(n) {
+    for (cudaEvent_t& x : e) cudaEventCreate(&x);
+  }
+  ~Events() {
+    for (cudaEvent_t x : e) cudaEventDestroy(x);
+  }
+  float Ms(size_t a, size_t b) const {
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e[a], e[b]);
+    return ms;
+  }
+};
+
+// Mean of (after wait - before mark) over the A and B phases, in us.
+double MeanPhaseUs(const Events& ev, int phases) {
+  double sum = 0;
+  for (int p = 1; p < phases; ++p) sum += ev.Ms(2 * p, 2 * p + 1);
+  return 1000.0 * sum / (phases - 1);
+}
+
+absl::Status Spin(int us, cudaStream_t s) {
+  return Cuda(static_cast<cudaError_t>(LaunchSpin(int64_t{us} * 1000, s)),
+              "spin");
+}
+
+// Library mode: the step's kernels launched by the worker on its stream.
+class LibraryMode {
+ public:
+  absl::Status Init(StepRig* rig, const StepInput& in) {
+    rig_ = rig;
+    const RigOptions& o = rig->options();
+    n_ = in.num_tokens();
+    SequenceBatch batch;
+    batch.seqlen_k = in.seq_lens;
+    batch.seqlen_q = in.query_lens;
+    batch.state_ids = in.states;
+    std::vector<int32_t> swa(n_), state(n_), start(n_), valid(n_), row(n_);
+    RETURN_IF_ERROR(BuildSwaStoreSlots(batch, {o.ring, o.ring, o.states},
+                                       absl::MakeSpan(swa)));
+    RETURN_IF_ERROR(ComputeSwaDecodeWindows(
+        batch, {o.window, o.ring, o.states}, absl::MakeSpan(state),
+        absl::MakeSpan(start), absl::MakeSpan(valid)));
+    int r = 0;
+    for (size_t b = 0; b < in.query_lens.size(); ++b) {
+      for (int j = 0; j < in.query_lens[b]; ++j) row[r++] = b;
+    }
+    std::vector<int32_t> blob;
+    auto add = [&](const std::vector<int32_t>& v) {
+      const size_t at = blob.size();
+      blob.insert(blob.end(), v.begin(), v.end());
+      blob.resize((blob.size() + 3) / 4 * 4, 0);
+      return at;
+    };
+    off_slots_ = add(in.slots);
+    off_swa_ = add(swa);
+    off_state_ = add(state);
+    off_start_ = add(start);
+    off_valid_ = add(valid);
+    off_row_ = add(row);
+    off_lens_ = add(in.seq_lens);
+    off_tables_ = add(in.block_tables);
+    off_gate_ = add({1, 0, 0, 0});
+    off_scratch_ = add(std::vector<int32_t>(128, 0));
+    RETURN_IF_ERROR(
+        Cuda(cudaMalloc(reinterpret_cast<void**>(&dev_), blob.size() * 4),
+             "cudaMalloc"));
+    return Cuda(
+        cudaMemcpy(dev_, blob.data(), blob.size() * 4, cudaMemcpyHostToDevice),
+        "upload");
+  }
+  ~LibraryMode() {
+    if (dev_ != nullptr) cudaFree(dev_);
+  }
+
+  // One step; ev (may be null) gets [2 * phases] events around the kernels.
+  absl::Status Step(cudaStream_t s, int work_us, Events* ev) {
+    const RigOptions& o = rig_->options();
+    int32_t* d = dev_;
+    auto rec = [&](size_t i) {
+      if (ev != nullptr) cudaEventRecord(ev->e[i], s);
+    };
+    gpu::LaunchOptions lo;
+    lo.stream = s;
+    RETURN_IF_ERROR(Spin(work_us, s));
+    rec(0);
+    RETURN_IF_ERROR(
+        Cuda(static_cast<cudaError_t>(step::device::LaunchSwaIndex(
+                 d + off_gate_, d + off_state_, d + off_start_, d + off_valid_,
+                 n_, o.window, o.ring,
+                 reinterpret_cast<int32_t*>(rig_->io() + rig_->swa_out()),
+                 o.window, s)),
+             "swa index"));
+    rec(1);
+    for (int l = 0; l < o.layers; ++l) {
+      const int a = 1 + 2 * l, b = 2 + 2 * l;
+      RETURN_IF_ERROR(Spin(work_us, s));
+      rec(2 * a);
+      RETURN_IF_ERROR(
+          gpu::Store(rig_->main_layout(),
+                     rig_->main_pool() + rig_->main_layout().layer_offset(l),
+                     rig_->io() + rig_->main_in(l), InputDtype::kBF16,
+                     d + off_slots_, n_, lo));
+      RETURN_IF_ERROR(
+          gpu::Store(rig_->swa_layout(),
+                     rig_->swa_pool() + rig_->swa_layout().layer_offset(l),
+                     rig_->io() + rig_->swa_in(l), InputDtype::kBF16,
+                     d + off_swa_, n_, lo));
+      RETURN_IF_ERROR(
+          gpu::Store(rig_->index_layout(),
+                     rig_->index_pool() + rig_->index_layout().layer_offset(l),
+                     rig_->io() + rig_->index_in(l), InputDtype::kBF16,
+                     d + off_slots_, n_, lo));
+      rec(2 * a + 1);
+      RETURN_IF_ERROR(Spin(work_us, s));
+      rec(2 * b);
+      RETURN_IF_ERROR(Cuda(
+          static_cast<cudaError_t>(step::device::LaunchConvertTopk(
+              d + off_gate_,
+              reinterpret_cast<const int32_t*>(rig_->io() + rig_->topk_off(l)),
+              o.top_k,
+              reinterpret_cast<int32_t*>(rig_->io() + rig_->out_off(l)),
+              o.top_k, n_, o.top_k, d + off_row_, d + off_lens_, 1,
+              d + off_tables_, o.max_blocks_per_seq,
+              static_cast<int32_t>(rig_->index_layout().block_size),
+              static_cast<int32_t>(rig_->index_layout().num_blocks),
+              reinterpret_cast<uint64_t*>(d + off_scratch_), s)),
+          "convert_topk"));
+      rec(2 * b + 1);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  StepRig* rig_ = nullptr;
+  int32_t* dev_ = nullptr;
+  int n_ = 0;
+  size_t off_slots_ = 0, off_swa_ = 0, off_state_ = 0, off_start_ = 0,
+         off_valid_ = 0, off_row_ = 0, off_lens_ = 0, off_tables_ = 0,
+         off_gate_ = 0, off_scratch_ = 0;
+};
+
+struct Row {
+  double lib_step_us = 0, path_step_us = 0;
+  double lib_phase_us = 0, handoff_us = 0;
+  double daemon_cpu_us = 0, sched_cpu_us = 0;
+};
+
+// The bare doorbell round trip: a registration of `layers` empty layers.
+absl::StatusOr<double> BareRoundTripUs(const std::string& socket, int layers,
+                                       int steps, cudaStream_t s) {
+  RigOptions o;
+  o.prefix = "bench_bare";
+  o.layers = layers;
+  o.bare = true;
+  o.delete_pools = true;
+  ASSIGN_OR_RETURN(std::unique_ptr<StepRig> rig, StepRig::Create(socket, o));
+  std::mt19937 rng(7);
+  StepInput in = rig->RandomStep(1, rng);
+  const int phases = 1 + 2 * layers;
+  Events ev(2 * phases);
+  WorkerHooks hooks;
+  hooks.phase_events = &ev.e;
+  double sum = 0;
+  for (int i = 0; i < steps + 1; ++i) {
+    in.step_id = i + 1;
+    RETURN_IF_ERROR(rig->SendStep(in).status());
+    RETURN_IF_ERROR(rig->EnqueueWorker(s, false, hooks));
+    RETURN_IF_ERROR(SyncWithin(s, absl::Seconds(60)));
+    if (i > 0) sum += MeanPhaseUs(ev, phases);  // the first one warms up
+  }
+  return sum / steps;
+}
+
+absl::StatusOr<Row> Measure(StepRig* rig, LibraryMode* lib, StepInput& in,
+                            uint64_t* next_step, int work_us, int steps,
+                            pid_t daemon, cudaStream_t s) {
+  const int phases = 1 + 2 * rig->options().layers;
+  Row row;
+  Events step_ev(2), lib_ev(2 * phases), path_ev(2 * phases);
+  // (a) library mode.
+  for (int i = 0; i < steps + 1; ++i) {
+    cudaEventRecord(step_ev.e[0], s);
+    RETURN_IF_ERROR(lib->Step(s, work_us, &lib_ev));
+    cudaEventRecord(step_ev.e[1], s);
+    RETURN_IF_ERROR(SyncWithin(s, absl::Seconds(60)));
+    if (i == 0) continue;
+    row.lib_step_us += 1000.0 * step_ev.Ms(0, 1) / steps;
+    row.lib_phase_us += MeanPhaseUs(lib_ev, phases) / steps;
+  }
+  // (c) the step path: step s+1 is sent while the worker runs step s.
+  WorkerHooks hooks;
+  hooks.phase_events = &path_ev.e;
+  if (work_us > 0) {
+    hooks.work = [work_us](cudaStream_t st) { return Spin(work_us, st); };
+  }
+  in.step_id = (*next_step)++;
+  double sched = ThreadCpuUs();
+  RETURN_IF_ERROR(rig->SendStep(in).status());
+  double sched_cpu = ThreadCpuUs() - sched;
+  const double daemon0 = ProcessCpuUs(daemon);
+  for (int i = 0; i < steps + 1; ++i) {
+    cudaEventRecord(step_ev.e[0], s);
+    RETURN_IF_ERROR(rig->EnqueueWorker(s, false, hooks));
+    cudaEventRecord(step_ev.e[1], s);
+    if (i < steps) {
+      in.step_id = (*next_step)++;
+      sched = ThreadCpuUs();
+      RETURN_IF_ERROR(rig->SendStep(in).status());
+      sched_cpu += ThreadCpuUs() - sched;
+    }
+    RETURN_IF_ERROR(SyncWithin(s, absl::Seconds(60)));
+    if (i == 0) continue;
+    row.path_step_us += 1000.0 * step_ev.Ms(0, 1) / steps;
+    row.handoff_us += MeanPhaseUs(path_ev, phases) / steps;
+  }
+  row.daemon_cpu_us = (ProcessCpuUs(daemon) - daemon0) / (steps + 1);
+  row.sched_cpu_us = sched_cpu / (steps + 1);
+  return row;
+}
+
+int Run(int argc, char** argv) {
+  SetStepEnvironment();
+  absl::ParseCommandLine(argc, argv);
+  if (cudaSetDevice(0) != cudaSuccess) {
+    std::fprintf(stderr, "step_benchmark: no CUDA device\n");
+    return 1;
+  }
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> daemon = DaemonProcess::Start(
+      {"--backend=cuda", "--log_level=warn"}, DaemonBinary());
+  if (!daemon.ok()) {
+    std::fprintf(stderr, "starting kvdepotd: %s\n",
+                 daemon.status().ToString().c_str());
+    return 1;
+  }
+  const std::string socket = (*daemon)->socket_path();
+  absl::StatusOr<Stream> stream = Stream::Create();
+  if (!stream.ok()) return 1;
+  cudaStream_t s = stream->get();
+  const int layers = absl::GetFlag(FLAGS_layers);
+  const int steps = absl::GetFlag(FLAGS_steps);
+  int rc = 0;
+  std::string json = "{\"rows\": [";
+  absl::StatusOr<double> bare = BareRoundTripUs(socket, layers, steps, s);
+  if (!bare.ok()) {
+    std::fprintf(stderr, "bare round trip: %s\n",
+                 bare.status().ToString().c_str());
+    rc = 1;
+  } else {
+    std::printf(
+        "bare doorbell round trip (mark..wait, gate kernel only): "
+        "%.2f us\n",
+        *bare);
+  }
+  std::printf("%-12s %5s %4s | %10s %10s %6s | %9s %9s %9s %7s | %9s %9s\n",
+              "index", "B", "X", "lib_us", "path_us", "c/a", "phase_us",
+              "kern_us", "handoff", "/bare", "dmn_cpu", "sch_cpu");
+  for (const std::string& fmt : std::vector<std::string>(absl::StrSplit(
+           absl::GetFlag(FLAGS_index_formats), ',', absl::SkipEmpty()))) {
+    for (int b : Ints(absl::GetFlag(FLAGS_batches))) {
+      RigOptions o;
+      o.prefix = "bench_" + fmt + "_" + std::to_string(b);
+      o.layers = layers;
+      o.index_format = fmt;
+      o.decode_only = true;
+      o.max_tokens = b;
+      o.max_seqs = b;
+      o.states = b;
+      o.block_size = 64;
+      o.max_blocks_per_seq = 64;
+      o.num_blocks = std::max(64, 2 * b / 64 + 64);
+      o.ring = 128;
+      o.window = 128;
+      o.top_k = absl::GetFlag(FLAGS_top_k);
+      o.delete_pools = true;
+      o.watchdog_ms = 60000;
+      absl::StatusOr<std::unique_ptr<StepRig>> rig = StepRig::Create(socket, o);
+      if (!rig.ok()) {
+        std::fprintf(stderr, "%s B=%d: %s\n", fmt.c_str(), b,
+                     rig.status().ToString().c_str());
+        rc = 1;
+        continue;
+      }
+      std::mt19937 rng(1300 + b);
+      StepInput in = (*rig)->RandomStep(1, rng);
+      (*rig)->StageInputs(in);
+      absl::Status st = (*rig)->SendStep(in).status();
+      if (st.ok()) st = (*rig)->EnqueueWorker(s, true);
+      if (st.ok()) st = SyncWithin(s, absl::Seconds(60));
+      LibraryMode lib;
+      if (st.ok()) st = lib.Init(rig->get(), in);
+      uint64_t next = 2;
+      for (int x : Ints(absl::GetFlag(FLAGS_work_us))) {
+        if (!st.ok()) break;
+        absl::StatusOr<Row> r =
+            Measure(rig->get(), &lib, in, &next, x, steps, (*daemon)->pid(), s);
+        if (!r.ok()) {
+          st = r.status();
+          break;
+        }
+        const double handoff = r->handoff_us - r->lib_phase_us;
+        std::printf(
+            "%-12s %5d %4d | %10.1f %10.1f %6.3f | %9.2f %9.2f %9.2f %7.2f | "
+            "%9.1f %9.1f\n",
+            fmt.c_str(), b, x, r->lib_step_us, r->path_step_us,
+            r->path_step_us / r->lib_step_us, r->handoff_us, r->lib_phase_us,
+            handoff, bare.ok() ? handoff / *bare : 0.0, r->daemon_cpu_us,
+            r->sched_cpu_us);
+        std::fflush(stdout);
+        absl::StrAppend(&json, json.back() == '[' ? "" : ",", "{\"index\": \"",
+                        fmt, "\", \"B\": ", b, ", \"X_us\": ", x,
+                        ", \"library_step_us\": ", r->lib_step_us,
+                        ", \"step_path_step_us\": ", r->path_step_us,
+                        ", \"phase_us\": ", r->handoff_us,
+                        ", \"library_phase_kernel_us\": ", r->lib_phase_us,
+                        ", \"handoff_us\": ", handoff,
+                        ", \"bare_round_trip_us\": ", bare.ok() ? *bare : 0.0,
+                        ", \"daemon_cpu_us\": ", r->daemon_cpu_us,
+                        ", \"scheduler_cpu_us\": ", r->sched_cpu_us, "}");
+      }
+      if (!st.ok()) {
+        std::fprintf(stderr, "%s B=%d: %s\n", fmt.c_str(), b,
+                     st.ToString().c_str());
+        rc = 1;
+      }
+      uint64_t bits = 0;
+      kvd_status((*rig)->worker(), &bits, nullptr, nullptr, nullptr);
+      if ((bits & ~uint64_t{KVD_STATUS_OUT_OF_RANGE}) != 0) {
+        std::fprintf(stderr, "%s B=%d: status bits %llu\n", fmt.c_str(), b,
+                     static_cast<unsigned long long>(bits));
+        rc = 1;
+      }
+    }
+  }
+  std::printf(
+      "columns: lib_us/path_us = worker-stream time per step, library mode "
+      "(a) and step path (c); c/a their ratio (goal <= 1.10 at X=200); "
+      "phase_us = mean mark..wait per phase on the step path; kern_us = the "
+      "same phase's kernels in library mode; handoff = phase_us - kern_us; "
+      "/bare = handoff over the bare round trip (goal <= 1.1); dmn_cpu, "
+      "sch_cpu = daemon process and scheduler thread CPU us per step (goal "
+      "sch_cpu <= 150 at B=256)\n");
+  json += "]}\n";
+  if (!absl::GetFlag(FLAGS_json).empty()) {
+    std::ofstream(absl::GetFlag(FLAGS_json)) << json;
+  }
+  absl::StatusOr<int> code = (*daemon)->Signal(SIGTERM, absl::Seconds(60));
+  if (!code.ok() || *code != 0) rc = 1;
+  return rc;
+}
+
+}  // namespace
+}  // namespace kvdepot::testing
+
+int main(int argc, char** argv) { return kvdepot::testing::Run(argc, argv); }

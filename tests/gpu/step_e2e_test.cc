@@ -1,0 +1,245 @@
+// The decode step path end to end on a GPU (SPEC §10): kvdepotd
+// --backend=cuda in a child process (CUDA_MODULE_LOADING=EAGER), this test
+// as scheduler (Step RPCs) and worker (libkvdepot_worker on its own
+// stream, rows written by its stream, mark/wait per phase). Every step's
+// index rows equal the planner's; the pools stay byte-identical to the CPU
+// reference; the worker's side replays from a CUDA graph; a third step in
+// flight is refused.
+#include <cuda_runtime_api.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "proto/step_doorbell.h"
+#include "tests/daemon_process.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/step_harness.h"
+
+namespace kvdepot::testing {
+namespace {
+
+#define ASSERT_OK(expr)                          \
+  do {                                           \
+    const absl::Status s_ = (expr);              \
+    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_; \
+  } while (false)
+
+// More than 8 registrations: 32 hardware connections (GPU_HOST.md), set
+// before CUDA starts here and inherited by the daemon.
+const bool kEnvironment =
+    (SetStepEnvironment(), setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1),
+     true);
+
+class StepDaemon : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return;
+    absl::StatusOr<std::unique_ptr<DaemonProcess>> d = DaemonProcess::Start(
+        {"--backend=cuda", "--log_level=warn"}, DaemonBinary());
+    if (!d.ok()) {
+      ADD_FAILURE() << "starting kvdepotd --backend=cuda: " << d.status();
+      return;
+    }
+    daemon_ = *std::move(d);
+  }
+  void TearDown() override {
+    if (daemon_ == nullptr) return;
+    absl::StatusOr<int> code = daemon_->Signal(SIGTERM, absl::Seconds(60));
+    EXPECT_TRUE(code.ok()) << "stopping the daemon: " << code.status();
+    if (code.ok()) EXPECT_EQ(*code, 0) << "the daemon's exit code";
+    daemon_.reset();
+  }
+  DaemonProcess* daemon() const { return daemon_.get(); }
+
+ private:
+  std::unique_ptr<DaemonProcess> daemon_;
+};
+
+StepDaemon* const env = static_cast<StepDaemon*>(
+    ::testing::AddGlobalTestEnvironment(new StepDaemon));
+
+class StepE2eTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(kEnvironment);
+    int count = 0;
+    const cudaError_t e = cudaGetDeviceCount(&count);
+    ASSERT_TRUE(e == cudaSuccess && count > 0)
+        << "this test needs a CUDA device (" << cudaGetErrorString(e) << ")";
+    ASSERT_NE(env->daemon(), nullptr) << "the daemon did not start";
+    ASSERT_OK(Cuda(cudaSetDevice(0), "cudaSetDevice(0)"));
+    absl::StatusOr<Stream> s = Stream::Create();
+    ASSERT_OK(s.status());
+    stream_.emplace(*std::move(s));
+  }
+
+  std::unique_ptr<StepRig> MakeRig(RigOptions o) {
+    absl::StatusOr<std::unique_ptr<StepRig>> rig =
+        StepRig::Create(env->daemon()->socket_path(), o);
+    EXPECT_TRUE(rig.ok()) << rig.status();
+    return rig.ok() ? *std::move(rig) : nullptr;
+  }
+
+  std::optional<Stream> stream_;
+};
+
+TEST_F(StepE2eTest, RandomStepsMatchTheReference) {
+  RigOptions o;
+  o.prefix = "e2e";
+  o.layers = 3;
+  std::unique_ptr<StepRig> rig = MakeRig(o);
+  ASSERT_NE(rig, nullptr);
+  std::mt19937 rng(1301);
+  for (uint64_t step = 1; step <= 100; ++step) {
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    StepInput in = rig->RandomStep(step, rng);
+    rig->StageInputs(in);
+    absl::StatusOr<v1::StepResponse> r = rig->SendStep(in);
+    ASSERT_OK(r.status());
+    ASSERT_OK(rig->EnqueueWorker(stream_->get()));
+    ASSERT_OK(SyncWithin(stream_->get(), absl::Seconds(30)));
+    ASSERT_OK(rig->ApplyReference(in));
+    ASSERT_OK(rig->CheckIndexRows(in));
+    if (step % 10 == 0) ASSERT_OK(rig->CheckPools());
+  }
+  uint64_t bits = 0, oor = 0, counter = 0, done = 0;
+  ASSERT_EQ(kvd_status(rig->worker(), &bits, &oor, &counter, &done), KVD_OK);
+  EXPECT_EQ(counter, 100u);
+  EXPECT_EQ(done, 100u);
+  EXPECT_GT(rig->expected_out_of_range(), 0u) << "the test must exercise -1";
+  EXPECT_EQ(oor, rig->expected_out_of_range());
+  EXPECT_EQ(bits, doorbell::kStatusOutOfRange);
+}
+
+TEST_F(StepE2eTest, WorkerSideReplaysFromACudaGraph) {
+  RigOptions o;
+  o.prefix = "graph";
+  o.layers = 2;
+  std::unique_ptr<StepRig> rig = MakeRig(o);
+  ASSERT_NE(rig, nullptr);
+  std::mt19937 rng(1302);
+  StepInput in = rig->RandomStep(1, rng);
+  rig->StageInputs(in);
+  ASSERT_OK(rig->SendStep(in).status());
+  ASSERT_OK(rig->EnqueueWorker(stream_->get(), /*copy_inputs=*/true));
+  ASSERT_OK(SyncWithin(stream_->get(), absl::Seconds(30)));
+
+  cudaGraph_t graph = nullptr;
+  ASSERT_OK(Cuda(
+      cudaStreamBeginCapture(stream_->get(), cudaStreamCaptureModeThreadLocal),
+      "begin capture"));
+  const absl::Status captured = rig->EnqueueWorker(stream_->get(), false);
+  ASSERT_OK(Cuda(cudaStreamEndCapture(stream_->get(), &graph), "end capture"));
+  ASSERT_OK(captured);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_OK(Cuda(cudaGraphInstantiate(&exec, graph, 0), "instantiate"));
+  constexpr int kReplays = 120;
+  for (int i = 0; i < kReplays; ++i) {
+    in.step_id = 2 + i;
+    ASSERT_OK(rig->SendStep(in).status());
+    ASSERT_OK(Cuda(cudaGraphLaunch(exec, stream_->get()), "graph launch"));
+    ASSERT_OK(SyncWithin(stream_->get(), absl::Seconds(30)));
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  uint64_t bits = 0, counter = 0, done = 0;
+  ASSERT_EQ(kvd_status(rig->worker(), &bits, nullptr, &counter, &done), KVD_OK);
+  EXPECT_EQ(counter, 1u + kReplays);
+  EXPECT_EQ(done, 1u + kReplays);
+  EXPECT_EQ(bits & ~doorbell::kStatusOutOfRange, 0u);
+  // Every replay stored the same rows into the same slots.
+  ASSERT_OK(rig->ApplyReference(in));
+  ASSERT_OK(rig->CheckPools());
+  ASSERT_OK(rig->CheckIndexRows(in));
+}
+
+TEST_F(StepE2eTest, AThirdStepInFlightIsRefused) {
+  RigOptions o;
+  o.prefix = "depth";
+  o.layers = 2;
+  std::unique_ptr<StepRig> rig = MakeRig(o);
+  ASSERT_NE(rig, nullptr);
+  std::mt19937 rng(1303);
+  StepInput in = rig->RandomStep(1, rng);
+  rig->StageInputs(in);
+  absl::StatusOr<v1::StepResponse> r1 = rig->SendStep(in);
+  ASSERT_OK(r1.status());
+  EXPECT_EQ(r1->queued(), 1);
+  in.step_id = 2;
+  absl::StatusOr<v1::StepResponse> r2 = rig->SendStep(in);
+  ASSERT_OK(r2.status());
+  EXPECT_EQ(r2->queued(), 2);
+  in.step_id = 3;
+  absl::StatusOr<v1::StepResponse> r3 = rig->SendStep(in);
+  EXPECT_EQ(r3.status().code(), absl::StatusCode::kResourceExhausted)
+      << r3.status();
+  // The worker runs both queued steps; then the third is accepted.
+  ASSERT_OK(rig->EnqueueWorker(stream_->get()));
+  ASSERT_OK(rig->EnqueueWorker(stream_->get()));
+  ASSERT_OK(SyncWithin(stream_->get(), absl::Seconds(30)));
+  absl::Status third;
+  for (int i = 0; i < 200; ++i) {  // the completion is reported by the host
+    third = rig->SendStep(in).status();  // function; wait for it, bounded
+    if (third.code() != absl::StatusCode::kResourceExhausted) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_OK(third);
+  ASSERT_OK(rig->EnqueueWorker(stream_->get()));
+  ASSERT_OK(SyncWithin(stream_->get(), absl::Seconds(30)));
+  uint64_t bits = 0, done = 0;
+  ASSERT_EQ(kvd_status(rig->worker(), &bits, nullptr, nullptr, &done), KVD_OK);
+  EXPECT_EQ(done, 3u);
+  EXPECT_EQ(bits & ~doorbell::kStatusOutOfRange, 0u);
+}
+
+// Ten registrations, each with its own streams in the daemon: one stalls
+// (its worker has not reached the step) while the nine others finish
+// theirs, then it finishes too; five more rounds after.
+TEST_F(StepE2eTest, TenRegistrationsProgressIndependently) {
+  constexpr int kRigs = 10;
+  std::vector<std::unique_ptr<StepRig>> rigs;
+  std::vector<Stream> streams;
+  for (int i = 0; i < kRigs; ++i) {
+    RigOptions o;
+    o.prefix = "many" + std::to_string(i);
+    o.layers = 1;
+    o.max_tokens = 8;
+    o.max_seqs = 4;
+    rigs.push_back(MakeRig(o));
+    ASSERT_NE(rigs.back(), nullptr);
+    absl::StatusOr<Stream> s = Stream::Create();
+    ASSERT_OK(s.status());
+    streams.push_back(*std::move(s));
+  }
+  std::mt19937 rng(1304);
+  for (uint64_t step = 1; step <= 6; ++step) {
+    std::vector<StepInput> inputs;
+    for (int i = 0; i < kRigs; ++i) {
+      inputs.push_back(rigs[i]->RandomStep(step, rng));
+      ASSERT_OK(rigs[i]->SendStep(inputs[i]).status());
+    }
+    // Registration 0 stalls first: its daemon stream waits on its doorbell.
+    for (int i = 1; i < kRigs; ++i) {
+      rigs[i]->StageInputs(inputs[i]);
+      ASSERT_OK(rigs[i]->EnqueueWorker(streams[i].get()));
+      ASSERT_OK(SyncWithin(streams[i].get(), absl::Seconds(30)));
+      ASSERT_OK(rigs[i]->ApplyReference(inputs[i]));
+      ASSERT_OK(rigs[i]->CheckIndexRows(inputs[i]));
+    }
+    rigs[0]->StageInputs(inputs[0]);
+    ASSERT_OK(rigs[0]->EnqueueWorker(streams[0].get()));
+    ASSERT_OK(SyncWithin(streams[0].get(), absl::Seconds(30)));
+    ASSERT_OK(rigs[0]->ApplyReference(inputs[0]));
+    ASSERT_OK(rigs[0]->CheckIndexRows(inputs[0]));
+  }
+  for (int i = 0; i < kRigs; ++i) ASSERT_OK(rigs[i]->CheckPools());
+}
+
+}  // namespace
+}  // namespace kvdepot::testing

@@ -1,0 +1,258 @@
+// Faults of the step path on a GPU (SPEC §10, issue 13 item 5):
+//   - a worker process SIGKILLed with the daemon's stream parked on its
+//     doorbell while another worker shares its pools: the other never
+//     stalls; the daemon notices the closed session, releases from its
+//     control stream, the cancelled phases write nothing and the
+//     registration reports the cancel;
+//   - a step that never comes: the worker library's watchdog releases its
+//     own waits and every later call fails;
+//   - kvdepotd SIGKILLed mid-step: the same watchdog releases the worker.
+// The victim worker is this binary again (--step_fault_child=SOCKET).
+#include <cuda_runtime_api.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "proto/step_doorbell.h"
+#include "tests/daemon_process.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/step_harness.h"
+
+namespace kvdepot::testing {
+namespace {
+
+#define ASSERT_OK(expr)                          \
+  do {                                           \
+    const absl::Status s_ = (expr);              \
+    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_; \
+  } while (false)
+
+constexpr int kVictimLayers = 3;
+
+// The victim: registers 3 layers on the shared pools, sends step 1, runs
+// phase S and A_0, then stops before B_0 (the daemon's stream parks on
+// that flag) and says "parked".
+int RunVictim(const std::string& socket) {
+  if (cudaSetDevice(0) != cudaSuccess) return 2;
+  RigOptions o;
+  o.prefix = "shared";
+  o.create_pools = false;
+  o.layers = kVictimLayers;
+  o.watchdog_ms = 600000;
+  absl::StatusOr<std::unique_ptr<StepRig>> rig = StepRig::Create(socket, o);
+  if (!rig.ok()) {
+    std::fprintf(stderr, "victim: %s\n", rig.status().ToString().c_str());
+    return 3;
+  }
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  std::mt19937 rng(77);
+  StepInput in = (*rig)->RandomStep(1, rng);
+  (*rig)->StageInputs(in);
+  if (!(*rig)->SendStep(in).ok()) return 4;
+  kvd_worker* w = (*rig)->worker();
+  if (kvd_step_begin(w, s) != KVD_OK || kvd_wait(w, s, KVD_BEGIN) != KVD_OK ||
+      kvd_mark(w, s, kvd_phase_a(0)) != KVD_OK ||
+      kvd_wait(w, s, kvd_phase_a(0)) != KVD_OK) {
+    return 5;
+  }
+  if (!SyncWithin(s, absl::Seconds(30)).ok()) return 6;
+  std::printf("parked\n");
+  std::fflush(stdout);
+  while (true) pause();
+}
+
+std::unique_ptr<DaemonProcess> StartDaemon() {
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> d = DaemonProcess::Start(
+      {"--backend=cuda", "--log_level=warn"}, DaemonBinary());
+  EXPECT_TRUE(d.ok()) << d.status();
+  return d.ok() ? *std::move(d) : nullptr;
+}
+
+class StepFaultTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int count = 0;
+    const cudaError_t e = cudaGetDeviceCount(&count);
+    ASSERT_TRUE(e == cudaSuccess && count > 0)
+        << "this test needs a CUDA device (" << cudaGetErrorString(e) << ")";
+    ASSERT_OK(Cuda(cudaSetDevice(0), "cudaSetDevice(0)"));
+    absl::StatusOr<Stream> s = Stream::Create();
+    ASSERT_OK(s.status());
+    stream_.emplace(*std::move(s));
+  }
+  // One full step of `rig`, checked against the planner.
+  void RunStep(StepRig* rig, uint64_t step, std::mt19937& rng) {
+    StepInput in = rig->RandomStep(step, rng);
+    rig->StageInputs(in);
+    ASSERT_OK(rig->SendStep(in).status());
+    ASSERT_OK(rig->EnqueueWorker(stream_->get()));
+    ASSERT_OK(SyncWithin(stream_->get(), absl::Seconds(10)));
+    ASSERT_OK(rig->ApplyReference(in));
+    ASSERT_OK(rig->CheckIndexRows(in));
+  }
+  std::optional<Stream> stream_;
+};
+
+bool AllZero(const uint8_t* device, int64_t bytes) {
+  std::vector<uint8_t> host(bytes);
+  if (cudaMemcpy(host.data(), device, bytes, cudaMemcpyDeviceToHost) !=
+      cudaSuccess) {
+    return false;
+  }
+  for (uint8_t b : host) {
+    if (b != 0) return false;
+  }
+  return true;
+}
+
+TEST_F(StepFaultTest, KilledWorkerIsReleasedAndTheOtherNeverStalls) {
+  std::unique_ptr<DaemonProcess> daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  // The survivor owns the shared pools (3 layers) and drives layer 0 only.
+  RigOptions o;
+  o.prefix = "shared";
+  o.layers = 1;
+  o.pool_layers = kVictimLayers;
+  absl::StatusOr<std::unique_ptr<StepRig>> rig =
+      StepRig::Create(daemon->socket_path(), o);
+  ASSERT_OK(rig.status());
+  std::mt19937 rng(1305);
+  RunStep(rig->get(), 1, rng);
+
+  char self[4096];
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  ASSERT_GT(len, 0);
+  self[len] = '\0';
+  int out = -1;
+  absl::StatusOr<pid_t> victim =
+      Spawn({self, "--step_fault_child=" + daemon->socket_path()}, &out);
+  ASSERT_OK(victim.status());
+  FILE* f = fdopen(out, "r");
+  char line[64] = {0};
+  ASSERT_NE(fgets(line, sizeof(line), f), nullptr) << "the victim exited";
+  ASSERT_STREQ(line, "parked\n");
+
+  // The victim's daemon stream is parked on its B_0 flag: ours goes on.
+  for (uint64_t step = 2; step <= 11; ++step) RunStep(rig->get(), step, rng);
+  // Pool layers 1 and 2 belong to the victim's phases that never ran.
+  const PoolLayout& ml = (*rig)->main_layout();
+  ASSERT_TRUE(
+      AllZero((*rig)->main_pool() + ml.layer_offset(1), 2 * ml.layer_stride));
+
+  ASSERT_EQ(kill(*victim, SIGKILL), 0);
+  ASSERT_OK(WaitForExit(*victim, absl::Seconds(30)).status());
+  fclose(f);
+
+  // The daemon cancels (closed session) and releases: the victim's step
+  // finishes, cancelled, without writing.
+  v1::RegistrationInfo victim_info;
+  bool seen = false;
+  for (int i = 0; i < 500 && !seen; ++i) {
+    grpc::ClientContext ctx;
+    v1::ListRegistrationsRequest r;
+    r.set_session_id((*rig)->client()->session_id());
+    v1::ListRegistrationsResponse list;
+    ASSERT_TRUE((*rig)->stub()->ListRegistrations(&ctx, r, &list).ok());
+    for (const v1::RegistrationInfo& info : list.registrations()) {
+      if (info.registration_id() != (*rig)->registration_id() &&
+          info.cancelled() && info.completed_step_id() == 1) {
+        victim_info = info;
+        seen = true;
+      }
+    }
+    if (!seen) absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(seen) << "the victim's registration was not cancelled and "
+                       "released (the daemon runs as this uid: admin)";
+  EXPECT_NE(victim_info.cancel_reason().find("session closed"),
+            std::string::npos)
+      << victim_info.cancel_reason();
+  EXPECT_NE(victim_info.status_bits() & doorbell::kStatusCancelled, 0u);
+  EXPECT_TRUE(
+      AllZero((*rig)->main_pool() + ml.layer_offset(1), 2 * ml.layer_stride));
+  const PoolLayout& il = (*rig)->index_layout();
+  EXPECT_TRUE(
+      AllZero((*rig)->index_pool() + il.layer_offset(1), 2 * il.layer_stride));
+  for (uint64_t step = 12; step <= 21; ++step) RunStep(rig->get(), step, rng);
+  rig->reset();
+  absl::StatusOr<int> code = daemon->Signal(SIGTERM, absl::Seconds(60));
+  ASSERT_OK(code.status());
+  EXPECT_EQ(*code, 0);
+}
+
+TEST_F(StepFaultTest, AStepThatNeverComesIsReleasedByTheWorkerWatchdog) {
+  std::unique_ptr<DaemonProcess> daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  RigOptions o;
+  o.prefix = "orphan";
+  o.layers = 2;
+  o.watchdog_ms = 300;
+  absl::StatusOr<std::unique_ptr<StepRig>> rig =
+      StepRig::Create(daemon->socket_path(), o);
+  ASSERT_OK(rig.status());
+  std::mt19937 rng(1306);
+  StepInput in = (*rig)->RandomStep(1, rng);
+  (*rig)->StageInputs(in);
+  // No Step request: the worker's stream parks on the begin phase.
+  ASSERT_OK((*rig)->EnqueueWorker(stream_->get()));
+  ASSERT_OK(SyncWithin(stream_->get(), absl::Seconds(20)));
+  uint64_t bits = 0;
+  ASSERT_EQ(kvd_status((*rig)->worker(), &bits, nullptr, nullptr, nullptr),
+            KVD_OK);
+  EXPECT_NE(bits & KVD_STATUS_WORKER_WATCHDOG, 0u);
+  EXPECT_EQ(kvd_mark((*rig)->worker(), stream_->get(), 1), KVD_ERR_RELEASED);
+  EXPECT_EQ(kvd_step_begin((*rig)->worker(), stream_->get()), KVD_ERR_RELEASED);
+  rig->reset();
+  absl::StatusOr<int> code = daemon->Signal(SIGTERM, absl::Seconds(60));
+  ASSERT_OK(code.status());
+  EXPECT_EQ(*code, 0);
+}
+
+TEST_F(StepFaultTest, KilledDaemonIsCaughtByTheWorkerWatchdog) {
+  std::unique_ptr<DaemonProcess> daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  RigOptions o;
+  o.prefix = "lost";
+  o.layers = 2;
+  o.watchdog_ms = 300;
+  absl::StatusOr<std::unique_ptr<StepRig>> rig =
+      StepRig::Create(daemon->socket_path(), o);
+  ASSERT_OK(rig.status());
+  std::mt19937 rng(1307);
+  RunStep(rig->get(), 1, rng);
+  StepInput in = (*rig)->RandomStep(2, rng);
+  (*rig)->StageInputs(in);
+  ASSERT_OK((*rig)->SendStep(in).status());
+  ASSERT_OK(daemon->Signal(SIGKILL, absl::Seconds(30)).status());
+  // The doorbell outlives the daemon (this process holds the mapping).
+  ASSERT_OK((*rig)->EnqueueWorker(stream_->get()));
+  ASSERT_OK(SyncWithin(stream_->get(), absl::Seconds(20)));
+  uint64_t bits = 0;
+  ASSERT_EQ(kvd_status((*rig)->worker(), &bits, nullptr, nullptr, nullptr),
+            KVD_OK);
+  EXPECT_NE(bits & KVD_STATUS_WORKER_WATCHDOG, 0u);
+  EXPECT_EQ(kvd_step_begin((*rig)->worker(), stream_->get()), KVD_ERR_RELEASED);
+}
+
+}  // namespace
+}  // namespace kvdepot::testing
+
+int main(int argc, char** argv) {
+  kvdepot::testing::SetStepEnvironment();
+  const std::string child = "--step_fault_child=";
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], child.c_str(), child.size()) == 0) {
+      return kvdepot::testing::RunVictim(argv[i] + child.size());
+    }
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

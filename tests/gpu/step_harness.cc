@@ -1,0 +1,480 @@
+#include "tests/gpu/step_harness.h"
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "common/unique_fd.h"
+#include "kernels/format_host.h"
+#include "kernels/reference/reference.h"
+#include "planner/plan.h"
+#include "proto/step_doorbell.h"
+#include "proto/wire.h"
+
+namespace kvdepot::testing {
+namespace {
+
+constexpr int64_t kAlign = 256;
+int64_t Up(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+std::string Pack(absl::Span<const int32_t> v) {
+  std::string out;
+  EncodeInt32s(v, &out);
+  return out;
+}
+
+absl::Status Worker(int rc, absl::string_view what) {
+  if (rc == KVD_OK) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat(what, ": rc ", rc, ": ", kvd_last_error()));
+}
+
+// A companion request with a descriptor in the reply.
+absl::StatusOr<v1::CompanionReply> CallForFd(KVCacheClient* client,
+                                             const v1::CompanionRequest& req,
+                                             UniqueFd* fd) {
+  ASSIGN_OR_RETURN(v1::CompanionReply r,
+                   client->companion()->Call(req, -1, fd));
+  if (!fd->valid()) return absl::InternalError("no descriptor in the reply");
+  return r;
+}
+
+uint16_t RandomBf16(std::mt19937& rng) {
+  std::uniform_real_distribution<float> d(-3.0f, 3.0f);
+  const float f = d(rng);
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+}  // namespace
+
+void SetStepEnvironment() { setenv("CUDA_MODULE_LOADING", "EAGER", 1); }
+
+absl::Status SyncWithin(cudaStream_t s, absl::Duration limit) {
+  const absl::Time end = absl::Now() + limit;
+  while (true) {
+    const cudaError_t e = cudaStreamQuery(s);
+    if (e == cudaSuccess) return absl::OkStatus();
+    if (e != cudaErrorNotReady) return Cuda(e, "cudaStreamQuery");
+    if (absl::Now() > end) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the stream did not finish within ", absl::FormatDuration(limit)));
+    }
+    absl::SleepFor(absl::Microseconds(200));
+  }
+}
+
+StepRig::~StepRig() {
+  if (worker_ != nullptr) kvd_worker_close(worker_);
+  if (options_.delete_pools && options_.create_pools && client_ != nullptr) {
+    for (const PoolRef* p : {&main_, &swa_, &index_}) {
+      if (!p->name.empty()) client_->DeletePool(p->name).IgnoreError();
+    }
+  }
+  if (registration_id_ != 0 && stub_ != nullptr) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(10));
+    v1::UnregisterRequest r;
+    r.set_session_id(client_->session_id());
+    r.set_registration_id(registration_id_);
+    v1::UnregisterResponse out;
+    stub_->Unregister(&ctx, r, &out);
+  }
+}
+
+absl::StatusOr<std::unique_ptr<StepRig>> StepRig::Create(
+    const std::string& socket, const RigOptions& options) {
+  std::unique_ptr<StepRig> rig(new StepRig());
+  rig->options_ = options;
+  RETURN_IF_ERROR(rig->Init(socket));
+  return rig;
+}
+
+absl::StatusOr<StepRig::PoolRef> StepRig::OpenPool(const std::string& name,
+                                                   const std::string& format,
+                                                   int64_t block_size,
+                                                   int64_t num_blocks) {
+  PoolRef p;
+  p.name = name;
+  ASSIGN_OR_RETURN(KVCacheFormat f, FormatFromName(format));
+  ASSIGN_OR_RETURN(p.layout,
+                   MakePoolLayout(f, block_size, num_blocks, PoolLayers()));
+  if (options_.create_pools) {
+    v1::CreatePoolRequest c;
+    c.set_name(name);
+    c.set_format(format);
+    c.set_block_size(block_size);
+    c.set_num_blocks(num_blocks);
+    c.set_num_layers(PoolLayers());
+    RETURN_IF_ERROR(client_->CreateOrGetPool(c).status());
+  }
+  v1::CompanionRequest req;
+  req.mutable_map_pool()->set_name(name);
+  UniqueFd fd;
+  ASSIGN_OR_RETURN(v1::CompanionReply r, CallForFd(client_.get(), req, &fd));
+  ASSIGN_OR_RETURN(p.mapping,
+                   gpu::VmmAllocation::Import(fd.get(), r.fd_size(), 0));
+  p.reference.assign(static_cast<size_t>(p.layout.total_bytes), 0);
+  if (!options_.create_pools) {
+    // A shared pool: start the reference from what it holds now.
+    RETURN_IF_ERROR(
+        Cuda(cudaMemcpy(p.reference.data(), p.mapping.data(),
+                        p.layout.total_bytes, cudaMemcpyDeviceToHost),
+             "reading a shared pool"));
+  }
+  return p;
+}
+
+absl::Status StepRig::Init(const std::string& socket) {
+  ClientOptions co;
+  co.address = socket;
+  co.client_name = options_.prefix;
+  ASSIGN_OR_RETURN(client_, KVCacheClient::Connect(co));
+  stub_ = v1::Step::NewStub(client_->channel());
+  const RigOptions& o = options_;
+  ASSIGN_OR_RETURN(
+      main_, OpenPool(o.prefix + "_main", "V41", o.block_size, o.num_blocks));
+  ASSIGN_OR_RETURN(swa_, OpenPool(o.prefix + "_swa", "V41", o.ring, o.states));
+  ASSIGN_OR_RETURN(index_, OpenPool(o.prefix + "_index", o.index_format,
+                                    o.block_size, o.num_blocks));
+
+  kv_bytes_ = Up(int64_t{o.max_tokens} * 512 * 2);
+  index_bytes_ = Up(int64_t{o.max_tokens} * 128 * 2);
+  topk_bytes_ = Up(int64_t{o.max_tokens} * o.top_k * 4);
+  layer_stride_ = 2 * kv_bytes_ + index_bytes_ + 2 * topk_bytes_;
+  io_bytes_ =
+      o.layers * layer_stride_ + Up(int64_t{o.max_tokens} * o.window * 4);
+  {
+    v1::CompanionRequest req;
+    req.mutable_allocate_buffer()->set_size(io_bytes_);
+    UniqueFd fd;
+    ASSIGN_OR_RETURN(v1::CompanionReply r, CallForFd(client_.get(), req, &fd));
+    io_id_ = r.buffer().buffer_id();
+    ASSIGN_OR_RETURN(io_, gpu::VmmAllocation::Import(fd.get(), r.fd_size(), 0));
+  }
+  ASSIGN_OR_RETURN(Pinned pinned, Pinned::Create(io_bytes_));
+  staging_ = std::make_unique<Pinned>(std::move(pinned));
+
+  UniqueFd doorbell_fd;
+  v1::CompanionReply doorbell;
+  {
+    v1::CompanionRequest req;
+    req.mutable_allocate_buffer()->set_size(doorbell::RegionBytes(o.layers));
+    ASSIGN_OR_RETURN(doorbell, CallForFd(client_.get(), req, &doorbell_fd));
+    doorbell_id_ = doorbell.buffer().buffer_id();
+  }
+
+  v1::RegisterWorkerRequest r;
+  r.set_session_id(client_->session_id());
+  r.set_doorbell_buffer_id(doorbell_id_);
+  r.set_max_tokens(o.max_tokens);
+  r.set_max_seqs(o.max_seqs);
+  r.set_max_top_k(o.top_k);
+  r.set_max_blocks_per_seq(o.max_blocks_per_seq);
+  r.set_name(o.prefix);
+  auto ref = [this](v1::StepBufferRef* out, int64_t offset) {
+    out->set_buffer_id(io_id_);
+    out->set_offset(offset);
+  };
+  for (int l = 0; l < o.layers && o.bare; ++l) r.add_layers();
+  for (int l = 0; l < o.layers && !o.bare; ++l) {
+    v1::StepLayer* layer = r.add_layers();
+    layer->set_ratio(1);
+    layer->set_window(o.window);
+    layer->mutable_main()->set_pool(main_.name);
+    layer->mutable_main()->set_layer(l);
+    ref(layer->mutable_main()->mutable_input(), main_in(l));
+    layer->mutable_swa()->set_pool(swa_.name);
+    layer->mutable_swa()->set_layer(l);
+    ref(layer->mutable_swa()->mutable_input(), swa_in(l));
+    layer->mutable_index()->set_pool(index_.name);
+    layer->mutable_index()->set_layer(l);
+    ref(layer->mutable_index()->mutable_input(), index_in(l));
+    ref(layer->mutable_topk(), topk_off(l));
+    ref(layer->mutable_index_out(), out_off(l));
+  }
+  if (!o.bare) {
+    r.mutable_swa_index()->set_pool(swa_.name);
+    r.mutable_swa_index()->set_window(o.window);
+    ref(r.mutable_swa_index()->mutable_out(), swa_out());
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::RegisterWorkerResponse reg;
+  grpc::Status s = stub_->RegisterWorker(&ctx, r, &reg);
+  if (!s.ok()) {
+    return absl::InternalError(absl::StrCat("RegisterWorker: ", s.error_code(),
+                                            " ", s.error_message()));
+  }
+  registration_id_ = reg.registration_id();
+  RETURN_IF_ERROR(Worker(kvd_worker_open(doorbell_fd.get(), doorbell.fd_size(),
+                                         0, o.layers, o.watchdog_ms, &worker_),
+                         "kvd_worker_open"));
+  return absl::OkStatus();
+}
+
+StepInput StepRig::RandomStep(uint64_t step_id, std::mt19937& rng) const {
+  const RigOptions& o = options_;
+  StepInput in;
+  in.step_id = step_id;
+  const int seqs = o.decode_only ? std::min(o.max_seqs, o.states)
+                                 : std::uniform_int_distribution<int>(
+                                       1, std::min(o.max_seqs, o.states))(rng);
+  int total = 0;
+  for (int b = 0; b < seqs; ++b) {
+    const int left = o.max_tokens - total - (seqs - b - 1);
+    const int q =
+        o.decode_only
+            ? 1
+            : std::min(left, std::uniform_int_distribution<int>(1, 2)(rng));
+    in.query_lens.push_back(q);
+    total += q;
+    in.seq_lens.push_back(std::uniform_int_distribution<int>(
+        q, o.block_size * o.max_blocks_per_seq)(rng));
+  }
+  std::vector<int32_t> states(o.states);
+  std::iota(states.begin(), states.end(), 0);
+  std::shuffle(states.begin(), states.end(), rng);
+  in.states.assign(states.begin(), states.begin() + seqs);
+  std::vector<int32_t> slots(o.block_size * o.num_blocks);
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  in.slots.assign(slots.begin(), slots.begin() + total);
+  for (int32_t& s : in.slots) {
+    if (std::uniform_int_distribution<int>(0, 9)(rng) == 0) s = -1;
+  }
+  for (int i = 0; i < seqs * o.max_blocks_per_seq; ++i) {
+    const bool hole = std::uniform_int_distribution<int>(0, 49)(rng) == 0;
+    in.block_tables.push_back(
+        hole ? -1
+             : std::uniform_int_distribution<int>(0, o.num_blocks - 1)(rng));
+  }
+  in.kv_main.resize(o.layers);
+  in.kv_swa.resize(o.layers);
+  in.kv_index.resize(o.layers);
+  in.topk.resize(o.layers);
+  for (int l = 0; l < o.layers; ++l) {
+    for (int i = 0; i < total * 512; ++i)
+      in.kv_main[l].push_back(RandomBf16(rng));
+    for (int i = 0; i < total * 512; ++i)
+      in.kv_swa[l].push_back(RandomBf16(rng));
+    for (int i = 0; i < total * 128; ++i)
+      in.kv_index[l].push_back(RandomBf16(rng));
+    int row = 0;
+    for (int b = 0; b < seqs; ++b) {
+      for (int j = 0; j < in.query_lens[b]; ++j, ++row) {
+        std::uniform_int_distribution<int> x(-1, in.seq_lens[b] + 2);
+        for (int c = 0; c < o.top_k; ++c) in.topk[l].push_back(x(rng));
+      }
+    }
+  }
+  return in;
+}
+
+v1::StepRequest StepRig::Request(const StepInput& in) const {
+  v1::StepRequest r;
+  if (options_.bare) {
+    r.set_session_id(client_->session_id());
+    r.set_registration_id(registration_id_);
+    r.set_step_id(in.step_id);
+    r.set_slot_mapping(Pack(in.slots));
+    r.set_num_tokens(in.num_tokens());
+    r.set_num_seqs(static_cast<int32_t>(in.query_lens.size()));
+    r.set_seq_lens(Pack(in.seq_lens));
+    r.set_query_lens(Pack(in.query_lens));
+    return r;
+  }
+  r.set_session_id(client_->session_id());
+  r.set_registration_id(registration_id_);
+  r.set_step_id(in.step_id);
+  r.set_slot_mapping(Pack(in.slots));
+  r.set_num_tokens(in.num_tokens());
+  r.set_num_seqs(static_cast<int32_t>(in.query_lens.size()));
+  r.set_seq_lens(Pack(in.seq_lens));
+  r.set_query_lens(Pack(in.query_lens));
+  r.set_swa_state_ids(Pack(in.states));
+  r.set_block_tables(Pack(in.block_tables));
+  r.set_block_table_cols(options_.max_blocks_per_seq);
+  r.set_top_k(options_.top_k);
+  return r;
+}
+
+absl::StatusOr<v1::StepResponse> StepRig::SendStep(const StepInput& in) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::StepResponse out;
+  grpc::Status s = stub_->Step(&ctx, Request(in), &out);
+  if (!s.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                        absl::StrCat("Step: ", s.error_message()));
+  }
+  return out;
+}
+
+void StepRig::StageInputs(const StepInput& in) {
+  const int n = in.num_tokens();
+  uint8_t* p = staging_->data();
+  for (int l = 0; l < options_.layers; ++l) {
+    std::memcpy(p + main_in(l), in.kv_main[l].data(), n * 1024);
+    std::memcpy(p + swa_in(l), in.kv_swa[l].data(), n * 1024);
+    std::memcpy(p + index_in(l), in.kv_index[l].data(), n * 256);
+    std::memcpy(p + topk_off(l), in.topk[l].data(), n * options_.top_k * 4);
+  }
+  staged_tokens_ = n;
+}
+
+absl::Status StepRig::EnqueueWorker(cudaStream_t s, bool copy_inputs,
+                                    const WorkerHooks& hooks) {
+  const int n = staged_tokens_;
+  uint8_t* dev = io_.data();
+  const uint8_t* host = staging_->data();
+  auto copy = [&](int64_t off, int64_t bytes) {
+    return Cuda(cudaMemcpyAsync(dev + off, host + off, bytes,
+                                cudaMemcpyHostToDevice, s),
+                "copying the worker's rows");
+  };
+  auto record = [&](int index) -> absl::Status {
+    if (hooks.phase_events == nullptr) return absl::OkStatus();
+    return Cuda(cudaEventRecord((*hooks.phase_events)[index], s),
+                "cudaEventRecord");
+  };
+  // work, event, mark, wait, event.
+  auto phase = [&](int p) -> absl::Status {
+    if (hooks.work) RETURN_IF_ERROR(hooks.work(s));
+    RETURN_IF_ERROR(record(2 * p));
+    RETURN_IF_ERROR(Worker(kvd_mark(worker_, s, p), "kvd_mark"));
+    RETURN_IF_ERROR(Worker(kvd_wait(worker_, s, p), "kvd_wait"));
+    return record(2 * p + 1);
+  };
+  RETURN_IF_ERROR(record(0));
+  RETURN_IF_ERROR(Worker(kvd_step_begin(worker_, s), "kvd_step_begin"));
+  RETURN_IF_ERROR(Worker(kvd_wait(worker_, s, KVD_BEGIN), "kvd_wait(begin)"));
+  RETURN_IF_ERROR(record(1));
+  for (int l = 0; l < options_.layers; ++l) {
+    if (copy_inputs && !options_.bare) {
+      RETURN_IF_ERROR(copy(main_in(l), n * 1024));
+      RETURN_IF_ERROR(copy(swa_in(l), n * 1024));
+      RETURN_IF_ERROR(copy(index_in(l), n * 256));
+    }
+    RETURN_IF_ERROR(phase(kvd_phase_a(l)));
+    if (copy_inputs && !options_.bare) {
+      RETURN_IF_ERROR(copy(topk_off(l), n * options_.top_k * 4));
+    }
+    RETURN_IF_ERROR(phase(kvd_phase_b(l)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepRig::ApplyReference(const StepInput& in) {
+  const RigOptions& o = options_;
+  const int n = in.num_tokens();
+  SequenceBatch batch;
+  batch.seqlen_k = in.seq_lens;
+  batch.seqlen_q = in.query_lens;
+  batch.state_ids = in.states;
+  SwaParams store{o.ring, o.ring, o.states};
+  std::vector<int32_t> swa_slots(n);
+  RETURN_IF_ERROR(BuildSwaStoreSlots(batch, store, absl::MakeSpan(swa_slots)));
+  SwaParams window{o.window, o.ring, o.states};
+  expected_swa_.assign(static_cast<size_t>(n) * o.window, 0);
+  RETURN_IF_ERROR(
+      BuildSwaDecodeIndex(batch, window, absl::MakeSpan(expected_swa_)));
+  // Per query row: its sequence's table row, length and valid count.
+  std::vector<int32_t> rows_table, num_tokens, valid;
+  for (size_t b = 0; b < in.query_lens.size(); ++b) {
+    for (int j = 0; j < in.query_lens[b]; ++j) {
+      rows_table.insert(
+          rows_table.end(), in.block_tables.begin() + b * o.max_blocks_per_seq,
+          in.block_tables.begin() + (b + 1) * o.max_blocks_per_seq);
+      num_tokens.push_back(in.seq_lens[b]);
+      valid.push_back(std::min(o.top_k, in.seq_lens[b]));
+    }
+  }
+  BlockTableView table;
+  table.data = rows_table;
+  table.num_rows = n;
+  table.num_cols = o.max_blocks_per_seq;
+  table.row_stride = o.max_blocks_per_seq;
+  expected_out_.clear();
+  for (int l = 0; l < o.layers; ++l) {
+    RETURN_IF_ERROR(kvdepot::Store(
+        main_.layout, main_.reference.data() + main_.layout.layer_offset(l),
+        in.kv_main[l].data(), InputDtype::kBF16, in.slots));
+    RETURN_IF_ERROR(kvdepot::Store(
+        swa_.layout, swa_.reference.data() + swa_.layout.layer_offset(l),
+        in.kv_swa[l].data(), InputDtype::kBF16, swa_slots));
+    RETURN_IF_ERROR(kvdepot::Store(
+        index_.layout, index_.reference.data() + index_.layout.layer_offset(l),
+        in.kv_index[l].data(), InputDtype::kBF16, in.slots));
+    std::vector<int32_t> topk = in.topk[l];
+    ASSIGN_OR_RETURN(int64_t invalid, ConvertTopk(absl::MakeSpan(topk), o.top_k,
+                                                  valid, num_tokens, table,
+                                                  o.block_size, o.num_blocks));
+    expected_out_of_range_ += static_cast<uint64_t>(invalid);
+    expected_out_.insert(expected_out_.end(), topk.begin(), topk.end());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepRig::CheckPools() {
+  for (PoolRef* p : {&main_, &swa_, &index_}) {
+    std::vector<uint8_t> got(p->reference.size());
+    RETURN_IF_ERROR(Cuda(cudaMemcpy(got.data(), p->mapping.data(), got.size(),
+                                    cudaMemcpyDeviceToHost),
+                         "reading a pool"));
+    for (int l = 0; l < options_.layers; ++l) {
+      const int64_t base = p->layout.layer_offset(l);
+      for (int64_t i = 0; i < p->layout.layer_bytes; ++i) {
+        if (got[base + i] != p->reference[base + i]) {
+          return absl::InternalError(absl::StrCat(
+              "pool ", p->name, " layer ", l, " byte ", i, " (slot ",
+              i / std::max<int64_t>(1, p->layout.format.bytes_per_token()),
+              "~): device ", got[base + i], " reference ",
+              p->reference[base + i]));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepRig::CheckIndexRows(const StepInput& in) {
+  const int n = in.num_tokens();
+  const int k = options_.top_k;
+  std::vector<int32_t> got(static_cast<size_t>(n) * k);
+  for (int l = 0; l < options_.layers; ++l) {
+    RETURN_IF_ERROR(Cuda(cudaMemcpy(got.data(), io_.data() + out_off(l),
+                                    got.size() * 4, cudaMemcpyDeviceToHost),
+                         "reading index rows"));
+    for (int i = 0; i < n * k; ++i) {
+      if (got[i] != expected_out_[static_cast<size_t>(l) * n * k + i]) {
+        return absl::InternalError(
+            absl::StrCat("layer ", l, " index_out[", i / k, "][", i % k,
+                         "] = ", got[i], ", the planner's ",
+                         expected_out_[static_cast<size_t>(l) * n * k + i]));
+      }
+    }
+  }
+  std::vector<int32_t> swa(expected_swa_.size());
+  RETURN_IF_ERROR(Cuda(cudaMemcpy(swa.data(), io_.data() + swa_out(),
+                                  swa.size() * 4, cudaMemcpyDeviceToHost),
+                       "reading the SWA index"));
+  for (size_t i = 0; i < swa.size(); ++i) {
+    if (swa[i] != expected_swa_[i]) {
+      return absl::InternalError(absl::StrCat(
+          "swa_index[", i / options_.window, "][", i % options_.window,
+          "] = ", swa[i], ", the planner's ", expected_swa_[i]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvdepot::testing

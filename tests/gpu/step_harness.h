@@ -1,0 +1,165 @@
+// A step-path rig for the GPU tests and the step benchmark: a client of a
+// kvdepotd --backend=cuda, its pools (main V41, SWA V41 ring, index
+// FP4_INDEX or MXFP8_INDEX), one daemon buffer for the worker's rows, a
+// doorbell, a registration and the worker library opened on it; random
+// steps; and the CPU reference (kernels/reference for the caches, the
+// planner for the index rows) the device results are compared with.
+#ifndef KVDEPOT_TESTS_GPU_STEP_HARNESS_H_
+#define KVDEPOT_TESTS_GPU_STEP_HARNESS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/kvdepot_client.h"
+#include "common/cuda/vmm.h"
+#include "kernels/format.h"
+#include "kvdepot/v1/step.grpc.pb.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "worker/kvdepot_worker.h"
+
+namespace kvdepot::testing {
+
+// Sets CUDA_MODULE_LOADING=EAGER (before CUDA starts; the daemon child
+// inherits it). Call first thing in main or a static initializer.
+void SetStepEnvironment();
+
+// Waits for `s` with a deadline (a stalled doorbell fails, never hangs).
+absl::Status SyncWithin(cudaStream_t s, absl::Duration limit);
+
+struct RigOptions {
+  std::string prefix = "step";  // pool names: <prefix>_main, ...
+  bool create_pools = true;     // false: use the pools of that prefix
+  int layers = 3;
+  int block_size = 16;  // main and index pools (ratio 1)
+  int num_blocks = 64;
+  int ring = 32;  // SWA pool block size
+  int states = 16;
+  int window = 16;
+  int max_tokens = 32;
+  int max_seqs = 8;
+  int top_k = 24;
+  int max_blocks_per_seq = 8;
+  std::string index_format = "FP4_INDEX";
+  int64_t watchdog_ms = 20000;
+  // Every step: max_seqs sequences of one query token (plain decode).
+  bool decode_only = false;
+  // Layers with no cache and no top-k, no SWA index: every phase is the
+  // bare handshake (the gate kernel only). For the bare round trip.
+  bool bare = false;
+  bool delete_pools = false;  // delete the created pools on destruction
+  int pool_layers = 0;        // layers of the created pools (0 = layers)
+};
+
+// Optional instrumentation of StepRig::EnqueueWorker.
+struct WorkerHooks {
+  // Runs on the stream before each mark (the worker's own GPU work).
+  std::function<absl::Status(cudaStream_t)> work;
+  // [2 * phases]: recorded right before mark(p) and right after wait(p).
+  std::vector<cudaEvent_t>* phase_events = nullptr;
+};
+
+// One step's inputs (host copies).
+struct StepInput {
+  uint64_t step_id = 0;
+  std::vector<int32_t> query_lens, seq_lens, states, slots, block_tables;
+  // Per layer: BF16 bits.
+  std::vector<std::vector<uint16_t>> kv_main, kv_swa, kv_index;
+  std::vector<std::vector<int32_t>> topk;  // [n][top_k]
+  int num_tokens() const { return static_cast<int>(slots.size()); }
+};
+
+class StepRig {
+ public:
+  static absl::StatusOr<std::unique_ptr<StepRig>> Create(
+      const std::string& socket, const RigOptions& options);
+  ~StepRig();
+
+  const RigOptions& options() const { return options_; }
+  uint64_t registration_id() const { return registration_id_; }
+  kvd_worker* worker() const { return worker_; }
+  KVCacheClient* client() const { return client_.get(); }
+  v1::Step::Stub* stub() const { return stub_.get(); }
+
+  StepInput RandomStep(uint64_t step_id, std::mt19937& rng) const;
+  v1::StepRequest Request(const StepInput& in) const;
+  // The scheduler's call.
+  absl::StatusOr<v1::StepResponse> SendStep(const StepInput& in);
+  // Copies the step's rows into pinned staging (host; before EnqueueWorker).
+  void StageInputs(const StepInput& in);
+  // The worker's side of one step on `stream`: step_begin, begin wait, and
+  // per layer the row copies from staging, mark/wait A, top-k copy, mark/
+  // wait B. With copy_inputs false, no copies (graph replay of fixed rows).
+  absl::Status EnqueueWorker(cudaStream_t stream, bool copy_inputs = true,
+                             const WorkerHooks& hooks = {});
+  // The worker's rows (device) and their offsets, for library mode.
+  uint8_t* io() const { return io_.data(); }
+  int64_t main_in(int l) const { return region_[0] + l * layer_stride_; }
+  int64_t swa_in(int l) const { return main_in(l) + kv_bytes_; }
+  int64_t index_in(int l) const { return swa_in(l) + kv_bytes_; }
+  int64_t topk_off(int l) const { return index_in(l) + index_bytes_; }
+  int64_t out_off(int l) const { return topk_off(l) + topk_bytes_; }
+  int64_t swa_out() const {
+    return region_[0] + options_.layers * layer_stride_;
+  }
+  const PoolLayout& main_layout() const { return main_.layout; }
+  const PoolLayout& swa_layout() const { return swa_.layout; }
+  const PoolLayout& index_layout() const { return index_.layout; }
+  uint8_t* main_pool() const { return main_.mapping.data(); }
+  uint8_t* swa_pool() const { return swa_.mapping.data(); }
+  uint8_t* index_pool() const { return index_.mapping.data(); }
+  // Applies the step to the reference pools and expected index rows.
+  absl::Status ApplyReference(const StepInput& in);
+  // Device pools byte-identical to the reference, every layer.
+  absl::Status CheckPools();
+  // Index and SWA rows of the last step equal the planner's.
+  absl::Status CheckIndexRows(const StepInput& in);
+  // Entries the planner turned into -1 as invalid, over all applied steps.
+  uint64_t expected_out_of_range() const { return expected_out_of_range_; }
+
+ private:
+  struct PoolRef {
+    std::string name;
+    PoolLayout layout;
+    gpu::VmmAllocation mapping;
+    std::vector<uint8_t> reference;  // total_bytes
+  };
+  StepRig() = default;
+  int64_t PoolLayers() const {
+    return options_.pool_layers > 0 ? options_.pool_layers : options_.layers;
+  }
+  absl::Status Init(const std::string& socket);
+  absl::StatusOr<PoolRef> OpenPool(const std::string& name,
+                                   const std::string& format,
+                                   int64_t block_size, int64_t num_blocks);
+
+  RigOptions options_;
+  std::unique_ptr<KVCacheClient> client_;
+  std::unique_ptr<v1::Step::Stub> stub_;
+  PoolRef main_, swa_, index_;
+  gpu::VmmAllocation io_;  // the worker's rows
+  uint64_t io_id_ = 0;
+  uint64_t doorbell_id_ = 0;
+  kvd_worker* worker_ = nullptr;
+  uint64_t registration_id_ = 0;
+  int64_t kv_bytes_ = 0, index_bytes_ = 0, topk_bytes_ = 0;
+  int64_t layer_stride_ = 0;
+  int64_t region_[1] = {0};
+  int64_t io_bytes_ = 0;
+  std::unique_ptr<Pinned> staging_;
+  int staged_tokens_ = 0;
+  std::vector<int32_t> expected_out_;  // [layers][n][top_k]
+  std::vector<int32_t> expected_swa_;  // [n][window]
+  uint64_t expected_out_of_range_ = 0;
+};
+
+}  // namespace kvdepot::testing
+
+#endif  // KVDEPOT_TESTS_GPU_STEP_HARNESS_H_
