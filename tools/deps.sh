@@ -19,8 +19,10 @@ KVDEPOT_PACKAGES=(
 
 # Test-only: the Python client's tests (grpcio, protobuf), promtool
 # (prometheus) for the metrics test, openssl to make the TLS test's
-# certificates.
-KVDEPOT_TEST_PACKAGES=(python3-grpcio python3-protobuf prometheus openssl)
+# certificates; pip, venv, setuptools and wheel to build and install the
+# Python client as a wheel (offline).
+KVDEPOT_TEST_PACKAGES=(python3-grpcio python3-protobuf prometheus openssl
+  python3-pip python3-venv python3-setuptools python3-wheel)
 
 # Test-only, for deploy/: its tests (deploy/BUILD.bazel) lint with yamllint and shellcheck, bundle
 # with patchelf, render with any `kubectl` on PATH (Debian's is in

@@ -1,14 +1,9 @@
 """Python client of kvdepot, the KV-cache daemon. See docs/PYTHON.md.
 
-Needs the generated stubs (module kvdepot.v1.kvdepot_pb2 and _pb2_grpc,
-built by //client/python:stubs): either inside this package's folder
-(kvdepot/v1/) or in a folder named kvdepot under another sys.path entry
-(Bazel's gen/kvdepot/v1/), which the __path__ extension below finds.
+The generated gRPC stubs are the subpackage kvdepot.v1 (committed, checked
+fresh against the .proto by //client/python:stubs_fresh_test). Installable
+as a wheel: client/python/README.md.
 """
-
-import pkgutil
-
-__path__ = pkgutil.extend_path(__path__, __name__)
 
 from ._address import default_socket_path, resolve_target
 from ._arrays import pack_int32, unpack_int32
@@ -17,7 +12,8 @@ from ._errors import ClientClosed, KVCacheError, SessionLost
 from .client import (Client, IndexResult, LoadResult, Plan,
                      PrefillIndexResult, PrefillLoadResult, connect)
 
-# The daemon's version (common/version.h); client_test compares them.
+# The daemon's version (common/version.h); client_test compares them, and
+# the wheel takes its version from here (pyproject.toml).
 __version__ = "0.1.0"
 
 __all__ = [

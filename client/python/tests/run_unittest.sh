@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
 # Runs one unittest module of client/python/tests with Debian's python3
-# (python3-grpcio, python3-protobuf), the package and the generated stubs on
-# PYTHONPATH. Fails when the module fails OR when it ran no test at all
-# (python3 < 3.12 exits 0 on "Ran 0 tests").
+# (python3-grpcio, python3-protobuf), the package (stubs included) on
+# PYTHONPATH, unless KVDEPOT_PYTHON names another interpreter (the wheel
+# test's virtual environment, where the package is installed). Fails when
+# the module fails OR when it ran no test at all (python3 < 3.12 exits 0 on
+# "Ran 0 tests").
 set -euo pipefail
 module="${1:?usage: run_unittest.sh MODULE_test.py}"
 root="$(pwd)"
 pkg="$root/client/python"
-export PYTHONPATH="$pkg/gen:$pkg:$pkg/tests${PYTHONPATH:+:$PYTHONPATH}"
+python="${KVDEPOT_PYTHON:-/usr/bin/python3}"
+if [ -n "${KVDEPOT_PYTHON:-}" ]; then
+  export PYTHONPATH="$pkg/tests${PYTHONPATH:+:$PYTHONPATH}"
+else
+  export PYTHONPATH="$pkg:$pkg/tests${PYTHONPATH:+:$PYTHONPATH}"
+fi
 export KVDEPOT_BIN="$root/server/kvdepotd"
 export KVCACHECTL_BIN="$root/client/kvcachectl/kvcachectl"
 export PYTHONDONTWRITEBYTECODE=1
 log="${TEST_TMPDIR:-$(mktemp -d)}/unittest.log"
 set +e
-/usr/bin/python3 -m unittest -v "${module%.py}" 2>&1 | tee "$log"
+"$python" -m unittest -v "${module%.py}" 2>&1 | tee "$log"
 rc="${PIPESTATUS[0]}"
 set -e
 if [ "$rc" -ne 0 ]; then
