@@ -4,7 +4,7 @@
 set -euo pipefail
 pkg=client/python
 status=0
-for f in kvdepot_pb2.py kvdepot_pb2_grpc.py; do
+for f in kvdepot_pb2.py kvdepot_pb2_grpc.py step_pb2.py step_pb2_grpc.py; do
   committed="$pkg/kvdepot/v1/$f"
   fresh="$pkg/gen/kvdepot/v1/$f"
   [ -f "$fresh" ] || { echo "FAIL: $fresh was not generated" >&2; exit 1; }

@@ -33,7 +33,8 @@ wheel="$tmp/dist/kvdepot-$version-py3-none-any.whl"
 # The stubs and the typing marker travel in the wheel.
 contents="$(/usr/bin/python3 -m zipfile -l "$wheel")"
 for f in kvdepot/__init__.py kvdepot/py.typed kvdepot/v1/__init__.py \
-  kvdepot/v1/kvdepot_pb2.py kvdepot/v1/kvdepot_pb2_grpc.py; do
+  kvdepot/v1/kvdepot_pb2.py kvdepot/v1/kvdepot_pb2_grpc.py \
+  kvdepot/v1/step_pb2.py kvdepot/v1/step_pb2_grpc.py; do
   grep -q " *$f " <<<"$contents" || grep -q "^$f" <<<"$contents" || {
     echo "$contents" >&2
     echo "FAIL: $f missing from the wheel" >&2

@@ -806,3 +806,76 @@ class KVCache(object):
             kvdepot_dot_v1_dot_kvdepot__pb2.DrainResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+
+class TcpSessionsStub(object):
+    """Sessions of TCP clients (SPEC §11), a service of its own so that a
+    stream that lives for hours holds no handler thread.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Open = channel.unary_stream(
+                '/kvdepot.v1.TcpSessions/Open',
+                request_serializer=kvdepot_dot_v1_dot_kvdepot__pb2.OpenSessionRequest.SerializeToString,
+                response_deserializer=kvdepot_dot_v1_dot_kvdepot__pb2.SessionEvent.FromString,
+                )
+
+
+class TcpSessionsServicer(object):
+    """Sessions of TCP clients (SPEC §11), a service of its own so that a
+    stream that lives for hours holds no handler thread.
+    """
+
+    def Open(self, request, context):
+        """Opens a session that lives exactly as long as this stream: the first
+        SessionEvent carries its id; the daemon sends nothing more until it
+        ends the stream (draining, shutdown: UNAVAILABLE). Cancelling the call
+        or losing the connection ends the session and releases its buffers.
+        Identity: the mutual-TLS client certificate's subject, or anonymous
+        (plain loopback TCP). lease_ms is ignored.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_TcpSessionsServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Open': grpc.unary_stream_rpc_method_handler(
+                    servicer.Open,
+                    request_deserializer=kvdepot_dot_v1_dot_kvdepot__pb2.OpenSessionRequest.FromString,
+                    response_serializer=kvdepot_dot_v1_dot_kvdepot__pb2.SessionEvent.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'kvdepot.v1.TcpSessions', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+
+
+ # This class is part of an EXPERIMENTAL API.
+class TcpSessions(object):
+    """Sessions of TCP clients (SPEC §11), a service of its own so that a
+    stream that lives for hours holds no handler thread.
+    """
+
+    @staticmethod
+    def Open(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/kvdepot.v1.TcpSessions/Open',
+            kvdepot_dot_v1_dot_kvdepot__pb2.OpenSessionRequest.SerializeToString,
+            kvdepot_dot_v1_dot_kvdepot__pb2.SessionEvent.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
