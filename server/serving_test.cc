@@ -34,6 +34,9 @@ std::unique_ptr<Daemon> StartDaemon(const ServingOptions& serving,
   o.drain_grace = absl::ZeroDuration();
   o.serving = serving;
   o.service.verify_block_delay = verify_block_delay;
+  // These tests bound the scan pool itself: one client fills it, so the
+  // per-client Verify limit (which must stay below ops_threads) is off.
+  o.service.max_verify_streams_per_client = 0;
   absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(o);
   EXPECT_TRUE(d.ok()) << d.status();
   return d.ok() ? *std::move(d) : nullptr;
