@@ -142,6 +142,8 @@ void OneCall(World& w, int rpc, const std::string& b) {
       return Call(w, b, "ImportBuffer", &S::ImportBuffer);
     case Rpc::kReleaseBuffer:
       return Call(w, b, "ReleaseBuffer", &S::ReleaseBuffer);
+    case Rpc::kGrant:
+      return Call(w, b, "Grant", &S::Grant);
     case Rpc::kStore:
       return Call(w, b, "Store", &S::Store);
     case Rpc::kLoad:
