@@ -978,6 +978,12 @@ cudaError_t LaunchFusedStore(
       return ByHadamard<FormatId::kBf16>(layout, layer, kv, p, slots, n,
                                          cast_back, launch);
     case FormatId::kDsMlaFp8:
+      if constexpr (!kLegacyBuild) {
+        if (FusedMlaApplies(p)) {  // the register-only kernel, fused_mla.cu
+          return LaunchFusedMla(layout, layer, kv, p, slots, n, cast_back,
+                                launch);
+        }
+      }
       return ByHadamard<FormatId::kDsMlaFp8>(layout, layer, kv, p, slots, n,
                                              cast_back, launch);
   }

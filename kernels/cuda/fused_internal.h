@@ -25,6 +25,16 @@ cudaError_t LaunchFusedStore(FormatId id, const PoolLayout& layout,
                              int64_t n, uint16_t* cast_back,
                              const Launch& launch);
 
+// DS_MLA_FP8 in the MLA configuration (norm [0, 512) or none, RoPE on
+// [512, 576) or none, no Hadamard): fused_mla.cu's register-only kernel,
+// the same bytes as LaunchFusedStore's general one. FusedMlaApplies says
+// whether params are that configuration (LaunchFusedMla refuses others).
+bool FusedMlaApplies(const FusedParams& params);
+cudaError_t LaunchFusedMla(const PoolLayout& layout, uint8_t* layer,
+                           const uint16_t* kv, const FusedParams& params,
+                           const int32_t* slots, int64_t n, uint16_t* cast_back,
+                           const Launch& launch);
+
 // The same with the round-1 kernel shape (Launch::legacy_fused), defined
 // only where //kernels/cuda:fused_legacy_device is linked (weak: null
 // elsewhere).

@@ -47,14 +47,16 @@ enum class Stages {
   kHadamard256,
   kHadamard512,
   kAll,
-  kMla,  // norm [0, D - 64), interleaved RoPE on the last 64, no Hadamard
+  kMla,      // norm [0, D - 64), interleaved RoPE on the last 64, no Hadamard
+  kMlaNeox,  // the same with NeoX RoPE (DS_MLA_FP8: both fused_mla.cu's)
   kHadamardOdd,  // Hadamard 128 (or 64) at element 3, not a multiple of 4
 };
 constexpr Stages kAllStages[] = {
     Stages::kNone,        Stages::kNormAll,     Stages::kNormPart,
     Stages::kNeox,        Stages::kInterleaved, Stages::kHadamard64,
     Stages::kHadamard128, Stages::kHadamard256, Stages::kHadamard512,
-    Stages::kAll,         Stages::kMla,         Stages::kHadamardOdd};
+    Stages::kAll,         Stages::kMla,         Stages::kMlaNeox,
+    Stages::kHadamardOdd};
 
 int HadamardOf(Stages s, int32_t d) {
   switch (s) {
@@ -143,13 +145,15 @@ Inputs MakeInputs(std::mt19937& rng, const PoolLayout& layout, int64_t n,
       p.norm_end = d >= 24 ? d - 8 : d;
       break;
     case Stages::kMla:
+    case Stages::kMlaNeox:
       p.norm_begin = 0;
       p.norm_end = d > 64 ? d - 64 : d;
       break;
     default:
       break;
   }
-  if (stages == Stages::kNeox || stages == Stages::kAll) {
+  if (stages == Stages::kNeox || stages == Stages::kAll ||
+      stages == Stages::kMlaNeox) {
     p.rope = RopeStyle::kNeox;
     p.rope_dim = d >= 64 ? 64 : d;
     p.rope_offset = d - p.rope_dim;

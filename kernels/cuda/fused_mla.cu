@@ -1,0 +1,277 @@
+// The fused store for DS_MLA_FP8 in its MLA configuration (SPEC §8):
+// RMSNorm over [0, 512) or none, RoPE on [512, 576) (either style) or none,
+// no Hadamard. Everything stays in registers in the plain DS_MLA_FP8 store's
+// layout (ds_mla.cu), so the kernel moves the bytes that store moves plus
+// the cos/sin rows:
+//
+//   lane l: elements [16l, 16l + 16)   (chunks 2l, 2l + 1 of 8 elements)
+//   lanes 0-7: tail elements [512 + 8l, +8): the RoPE part, with its
+//              cos/sin values (interleaved: pairs 4l ... 4l + 3; NeoX:
+//              lane l holds the first halves of pairs 8(l mod 4) ... +8
+//              for l < 4 and the second halves for 4 <= l < 8).
+//
+// Bit-exactness with kernels/reference/fused.cc: SPEC §8's reduction tree
+// puts chunk c's sum of squares (left to right) into slot c mod 32, the
+// slot adding its chunks in increasing c (slot s = S_s + S_(s+32) for the
+// range [0, 512)), then the slots meet by xor steps h = 16, 8, 4, 2, 1. Here
+// lane l holds S_2l and S_2l+1; a shuffle with lane l ^ 16 forms slots 2m and
+// 2m + 1 (m = l mod 16) in both lanes, and step h pairs slot s with s ^ h,
+// which is lane xor h / 2 for h >= 2 and the lane's other register for h = 1.
+// Every pair meets the same partner as in the reference, and a + b = b + a
+// exactly, so the sum is the same bits. Products, sums, sqrt and divisions
+// are round-to-nearest intrinsics (no FMA contraction).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/device_quant.cuh"
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/ds_mla.cuh"
+#include "kernels/cuda/fused_internal.h"
+#include "kernels/format.h"
+#include "kernels/fused.h"
+#include "kernels/quant.h"
+
+namespace kvdepot::gpu::internal {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kWarpsPerCta = kThreads / kWarp;
+constexpr int kSteps = 2;    // tokens in flight per warp
+constexpr int kMinCtas = 4;  // per SM: at most 128 registers
+constexpr int kNormEnd = 512;
+constexpr int kRopeDim = kDsMlaElems - kNormEnd;  // 64
+constexpr int kHalf = kRopeDim / 2;
+
+struct MlaIn {
+  uint4 a, b, tail;
+  float4 c0, c1, s0, s1;  // cos/sin of the lane's pairs (lanes 0-7)
+  int32_t slot;
+};
+
+__device__ __forceinline__ float SumSquares8(const float* x) {
+  float s = __fmul_rn(x[0], x[0]);
+#pragma unroll
+  for (int i = 1; i < 8; ++i) s = __fadd_rn(s, __fmul_rn(x[i], x[i]));
+  return s;
+}
+
+__device__ __forceinline__ void Unpack8(uint4 v, float* x) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    x[2 * i] = BitsToFloat(w[i] << 16);
+    x[2 * i + 1] = BitsToFloat(w[i] & 0xFFFF0000u);
+  }
+}
+
+// Rounds n values to BF16: the rounded values as fp32 and packed words.
+template <int kN>
+__device__ __forceinline__ void Round(float* x, uint32_t* w) {
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) {
+    const uint32_t lo = FloatToBf16(x[2 * i]), hi = FloatToBf16(x[2 * i + 1]);
+    w[i] = lo | (hi << 16);
+    x[2 * i] = BitsToFloat(lo << 16);
+    x[2 * i + 1] = BitsToFloat(hi << 16);
+  }
+}
+
+template <bool kNorm, RopeStyle kRope>
+__device__ __forceinline__ void LoadMla(const uint16_t* kv, int64_t token,
+                                        const int32_t* slots,
+                                        const FusedParams& p, int lane,
+                                        MlaIn& in) {
+  const uint16_t* row = kv + token * kDsMlaElems;
+  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  in.tail = make_uint4(0, 0, 0, 0);  // lanes 8-31 shuffle zeros
+  in.c0 = in.c1 = in.s0 = in.s1 = zero;
+  in.slot = __ldg(slots + token);
+  in.a = LoadStream16(row + 16 * lane);
+  in.b = LoadStream16(row + 16 * lane + 8);
+  if (lane < 8) in.tail = LoadStream16(row + kNormEnd + 8 * lane);
+  if constexpr (kRope != RopeStyle::kNone) {
+    if (lane < 8) {
+      const float4* cs = reinterpret_cast<const float4*>(
+          p.cos_sin + __ldg(p.positions + token) * kRopeDim);
+      if constexpr (kRope == RopeStyle::kInterleaved) {
+        in.c0 = __ldg(cs + lane);              // cos[4l, 4l + 4)
+        in.s0 = __ldg(cs + kHalf / 4 + lane);  // sin[4l, 4l + 4)
+      } else {
+        const int q = 2 * (lane % 4);  // pairs [8(l mod 4), +8)
+        in.c0 = __ldg(cs + q);
+        in.c1 = __ldg(cs + q + 1);
+        in.s0 = __ldg(cs + kHalf / 4 + q);
+        in.s1 = __ldg(cs + kHalf / 4 + q + 1);
+      }
+    }
+  }
+}
+
+template <bool kNorm, RopeStyle kRope>
+__device__ __forceinline__ void ProcessMla(const PoolLayout& layout,
+                                           const FastDiv& div, uint8_t* layer,
+                                           const FusedParams& p,
+                                           const MlaIn& in, uint4 w0, uint4 w1,
+                                           int lane, uint16_t* cast_row) {
+  float x[16];
+  Unpack8(in.a, x);
+  Unpack8(in.b, x + 8);
+  if constexpr (kNorm) {
+    float v0 = SumSquares8(x), v1 = SumSquares8(x + 8);
+    v0 = __fadd_rn(v0, __shfl_xor_sync(kFullMask, v0, 16));
+    v1 = __fadd_rn(v1, __shfl_xor_sync(kFullMask, v1, 16));
+#pragma unroll
+    for (int m = 8; m >= 1; m /= 2) {  // slot step h = 2m
+      v0 = __fadd_rn(v0, __shfl_xor_sync(kFullMask, v0, m));
+      v1 = __fadd_rn(v1, __shfl_xor_sync(kFullMask, v1, m));
+    }
+    const float sum = __fadd_rn(v0, v1);  // h = 1
+    const float mean = __fdiv_rn(sum, static_cast<float>(kNormEnd));
+    const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, p.eps)));
+    float w[16];
+    Unpack8(w0, w);
+    Unpack8(w1, w + 8);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) x[i] = __fmul_rn(__fmul_rn(x[i], r), w[i]);
+  }
+  float t[8];
+  Unpack8(in.tail, t);
+  if constexpr (kRope == RopeStyle::kInterleaved) {
+    const float c[4] = {in.c0.x, in.c0.y, in.c0.z, in.c0.w};
+    const float s[4] = {in.s0.x, in.s0.y, in.s0.z, in.s0.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float a = t[2 * i], b = t[2 * i + 1];
+      t[2 * i] = __fsub_rn(__fmul_rn(a, c[i]), __fmul_rn(b, s[i]));
+      t[2 * i + 1] = __fadd_rn(__fmul_rn(b, c[i]), __fmul_rn(a, s[i]));
+    }
+  } else if constexpr (kRope == RopeStyle::kNeox) {
+    // Pair i = (element 512 + i, element 544 + i): lanes l and l + 4.
+    const float c[8] = {in.c0.x, in.c0.y, in.c0.z, in.c0.w,
+                        in.c1.x, in.c1.y, in.c1.z, in.c1.w};
+    const float s[8] = {in.s0.x, in.s0.y, in.s0.z, in.s0.w,
+                        in.s1.x, in.s1.y, in.s1.z, in.s1.w};
+    const bool second = (lane & 4) != 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float o = __shfl_xor_sync(kFullMask, t[i], 4);
+      const float a = second ? o : t[i], b = second ? t[i] : o;
+      t[i] = second ? __fadd_rn(__fmul_rn(b, c[i]), __fmul_rn(a, s[i]))
+                    : __fsub_rn(__fmul_rn(a, c[i]), __fmul_rn(b, s[i]));
+    }
+  }
+  uint32_t bf[8], tw[4];
+  Round<16>(x, bf);
+  Round<8>(t, tw);
+  uint32_t sb;
+  const uint4 q = DsMlaEncode16<true>(x, &sb);
+  const uint32_t s0 = __shfl_sync(kFullMask, sb, 0);
+  const uint32_t s1 = __shfl_sync(kFullMask, sb, 8);
+  const uint32_t s2 = __shfl_sync(kFullMask, sb, 16);
+  const uint32_t s3 = __shfl_sync(kFullMask, sb, 24);
+  const uint4 t4 = make_uint4(tw[0], tw[1], tw[2], tw[3]);
+  if (in.slot >= 0) {
+    const int32_t block = div.Div(in.slot);
+    uint8_t* rec = layer + block * layout.block_stride +
+                   static_cast<int64_t>(in.slot - block * div.d) * kDsMlaRecord;
+    StoreStream16(rec + 16 * lane, q);
+    if (lane == 0) StoreStream16(rec + 512, make_uint4(s0, s1, s2, s3));
+    if (lane < 8) StoreStream16(rec + kDsMlaTailOffset + 16 * lane, t4);
+  }
+  if (cast_row == nullptr) return;
+  uint32_t o[8];
+  DsMlaDecode16(q, sb, o);
+  StoreStream16(cast_row + 16 * lane, make_uint4(o[0], o[1], o[2], o[3]));
+  StoreStream16(cast_row + 16 * lane + 8, make_uint4(o[4], o[5], o[6], o[7]));
+  if (lane < 8) StoreStream16(cast_row + kNormEnd + 8 * lane, t4);
+}
+
+template <bool kNorm, RopeStyle kRope>
+__global__ void __launch_bounds__(kThreads, kMinCtas)
+    FusedMlaKernel(PoolLayout layout, FastDiv div, uint8_t* layer,
+                   const uint16_t* kv,  // [n][576] BF16
+                   FusedParams p,
+                   const int32_t* slots,  // [n]; -1 = skip (cast_back kept)
+                   int64_t n,
+                   uint16_t* cast_back) {  // [n][576] BF16 or null
+  PdlWait();
+  PdlLaunchDependents();
+  const int lane = threadIdx.x % kWarp;
+  const int64_t warp =
+      static_cast<int64_t>(blockIdx.x) * kWarpsPerCta + threadIdx.x / kWarp;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerCta;
+  uint4 w0 = make_uint4(0, 0, 0, 0), w1 = w0;
+  if constexpr (kNorm) {
+    w0 = __ldg(reinterpret_cast<const uint4*>(p.norm_weight + 16 * lane));
+    w1 = __ldg(reinterpret_cast<const uint4*>(p.norm_weight + 16 * lane + 8));
+  }
+  for (int64_t base = warp; base < n; base += kSteps * warps) {
+    MlaIn in[kSteps];
+#pragma unroll
+    for (int u = 0; u < kSteps; ++u) {  // every load of the round first
+      const int64_t token = base + u * warps;
+      if (token < n) LoadMla<kNorm, kRope>(kv, token, slots, p, lane, in[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kSteps; ++u) {
+      const int64_t token = base + u * warps;
+      if (token >= n) break;  // warp-uniform
+      uint16_t* cast_row =
+          cast_back == nullptr ? nullptr : cast_back + token * kDsMlaElems;
+      ProcessMla<kNorm, kRope>(layout, div, layer, p, in[u], w0, w1, lane,
+                               cast_row);
+    }
+  }
+}
+
+template <bool kNorm, RopeStyle kRope>
+cudaError_t Go(const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
+               const FusedParams& p, const int32_t* slots, int64_t n,
+               uint16_t* cast_back, const Launch& launch) {
+  constexpr auto kKernel = FusedMlaKernel<kNorm, kRope>;
+  const FastDiv div = FastDiv::Of(static_cast<int32_t>(layout.block_size));
+  const dim3 grid(
+      PersistentGrid(n, kWarpsPerCta, ResidentCtas<kKernel, kThreads>()));
+  return LaunchKernel(kKernel, grid, dim3(kThreads), launch, layout, div, layer,
+                      kv, p, slots, n, cast_back);
+}
+
+template <bool kNorm>
+cudaError_t ByRope(const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
+                   const FusedParams& p, const int32_t* slots, int64_t n,
+                   uint16_t* cast_back, const Launch& launch) {
+  switch (p.rope) {
+    case RopeStyle::kNone:
+      return Go<kNorm, RopeStyle::kNone>(layout, layer, kv, p, slots, n,
+                                         cast_back, launch);
+    case RopeStyle::kInterleaved:
+      return Go<kNorm, RopeStyle::kInterleaved>(layout, layer, kv, p, slots, n,
+                                                cast_back, launch);
+    case RopeStyle::kNeox:
+      return Go<kNorm, RopeStyle::kNeox>(layout, layer, kv, p, slots, n,
+                                         cast_back, launch);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+bool FusedMlaApplies(const FusedParams& p) {
+  return p.hadamard_len == 0 &&
+         (!p.norm() || (p.norm_begin == 0 && p.norm_end == kNormEnd)) &&
+         (p.rope == RopeStyle::kNone ||
+          (p.rope_offset == kNormEnd && p.rope_dim == kRopeDim));
+}
+
+cudaError_t LaunchFusedMla(const PoolLayout& layout, uint8_t* layer,
+                           const uint16_t* kv, const FusedParams& p,
+                           const int32_t* slots, int64_t n, uint16_t* cast_back,
+                           const Launch& launch) {
+  if (!FusedMlaApplies(p)) return cudaErrorInvalidValue;
+  return p.norm()
+             ? ByRope<true>(layout, layer, kv, p, slots, n, cast_back, launch)
+             : ByRope<false>(layout, layer, kv, p, slots, n, cast_back, launch);
+}
+
+}  // namespace kvdepot::gpu::internal
