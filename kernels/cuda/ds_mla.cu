@@ -40,11 +40,6 @@ constexpr int kStoreSteps = 2, kRound2StoreSteps = 4;
 constexpr int kLoadSteps = 1, kRound2LoadSteps = 4;
 constexpr unsigned kMaxGridY = 65535;
 
-__device__ __forceinline__ uint8_t* Record(uint8_t* layer, int64_t stride,
-                                           int32_t block, int32_t t) {
-  return layer + block * stride + static_cast<int64_t>(t) * kDsMlaRecord;
-}
-
 struct StoreIn {
   uint4 a, b, tail;
   int32_t slot;
@@ -87,17 +82,8 @@ __global__ void __launch_bounds__(kThreads)
       ToFloat16(raw, x);
       uint32_t sb;
       const uint4 q = DsMlaEncode16<kHw>(x, &sb);
-      const uint32_t s0 = __shfl_sync(kFullMask, sb, 0);
-      const uint32_t s1 = __shfl_sync(kFullMask, sb, 8);
-      const uint32_t s2 = __shfl_sync(kFullMask, sb, 16);
-      const uint32_t s3 = __shfl_sync(kFullMask, sb, 24);
-      const int32_t block = div.Div(slot);
-      uint8_t* rec =
-          Record(layer, layout.block_stride, block, slot - block * div.d);
-      StoreStream16(rec + 16 * lane, q);
-      if (lane == 0) StoreStream16(rec + 512, make_uint4(s0, s1, s2, s3));
-      if (lane < 8)
-        StoreStream16(rec + kDsMlaTailOffset + 16 * lane, in[u].tail);
+      DsMlaPutRecord(layer, layout.block_stride, div, slot, q, sb, in[u].tail,
+                     lane);
     }
   }
 }

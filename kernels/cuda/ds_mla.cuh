@@ -100,6 +100,41 @@ __device__ __forceinline__ void DsMlaDecode16(uint4 q, uint32_t scale_bits,
   }
 }
 
+// Writes one lane's part of a token's 656-byte record at slot >= 0 of a
+// layer whose blocks are block_stride bytes apart (div: by block_size): the
+// lane's 16 codes, the four tiles' scales (lane 0) and the BF16 tail words
+// (lanes 0-7). Every lane of the warp calls it, whatever the slot (the
+// scales meet by shuffles).
+__device__ __forceinline__ void DsMlaPutRecord(uint8_t* layer,
+                                               int64_t block_stride,
+                                               const FastDiv& div, int32_t slot,
+                                               uint4 q, uint32_t scale_bits,
+                                               uint4 tail, int lane) {
+  const uint32_t s0 = __shfl_sync(kFullMask, scale_bits, 0);
+  const uint32_t s1 = __shfl_sync(kFullMask, scale_bits, 8);
+  const uint32_t s2 = __shfl_sync(kFullMask, scale_bits, 16);
+  const uint32_t s3 = __shfl_sync(kFullMask, scale_bits, 24);
+  if (slot < 0) return;
+  const int32_t block = div.Div(slot);
+  uint8_t* rec = layer + block * block_stride +
+                 static_cast<int64_t>(slot - block * div.d) * kDsMlaRecord;
+  StoreStream16(rec + 16 * lane, q);
+  if (lane == 0) StoreStream16(rec + 512, make_uint4(s0, s1, s2, s3));
+  if (lane < 8) StoreStream16(rec + kDsMlaTailOffset + 16 * lane, tail);
+}
+
+// The cast-back row of what DsMlaPutRecord wrote (the BF16 a later load
+// returns): lane l's 16 decoded elements and, lanes 0-7, the tail.
+__device__ __forceinline__ void DsMlaPutCastBack(uint16_t* row, uint4 q,
+                                                 uint32_t scale_bits,
+                                                 uint4 tail, int lane) {
+  uint32_t w[8];
+  DsMlaDecode16(q, scale_bits, w);
+  StoreStream16(row + 16 * lane, make_uint4(w[0], w[1], w[2], w[3]));
+  StoreStream16(row + 16 * lane + 8, make_uint4(w[4], w[5], w[6], w[7]));
+  if (lane < 8) StoreStream16(row + 512 + 8 * lane, tail);
+}
+
 }  // namespace kvdepot::gpu::internal
 
 #endif  // KVDEPOT_KERNELS_CUDA_DS_MLA_CUH_

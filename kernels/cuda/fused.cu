@@ -514,25 +514,9 @@ __device__ __forceinline__ void QuantizeDsMla(const PoolLayout& layout,
   if (lane < 8) RoundBf16<8, kSwz>(y, 512 + 8 * lane, xt, tail);
   uint32_t sb;
   const uint4 q = DsMlaEncode16<true>(x, &sb);
-  const uint32_t s0 = __shfl_sync(kFullMask, sb, 0);
-  const uint32_t s1 = __shfl_sync(kFullMask, sb, 8);
-  const uint32_t s2 = __shfl_sync(kFullMask, sb, 16);
-  const uint32_t s3 = __shfl_sync(kFullMask, sb, 24);
   const uint4 t4 = make_uint4(tail[0], tail[1], tail[2], tail[3]);
-  if (slot >= 0) {
-    const int32_t block = div.Div(slot);
-    uint8_t* rec = layer + block * layout.block_stride +
-                   static_cast<int64_t>(slot - block * div.d) * kDsMlaRecord;
-    StoreStream16(rec + 16 * lane, q);
-    if (lane == 0) StoreStream16(rec + 512, make_uint4(s0, s1, s2, s3));
-    if (lane < 8) StoreStream16(rec + kDsMlaTailOffset + 16 * lane, t4);
-  }
-  if (cast_row == nullptr) return;
-  uint32_t w[8];
-  DsMlaDecode16(q, sb, w);
-  StoreStream16(cast_row + 16 * lane, make_uint4(w[0], w[1], w[2], w[3]));
-  StoreStream16(cast_row + 16 * lane + 8, make_uint4(w[4], w[5], w[6], w[7]));
-  if (lane < 8) StoreStream16(cast_row + 512 + 8 * lane, t4);
+  DsMlaPutRecord(layer, layout.block_stride, div, slot, q, sb, t4, lane);
+  if (cast_row != nullptr) DsMlaPutCastBack(cast_row, q, sb, t4, lane);
 }
 
 // Steps 5-6 for BF16(N): the rounded values are the record and the load.

@@ -166,25 +166,9 @@ __device__ __forceinline__ void ProcessMla(const PoolLayout& layout,
   Round<8>(t, tw);
   uint32_t sb;
   const uint4 q = DsMlaEncode16<true>(x, &sb);
-  const uint32_t s0 = __shfl_sync(kFullMask, sb, 0);
-  const uint32_t s1 = __shfl_sync(kFullMask, sb, 8);
-  const uint32_t s2 = __shfl_sync(kFullMask, sb, 16);
-  const uint32_t s3 = __shfl_sync(kFullMask, sb, 24);
   const uint4 t4 = make_uint4(tw[0], tw[1], tw[2], tw[3]);
-  if (in.slot >= 0) {
-    const int32_t block = div.Div(in.slot);
-    uint8_t* rec = layer + block * layout.block_stride +
-                   static_cast<int64_t>(in.slot - block * div.d) * kDsMlaRecord;
-    StoreStream16(rec + 16 * lane, q);
-    if (lane == 0) StoreStream16(rec + 512, make_uint4(s0, s1, s2, s3));
-    if (lane < 8) StoreStream16(rec + kDsMlaTailOffset + 16 * lane, t4);
-  }
-  if (cast_row == nullptr) return;
-  uint32_t o[8];
-  DsMlaDecode16(q, sb, o);
-  StoreStream16(cast_row + 16 * lane, make_uint4(o[0], o[1], o[2], o[3]));
-  StoreStream16(cast_row + 16 * lane + 8, make_uint4(o[4], o[5], o[6], o[7]));
-  if (lane < 8) StoreStream16(cast_row + kNormEnd + 8 * lane, t4);
+  DsMlaPutRecord(layer, layout.block_stride, div, in.slot, q, sb, t4, lane);
+  if (cast_row != nullptr) DsMlaPutCastBack(cast_row, q, sb, t4, lane);
 }
 
 template <bool kNorm, RopeStyle kRope>
