@@ -41,6 +41,9 @@
 ABSL_FLAG(std::string, json, "", "write results as JSON to this file");
 ABSL_FLAG(int, iters, 20, "timed launches per bandwidth point");
 ABSL_FLAG(int, graph_launches, 200, "launches per CUDA graph (latency)");
+ABSL_FLAG(int64_t, profile_tokens, 0,
+          "> 0: only launch the fused kernel of each config at this many "
+          "tokens, three times, and exit (for a profiler such as ncu)");
 
 namespace kvdepot::gpu {
 namespace {
@@ -280,6 +283,17 @@ int Main() {
   const int iters = absl::GetFlag(FLAGS_iters);
   const int launches = absl::GetFlag(FLAGS_graph_launches);
   std::vector<std::string> json;
+  if (const int64_t n = absl::GetFlag(FLAGS_profile_tokens); n > 0) {
+    for (const Config& c : Configs()) {
+      Workload w = Make(c, n);
+      const Launcher f = FusedOf(w);
+      for (int i = 0; i < 3; ++i) CHECK_OK(f(g_stream));
+      CHECK_CUDA(cudaStreamSynchronize(g_stream));
+      std::printf("profiled %s at %lld tokens\n", c.name.c_str(),
+                  static_cast<long long>(n));
+    }
+    return 0;
+  }
 
   // Copy bandwidth (bytes read + written), events on the stream.
   const int64_t copy_bytes = int64_t{1} << 30;
