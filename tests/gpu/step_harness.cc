@@ -290,6 +290,7 @@ v1::StepRequest StepRig::Request(const StepInput& in) const {
     r.set_num_seqs(static_cast<int32_t>(in.query_lens.size()));
     r.set_seq_lens(Pack(in.seq_lens));
     r.set_query_lens(Pack(in.query_lens));
+    r.set_deadline_ms(options_.deadline_ms);
     return r;
   }
   r.set_session_id(client_->session_id());
@@ -304,6 +305,7 @@ v1::StepRequest StepRig::Request(const StepInput& in) const {
   r.set_block_tables(Pack(in.block_tables));
   r.set_block_table_cols(options_.max_blocks_per_seq);
   r.set_top_k(options_.top_k);
+  r.set_deadline_ms(options_.deadline_ms);
   return r;
 }
 

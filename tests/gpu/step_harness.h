@@ -49,6 +49,8 @@ struct RigOptions {
   int max_blocks_per_seq = 8;
   std::string index_format = "FP4_INDEX";
   int64_t watchdog_ms = 20000;
+  // StepRequest.deadline_ms of every step (0 = the daemon's default).
+  uint32_t deadline_ms = 0;
   // Every step: max_seqs sequences of one query token (plain decode).
   bool decode_only = false;
   // Layers with no cache and no top-k, no SWA index: every phase is the
@@ -84,6 +86,8 @@ class StepRig {
 
   const RigOptions& options() const { return options_; }
   uint64_t registration_id() const { return registration_id_; }
+  // The daemon buffer holding the worker's rows (io()).
+  uint64_t io_buffer_id() const { return io_id_; }
   kvd_worker* worker() const { return worker_; }
   KVCacheClient* client() const { return client_.get(); }
   v1::Step::Stub* stub() const { return stub_.get(); }
