@@ -31,7 +31,8 @@ class SchedulerProcess {
   // Sends step `step_id`: OK when the daemon accepted it, else the daemon's
   // code and message (or INTERNAL when the child died).
   absl::Status Send(uint64_t step_id);
-  // Ends the child: its process CPU over the steps per step, in us.
+  // Ends the child: its process CPU per step in us, over the steps after
+  // the first (which pays for the channel's lazy setup).
   absl::StatusOr<double> Finish();
 
  private:

@@ -7,8 +7,8 @@ protocol as step_scheduler.cc, which documents it).
 FILE holds one serialized kvdepot.v1.StepRequest. Per stdin line "<step_id>"
 the script rebuilds the request's int32 arrays from its own arrays (as a
 Python scheduler does each step), sends Step and answers "ok <queued>" or
-"err <code> <msg>"; "q" answers "cpu_us <process CPU over the steps> steps
-<n>". Needs grpcio and protobuf; the stubs are the committed ones in
+"err <code> <msg>"; "q" answers "cpu_us <process CPU> steps <n>", counted
+from the end of the first step (lazy setup) over the steps after it. Needs grpcio and protobuf; the stubs are the committed ones in
 client/python/kvdepot/v1 (found beside this file under ../python or from the
 repository).
 """
@@ -60,17 +60,19 @@ def main():
         except ValueError:
             print("err 3 bad line", flush=True)
             continue
-        if cpu0 is None:
-            cpu0 = time.process_time()
         req.step_id = step_id
         for name, v in values.items():
             setattr(req, name, v.tobytes())
-        steps += 1
         try:
             reply = stub.Step(req, timeout=10)
-            print("ok %d" % reply.queued, flush=True)
+            line = "ok %d" % reply.queued
         except grpc.RpcError as e:
-            print("err %d %s" % (e.code().value[0], e.details()), flush=True)
+            line = "err %d %s" % (e.code().value[0], e.details())
+        if cpu0 is None:
+            cpu0 = time.process_time()  # the first step is not counted
+        else:
+            steps += 1
+        print(line, flush=True)
     cpu = 0.0 if cpu0 is None else (time.process_time() - cpu0) * 1e6
     print("cpu_us %.1f steps %d" % (cpu, steps), flush=True)
 
