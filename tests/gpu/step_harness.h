@@ -58,6 +58,16 @@ struct RigOptions {
   bool bare = false;
   bool delete_pools = false;  // delete the created pools on destruction
   int pool_layers = 0;        // layers of the created pools (0 = layers)
+  // Workers sharing pools: slots = slot_offset mod slot_stride only, SWA
+  // states in [state_offset, state_offset + state_count) (0 = all).
+  int slot_stride = 1;
+  int slot_offset = 0;
+  int state_offset = 0;
+  int state_count = 0;
+  // Nonzero: the rows are StepValueBf16/StepValueTopk of seeds derived
+  // from this, and EnqueueWorker produces them with the worker's kernels
+  // (step_worker_kernels.h) instead of copying them from the host.
+  uint64_t kv_seed = 0;
 };
 
 // Optional instrumentation of StepRig::EnqueueWorker.
@@ -66,6 +76,9 @@ struct WorkerHooks {
   std::function<absl::Status(cudaStream_t)> work;
   // [2 * phases]: recorded right before mark(p) and right after wait(p).
   std::vector<cudaEvent_t>* phase_events = nullptr;
+  // Runs on the stream right after wait(A_l), with l (the worker reads
+  // what the daemon stored).
+  std::function<absl::Status(cudaStream_t, int)> after_stores;
 };
 
 // One step's inputs (host copies).
@@ -77,6 +90,11 @@ struct StepInput {
   std::vector<std::vector<int32_t>> topk;  // [n][top_k]
   int num_tokens() const { return static_cast<int>(slots.size()); }
 };
+
+// A random step for a rig of `options` (slots, lengths, states, block
+// tables, rows); the same rng gives the same step in any process.
+StepInput RandomStepFor(const RigOptions& options, uint64_t step_id,
+                        std::mt19937& rng);
 
 class StepRig {
  public:
@@ -159,6 +177,7 @@ class StepRig {
   int64_t io_bytes_ = 0;
   std::unique_ptr<Pinned> staging_;
   int staged_tokens_ = 0;
+  uint64_t staged_step_ = 0;
   std::vector<int32_t> expected_out_;  // [layers][n][top_k]
   std::vector<int32_t> expected_swa_;  // [n][window]
   uint64_t expected_out_of_range_ = 0;
