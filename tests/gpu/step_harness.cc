@@ -24,12 +24,6 @@ namespace {
 constexpr int64_t kAlign = 256;
 int64_t Up(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-std::string Pack(absl::Span<const int32_t> v) {
-  std::string out;
-  EncodeInt32s(v, &out);
-  return out;
-}
-
 absl::Status Worker(int rc, absl::string_view what) {
   if (rc == KVD_OK) return absl::OkStatus();
   return absl::InternalError(
@@ -319,44 +313,45 @@ StepInput RandomStepFor(const RigOptions& o, uint64_t step_id,
 
 v1::StepRequest StepRig::Request(const StepInput& in) const {
   v1::StepRequest r;
-  if (options_.bare) {
-    r.set_session_id(client_->session_id());
-    r.set_registration_id(registration_id_);
-    r.set_step_id(in.step_id);
-    r.set_slot_mapping(Pack(in.slots));
-    r.set_num_tokens(in.num_tokens());
-    r.set_num_seqs(static_cast<int32_t>(in.query_lens.size()));
-    r.set_seq_lens(Pack(in.seq_lens));
-    r.set_query_lens(Pack(in.query_lens));
-    r.set_deadline_ms(options_.deadline_ms);
-    return r;
-  }
-  r.set_session_id(client_->session_id());
-  r.set_registration_id(registration_id_);
-  r.set_step_id(in.step_id);
-  r.set_slot_mapping(Pack(in.slots));
-  r.set_num_tokens(in.num_tokens());
-  r.set_num_seqs(static_cast<int32_t>(in.query_lens.size()));
-  r.set_seq_lens(Pack(in.seq_lens));
-  r.set_query_lens(Pack(in.query_lens));
-  r.set_swa_state_ids(Pack(in.states));
-  r.set_block_tables(Pack(in.block_tables));
-  r.set_block_table_cols(options_.max_blocks_per_seq);
-  r.set_top_k(options_.top_k);
-  r.set_deadline_ms(options_.deadline_ms);
+  FillRequest(in, &r);
   return r;
+}
+
+void StepRig::FillRequest(const StepInput& in, v1::StepRequest* r) const {
+  // Every field is set each time; bytes fields are refilled in place
+  // (their capacity stays), so a reused request allocates nothing.
+  r->set_session_id(client_->session_id());
+  r->set_registration_id(registration_id_);
+  r->set_step_id(in.step_id);
+  EncodeInt32s(in.slots, r->mutable_slot_mapping());
+  r->set_num_tokens(in.num_tokens());
+  r->set_num_seqs(static_cast<int32_t>(in.query_lens.size()));
+  EncodeInt32s(in.seq_lens, r->mutable_seq_lens());
+  EncodeInt32s(in.query_lens, r->mutable_query_lens());
+  r->set_deadline_ms(options_.deadline_ms);
+  if (options_.bare) {
+    r->clear_swa_state_ids();
+    r->clear_block_tables();
+    r->set_block_table_cols(0);
+    r->set_top_k(0);
+    return;
+  }
+  EncodeInt32s(in.states, r->mutable_swa_state_ids());
+  EncodeInt32s(in.block_tables, r->mutable_block_tables());
+  r->set_block_table_cols(options_.max_blocks_per_seq);
+  r->set_top_k(options_.top_k);
 }
 
 absl::StatusOr<v1::StepResponse> StepRig::SendStep(const StepInput& in) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  v1::StepResponse out;
-  grpc::Status s = stub_->Step(&ctx, Request(in), &out);
+  FillRequest(in, &request_);
+  grpc::Status s = stub_->Step(&ctx, request_, &reply_);
   if (!s.ok()) {
     return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
                         absl::StrCat("Step: ", s.error_message()));
   }
-  return out;
+  return reply_;
 }
 
 void StepRig::StageInputs(const StepInput& in) {

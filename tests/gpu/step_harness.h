@@ -112,6 +112,8 @@ class StepRig {
 
   StepInput RandomStep(uint64_t step_id, std::mt19937& rng) const;
   v1::StepRequest Request(const StepInput& in) const;
+  // Sets every field of *r for `in` (bytes fields refilled in place).
+  void FillRequest(const StepInput& in, v1::StepRequest* r) const;
   // The scheduler's call.
   absl::StatusOr<v1::StepResponse> SendStep(const StepInput& in);
   // Copies the step's rows into pinned staging (host; before EnqueueWorker).
@@ -178,6 +180,8 @@ class StepRig {
   std::unique_ptr<Pinned> staging_;
   int staged_tokens_ = 0;
   uint64_t staged_step_ = 0;
+  v1::StepRequest request_;  // SendStep's, reused
+  v1::StepResponse reply_;
   std::vector<int32_t> expected_out_;  // [layers][n][top_k]
   std::vector<int32_t> expected_swa_;  // [n][window]
   uint64_t expected_out_of_range_ = 0;
