@@ -38,6 +38,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -402,7 +403,12 @@ absl::StatusOr<PathResult> MeasurePath(StepRig* rig, StepInput& in,
   const double daemon0 = ProcessCpuUs(daemon);
   const std::map<std::string, double> threads0 = ThreadCpuUs(daemon);
   in.step_id = (*next_step)++;
-  RETURN_IF_ERROR(send(in));
+  if (absl::Status first = send(in); !first.ok()) {
+    // Nothing is on the GPU yet: the id was not used, the run can go on.
+    --*next_step;
+    return absl::Status(first.code(),
+                        absl::StrCat("first step: ", first.message()));
+  }
   for (int i = 0; i < steps + 1; ++i) {
     cudaEventRecord(step_ev.e[0], s);
     RETURN_IF_ERROR(rig->EnqueueWorker(s, false, hooks));
@@ -517,6 +523,13 @@ absl::StatusOr<Row> Measure(StepRig* rig, LibraryMode* lib,
       Sender external = [&](StepInput& step) { return p->Send(step.step_id); };
       absl::StatusOr<PathResult> r =
           MeasurePath(rig, in, next_step, work_us, steps, daemon, s, external);
+      if (!r.ok() && absl::StartsWith(r.status().message(), "first step: ")) {
+        // E.g. no grpc module in this python: reported, the row goes on.
+        std::fprintf(stderr, "scheduler %s: %s\n", name.c_str(),
+                     r.status().ToString().c_str());
+        row.external.push_back({name + "(failed)", -1});
+        continue;
+      }
       if (!r.ok()) {
         return absl::Status(r.status().code(),
                             absl::StrCat(name, ": ", r.status().message()));
