@@ -226,6 +226,7 @@ absl::Status Daemon::Init() {
   backend_options.cuda_wait_timeout = options_.cuda_wait_timeout;
   backend_options.cuda_memory_reserve_bytes =
       options_.cuda_memory_reserve_bytes;
+  backend_options.cuda_blocking_sync = options_.cuda_blocking_sync;
   absl::StatusOr<std::unique_ptr<Backend>> backend =
       MakeBackend(options_.backend, backend_options);
   if (!backend.ok()) return backend.status();

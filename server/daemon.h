@@ -56,6 +56,7 @@ struct DaemonOptions {
   // kept free for others (BackendOptions).
   absl::Duration cuda_wait_timeout = absl::Seconds(10);
   int64_t cuda_memory_reserve_bytes = int64_t{1} << 30;
+  bool cuda_blocking_sync = true;  // BackendOptions::cuda_blocking_sync
   int64_t max_message_bytes = int64_t{64} << 20;
   // gRPC threads in all (pollers and handlers), and calls in flight on one
   // connection (docs/DAEMON.md "Limits").

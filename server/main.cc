@@ -67,6 +67,9 @@ ABSL_FLAG(int64_t, cuda_memory_reserve_bytes, int64_t{1} << 30,
           "CUDA backend: device memory left to others; pools and buffers "
           "may take what was free at start minus this (RESOURCE_EXHAUSTED "
           "beyond). -1 = no device budget.");
+ABSL_FLAG(bool, cuda_blocking_sync, true,
+          "CUDA backend: host threads waiting for the GPU sleep "
+          "(cudaDeviceScheduleBlockingSync) instead of spinning a core.");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20,
           "Largest gRPC message received or sent.");
 ABSL_FLAG(int, max_threads, 64,
@@ -216,6 +219,7 @@ int main(int argc, char** argv) {
       absl::Milliseconds(absl::GetFlag(FLAGS_cuda_wait_timeout_ms));
   options.cuda_memory_reserve_bytes =
       absl::GetFlag(FLAGS_cuda_memory_reserve_bytes);
+  options.cuda_blocking_sync = absl::GetFlag(FLAGS_cuda_blocking_sync);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_pool_bytes = absl::GetFlag(FLAGS_max_pool_bytes);
   options.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes);

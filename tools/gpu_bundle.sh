@@ -60,6 +60,12 @@ for e in "${entries[@]}"; do
   done < <(ldd "$bundle/bin/$name" | awk '/=> \// {print $3}')
 done
 cp tools/gpu/run_all.sh "$bundle/run_all.sh"
+# step_benchmark's Python scheduler (beside the binaries) and the committed
+# stubs it imports (bin/../python).
+cp tests/gpu/step_scheduler.py "$bundle/bin/"
+mkdir -p "$bundle/python"
+cp -r client/python/kvdepot "$bundle/python/"
+find "$bundle/python" -name __pycache__ -prune -exec rm -rf {} +
 chmod +x "$bundle/run_all.sh"
 
 size_kib=$(du -sk "$bundle" | cut -f1)

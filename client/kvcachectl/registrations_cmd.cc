@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/kvcachectl/commands.h"
 #include "client/kvcachectl/daemon_cmd.h"
+#include "client/kvcachectl/step_status.h"
 #include "kvdepot/v1/step.grpc.pb.h"
 
 namespace kvdepot::ctl {
@@ -52,13 +53,13 @@ int RunRegistrationsCommand(const Args& args, std::ostream& out,
        "STATUS", "OUT OF RANGE", "WATCHDOG", "CANCELLED"}};
   for (const v1::RegistrationInfo& i : r.registrations()) {
     rows.push_back(
-        {absl::StrCat(i.registration_id()), i.name(),
+        {absl::StrCat(i.registration_id()), TerminalSafe(i.name()),
          absl::StrCat(i.owner_session()), absl::StrCat(i.owner_uid()),
          absl::StrCat(i.num_layers()), absl::StrCat(i.last_step_id()),
          absl::StrCat(i.completed_step_id()), absl::StrCat(i.in_flight()),
-         absl::StrCat(i.status_bits()), absl::StrCat(i.out_of_range()),
+         StepStatusNames(i.status_bits()), absl::StrCat(i.out_of_range()),
          absl::StrCat(i.watchdog_expiries()),
-         i.cancelled() ? i.cancel_reason() : "-"});
+         i.cancelled() ? TerminalSafe(i.cancel_reason()) : "-"});
   }
   PrintTable(rows, out);
   return kExitOk;

@@ -683,6 +683,17 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(
     return absl::FailedPreconditionError(
         "--backend=cuda: no CUDA device is visible");
   }
+  // Before any context exists (cudaGetDeviceCount creates none): waiting
+  // host threads sleep instead of spinning (BackendOptions).
+  if (options.cuda_blocking_sync) {
+    for (int d = 0; d < *count; ++d) {
+      RETURN_IF_CUDA_ERROR(cudaSetDevice(d),
+                           absl::StrCat("cudaSetDevice(", d, ")"));
+      RETURN_IF_CUDA_ERROR(
+          cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync),
+          absl::StrCat("cudaSetDeviceFlags(BlockingSync) on cuda:", d));
+    }
+  }
   // The device budget: what each device has free now, minus the reserve.
   auto budget = std::make_shared<DeviceBudget>();
   if (options.cuda_memory_reserve_bytes >= 0) {

@@ -8,6 +8,30 @@
 #include "spdlog/spdlog.h"
 
 namespace kvdepot::step {
+namespace {
+
+// A registration's name (untrusted, <= 64 bytes) as a Prometheus label
+// value: backslash, quote and newline escaped, other control and non-ASCII
+// bytes shown as '?', so a name can neither end the label nor the line.
+std::string PrometheusLabel(absl::string_view name) {
+  std::string out;
+  for (const char c : name) {
+    if (c == '\\' || c == '"') {
+      out.push_back('\\');
+      out.push_back(c);
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (static_cast<unsigned char>(c) < 0x20 ||
+               static_cast<unsigned char>(c) >= 0x7f) {
+      out.push_back('?');
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+}  // namespace
 
 StepRegistry::StepRegistry(StepEngineFactory* factory,
                            const PoolRegistry* pools,
@@ -366,38 +390,75 @@ std::string StepRegistry::RenderPrometheus() const {
   counter("kvdepot_step_out_of_range_total",
           "Device-resident entries the kernels turned into -1.",
           c.out_of_range);
-  std::vector<std::shared_ptr<Registration>> all;
+  // Per registration: a snapshot of each under its own lock, then one group
+  // of lines per metric family (the text format wants families whole).
+  struct Row {
+    std::string label;  // registration="<id>",name="<escaped>"
+    uint64_t in_flight, status_bits, out_of_range, steps_completed,
+        last_step_id, completed_step_id, watchdog_expiries, cancelled;
+    std::array<uint64_t, 12> latency;
+    double latency_sum_us;
+  };
+  std::vector<Row> rows;
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& [id, reg] : regs_) all.push_back(reg);
+    for (const auto& [id, reg] : regs_) {
+      absl::MutexLock r(&reg->mu);
+      rows.push_back({absl::StrCat("registration=\"", reg->id, "\",name=\"",
+                                   PrometheusLabel(reg->config.name), "\""),
+                      reg->deadlines.size(), reg->status_bits,
+                      reg->out_of_range, reg->steps_completed,
+                      reg->last_step_id, reg->completed_step_id,
+                      reg->watchdog_expiries, reg->cancelled ? 1u : 0u,
+                      reg->latency, reg->latency_sum_us});
+    }
   }
-  if (all.empty()) return out;
+  if (rows.empty()) return out;
+  auto family = [&](const char* name, const char* help, const char* type,
+                    uint64_t Row::*field) {
+    absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ",
+                    type, "\n");
+    for (const Row& row : rows) {
+      absl::StrAppend(&out, name, "{", row.label, "} ", row.*field, "\n");
+    }
+  };
+  family("kvdepot_step_in_flight", "Steps in flight.", "gauge",
+         &Row::in_flight);
+  family("kvdepot_step_status_bits",
+         "Sticky doorbell status bits (docs/STEP_PATH.md).", "gauge",
+         &Row::status_bits);
+  family("kvdepot_step_registration_out_of_range",
+         "Device-resident entries the kernels turned into -1.", "gauge",
+         &Row::out_of_range);
+  family("kvdepot_step_registration_completed_total",
+         "Steps of the registration finished on the GPU.", "counter",
+         &Row::steps_completed);
+  family("kvdepot_step_last_accepted_id", "Last step id accepted.", "gauge",
+         &Row::last_step_id);
+  family("kvdepot_step_last_finished_id", "Last step id finished.", "gauge",
+         &Row::completed_step_id);
+  family("kvdepot_step_registration_watchdog_expiries_total",
+         "Steps of the registration that passed their deadline.", "counter",
+         &Row::watchdog_expiries);
+  family("kvdepot_step_cancelled",
+         "1 once the registration was cancelled (terminal).", "gauge",
+         &Row::cancelled);
   absl::StrAppend(&out,
-                  "# HELP kvdepot_step_in_flight Steps in flight.\n"
-                  "# TYPE kvdepot_step_in_flight gauge\n"
-                  "# HELP kvdepot_step_status_bits Sticky doorbell status.\n"
-                  "# TYPE kvdepot_step_status_bits gauge\n"
                   "# HELP kvdepot_step_latency_us Host-seen step time.\n"
                   "# TYPE kvdepot_step_latency_us histogram\n");
-  for (const auto& reg : all) {
-    const std::string label = absl::StrCat("registration=\"", reg->id, "\"");
-    absl::MutexLock lock(&reg->mu);
-    absl::StrAppend(&out, "kvdepot_step_in_flight{", label, "} ",
-                    reg->deadlines.size(), "\n");
-    absl::StrAppend(&out, "kvdepot_step_status_bits{", label, "} ",
-                    reg->status_bits, "\n");
+  for (const Row& row : rows) {
     uint64_t cumulative = 0;
-    for (size_t b = 0; b < reg->latency.size(); ++b) {
-      cumulative += reg->latency[b];
+    for (size_t b = 0; b < row.latency.size(); ++b) {
+      cumulative += row.latency[b];
       const std::string le = b < kStepLatencyBoundsUs.size()
                                  ? absl::StrCat(kStepLatencyBoundsUs[b])
                                  : "+Inf";
-      absl::StrAppend(&out, "kvdepot_step_latency_us_bucket{", label, ",le=\"",
-                      le, "\"} ", cumulative, "\n");
+      absl::StrAppend(&out, "kvdepot_step_latency_us_bucket{", row.label,
+                      ",le=\"", le, "\"} ", cumulative, "\n");
     }
-    absl::StrAppend(&out, "kvdepot_step_latency_us_sum{", label, "} ",
-                    reg->latency_sum_us, "\n", "kvdepot_step_latency_us_count{",
-                    label, "} ", cumulative, "\n");
+    absl::StrAppend(&out, "kvdepot_step_latency_us_sum{", row.label, "} ",
+                    row.latency_sum_us, "\n", "kvdepot_step_latency_us_count{",
+                    row.label, "} ", cumulative, "\n");
   }
   return out;
 }

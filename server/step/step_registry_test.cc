@@ -7,10 +7,13 @@
 
 #include <deque>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -25,6 +28,7 @@ namespace kvdepot::step {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string Pack(std::vector<int32_t> v) {
   std::string out;
@@ -513,12 +517,87 @@ TEST_F(StepRegistryTest, OutOfRangeAndStatusAreReported) {
   const std::string text = registry_->RenderPrometheus();
   EXPECT_THAT(text, HasSubstr("kvdepot_step_out_of_range_total 7\n"));
   EXPECT_THAT(text, HasSubstr("kvdepot_steps_completed_total 1\n"));
-  EXPECT_THAT(text, HasSubstr(absl::StrCat("kvdepot_step_status_bits{"
+  const std::string label =
+      absl::StrCat("{registration=\"", id, "\",name=\"rank0\"}");
+  EXPECT_THAT(
+      text, HasSubstr(absl::StrCat("kvdepot_step_status_bits", label, " 4\n")));
+  EXPECT_THAT(text,
+              HasSubstr(absl::StrCat("kvdepot_step_registration_out_of_range",
+                                     label, " 7\n")));
+  EXPECT_THAT(
+      text, HasSubstr(absl::StrCat("kvdepot_step_registration_completed_total",
+                                   label, " 1\n")));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("kvdepot_step_last_finished_id",
+                                           label, " 1\n")));
+  EXPECT_THAT(text,
+              HasSubstr(absl::StrCat("kvdepot_step_cancelled", label, " 0\n")));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("kvdepot_step_latency_us_count{"
                                            "registration=\"",
-                                           id, "\"} 4\n")));
+                                           id, "\",name=\"rank0\"} 1\n")));
+}
+
+// Every metric family is one group of lines (HELP, TYPE, then all its
+// samples), as the text format requires, with two registrations.
+TEST_F(StepRegistryTest, MetricFamiliesAreNotInterleaved) {
+  const uint64_t a = Register();
+  const uint64_t b = Register();
+  ASSERT_NE(a, b);
+  const std::string text = registry_->RenderPrometheus();
+  std::vector<std::string> order;  // family of each sample line, in order
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (line.empty() || line[0] == '#') continue;
+    std::string family(line.substr(0, line.find_first_of("{ ")));
+    for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+      if (absl::EndsWith(family, suffix) &&
+          absl::StartsWith(family, "kvdepot_step_latency_us")) {
+        family = "kvdepot_step_latency_us";
+      }
+    }
+    if (order.empty() || order.back() != family) order.push_back(family);
+  }
+  std::set<std::string> seen;
+  for (const std::string& f : order) {
+    EXPECT_TRUE(seen.insert(f).second) << f << " is split in:\n" << text;
+  }
+  EXPECT_TRUE(seen.count("kvdepot_step_cancelled"));
+}
+
+// A watchdog cancel shows in the registration's own metrics.
+TEST_F(StepRegistryTest, WatchdogCancelShowsInTheRegistrationsMetrics) {
+  const uint64_t id = Register();
+  v1::StepRequest r = Step(id, 1);
+  r.set_deadline_ms(1);
+  ASSERT_TRUE(registry_->Step(owner_, r).ok());
+  registry_->Watch(absl::Now() + absl::Seconds(1));
+  const std::string text = registry_->RenderPrometheus();
+  const std::string label =
+      absl::StrCat("{registration=\"", id, "\",name=\"rank0\"}");
+  EXPECT_THAT(text,
+              HasSubstr(absl::StrCat("kvdepot_step_cancelled", label, " 1\n")));
   EXPECT_THAT(text, HasSubstr(absl::StrCat(
-                        "kvdepot_step_latency_us_count{registration=\"", id,
-                        "\"} 1\n")));
+                        "kvdepot_step_registration_watchdog_expiries_total",
+                        label, " 1\n")));
+  EXPECT_THAT(text,
+              HasSubstr(absl::StrCat("kvdepot_step_in_flight", label, " 1\n")));
+  EXPECT_THAT(text, HasSubstr("kvdepot_step_cancels_total 1\n"));
+  EXPECT_THAT(text, HasSubstr("kvdepot_step_watchdog_expiries_total 1\n"));
+  factory_.last->Finish(doorbell::kStatusCancelled);
+}
+
+// Attack: a registration name cannot end its label or forge a line.
+TEST_F(StepRegistryTest, RegistrationNameIsEscapedInMetrics) {
+  v1::RegisterWorkerRequest req = Registration();
+  req.set_name("x\"} 1\nkvdepot_forged 1\n\\\x01\xff");
+  absl::StatusOr<v1::RegisterWorkerResponse> reg =
+      registry_->Register(owner_, req);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  const std::string text = registry_->RenderPrometheus();
+  EXPECT_THAT(text, Not(HasSubstr("\nkvdepot_forged")));
+  EXPECT_THAT(text,
+              HasSubstr(absl::StrCat("kvdepot_step_in_flight{registration=\"",
+                                     reg->registration_id(),
+                                     "\",name=\"x\\\"} 1\\nkvdepot_forged "
+                                     "1\\n\\\\??\"} 0\n")));
 }
 
 TEST(StepEngineTest, WithoutAGpuRegistrationIsAFailedPrecondition) {

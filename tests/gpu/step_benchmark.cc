@@ -10,10 +10,18 @@
 // per step: worker-stream time (GPU events), per-phase handoff (events
 // around mark..wait) minus the same phase's kernel time in library mode,
 // the bare doorbell round trip of the same run (a registration whose
-// phases run only the gate kernel), the daemon's CPU time (/proc) and the
-// scheduler's (this thread's CPU clock around Step). Mode (b), per-layer
-// RPCs, is not in this version.
+// phases run only the gate kernel), the daemon's CPU time (/proc, with the
+// busiest daemon threads by name) and the scheduler's (this thread's CPU
+// clock around Step);
+//   (b) per-layer RPCs (step_bench_rpc.h): Store x3 with the CUDA backend's
+//       events per layer, ConvertTopk and SwaDecodeIndex inline, fewer
+//       steps (--steps_b: it is slow);
+// and for (c) the process CPU of schedulers in their own process
+// (step_scheduler.cc with the sync and the callback API, step_scheduler.py)
+// sending the same StepRequests. Subsets: --modes, --batches, --work_us,
+// --index_formats, --external_schedulers.
 #include <cuda_runtime_api.h>
+#include <dirent.h>
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
@@ -21,6 +29,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -28,6 +38,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -38,6 +49,8 @@
 #include "tests/daemon_process.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/step_bench_kernels.h"
+#include "tests/gpu/step_bench_rpc.h"
+#include "tests/gpu/step_bench_sched.h"
 #include "tests/gpu/step_harness.h"
 
 ABSL_FLAG(int, layers, 61, "layers per step");
@@ -48,6 +61,13 @@ ABSL_FLAG(std::string, index_formats, "FP4_INDEX,MXFP8_INDEX",
 ABSL_FLAG(int, top_k, 2048, "top-k per query");
 ABSL_FLAG(int, steps, 30, "measured steps per configuration");
 ABSL_FLAG(std::string, json, "", "also write the rows as JSON here");
+ABSL_FLAG(std::string, modes, "a,b,c",
+          "modes to run: a = library, b = per-layer RPCs, c = step path");
+ABSL_FLAG(int, steps_b, 5, "measured steps of mode (b) per configuration");
+ABSL_FLAG(std::string, external_schedulers, "cpp_sync,cpp_callback,python",
+          "schedulers in their own process measured on (c): cpp_sync, "
+          "cpp_callback (step_scheduler), python (step_scheduler.py)");
+ABSL_FLAG(std::string, python, "python3", "the interpreter of python");
 
 namespace kvdepot::testing {
 namespace {
@@ -80,6 +100,52 @@ double ProcessCpuUs(pid_t pid) {
   absl::SimpleAtod(fields[11], &ut);
   absl::SimpleAtod(fields[12], &st);
   return (ut + st) * 1e6 / sysconf(_SC_CLK_TCK);
+}
+
+// CPU us of each thread of `pid`, summed by thread name.
+std::map<std::string, double> ThreadCpuUs(pid_t pid) {
+  std::map<std::string, double> out;
+  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream f(dir + "/" + e->d_name + "/stat");
+    std::string line;
+    std::getline(f, line);
+    const size_t open = line.find('('), close = line.rfind(')');
+    if (open == std::string::npos || close == std::string::npos) continue;
+    std::vector<std::string> fields =
+        absl::StrSplit(line.substr(close + 2), ' ');
+    double ut = 0, st = 0;
+    if (fields.size() < 13 || !absl::SimpleAtod(fields[11], &ut) ||
+        !absl::SimpleAtod(fields[12], &st)) {
+      continue;
+    }
+    out[line.substr(open + 1, close - open - 1)] +=
+        (ut + st) * 1e6 / sysconf(_SC_CLK_TCK);
+  }
+  closedir(d);
+  return out;
+}
+
+// "name us, ..." of the busiest thread names between two samples, per step.
+std::string BusiestThreads(const std::map<std::string, double>& before,
+                           const std::map<std::string, double>& after,
+                           int steps) {
+  std::vector<std::pair<double, std::string>> d;
+  for (const auto& [name, us] : after) {
+    auto it = before.find(name);
+    const double delta = us - (it == before.end() ? 0.0 : it->second);
+    if (delta > 0) d.push_back({delta / steps, name});
+  }
+  std::sort(d.rbegin(), d.rend());
+  std::string out;
+  for (size_t i = 0; i < d.size() && i < 4; ++i) {
+    absl::StrAppend(&out, i ? ", " : "", d[i].second, " ",
+                    static_cast<int>(d[i].first));
+  }
+  return out.empty() ? "-" : out;
 }
 
 struct Events {
@@ -226,10 +292,54 @@ class LibraryMode {
 };
 
 struct Row {
-  double lib_step_us = 0, path_step_us = 0;
-  double lib_phase_us = 0, handoff_us = 0;
-  double daemon_cpu_us = 0, sched_cpu_us = 0;
+  double lib_step_us = 0, lib_phase_us = 0;
+  // (c) the step path and (b) per-layer RPCs: worker-stream time per step,
+  // mean mark..wait (or hand-over..back) per phase, daemon process CPU and
+  // scheduler thread CPU per step, the daemon's busiest threads.
+  double path_step_us = 0, handoff_us = 0, daemon_cpu_us = 0, sched_cpu_us = 0;
+  double rpc_step_us = 0, rpc_phase_us = 0, rpc_daemon_cpu_us = 0,
+         rpc_sched_cpu_us = 0;
+  std::string path_threads, rpc_threads;
+  // (c) with a scheduler in its own process: name -> process CPU per step.
+  std::vector<std::pair<std::string, double>> external;
 };
+
+// How (c) gets its steps sent.
+using Sender = std::function<absl::Status(StepInput&)>;
+
+// The index rows of layers 0 and L-1 and the SWA index rows (n tokens).
+absl::StatusOr<std::vector<uint8_t>> ReadRows(StepRig* rig, int n) {
+  const RigOptions& o = rig->options();
+  const int64_t topk = int64_t{n} * o.top_k * 4,
+                swa = int64_t{n} * o.window * 4;
+  std::vector<uint8_t> out(2 * topk + swa);
+  RETURN_IF_ERROR(Cuda(cudaMemcpy(out.data(), rig->io() + rig->out_off(0), topk,
+                                  cudaMemcpyDeviceToHost),
+                       "reading rows"));
+  RETURN_IF_ERROR(
+      Cuda(cudaMemcpy(out.data() + topk, rig->io() + rig->out_off(o.layers - 1),
+                      topk, cudaMemcpyDeviceToHost),
+           "reading rows"));
+  RETURN_IF_ERROR(
+      Cuda(cudaMemcpy(out.data() + 2 * topk, rig->io() + rig->swa_out(), swa,
+                      cudaMemcpyDeviceToHost),
+           "reading rows"));
+  return out;
+}
+
+// Fills those rows with 0xFF bytes (what no mode writes there).
+absl::Status ClearRows(StepRig* rig, const StepInput& in) {
+  const RigOptions& o = rig->options();
+  const int64_t n = in.num_tokens();
+  RETURN_IF_ERROR(
+      Cuda(cudaMemset(rig->io() + rig->out_off(0), 0xFF, n * o.top_k * 4),
+           "clearing rows"));
+  RETURN_IF_ERROR(Cuda(
+      cudaMemset(rig->io() + rig->out_off(o.layers - 1), 0xFF, n * o.top_k * 4),
+      "clearing rows"));
+  return Cuda(cudaMemset(rig->io() + rig->swa_out(), 0xFF, n * o.window * 4),
+              "clearing rows");
+}
 
 // The bare doorbell round trip: a registration of `layers` empty layers.
 absl::StatusOr<double> BareRoundTripUs(const std::string& socket, int layers,
@@ -257,57 +367,194 @@ absl::StatusOr<double> BareRoundTripUs(const std::string& socket, int layers,
   return sum / steps;
 }
 
-absl::StatusOr<Row> Measure(StepRig* rig, LibraryMode* lib, StepInput& in,
-                            uint64_t* next_step, int work_us, int steps,
-                            pid_t daemon, cudaStream_t s) {
-  const int phases = 1 + 2 * rig->options().layers;
-  Row row;
-  Events step_ev(2), lib_ev(2 * phases), path_ev(2 * phases);
-  // (a) library mode.
+absl::Status MeasureLibrary(LibraryMode* lib, int phases, int work_us,
+                            int steps, cudaStream_t s, Row* row) {
+  Events step_ev(2), lib_ev(2 * phases);
   for (int i = 0; i < steps + 1; ++i) {
     cudaEventRecord(step_ev.e[0], s);
     RETURN_IF_ERROR(lib->Step(s, work_us, &lib_ev));
     cudaEventRecord(step_ev.e[1], s);
     RETURN_IF_ERROR(SyncWithin(s, absl::Seconds(60)));
     if (i == 0) continue;
-    row.lib_step_us += 1000.0 * step_ev.Ms(0, 1) / steps;
-    row.lib_phase_us += MeanPhaseUs(lib_ev, phases) / steps;
+    row->lib_step_us += 1000.0 * step_ev.Ms(0, 1) / steps;
+    row->lib_phase_us += MeanPhaseUs(lib_ev, phases) / steps;
   }
-  // (c) the step path: step s+1 is sent while the worker runs step s.
+  return absl::OkStatus();
+}
+
+// (c) the step path: step s+1 is sent while the worker runs step s. The
+// first step warms up and is not timed; CPU is counted over all of them.
+struct PathResult {
+  double step_us = 0, phase_us = 0, daemon_cpu_us = 0;
+  std::string threads;
+};
+absl::StatusOr<PathResult> MeasurePath(StepRig* rig, StepInput& in,
+                                       uint64_t* next_step, int work_us,
+                                       int steps, pid_t daemon, cudaStream_t s,
+                                       const Sender& send) {
+  const int phases = 1 + 2 * rig->options().layers;
+  PathResult out;
+  Events step_ev(2), path_ev(2 * phases);
   WorkerHooks hooks;
   hooks.phase_events = &path_ev.e;
   if (work_us > 0) {
     hooks.work = [work_us](cudaStream_t st) { return Spin(work_us, st); };
   }
-  in.step_id = (*next_step)++;
-  double sched = ThreadCpuUs();
-  RETURN_IF_ERROR(rig->SendStep(in).status());
-  double sched_cpu = ThreadCpuUs() - sched;
   const double daemon0 = ProcessCpuUs(daemon);
+  const std::map<std::string, double> threads0 = ThreadCpuUs(daemon);
+  in.step_id = (*next_step)++;
+  if (absl::Status first = send(in); !first.ok()) {
+    // Nothing is on the GPU yet: the id was not used, the run can go on.
+    --*next_step;
+    return absl::Status(first.code(),
+                        absl::StrCat("first step: ", first.message()));
+  }
   for (int i = 0; i < steps + 1; ++i) {
     cudaEventRecord(step_ev.e[0], s);
     RETURN_IF_ERROR(rig->EnqueueWorker(s, false, hooks));
     cudaEventRecord(step_ev.e[1], s);
     if (i < steps) {
       in.step_id = (*next_step)++;
-      sched = ThreadCpuUs();
-      RETURN_IF_ERROR(rig->SendStep(in).status());
-      sched_cpu += ThreadCpuUs() - sched;
+      RETURN_IF_ERROR(send(in));
     }
     RETURN_IF_ERROR(SyncWithin(s, absl::Seconds(60)));
     if (i == 0) continue;
-    row.path_step_us += 1000.0 * step_ev.Ms(0, 1) / steps;
-    row.handoff_us += MeanPhaseUs(path_ev, phases) / steps;
+    out.step_us += 1000.0 * step_ev.Ms(0, 1) / steps;
+    out.phase_us += MeanPhaseUs(path_ev, phases) / steps;
   }
-  row.daemon_cpu_us = (ProcessCpuUs(daemon) - daemon0) / (steps + 1);
-  row.sched_cpu_us = sched_cpu / (steps + 1);
+  out.daemon_cpu_us = (ProcessCpuUs(daemon) - daemon0) / (steps + 1);
+  out.threads = BusiestThreads(threads0, ThreadCpuUs(daemon), steps + 1);
+  return out;
+}
+
+// (b) per-layer RPCs (the scheduler is this thread).
+absl::Status MeasureRpc(PerLayerRpcMode* rpc, int phases, int work_us,
+                        int steps, pid_t daemon, cudaStream_t s, Row* row) {
+  Events step_ev(2), ev(2 * phases);
+  const double daemon0 = ProcessCpuUs(daemon);
+  const std::map<std::string, double> threads0 = ThreadCpuUs(daemon);
+  double sched = 0;
+  for (int i = 0; i < steps + 1; ++i) {
+    const double t0 = ThreadCpuUs();
+    cudaEventRecord(step_ev.e[0], s);
+    RETURN_IF_ERROR(rpc->Step(s, work_us, &ev.e));
+    cudaEventRecord(step_ev.e[1], s);
+    sched += ThreadCpuUs() - t0;
+    RETURN_IF_ERROR(SyncWithin(s, absl::Seconds(120)));
+    if (i == 0) continue;
+    row->rpc_step_us += 1000.0 * step_ev.Ms(0, 1) / steps;
+    row->rpc_phase_us += MeanPhaseUs(ev, phases) / steps;
+  }
+  row->rpc_daemon_cpu_us = (ProcessCpuUs(daemon) - daemon0) / (steps + 1);
+  row->rpc_sched_cpu_us = sched / (steps + 1);
+  row->rpc_threads = BusiestThreads(threads0, ThreadCpuUs(daemon), steps + 1);
+  return absl::OkStatus();
+}
+
+// The argv of an external scheduler by name, or empty when unknown.
+std::vector<std::string> SchedulerArgv(const std::string& name,
+                                       const std::string& socket,
+                                       const std::string& request) {
+  const std::vector<std::string> common = {"--socket=" + socket,
+                                           "--request=" + request};
+  std::vector<std::string> argv;
+  if (name == "cpp_sync" || name == "cpp_callback") {
+    argv = {BesideSelf("step_scheduler"),
+            name == "cpp_sync" ? "--api=sync" : "--api=callback"};
+  } else if (name == "python") {
+    argv = {absl::GetFlag(FLAGS_python), BesideSelf("step_scheduler.py")};
+  } else {
+    return {};
+  }
+  argv.insert(argv.end(), common.begin(), common.end());
+  return argv;
+}
+
+bool Has(const std::string& csv, const std::string& item) {
+  for (absl::string_view p : absl::StrSplit(csv, ',')) {
+    if (p == item) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<Row> Measure(StepRig* rig, LibraryMode* lib,
+                            PerLayerRpcMode* rpc, StepInput& in,
+                            uint64_t* next_step, int work_us, int steps,
+                            pid_t daemon, const std::string& socket,
+                            cudaStream_t s) {
+  const int phases = 1 + 2 * rig->options().layers;
+  const std::string modes = absl::GetFlag(FLAGS_modes);
+  Row row;
+  if (Has(modes, "a")) {
+    RETURN_IF_ERROR(MeasureLibrary(lib, phases, work_us, steps, s, &row));
+  }
+  if (Has(modes, "c")) {
+    double sched_cpu = 0;
+    Sender inproc = [&](StepInput& step) {
+      const double t0 = ThreadCpuUs();
+      absl::Status st = rig->SendStep(step).status();
+      sched_cpu += ThreadCpuUs() - t0;
+      return st;
+    };
+    ASSIGN_OR_RETURN(PathResult c, MeasurePath(rig, in, next_step, work_us,
+                                               steps, daemon, s, inproc));
+    row.path_step_us = c.step_us;
+    row.handoff_us = c.phase_us;
+    row.daemon_cpu_us = c.daemon_cpu_us;
+    row.path_threads = c.threads;
+    row.sched_cpu_us = sched_cpu / (steps + 1);
+    // The same with a scheduler in its own process (its process CPU).
+    const std::string request = absl::StrCat(
+        "/tmp/kvdepot_step_request_", getpid(), "_", rig->options().prefix);
+    {
+      std::ofstream f(request, std::ios::binary);
+      f << rig->Request(in).SerializeAsString();
+    }
+    for (const std::string& name : std::vector<std::string>(
+             absl::StrSplit(absl::GetFlag(FLAGS_external_schedulers), ',',
+                            absl::SkipEmpty()))) {
+      std::vector<std::string> argv = SchedulerArgv(name, socket, request);
+      if (argv.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--external_schedulers: unknown ", name));
+      }
+      ASSIGN_OR_RETURN(std::unique_ptr<SchedulerProcess> p,
+                       SchedulerProcess::Start(argv));
+      Sender external = [&](StepInput& step) { return p->Send(step.step_id); };
+      absl::StatusOr<PathResult> r =
+          MeasurePath(rig, in, next_step, work_us, steps, daemon, s, external);
+      if (!r.ok() && absl::StartsWith(r.status().message(), "first step: ")) {
+        // E.g. no grpc module in this python: reported, the row goes on.
+        std::fprintf(stderr, "scheduler %s: %s\n", name.c_str(),
+                     r.status().ToString().c_str());
+        row.external.push_back({name + "(failed)", -1});
+        continue;
+      }
+      if (!r.ok()) {
+        return absl::Status(r.status().code(),
+                            absl::StrCat(name, ": ", r.status().message()));
+      }
+      ASSIGN_OR_RETURN(double cpu, p->Finish());
+      row.external.push_back({name, cpu});
+    }
+    unlink(request.c_str());
+  }
+  if (Has(modes, "b")) {
+    // What (b) writes is compared with the step path's rows afterwards.
+    RETURN_IF_ERROR(ClearRows(rig, in));
+    RETURN_IF_ERROR(MeasureRpc(rpc, phases, work_us,
+                               absl::GetFlag(FLAGS_steps_b), daemon, s, &row));
+  }
   return row;
 }
 
 int Run(int argc, char** argv) {
   SetStepEnvironment();
   absl::ParseCommandLine(argc, argv);
-  if (cudaSetDevice(0) != cudaSuccess) {
+  // The scheduler's host waits (mode (b)) sleep instead of spinning, as
+  // the daemon's do: its CPU figure is then what it works, not what it waits.
+  if (cudaSetDevice(0) != cudaSuccess ||
+      cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync) != cudaSuccess) {
     std::fprintf(stderr, "step_benchmark: no CUDA device\n");
     return 1;
   }
@@ -337,9 +584,12 @@ int Run(int argc, char** argv) {
         "%.2f us\n",
         *bare);
   }
-  std::printf("%-12s %5s %4s | %10s %10s %6s | %9s %9s %9s %7s | %9s %9s\n",
-              "index", "B", "X", "lib_us", "path_us", "c/a", "phase_us",
-              "kern_us", "handoff", "/bare", "dmn_cpu", "sch_cpu");
+  std::printf(
+      "%-12s %5s %4s | %9s %9s %10s %6s %7s | %8s %8s %8s %6s %9s | %8s %8s "
+      "%8s %8s\n",
+      "index", "B", "X", "lib_us", "path_us", "rpc_us", "c/a", "b/a",
+      "phase_us", "kern_us", "handoff", "/bare", "rpc_hand", "dmn_c", "sch_c",
+      "dmn_b", "sch_b");
   for (const std::string& fmt : std::vector<std::string>(absl::StrSplit(
            absl::GetFlag(FLAGS_index_formats), ',', absl::SkipEmpty()))) {
     for (int b : Ints(absl::GetFlag(FLAGS_batches))) {
@@ -374,23 +624,64 @@ int Run(int argc, char** argv) {
       if (st.ok()) st = SyncWithin(s, absl::Seconds(60));
       LibraryMode lib;
       if (st.ok()) st = lib.Init(rig->get(), in);
+      PerLayerRpcMode rpc;
+      if (st.ok() && Has(absl::GetFlag(FLAGS_modes), "b")) {
+        st = rpc.Init(rig->get(), in);
+      }
+      // The step path's index rows of this step: mode (b) must write the
+      // same (checked after the last configuration).
+      absl::StatusOr<std::vector<uint8_t>> rows_c =
+          st.ok() ? ReadRows(rig->get(), in.num_tokens())
+                  : absl::StatusOr<std::vector<uint8_t>>(st);
       uint64_t next = 2;
       for (int x : Ints(absl::GetFlag(FLAGS_work_us))) {
         if (!st.ok()) break;
-        absl::StatusOr<Row> r =
-            Measure(rig->get(), &lib, in, &next, x, steps, (*daemon)->pid(), s);
+        absl::StatusOr<Row> r = Measure(rig->get(), &lib, &rpc, in, &next, x,
+                                        steps, (*daemon)->pid(), socket, s);
         if (!r.ok()) {
           st = r.status();
           break;
         }
+        if (Has(absl::GetFlag(FLAGS_modes), "b") && rows_c.ok()) {
+          absl::StatusOr<std::vector<uint8_t>> rows_b =
+              ReadRows(rig->get(), in.num_tokens());
+          if (!rows_b.ok() || *rows_b != *rows_c) {
+            st = absl::InternalError(
+                "mode (b) wrote other index rows than the step path");
+            break;
+          }
+        }
         const double handoff = r->handoff_us - r->lib_phase_us;
+        const double rpc_handoff = r->rpc_phase_us - r->lib_phase_us;
+        auto ratio = [](double x, double y) { return y > 0 ? x / y : 0.0; };
         std::printf(
-            "%-12s %5d %4d | %10.1f %10.1f %6.3f | %9.2f %9.2f %9.2f %7.2f | "
-            "%9.1f %9.1f\n",
-            fmt.c_str(), b, x, r->lib_step_us, r->path_step_us,
-            r->path_step_us / r->lib_step_us, r->handoff_us, r->lib_phase_us,
-            handoff, bare.ok() ? handoff / *bare : 0.0, r->daemon_cpu_us,
-            r->sched_cpu_us);
+            "%-12s %5d %4d | %9.1f %9.1f %10.1f %6.3f %7.2f | %8.2f %8.2f "
+            "%8.2f %6.2f %9.1f | %8.1f %8.1f %8.1f %8.1f\n",
+            fmt.c_str(), b, x, r->lib_step_us, r->path_step_us, r->rpc_step_us,
+            ratio(r->path_step_us, r->lib_step_us),
+            ratio(r->rpc_step_us, r->lib_step_us), r->handoff_us,
+            r->lib_phase_us, handoff, bare.ok() ? ratio(handoff, *bare) : 0.0,
+            rpc_handoff, r->daemon_cpu_us, r->sched_cpu_us,
+            r->rpc_daemon_cpu_us, r->rpc_sched_cpu_us);
+        std::string ext;
+        for (const auto& [name, cpu] : r->external) {
+          absl::StrAppend(&ext, ext.empty() ? "" : ", ", name, " ",
+                          absl::SixDigits(cpu));
+          absl::StrAppend(&json, json.back() == '[' ? "" : ",",
+                          "{\"index\": \"", fmt, "\", \"B\": ", b,
+                          ", \"X_us\": ", x, ", \"scheduler\": \"", name,
+                          "\", \"scheduler_process_cpu_us\": ", cpu, "}");
+        }
+        std::printf("      (c) daemon threads us/step: %s\n",
+                    r->path_threads.c_str());
+        if (!r->rpc_threads.empty()) {
+          std::printf("      (b) daemon threads us/step: %s\n",
+                      r->rpc_threads.c_str());
+        }
+        if (!ext.empty()) {
+          std::printf("      (c) scheduler process CPU us/step: %s\n",
+                      ext.c_str());
+        }
         std::fflush(stdout);
         absl::StrAppend(&json, json.back() == '[' ? "" : ",", "{\"index\": \"",
                         fmt, "\", \"B\": ", b, ", \"X_us\": ", x,
@@ -401,7 +692,13 @@ int Run(int argc, char** argv) {
                         ", \"handoff_us\": ", handoff,
                         ", \"bare_round_trip_us\": ", bare.ok() ? *bare : 0.0,
                         ", \"daemon_cpu_us\": ", r->daemon_cpu_us,
-                        ", \"scheduler_cpu_us\": ", r->sched_cpu_us, "}");
+                        ", \"scheduler_cpu_us\": ", r->sched_cpu_us,
+                        ", \"rpc_step_us\": ", r->rpc_step_us,
+                        ", \"rpc_phase_us\": ", r->rpc_phase_us,
+                        ", \"rpc_handoff_us\": ", rpc_handoff,
+                        ", \"rpc_daemon_cpu_us\": ", r->rpc_daemon_cpu_us,
+                        ", \"rpc_scheduler_cpu_us\": ", r->rpc_sched_cpu_us,
+                        "}");
       }
       if (!st.ok()) {
         std::fprintf(stderr, "%s B=%d: %s\n", fmt.c_str(), b,
@@ -418,13 +715,16 @@ int Run(int argc, char** argv) {
     }
   }
   std::printf(
-      "columns: lib_us/path_us = worker-stream time per step, library mode "
-      "(a) and step path (c); c/a their ratio (goal <= 1.10 at X=200); "
-      "phase_us = mean mark..wait per phase on the step path; kern_us = the "
-      "same phase's kernels in library mode; handoff = phase_us - kern_us; "
-      "/bare = handoff over the bare round trip (goal <= 1.1); dmn_cpu, "
-      "sch_cpu = daemon process and scheduler thread CPU us per step (goal "
-      "sch_cpu <= 150 at B=256)\n");
+      "columns: lib_us/path_us/rpc_us = worker-stream time per step, library "
+      "mode (a), step path (c), per-layer RPCs (b); c/a, b/a their ratios "
+      "(goal c/a <= 1.10 at X=200); phase_us = mean mark..wait per phase on "
+      "the step path; kern_us = the same phase's kernels in library mode; "
+      "handoff = phase_us - kern_us; /bare = handoff over the bare round "
+      "trip (goal <= 1.1); rpc_hand = the same handoff for (b); dmn_c, sch_c "
+      "= daemon process and scheduler thread CPU us per step on (c) (goal "
+      "sch_c <= 150 at B=256), dmn_b, sch_b the same on (b); the scheduler "
+      "process CPU lines are (c) driven by step_scheduler / "
+      "step_scheduler.py in their own process (every thread counted)\n");
   json += "]}\n";
   if (!absl::GetFlag(FLAGS_json).empty()) {
     std::ofstream(absl::GetFlag(FLAGS_json)) << json;

@@ -16,18 +16,13 @@
 #include "planner/plan.h"
 #include "proto/step_doorbell.h"
 #include "proto/wire.h"
+#include "tests/gpu/step_worker_kernels.h"
 
 namespace kvdepot::testing {
 namespace {
 
 constexpr int64_t kAlign = 256;
 int64_t Up(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-
-std::string Pack(absl::Span<const int32_t> v) {
-  std::string out;
-  EncodeInt32s(v, &out);
-  return out;
-}
 
 absl::Status Worker(int rc, absl::string_view what) {
   if (rc == KVD_OK) return absl::OkStatus();
@@ -43,6 +38,17 @@ absl::StatusOr<v1::CompanionReply> CallForFd(KVCacheClient* client,
                    client->companion()->Call(req, -1, fd));
   if (!fd->valid()) return absl::InternalError("no descriptor in the reply");
   return r;
+}
+
+// The rows a worker's kernels produce: seed per (step, layer, kind).
+enum RowKind { kMainRows = 0, kSwaRows = 1, kIndexRows = 2, kTopkRows = 3 };
+uint64_t InputSeed(uint64_t kv_seed, uint64_t step, int layer, RowKind kind) {
+  return StepHash(kv_seed, step * 4096 + static_cast<uint64_t>(layer) * 4 +
+                               static_cast<uint64_t>(kind));
+}
+// Top-k entries reach a little past the longest sequence a step can have.
+int32_t TopkLimit(const RigOptions& o) {
+  return o.block_size * o.max_blocks_per_seq;
 }
 
 uint16_t RandomBf16(std::mt19937& rng) {
@@ -222,12 +228,18 @@ absl::Status StepRig::Init(const std::string& socket) {
 }
 
 StepInput StepRig::RandomStep(uint64_t step_id, std::mt19937& rng) const {
-  const RigOptions& o = options_;
+  return RandomStepFor(options_, step_id, rng);
+}
+
+StepInput RandomStepFor(const RigOptions& o, uint64_t step_id,
+                        std::mt19937& rng) {
+  const int num_states = o.state_count > 0 ? o.state_count : o.states;
   StepInput in;
   in.step_id = step_id;
-  const int seqs = o.decode_only ? std::min(o.max_seqs, o.states)
-                                 : std::uniform_int_distribution<int>(
-                                       1, std::min(o.max_seqs, o.states))(rng);
+  const int seqs = o.decode_only
+                       ? std::min(o.max_seqs, num_states)
+                       : std::uniform_int_distribution<int>(
+                             1, std::min(o.max_seqs, num_states))(rng);
   int total = 0;
   for (int b = 0; b < seqs; ++b) {
     const int left = o.max_tokens - total - (seqs - b - 1);
@@ -240,12 +252,15 @@ StepInput StepRig::RandomStep(uint64_t step_id, std::mt19937& rng) const {
     in.seq_lens.push_back(std::uniform_int_distribution<int>(
         q, o.block_size * o.max_blocks_per_seq)(rng));
   }
-  std::vector<int32_t> states(o.states);
-  std::iota(states.begin(), states.end(), 0);
+  std::vector<int32_t> states(num_states);
+  std::iota(states.begin(), states.end(), o.state_offset);
   std::shuffle(states.begin(), states.end(), rng);
   in.states.assign(states.begin(), states.begin() + seqs);
-  std::vector<int32_t> slots(o.block_size * o.num_blocks);
-  std::iota(slots.begin(), slots.end(), 0);
+  std::vector<int32_t> slots;
+  for (int s = o.slot_offset; s < o.block_size * o.num_blocks;
+       s += o.slot_stride) {
+    slots.push_back(s);
+  }
   std::shuffle(slots.begin(), slots.end(), rng);
   in.slots.assign(slots.begin(), slots.begin() + total);
   for (int32_t& s : in.slots) {
@@ -261,7 +276,24 @@ StepInput StepRig::RandomStep(uint64_t step_id, std::mt19937& rng) const {
   in.kv_swa.resize(o.layers);
   in.kv_index.resize(o.layers);
   in.topk.resize(o.layers);
-  for (int l = 0; l < o.layers; ++l) {
+  for (int l = 0; l < o.layers && o.kv_seed != 0; ++l) {
+    // What the worker's kernels produce (EnqueueWorker).
+    for (int i = 0; i < total * 512; ++i) {
+      in.kv_main[l].push_back(
+          StepValueBf16(InputSeed(o.kv_seed, step_id, l, kMainRows), i));
+      in.kv_swa[l].push_back(
+          StepValueBf16(InputSeed(o.kv_seed, step_id, l, kSwaRows), i));
+    }
+    for (int i = 0; i < total * 128; ++i) {
+      in.kv_index[l].push_back(
+          StepValueBf16(InputSeed(o.kv_seed, step_id, l, kIndexRows), i));
+    }
+    for (int i = 0; i < total * o.top_k; ++i) {
+      in.topk[l].push_back(StepValueTopk(
+          InputSeed(o.kv_seed, step_id, l, kTopkRows), i, TopkLimit(o)));
+    }
+  }
+  for (int l = 0; l < o.layers && o.kv_seed == 0; ++l) {
     for (int i = 0; i < total * 512; ++i)
       in.kv_main[l].push_back(RandomBf16(rng));
     for (int i = 0; i < total * 512; ++i)
@@ -281,46 +313,52 @@ StepInput StepRig::RandomStep(uint64_t step_id, std::mt19937& rng) const {
 
 v1::StepRequest StepRig::Request(const StepInput& in) const {
   v1::StepRequest r;
-  if (options_.bare) {
-    r.set_session_id(client_->session_id());
-    r.set_registration_id(registration_id_);
-    r.set_step_id(in.step_id);
-    r.set_slot_mapping(Pack(in.slots));
-    r.set_num_tokens(in.num_tokens());
-    r.set_num_seqs(static_cast<int32_t>(in.query_lens.size()));
-    r.set_seq_lens(Pack(in.seq_lens));
-    r.set_query_lens(Pack(in.query_lens));
-    return r;
-  }
-  r.set_session_id(client_->session_id());
-  r.set_registration_id(registration_id_);
-  r.set_step_id(in.step_id);
-  r.set_slot_mapping(Pack(in.slots));
-  r.set_num_tokens(in.num_tokens());
-  r.set_num_seqs(static_cast<int32_t>(in.query_lens.size()));
-  r.set_seq_lens(Pack(in.seq_lens));
-  r.set_query_lens(Pack(in.query_lens));
-  r.set_swa_state_ids(Pack(in.states));
-  r.set_block_tables(Pack(in.block_tables));
-  r.set_block_table_cols(options_.max_blocks_per_seq);
-  r.set_top_k(options_.top_k);
+  FillRequest(in, &r);
   return r;
+}
+
+void StepRig::FillRequest(const StepInput& in, v1::StepRequest* r) const {
+  // Every field is set each time; bytes fields are refilled in place
+  // (their capacity stays), so a reused request allocates nothing.
+  r->set_session_id(client_->session_id());
+  r->set_registration_id(registration_id_);
+  r->set_step_id(in.step_id);
+  EncodeInt32s(in.slots, r->mutable_slot_mapping());
+  r->set_num_tokens(in.num_tokens());
+  r->set_num_seqs(static_cast<int32_t>(in.query_lens.size()));
+  EncodeInt32s(in.seq_lens, r->mutable_seq_lens());
+  EncodeInt32s(in.query_lens, r->mutable_query_lens());
+  r->set_deadline_ms(options_.deadline_ms);
+  if (options_.bare) {
+    r->clear_swa_state_ids();
+    r->clear_block_tables();
+    r->set_block_table_cols(0);
+    r->set_top_k(0);
+    return;
+  }
+  EncodeInt32s(in.states, r->mutable_swa_state_ids());
+  EncodeInt32s(in.block_tables, r->mutable_block_tables());
+  r->set_block_table_cols(options_.max_blocks_per_seq);
+  r->set_top_k(options_.top_k);
 }
 
 absl::StatusOr<v1::StepResponse> StepRig::SendStep(const StepInput& in) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  v1::StepResponse out;
-  grpc::Status s = stub_->Step(&ctx, Request(in), &out);
+  FillRequest(in, &request_);
+  grpc::Status s = stub_->Step(&ctx, request_, &reply_);
   if (!s.ok()) {
     return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
                         absl::StrCat("Step: ", s.error_message()));
   }
-  return out;
+  return reply_;
 }
 
 void StepRig::StageInputs(const StepInput& in) {
   const int n = in.num_tokens();
+  staged_step_ = in.step_id;
+  staged_tokens_ = n;
+  if (options_.kv_seed != 0) return;  // the worker's kernels produce them
   uint8_t* p = staging_->data();
   for (int l = 0; l < options_.layers; ++l) {
     std::memcpy(p + main_in(l), in.kv_main[l].data(), n * 1024);
@@ -328,7 +366,6 @@ void StepRig::StageInputs(const StepInput& in) {
     std::memcpy(p + index_in(l), in.kv_index[l].data(), n * 256);
     std::memcpy(p + topk_off(l), in.topk[l].data(), n * options_.top_k * 4);
   }
-  staged_tokens_ = n;
 }
 
 absl::Status StepRig::EnqueueWorker(cudaStream_t s, bool copy_inputs,
@@ -336,10 +373,35 @@ absl::Status StepRig::EnqueueWorker(cudaStream_t s, bool copy_inputs,
   const int n = staged_tokens_;
   uint8_t* dev = io_.data();
   const uint8_t* host = staging_->data();
+  const RigOptions& o = options_;
   auto copy = [&](int64_t off, int64_t bytes) {
     return Cuda(cudaMemcpyAsync(dev + off, host + off, bytes,
                                 cudaMemcpyHostToDevice, s),
                 "copying the worker's rows");
+  };
+  // The worker's own kernels write the layer's rows (kv_seed).
+  auto produce = [&](int l, RowKind kind) -> absl::Status {
+    const uint64_t seed = InputSeed(o.kv_seed, staged_step_, l, kind);
+    int e = 0;
+    switch (kind) {
+      case kMainRows:
+        e = LaunchFillBf16(reinterpret_cast<uint16_t*>(dev + main_in(l)),
+                           int64_t{n} * 512, seed, s);
+        break;
+      case kSwaRows:
+        e = LaunchFillBf16(reinterpret_cast<uint16_t*>(dev + swa_in(l)),
+                           int64_t{n} * 512, seed, s);
+        break;
+      case kIndexRows:
+        e = LaunchFillBf16(reinterpret_cast<uint16_t*>(dev + index_in(l)),
+                           int64_t{n} * 128, seed, s);
+        break;
+      case kTopkRows:
+        e = LaunchFillTopk(reinterpret_cast<int32_t*>(dev + topk_off(l)),
+                           int64_t{n} * o.top_k, seed, TopkLimit(o), s);
+        break;
+    }
+    return Cuda(static_cast<cudaError_t>(e), "producing the worker's rows");
   };
   auto record = [&](int index) -> absl::Status {
     if (hooks.phase_events == nullptr) return absl::OkStatus();
@@ -359,13 +421,20 @@ absl::Status StepRig::EnqueueWorker(cudaStream_t s, bool copy_inputs,
   RETURN_IF_ERROR(Worker(kvd_wait(worker_, s, KVD_BEGIN), "kvd_wait(begin)"));
   RETURN_IF_ERROR(record(1));
   for (int l = 0; l < options_.layers; ++l) {
-    if (copy_inputs && !options_.bare) {
+    if (copy_inputs && !o.bare && o.kv_seed != 0) {
+      RETURN_IF_ERROR(produce(l, kMainRows));
+      RETURN_IF_ERROR(produce(l, kSwaRows));
+      RETURN_IF_ERROR(produce(l, kIndexRows));
+    } else if (copy_inputs && !o.bare) {
       RETURN_IF_ERROR(copy(main_in(l), n * 1024));
       RETURN_IF_ERROR(copy(swa_in(l), n * 1024));
       RETURN_IF_ERROR(copy(index_in(l), n * 256));
     }
     RETURN_IF_ERROR(phase(kvd_phase_a(l)));
-    if (copy_inputs && !options_.bare) {
+    if (hooks.after_stores) RETURN_IF_ERROR(hooks.after_stores(s, l));
+    if (copy_inputs && !o.bare && o.kv_seed != 0) {
+      RETURN_IF_ERROR(produce(l, kTopkRows));
+    } else if (copy_inputs && !o.bare) {
       RETURN_IF_ERROR(copy(topk_off(l), n * options_.top_k * 4));
     }
     RETURN_IF_ERROR(phase(kvd_phase_b(l)));

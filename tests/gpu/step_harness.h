@@ -49,6 +49,8 @@ struct RigOptions {
   int max_blocks_per_seq = 8;
   std::string index_format = "FP4_INDEX";
   int64_t watchdog_ms = 20000;
+  // StepRequest.deadline_ms of every step (0 = the daemon's default).
+  uint32_t deadline_ms = 0;
   // Every step: max_seqs sequences of one query token (plain decode).
   bool decode_only = false;
   // Layers with no cache and no top-k, no SWA index: every phase is the
@@ -56,6 +58,16 @@ struct RigOptions {
   bool bare = false;
   bool delete_pools = false;  // delete the created pools on destruction
   int pool_layers = 0;        // layers of the created pools (0 = layers)
+  // Workers sharing pools: slots = slot_offset mod slot_stride only, SWA
+  // states in [state_offset, state_offset + state_count) (0 = all).
+  int slot_stride = 1;
+  int slot_offset = 0;
+  int state_offset = 0;
+  int state_count = 0;
+  // Nonzero: the rows are StepValueBf16/StepValueTopk of seeds derived
+  // from this, and EnqueueWorker produces them with the worker's kernels
+  // (step_worker_kernels.h) instead of copying them from the host.
+  uint64_t kv_seed = 0;
 };
 
 // Optional instrumentation of StepRig::EnqueueWorker.
@@ -64,6 +76,9 @@ struct WorkerHooks {
   std::function<absl::Status(cudaStream_t)> work;
   // [2 * phases]: recorded right before mark(p) and right after wait(p).
   std::vector<cudaEvent_t>* phase_events = nullptr;
+  // Runs on the stream right after wait(A_l), with l (the worker reads
+  // what the daemon stored).
+  std::function<absl::Status(cudaStream_t, int)> after_stores;
 };
 
 // One step's inputs (host copies).
@@ -76,6 +91,11 @@ struct StepInput {
   int num_tokens() const { return static_cast<int>(slots.size()); }
 };
 
+// A random step for a rig of `options` (slots, lengths, states, block
+// tables, rows); the same rng gives the same step in any process.
+StepInput RandomStepFor(const RigOptions& options, uint64_t step_id,
+                        std::mt19937& rng);
+
 class StepRig {
  public:
   static absl::StatusOr<std::unique_ptr<StepRig>> Create(
@@ -84,12 +104,16 @@ class StepRig {
 
   const RigOptions& options() const { return options_; }
   uint64_t registration_id() const { return registration_id_; }
+  // The daemon buffer holding the worker's rows (io()).
+  uint64_t io_buffer_id() const { return io_id_; }
   kvd_worker* worker() const { return worker_; }
   KVCacheClient* client() const { return client_.get(); }
   v1::Step::Stub* stub() const { return stub_.get(); }
 
   StepInput RandomStep(uint64_t step_id, std::mt19937& rng) const;
   v1::StepRequest Request(const StepInput& in) const;
+  // Sets every field of *r for `in` (bytes fields refilled in place).
+  void FillRequest(const StepInput& in, v1::StepRequest* r) const;
   // The scheduler's call.
   absl::StatusOr<v1::StepResponse> SendStep(const StepInput& in);
   // Copies the step's rows into pinned staging (host; before EnqueueWorker).
@@ -155,6 +179,9 @@ class StepRig {
   int64_t io_bytes_ = 0;
   std::unique_ptr<Pinned> staging_;
   int staged_tokens_ = 0;
+  uint64_t staged_step_ = 0;
+  v1::StepRequest request_;  // SendStep's, reused
+  v1::StepResponse reply_;
   std::vector<int32_t> expected_out_;  // [layers][n][top_k]
   std::vector<int32_t> expected_swa_;  // [n][window]
   uint64_t expected_out_of_range_ = 0;

@@ -44,8 +44,15 @@ while read -r kind name extra; do
       fi
       ;;
     bench)
+      # A benchmark listed again (other flags) logs as NAME.2, NAME.3, ...
+      tag=$name
+      n=2
+      while [[ -e "$out/$tag.log" ]]; do
+        tag="$name.$n"
+        n=$((n + 1))
+      done
       # shellcheck disable=SC2086
-      step "$name" "$bin" --json="$out/$name.json" $extra
+      step "$tag" "$bin" --json="$out/$tag.json" $extra
       ;;
   esac
 done <"$here/manifest.txt"

@@ -1,0 +1,150 @@
+// step_scheduler: a C++ scheduler in its own process, for step_benchmark's
+// scheduler-CPU figure (docs/STEP_PATH.md). It reads one serialized
+// kvdepot.v1.StepRequest (--request: session, registration, arrays) and then
+// lines on stdin:
+//   <step_id>   set the step id, rebuild the request's int32 arrays from the
+//               scheduler's own vectors (as a real scheduler does each
+//               step), send Step; answer "ok <queued>" or "err <code> <msg>"
+//   q           answer "cpu_us <process CPU over the steps> steps <n>", exit
+// The process CPU (every thread: gRPC's too) is counted from the end of the
+// first step (which pays for lazy setup) to "q", over the steps after it;
+// waiting on the pipe costs none. step_scheduler.py is the same
+// in Python.
+//
+// What it does per step, and nothing else: the StepRequest, its arena of
+// bytes fields and the reply are reused (their capacity stays; filling a
+// field is one memcpy), one ClientContext per call (gRPC requires it), and
+// the call is the sync unary API (--api=sync) or the callback API waited on
+// a notification (--api=callback).
+#include <sys/resource.h>
+#include <time.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/synchronization/notification.h"
+#include "grpcpp/grpcpp.h"
+#include "kvdepot/v1/step.grpc.pb.h"
+
+ABSL_FLAG(std::string, socket, "", "kvdepotd's Unix socket");
+ABSL_FLAG(std::string, request, "", "a serialized kvdepot.v1.StepRequest");
+ABSL_FLAG(std::string, api, "sync", "sync or callback");
+
+namespace kvdepot::testing {
+namespace {
+
+double ProcessCpuUs() {
+  timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
+// One int32 array field of the request: the scheduler's values and where
+// they go.
+struct Array {
+  std::string* (v1::StepRequest::*mutable_field)();
+  std::vector<int32_t> values;
+};
+
+std::vector<int32_t> Ints(const std::string& bytes) {
+  std::vector<int32_t> v(bytes.size() / 4);
+  std::memcpy(v.data(), bytes.data(), v.size() * 4);
+  return v;
+}
+
+// Refills `field` with `values` (little-endian int32, the host's order on
+// every machine kvdepot runs on); the string keeps its capacity.
+void Fill(std::string* field, const std::vector<int32_t>& values) {
+  field->resize(values.size() * 4);
+  if (!values.empty()) std::memcpy(field->data(), values.data(), field->size());
+}
+
+int Run(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  std::ifstream f(absl::GetFlag(FLAGS_request), std::ios::binary);
+  std::stringstream bytes;
+  bytes << f.rdbuf();
+  v1::StepRequest request;
+  if (!request.ParseFromString(bytes.str())) {
+    std::fprintf(stderr, "step_scheduler: cannot parse --request\n");
+    return 2;
+  }
+  const bool callback = absl::GetFlag(FLAGS_api) == "callback";
+  std::vector<Array> arrays = {
+      {&v1::StepRequest::mutable_slot_mapping, Ints(request.slot_mapping())},
+      {&v1::StepRequest::mutable_compressed_slot_mapping,
+       Ints(request.compressed_slot_mapping())},
+      {&v1::StepRequest::mutable_seq_lens, Ints(request.seq_lens())},
+      {&v1::StepRequest::mutable_query_lens, Ints(request.query_lens())},
+      {&v1::StepRequest::mutable_swa_state_ids, Ints(request.swa_state_ids())},
+      {&v1::StepRequest::mutable_swa_valid_starts,
+       Ints(request.swa_valid_starts())},
+      {&v1::StepRequest::mutable_block_tables, Ints(request.block_tables())},
+  };
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(64 << 20);
+  args.SetMaxReceiveMessageSize(64 << 20);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel("unix:" + absl::GetFlag(FLAGS_socket),
+                                grpc::InsecureChannelCredentials(), args);
+  std::unique_ptr<v1::Step::Stub> stub = v1::Step::NewStub(channel);
+  v1::StepResponse reply;
+  double cpu0 = -1;
+  int steps = 0;
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    if (line == "q") break;
+    uint64_t id = 0;
+    if (!absl::SimpleAtoi(line, &id)) {
+      std::printf("err 3 bad line\n");
+      std::fflush(stdout);
+      continue;
+    }
+    request.set_step_id(id);
+    for (const Array& a : arrays) Fill((request.*a.mutable_field)(), a.values);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(10));
+    grpc::Status s;
+    if (callback) {
+      absl::Notification done;
+      stub->async()->Step(&ctx, &request, &reply, [&](grpc::Status st) {
+        s = std::move(st);
+        done.Notify();
+      });
+      done.WaitForNotification();
+    } else {
+      s = stub->Step(&ctx, request, &reply);
+    }
+    if (cpu0 < 0) {
+      cpu0 = ProcessCpuUs();  // the first step is not counted
+    } else {
+      ++steps;
+    }
+    if (s.ok()) {
+      std::printf("ok %d\n", reply.queued());
+    } else {
+      std::printf("err %d %s\n", static_cast<int>(s.error_code()),
+                  s.error_message().c_str());
+    }
+    std::fflush(stdout);
+  }
+  std::printf("cpu_us %.1f steps %d\n", cpu0 < 0 ? 0.0 : ProcessCpuUs() - cpu0,
+              steps);
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvdepot::testing
+
+int main(int argc, char** argv) { return kvdepot::testing::Run(argc, argv); }
