@@ -19,6 +19,7 @@
 #include "proto/wire.h"
 #include "tests/daemon_process.h"
 #include "tests/e2e_util.h"
+#include "tests/index_cases.h"
 
 namespace kvdepot::testing {
 namespace {
@@ -61,54 +62,12 @@ int64_t WordAt(const BufferMapping& b, int64_t offset) {
   return v;
 }
 
-// A decode batch against a compressed pool of block size B.
-struct TopkCase {
-  int32_t block_size = 0;
-  int64_t batch = 0;
-  int32_t k = 0;
-  int32_t cols = 0;
-  std::vector<int32_t> topk, valid, tokens, table;
-};
-
-// Random indices with -1s, negatives, indices past the sequence and past
-// the row, and table entries outside [0, num_blocks).
-TopkCase RandomTopk(int32_t block_size, std::mt19937& rng) {
-  TopkCase c;
-  c.block_size = block_size;
-  c.batch = 7;
-  c.k = 33;
-  c.cols = 9;
-  std::uniform_int_distribution<int32_t> block(0, kNumBlocks - 1);
-  for (int64_t b = 0; b < c.batch; ++b) {
-    const int32_t tokens =
-        std::uniform_int_distribution<int32_t>(0, c.cols * block_size)(rng);
-    c.tokens.push_back(tokens);
-    c.valid.push_back(std::uniform_int_distribution<int32_t>(0, c.k)(rng));
-    for (int32_t col = 0; col < c.cols; ++col) {
-      const int32_t r = std::uniform_int_distribution<int32_t>(0, 19)(rng);
-      c.table.push_back(r == 0 ? -7 : r == 1 ? kNumBlocks + 3 : block(rng));
-    }
-    std::uniform_int_distribution<int32_t> x(-3, c.cols * block_size + 5);
-    for (int32_t j = 0; j < c.k; ++j)
-      c.topk.push_back(j % 11 == 5 ? -1 : x(rng));
-  }
-  return c;
+TopkCase SmallTopk(int32_t block_size, std::mt19937& rng) {
+  return RandomTopk(block_size, kNumBlocks, 7, 33, 9, rng);
 }
 
-// The planner's answer (the semantics of both forms and of the kernel).
 std::vector<int32_t> Expected(const TopkCase& c, int64_t* invalid) {
-  std::vector<int32_t> out = c.topk;
-  BlockTableView view;
-  view.data = c.table;
-  view.num_rows = c.batch;
-  view.num_cols = c.cols;
-  view.row_stride = c.cols;
-  absl::StatusOr<int64_t> n =
-      ConvertTopk(absl::MakeSpan(out), c.k, c.valid, c.tokens, view,
-                  c.block_size, kNumBlocks);
-  EXPECT_TRUE(n.ok()) << n.status();
-  *invalid = n.ok() ? *n : -1;
-  return out;
+  return ExpectedSlots(c, invalid);
 }
 
 class IndexBuffersTest : public ::testing::Test {
@@ -183,7 +142,7 @@ TEST_F(IndexBuffersTest, ConvertTopkBufferFormsEqualInlineAndPlanner) {
   std::mt19937 rng(301);
   for (int32_t bs : {1, 7, 133}) {
     SCOPED_TRACE(absl::StrCat("block_size ", bs));
-    const TopkCase c = RandomTopk(bs, rng);
+    const TopkCase c = SmallTopk(bs, rng);
     int64_t invalid = 0;
     const std::vector<int32_t> want = Expected(c, &invalid);
     int64_t valid_slots = 0;
@@ -229,7 +188,7 @@ TEST_F(IndexBuffersTest, ConvertTopkBufferFormsEqualInlineAndPlanner) {
 
 TEST_F(IndexBuffersTest, ConvertTopkRejectsEveryBadBufferField) {
   std::mt19937 rng(302);
-  const TopkCase c = RandomTopk(7, rng);
+  const TopkCase c = SmallTopk(7, rng);
   const int64_t bytes = c.batch * c.k * 4;
   const int64_t slots_at = 32 << 10;
   auto check_untouched = [&] {
@@ -362,17 +321,10 @@ TEST_F(IndexBuffersTest, PrefillIndexBufferFormsCountOutOfRangeEntries) {
   ASSERT_TRUE(pl.ok()) << pl.status();
   ASSERT_EQ(pl->chunk_rows, rows);
   std::mt19937 rng(303);
-  std::uniform_int_distribution<int32_t> pick(-3, pl->compressed_rows + 2);
-  std::vector<int32_t> comp(rows * kTopk);
-  for (int32_t& x : comp) x = pick(rng);
-  std::vector<int32_t> clean = comp;
+  std::vector<int32_t> clean;
   int64_t invalid = 0;
-  for (int32_t& x : clean) {
-    if (x < -1 || x >= pl->compressed_rows) {
-      x = -1;
-      ++invalid;
-    }
-  }
+  const std::vector<int32_t> comp = RandomCompressed(
+      rows * kTopk, pl->compressed_rows, rng, &clean, &invalid);
   ASSERT_GT(invalid, 0);
   v1::PrefillIndexRequest r;
   r.set_num_seqs(2);
