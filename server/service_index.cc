@@ -324,13 +324,20 @@ absl::Status KVCacheService::DoPrefillIndex(Ctx* ctx, const Caller& caller,
   const int64_t max = options_.max_array_elements;
   const int64_t n = r.num_seqs();
   RETURN_IF_ERROR(CheckDim("num_seqs", n, 1));
-  if (r.window() < 1) {
+  // window 0: no SWA part (rows are the compressed index only); ratio 0:
+  // no compressed part (every compressed entry must be -1). Not both.
+  if (r.window() < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("window = ", r.window(), " must be >= 1"));
+        absl::StrCat("window = ", r.window(), " must be >= 0"));
   }
-  if (r.compress_ratio() < 1) {
+  if (r.compress_ratio() < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("compress_ratio = ", r.compress_ratio(), " must be >= 1"));
+        absl::StrCat("compress_ratio = ", r.compress_ratio(), " must be >= 0"));
+  }
+  if (r.window() == 0 && r.compress_ratio() == 0) {
+    return absl::InvalidArgumentError(
+        "window = 0 and compress_ratio = 0: the layer has neither an SWA nor "
+        "a compressed part");
   }
   RETURN_IF_ERROR(CheckDim("topk_k", r.topk_k(), 0));
   RETURN_IF_ERROR(
@@ -391,7 +398,9 @@ absl::Status KVCacheService::DoPrefillIndex(Ctx* ctx, const Caller& caller,
   const Named ins[] = {{"compressed_index_buffer", &comp}};
   RETURN_IF_ERROR(CheckOutputsDisjoint(outs, ins));
   sc.e.assign(static_cast<size_t>(rows * kPivotFields), 0);
-  RETURN_IF_ERROR(ComputeSwaPivots(batch, *pl, absl::MakeSpan(sc.e)));
+  if (r.window() > 0) {
+    RETURN_IF_ERROR(ComputeSwaPivots(batch, *pl, absl::MakeSpan(sc.e)));
+  }
   out->set_row_width(width);
   out->set_main_kv_offset(pl->main_kv_offset);
   out->set_total_rows(pl->total_rows);
@@ -448,8 +457,10 @@ absl::Status KVCacheService::DoPrefillIndex(Ctx* ctx, const Caller& caller,
     }
   }
   sc.f.assign(static_cast<size_t>(rows * r.window()), -1);
-  RETURN_IF_ERROR(ExpandSwaIndex(sc.e, r.window(), pl->main_kv_offset,
-                                 absl::MakeSpan(sc.f)));
+  if (r.window() > 0) {
+    RETURN_IF_ERROR(ExpandSwaIndex(sc.e, r.window(), pl->main_kv_offset,
+                                   absl::MakeSpan(sc.f)));
+  }
   std::vector<int32_t> result(static_cast<size_t>(rows * width), -1);
   RETURN_IF_ERROR(KvIndexCat(
       sc.f, r.window(), sc.d, static_cast<int32_t>(r.topk_k()), rows,
