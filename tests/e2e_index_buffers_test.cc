@@ -263,6 +263,21 @@ TEST_F(IndexBuffersTest, ConvertTopkRejectsEveryBadBufferField) {
                     "belongs to another session");
   }
   check_untouched();
+
+  // Once granted, the other session's buffer is usable (the refusal above
+  // is the access list, not a refusal of every foreign buffer).
+  v1::GrantRequest g;
+  g.set_buffer_id(their_->id());
+  g.add_sessions(c_->session_number());
+  ASSERT_TRUE(other_->Grant(g).ok());
+  r = InBuffers(c, 0, slots_at);
+  r.mutable_slots_buffer()->set_buffer_id(their_->id());
+  r.mutable_slots_buffer()->set_offset(0);
+  absl::StatusOr<v1::ConvertTopkResponse> granted = c_->ConvertTopk(r);
+  ASSERT_TRUE(granted.ok()) << granted.status();
+  int64_t invalid = 0;
+  EXPECT_EQ(ReadAt(*their_, 0, c.batch * c.k), Expected(c, &invalid));
+  EXPECT_EQ(granted->invalid_count(), invalid);
 }
 
 TEST_F(IndexBuffersTest, SwaDecodeIndexIntoABuffer) {
