@@ -272,6 +272,13 @@ absl::StatusOr<RegistrationConfig> ResolveRegistration(
                                     caller, pools, sessions));
       const int32_t ring = static_cast<int32_t>(layer.swa.layout.block_size);
       const int32_t states = static_cast<int32_t>(layer.swa.layout.num_blocks);
+      // window 0 = the layer has no SWA part (SPEC §6, as PrefillLoad).
+      if (layer.window < 1 || layer.window > ring) {
+        return Invalid(absl::StrCat(f, ".window"),
+                       absl::StrCat(layer.window, " is outside [1, ", ring,
+                                    "] (the SWA ring); a layer without an "
+                                    "SWA part (window 0) has no swa cache"));
+      }
       if (config.swa_ring_size != 0 && config.swa_ring_size != ring) {
         return Invalid(absl::StrCat(f, ".swa.pool"),
                        absl::StrCat("ring size (block_size) ", ring,

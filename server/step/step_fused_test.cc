@@ -277,5 +277,28 @@ TEST_F(StepFusedTest, ChecksThePositionsOfEveryStep) {
   EXPECT_EQ(plan->sections.positions, -1);
 }
 
+// window 0 means no SWA part, as in PrefillLoad: an SWA cache needs a
+// window inside its ring.
+TEST_F(StepFusedTest, AnSwaCacheNeedsAWindowInsideItsRing) {
+  v1::RegisterWorkerRequest r = Registration();
+  v1::StepCache* swa = r.mutable_layers(1)->mutable_swa();
+  swa->set_pool("v41");
+  swa->set_layer(0);
+  swa->mutable_input()->set_buffer_id(io_);
+  swa->mutable_input()->set_offset(512 << 10);
+  absl::StatusOr<RegistrationConfig> c = Resolve(r);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(c.status().message()),
+              HasSubstr("layers[1].window: 0 is outside [1, 7]"));
+  r.mutable_layers(1)->set_window(8);
+  c = Resolve(r);
+  EXPECT_THAT(std::string(c.status().message()),
+              HasSubstr("layers[1].window: 8 is outside [1, 7]"));
+  r.mutable_layers(1)->set_window(7);
+  c = Resolve(r);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->needs_swa_states);
+}
+
 }  // namespace
 }  // namespace kvdepot::step
