@@ -3,7 +3,6 @@
 #include "absl/strings/str_cat.h"
 
 namespace kvdepot {
-namespace {
 
 absl::StatusOr<ByteRange> ResolveSlice(const SessionManager& sessions,
                                        const Caller& caller,
@@ -11,18 +10,18 @@ absl::StatusOr<ByteRange> ResolveSlice(const SessionManager& sessions,
                                        const v1::BufferSlice& slice,
                                        int64_t expected) {
   absl::StatusOr<std::shared_ptr<Buffer>> buffer = sessions.GetBuffer(
-      caller, absl::StrCat(field, ".slice.buffer_id"), slice.buffer_id());
+      caller, absl::StrCat(field, ".buffer_id"), slice.buffer_id());
   if (!buffer.ok()) return buffer.status();
   const int64_t size = (*buffer)->memory->size();
   if (slice.length() != expected) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ".slice.length = ", slice.length(),
+        absl::StrCat(field, ".length = ", slice.length(),
                      ", the request needs exactly ", expected, " bytes"));
   }
   if (slice.offset() < 0 || slice.offset() > size ||
       slice.length() > size - slice.offset()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        field, ".slice [offset ", slice.offset(), ", +", slice.length(),
+        field, " [offset ", slice.offset(), ", +", slice.length(),
         ") is outside buffer ", slice.buffer_id(), " of ", size, " bytes"));
   }
   ByteRange r;
@@ -33,8 +32,6 @@ absl::StatusOr<ByteRange> ResolveSlice(const SessionManager& sessions,
   return r;
 }
 
-}  // namespace
-
 absl::StatusOr<ByteRange> ResolveInput(const SessionManager& sessions,
                                        const Caller& caller,
                                        absl::string_view field,
@@ -42,7 +39,8 @@ absl::StatusOr<ByteRange> ResolveInput(const SessionManager& sessions,
                                        int64_t expected) {
   switch (ref.kind_case()) {
     case v1::DataRef::kSlice:
-      return ResolveSlice(sessions, caller, field, ref.slice(), expected);
+      return ResolveSlice(sessions, caller, absl::StrCat(field, ".slice"),
+                          ref.slice(), expected);
     case v1::DataRef::kInlineData: {
       const std::string& bytes = ref.inline_data();
       if (static_cast<int64_t>(bytes.size()) != expected) {
@@ -72,7 +70,8 @@ absl::StatusOr<ByteRange> ResolveOutput(const SessionManager& sessions,
                                         std::string* inline_out) {
   switch (ref.kind_case()) {
     case v1::DataRef::kSlice:
-      return ResolveSlice(sessions, caller, field, ref.slice(), expected);
+      return ResolveSlice(sessions, caller, absl::StrCat(field, ".slice"),
+                          ref.slice(), expected);
     case v1::DataRef::kInlineOutput: {
       if (expected > max_inline) {
         return absl::InvalidArgumentError(

@@ -25,6 +25,14 @@ struct ByteRange {
   int64_t offset = 0;              // inside `buffer`
 };
 
+// A buffer slice of exactly `expected` bytes (input or output); `field`
+// names the slice in errors ("topk_buffer": "topk_buffer.length = ...").
+absl::StatusOr<ByteRange> ResolveSlice(const SessionManager& sessions,
+                                       const Caller& caller,
+                                       absl::string_view field,
+                                       const v1::BufferSlice& slice,
+                                       int64_t expected);
+
 // An input of exactly `expected` bytes: inline_data or a buffer slice.
 absl::StatusOr<ByteRange> ResolveInput(const SessionManager& sessions,
                                        const Caller& caller,

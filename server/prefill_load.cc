@@ -53,9 +53,12 @@ absl::Status PlanPrefillLoad(const PoolLayout& sl, const PoolLayout& ml,
         "elements (got ",
         sl.format.elements(), " and ", ml.format.elements(), ")"));
   }
-  if (window < 1) {
+  // window 0: no SWA part (nothing loaded from or stored into the ring);
+  // ratio 0: no compressed part. Not both (the service refuses that).
+  if (window < 0 || ratio < 0 || (window == 0 && ratio == 0)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("window = ", window, " must be >= 1"));
+        absl::StrCat("window = ", window, " and ratio = ", ratio,
+                     ": need both >= 0 and not both 0"));
   }
   SwaParams swa_params;
   swa_params.window = window;
@@ -65,26 +68,33 @@ absl::Status PlanPrefillLoad(const PoolLayout& sl, const PoolLayout& ml,
   cparams.ratio = ratio;
   cparams.block_size = static_cast<int32_t>(ml.block_size * ratio);
   cparams.num_blocks = static_cast<int32_t>(ml.num_blocks);
-  RETURN_IF_ERROR(ValidateSwaParams(swa_params));
+  if (window > 0) RETURN_IF_ERROR(ValidateSwaParams(swa_params));
   ASSIGN_OR_RETURN(plan->layout, ComputePrefillLayout(batch, window, ratio));
   const PrefillLayout& pl = plan->layout;
-  // The SWA plan, copied out: the builder is reused for the compressed plan.
-  RETURN_IF_ERROR(BuildSwaPlan(batch, swa_params, &plan->builder));
-  const absl::Span<const int32_t> swa_plan = plan->builder.Finish();
-  plan->swa_segments.assign(swa_plan.begin(), swa_plan.end());
+  plan->swa_segments.clear();
   plan->store_slots.assign(static_cast<size_t>(pl.chunk_rows), -1);
-  RETURN_IF_ERROR(
-      BuildSwaStoreSlots(batch, swa_params, absl::MakeSpan(plan->store_slots)));
-  if (absl::Status s = ValidateSlotMapping(sl, plan->store_slots); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "swa_state_id: two sequences share a ring slot (SWA store ",
-        s.message(), ")"));
+  if (window > 0) {
+    // The SWA plan, copied out: the builder is reused for the compressed
+    // plan.
+    RETURN_IF_ERROR(BuildSwaPlan(batch, swa_params, &plan->builder));
+    const absl::Span<const int32_t> swa_plan = plan->builder.Finish();
+    plan->swa_segments.assign(swa_plan.begin(), swa_plan.end());
+    RETURN_IF_ERROR(BuildSwaStoreSlots(batch, swa_params,
+                                       absl::MakeSpan(plan->store_slots)));
+    if (absl::Status s = ValidateSlotMapping(sl, plan->store_slots); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "swa_state_id: two sequences share a ring slot (SWA store ",
+          s.message(), ")"));
+    }
   }
   plan->cu_compressed.assign(static_cast<size_t>(batch.num_seqs() + 1), 0);
-  RETURN_IF_ERROR(BuildCompressedPlan(batch, cparams, &plan->builder,
-                                      absl::MakeSpan(plan->cu_compressed)));
-  const absl::Span<const int32_t> main_plan = plan->builder.Finish();
-  plan->main_segments.assign(main_plan.begin(), main_plan.end());
+  plan->main_segments.clear();
+  if (ratio > 0) {
+    RETURN_IF_ERROR(BuildCompressedPlan(batch, cparams, &plan->builder,
+                                        absl::MakeSpan(plan->cu_compressed)));
+    const absl::Span<const int32_t> main_plan = plan->builder.Finish();
+    plan->main_segments.assign(main_plan.begin(), main_plan.end());
+  }
   RETURN_IF_ERROR(
       ValidateSegments(sl, plan->swa_segments, pl.swa_history_rows));
   RETURN_IF_ERROR(

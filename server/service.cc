@@ -412,22 +412,23 @@ grpc::Status KVCacheService::PrefillLoad(Ctx* ctx,
 grpc::Status KVCacheService::ConvertTopk(Ctx* ctx,
                                          const v1::ConvertTopkRequest* r,
                                          v1::ConvertTopkResponse* out) {
-  return Run(Rpc::kConvertTopk, ctx, r->pool(), "",
-             [&](const Caller& c) { return DoConvertTopk(c, *r, out); });
+  return Run(Rpc::kConvertTopk, ctx, r->pool(), r->session_id(),
+             [&](const Caller& c) { return DoConvertTopk(ctx, c, *r, out); });
 }
 
 grpc::Status KVCacheService::SwaDecodeIndex(Ctx* ctx,
                                             const v1::SwaDecodeIndexRequest* r,
                                             v1::SwaDecodeIndexResponse* out) {
-  return Run(Rpc::kSwaDecodeIndex, ctx, r->pool(), "",
-             [&](const Caller& c) { return DoSwaDecodeIndex(c, *r, out); });
+  return Run(
+      Rpc::kSwaDecodeIndex, ctx, r->pool(), r->session_id(),
+      [&](const Caller& c) { return DoSwaDecodeIndex(ctx, c, *r, out); });
 }
 
 grpc::Status KVCacheService::PrefillIndex(Ctx* ctx,
                                           const v1::PrefillIndexRequest* r,
                                           v1::PrefillIndexResponse* out) {
-  return Run(Rpc::kPrefillIndex, ctx, "", "",
-             [&](const Caller&) { return DoPrefillIndex(*r, out); });
+  return Run(Rpc::kPrefillIndex, ctx, "", r->session_id(),
+             [&](const Caller& c) { return DoPrefillIndex(ctx, c, *r, out); });
 }
 
 grpc::Status KVCacheService::Stats(Ctx* ctx, const v1::StatsRequest* /*r*/,

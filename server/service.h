@@ -189,13 +189,14 @@ class KVCacheService final {
   absl::Status DoPrefillLoad(Ctx* ctx, const Caller& caller,
                              const v1::PrefillLoadRequest& r,
                              v1::PrefillLoadResponse* out);
-  absl::Status DoConvertTopk(const Caller& caller,
+  absl::Status DoConvertTopk(Ctx* ctx, const Caller& caller,
                              const v1::ConvertTopkRequest& r,
                              v1::ConvertTopkResponse* out);
-  absl::Status DoSwaDecodeIndex(const Caller& caller,
+  absl::Status DoSwaDecodeIndex(Ctx* ctx, const Caller& caller,
                                 const v1::SwaDecodeIndexRequest& r,
                                 v1::SwaDecodeIndexResponse* out);
-  absl::Status DoPrefillIndex(const v1::PrefillIndexRequest& r,
+  absl::Status DoPrefillIndex(Ctx* ctx, const Caller& caller,
+                              const v1::PrefillIndexRequest& r,
                               v1::PrefillIndexResponse* out);
   absl::Status DoInspect(const Caller& caller, const v1::InspectRequest& r,
                          v1::InspectResponse* out);

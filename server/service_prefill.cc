@@ -34,16 +34,33 @@ PrefillScratch& ThreadPrefillScratch() {
 absl::Status KVCacheService::DoPrefillLoad(Ctx* ctx, const Caller& caller,
                                            const v1::PrefillLoadRequest& r,
                                            v1::PrefillLoadResponse* out) {
+  // window 0 = no SWA part, compress_ratio 0 = no compressed part (SPEC
+  // §6); the absent part's pool may be left empty: the other one stands in
+  // for it (nothing of it is read or written).
+  const bool no_swa = r.window() == 0, no_main = r.compress_ratio() == 0;
+  if (no_swa && no_main) {
+    return absl::InvalidArgumentError(
+        "window = 0 and compress_ratio = 0: the layer has neither an SWA nor "
+        "a compressed part");
+  }
+  const bool swa_as_main = no_swa && r.swa_pool().empty();
+  const bool main_as_swa = no_main && r.main_pool().empty();
   absl::StatusOr<std::shared_ptr<Pool>> swa =
-      UsablePool(caller, "swa_pool", r.swa_pool());
+      UsablePool(caller, swa_as_main ? "main_pool" : "swa_pool",
+                 swa_as_main ? r.main_pool() : r.swa_pool());
   if (!swa.ok()) return swa.status();
   absl::StatusOr<std::shared_ptr<Pool>> main =
-      UsablePool(caller, "main_pool", r.main_pool());
+      UsablePool(caller, main_as_swa ? "swa_pool" : "main_pool",
+                 main_as_swa ? r.swa_pool() : r.main_pool());
   if (!main.ok()) return main.status();
   const PoolLayout& sl = (*swa)->layout;
   const PoolLayout& ml = (*main)->layout;
-  RETURN_IF_ERROR(CheckLayer("swa_layer", r.swa_layer(), sl));
-  RETURN_IF_ERROR(CheckLayer("main_layer", r.main_layer(), ml));
+  const int64_t swa_layer = swa_as_main ? r.main_layer() : r.swa_layer();
+  const int64_t main_layer = main_as_swa ? r.swa_layer() : r.main_layer();
+  RETURN_IF_ERROR(
+      CheckLayer(swa_as_main ? "main_layer" : "swa_layer", swa_layer, sl));
+  RETURN_IF_ERROR(
+      CheckLayer(main_as_swa ? "swa_layer" : "main_layer", main_layer, ml));
   if (!sl.format.do_cast || !ml.format.do_cast ||
       sl.format.elements() != ml.format.elements()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -79,11 +96,11 @@ absl::Status KVCacheService::DoPrefillLoad(Ctx* ctx, const Caller& caller,
                      r.swa_valid_start().empty() ? "0 (empty)" : "num_seqs",
                      r.swa_valid_start().empty() ? 0 : n, max, &sc.valid_start);
   }
-  if (s.ok() &&
-      (r.max_blocks_per_seq() < 1 || r.max_blocks_per_seq() > INT32_MAX)) {
+  if (s.ok() && (r.max_blocks_per_seq() < (no_main ? 0 : 1) ||
+                 r.max_blocks_per_seq() > INT32_MAX)) {
     s = absl::InvalidArgumentError(
         absl::StrCat("max_blocks_per_seq = ", r.max_blocks_per_seq(),
-                     " is outside [1, 2^31)"));
+                     " is outside [", no_main ? 0 : 1, ", 2^31)"));
   }
   if (s.ok()) {
     s = DecodeInt32s("block_table", r.block_table(),
@@ -92,7 +109,8 @@ absl::Status KVCacheService::DoPrefillLoad(Ctx* ctx, const Caller& caller,
   }
   if (!s.ok()) return s;
   absl::StatusOr<int32_t> ratio =
-      CheckRatio("compress_ratio", r.compress_ratio(), ml);
+      no_main ? absl::StatusOr<int32_t>(0)
+              : CheckRatio("compress_ratio", r.compress_ratio(), ml);
   if (!ratio.ok()) return ratio.status();
 
   SequenceBatch batch;
@@ -134,8 +152,8 @@ absl::Status KVCacheService::DoPrefillLoad(Ctx* ctx, const Caller& caller,
   if (!same) lock2.emplace(&second->mu);
 
   return RunPrefillLoad(*backend_,
-                        LayerRef{&sl, (*swa)->memory.get(), r.swa_layer()},
-                        LayerRef{&ml, (*main)->memory.get(), r.main_layer()},
+                        LayerRef{&sl, (*swa)->memory.get(), swa_layer},
+                        LayerRef{&ml, (*main)->memory.get(), main_layer},
                         sc.plan, kv->data, *dtype, output->data, &sc.host);
 }
 

@@ -59,11 +59,21 @@ struct Policy {
     return static_cast<int64_t>(r.sequences().block_table().size()) / 4 >
            rows * 4;
   }
+  // The index calls: on a device, only those answered before the GPU
+  // finishes (record_event, output in a buffer, no event to await) stay.
   bool Offload(const v1::ConvertTopkRequest& r) const {
-    return device || !ProductAtMost(r.batch(), r.k(), rows * 16);
+    if (device) {
+      return !(r.record_event() && r.wait_event_ipc_handle().empty() &&
+               r.has_slots_buffer());
+    }
+    return !ProductAtMost(r.batch(), r.k(), rows * 16);
   }
   bool Offload(const v1::SwaDecodeIndexRequest& r) const {
-    return device || !ProductAtMost(r.num_queries(), r.window(), rows * 16);
+    if (device) {
+      return !(r.record_event() && r.wait_event_ipc_handle().empty() &&
+               r.has_slots_buffer());
+    }
+    return !ProductAtMost(r.num_queries(), r.window(), rows * 16);
   }
 };
 
@@ -148,11 +158,11 @@ class CallbackServing final : public Serving,
   KVDEPOT_UNARY(BuildPlan, BuildPlanRequest, BuildPlanResponse, &data_pool_,
                 policy_.Offload(*r))
   KVDEPOT_UNARY(ConvertTopk, ConvertTopkRequest, ConvertTopkResponse,
-                &data_pool_, policy_.Offload(*r))
+                PoolFor(r->wait_event_ipc_handle()), policy_.Offload(*r))
   KVDEPOT_UNARY(SwaDecodeIndex, SwaDecodeIndexRequest, SwaDecodeIndexResponse,
-                &data_pool_, policy_.Offload(*r))
+                PoolFor(r->wait_event_ipc_handle()), policy_.Offload(*r))
   KVDEPOT_UNARY(PrefillIndex, PrefillIndexRequest, PrefillIndexResponse,
-                &data_pool_, true)
+                PoolFor(r->wait_event_ipc_handle()), true)
   KVDEPOT_UNARY(PrefillLoad, PrefillLoadRequest, PrefillLoadResponse,
                 &data_pool_, true)
   // Operator scans: their own pool.

@@ -108,28 +108,47 @@ __global__ void __launch_bounds__(kThreads) ExpandSwaIndexKernel(
   __stcs(out + item, v);
 }
 
+// kChecked: `compressed` is untrusted (a worker's device memory): an entry
+// outside [-1, compressed_rows) becomes -1 and is counted into
+// invalid_count (never shifted into a row outside the prefill buffer).
+template <bool kChecked>
 __global__ void __launch_bounds__(kThreads)
     KvIndexCatKernel(const int32_t* swa,  // [rows][swa_width]
                      int32_t swa_width,
                      const int32_t* compressed,  // [rows][compressed_width]
                      int32_t compressed_width, int64_t rows,
                      int32_t main_kv_offset,
-                     int32_t* out) {  // [rows][swa_width + compressed_width]
+                     int32_t compressed_rows,  // kChecked only
+                     int32_t* out,  // [rows][swa_width + compressed_width]
+                     unsigned long long* invalid_count) {  // kChecked only
   PdlWait();
   PdlLaunchDependents();
   const int32_t width = swa_width + compressed_width;
   const int64_t r = blockIdx.x;
   const int32_t c = static_cast<int32_t>(blockIdx.y) * kThreads + threadIdx.x;
-  if (c >= width) return;
-  const int64_t item = r * width + c;
-  int32_t v;
-  if (c < swa_width) {
-    v = __ldg(swa + r * swa_width + c);
-  } else {
-    v = __ldg(compressed + r * compressed_width + (c - swa_width));
-    if (v != -1) v += main_kv_offset;
+  bool invalid = false;
+  if (c < width) {
+    const int64_t item = r * width + c;
+    int32_t v;
+    if (c < swa_width) {
+      v = __ldg(swa + r * swa_width + c);
+    } else {
+      v = __ldg(compressed + r * compressed_width + (c - swa_width));
+      if (kChecked && (v < -1 || v >= compressed_rows)) {
+        invalid = true;
+        v = -1;
+      }
+      if (v != -1) v += main_kv_offset;
+    }
+    __stcs(out + item, v);
   }
-  __stcs(out + item, v);
+  if constexpr (kChecked) {
+    // Every thread reaches the barrier: nothing above returns.
+    const int count = __syncthreads_count(invalid);
+    if (threadIdx.x == 0 && count != 0) {
+      atomicAdd(invalid_count, static_cast<unsigned long long>(count));
+    }
+  }
 }
 
 }  // namespace
@@ -168,10 +187,24 @@ cudaError_t LaunchKvIndexCat(const int32_t* swa, int32_t swa_width,
                              int32_t compressed_width, int64_t rows,
                              int32_t main_kv_offset, int32_t* out,
                              const Launch& launch) {
-  return LaunchKernel(KvIndexCatKernel,
+  return LaunchKernel(KvIndexCatKernel<false>,
                       GridFor(rows, swa_width + compressed_width),
                       dim3(kThreads), launch, swa, swa_width, compressed,
-                      compressed_width, rows, main_kv_offset, out);
+                      compressed_width, rows, main_kv_offset, int32_t{0}, out,
+                      static_cast<unsigned long long*>(nullptr));
+}
+
+cudaError_t LaunchKvIndexCatChecked(const int32_t* swa, int32_t swa_width,
+                                    const int32_t* compressed,
+                                    int32_t compressed_width, int64_t rows,
+                                    int32_t main_kv_offset,
+                                    int32_t compressed_rows, int32_t* out,
+                                    unsigned long long* invalid_count,
+                                    const Launch& launch) {
+  return LaunchKernel(
+      KvIndexCatKernel<true>, GridFor(rows, swa_width + compressed_width),
+      dim3(kThreads), launch, swa, swa_width, compressed, compressed_width,
+      rows, main_kv_offset, compressed_rows, out, invalid_count);
 }
 
 }  // namespace kvdepot::gpu::internal

@@ -154,6 +154,46 @@ TEST(IndexOpsTest, KvIndexCatMatchesPlanner) {
   EXPECT_EQ(Download(out, want.size()), want);
 }
 
+// The checked variant on an untrusted compressed index: entries outside
+// [-1, comp_rows) become -1 and are counted, the rest equal the planner's.
+TEST(IndexOpsTest, KvIndexCatCheckedCountsOutOfRangeEntries) {
+  std::mt19937 rng(305);
+  const int32_t sw = 65, cw = 300, offset = 5120, comp_rows = 2500;
+  const int64_t rows = 79;
+  std::vector<int32_t> swa(rows * sw), comp(rows * cw);
+  for (int32_t& x : swa) x = Uniform(rng, -1, offset - 1);
+  for (int32_t& x : comp) x = Uniform(rng, -4, comp_rows + 3);
+  std::vector<int32_t> clean = comp;
+  unsigned long long bad = 0;
+  for (int32_t& x : clean) {
+    if (x < -1 || x >= comp_rows) {
+      x = -1;
+      ++bad;
+    }
+  }
+  ASSERT_GT(bad, 0u);
+  std::vector<int32_t> want(rows * (sw + cw));
+  ASSERT_TRUE(kvdepot::KvIndexCat(swa, sw, clean, cw, rows, offset, comp_rows,
+                                  absl::MakeSpan(want))
+                  .ok());
+  std::vector<DeviceBuffer> keep;
+  int32_t* out = Upload(std::vector<int32_t>(want.size(), 7), keep);
+  absl::StatusOr<DeviceBuffer> counter = DeviceBuffer::Open(8);
+  ASSERT_TRUE(counter.ok());
+  ASSERT_EQ(cudaMemset(counter->as<int32_t>(), 0, 8), cudaSuccess);
+  auto* count = reinterpret_cast<unsigned long long*>(counter->as<int32_t>());
+  ASSERT_TRUE(gpu::KvIndexCatChecked(Upload(swa, keep), sw, Upload(comp, keep),
+                                     cw, rows, offset, comp_rows, out, count)
+                  .ok());
+  EXPECT_EQ(Download(out, want.size()), want);
+  unsigned long long got = 0;
+  ASSERT_EQ(cudaMemcpy(&got, count, 8, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(got, bad);
+  int32_t x = 0;
+  absl::Status s = gpu::KvIndexCatChecked(&x, 1, &x, 1, 1, 0, 4, &x, nullptr);
+  EXPECT_THAT(s.message(), HasSubstr("invalid_count"));
+}
+
 TEST(IndexOpsTest, RejectsBadShapes) {
   int32_t x = 0;
   absl::Status s = gpu::SwaDecodeIndex(&x, &x, &x, 1, 8, 4, &x);

@@ -225,4 +225,39 @@ absl::Status KvIndexCat(const int32_t* swa, int32_t swa_width,
   return absl::OkStatus();
 }
 
+absl::Status KvIndexCatChecked(const int32_t* swa, int32_t swa_width,
+                               const int32_t* compressed,
+                               int32_t compressed_width, int64_t rows,
+                               int32_t main_kv_offset, int32_t compressed_rows,
+                               int32_t* out, unsigned long long* invalid_count,
+                               const LaunchOptions& options) {
+  RETURN_IF_ERROR(CheckCount(rows, "rows"));
+  RETURN_IF_ERROR(CheckCount(swa_width, "swa_width"));
+  RETURN_IF_ERROR(CheckCount(compressed_width, "compressed_width"));
+  RETURN_IF_ERROR(CheckCount(compressed_rows, "compressed_rows"));
+  if (main_kv_offset < 0 ||
+      int64_t{main_kv_offset} + compressed_rows > INT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "main_kv_offset = ", main_kv_offset,
+        " + compressed_rows = ", compressed_rows, " must be in [0, 2^31)"));
+  }
+  if (rows == 0 || swa_width + compressed_width == 0) {
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(
+      CheckGrid(rows, int64_t{swa_width} + compressed_width, "kv_index_cat"));
+  if (swa_width > 0) RETURN_IF_ERROR(CheckPointer(swa, "swa", 4));
+  if (compressed_width > 0) {
+    RETURN_IF_ERROR(CheckPointer(compressed, "compressed", 4));
+  }
+  RETURN_IF_ERROR(CheckPointer(out, "out", 4));
+  RETURN_IF_ERROR(CheckPointer(invalid_count, "invalid_count", 8));
+  RETURN_IF_CUDA_ERROR(
+      internal::LaunchKvIndexCatChecked(
+          swa, swa_width, compressed, compressed_width, rows, main_kv_offset,
+          compressed_rows, out, invalid_count, ToLaunch(options)),
+      "launching kv_index_cat (checked)");
+  return absl::OkStatus();
+}
+
 }  // namespace kvdepot::gpu

@@ -115,6 +115,16 @@ absl::Status KvIndexCat(const int32_t* swa, int32_t swa_width,
                         int64_t rows, int32_t main_kv_offset, int32_t* out,
                         const LaunchOptions& options = {});
 
+// KvIndexCat on an untrusted compressed index (device memory a worker
+// wrote): an entry outside [-1, compressed_rows) becomes -1 and is added
+// to the device counter *invalid_count (required).
+absl::Status KvIndexCatChecked(const int32_t* swa, int32_t swa_width,
+                               const int32_t* compressed,
+                               int32_t compressed_width, int64_t rows,
+                               int32_t main_kv_offset, int32_t compressed_rows,
+                               int32_t* out, unsigned long long* invalid_count,
+                               const LaunchOptions& options = {});
+
 }  // namespace kvdepot::gpu
 
 #endif  // KVDEPOT_KERNELS_CUDA_KERNELS_H_

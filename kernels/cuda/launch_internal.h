@@ -75,6 +75,13 @@ cudaError_t LaunchKvIndexCat(const int32_t* swa, int32_t swa_width,
                              int32_t compressed_width, int64_t rows,
                              int32_t main_kv_offset, int32_t* out,
                              const Launch& launch);
+cudaError_t LaunchKvIndexCatChecked(const int32_t* swa, int32_t swa_width,
+                                    const int32_t* compressed,
+                                    int32_t compressed_width, int64_t rows,
+                                    int32_t main_kv_offset,
+                                    int32_t compressed_rows, int32_t* out,
+                                    unsigned long long* invalid_count,
+                                    const Launch& launch);
 
 }  // namespace kvdepot::gpu::internal
 

@@ -89,6 +89,44 @@ struct GpuOrdering {
   bool empty() const { return wait_event.empty() && !record_event; }
 };
 
+// The index operations of SPEC §7 on request memory (kvdepot.proto's
+// buffer forms). Pointers are request memory: inline request or reply bytes
+// (host) or buffer slices (backend memory), never validated entry by entry
+// (they may be device memory, written by a worker's kernels); spans are host
+// copies the service validated.
+struct ConvertTopkCall {
+  const int32_t* topk = nullptr;  // [batch][k]
+  int32_t* slots = nullptr;       // [batch][k]; may equal topk (in place)
+  int64_t batch = 0;
+  int32_t k = 0;
+  absl::Span<const int32_t> valid_count;  // [batch] in [0, k]
+  absl::Span<const int32_t> num_tokens;   // [batch] >= 0
+  const int32_t* block_table = nullptr;   // [batch][cols]; any entries
+  int32_t cols = 0;
+  int32_t block_size = 0;
+  int32_t num_blocks = 0;
+  uint8_t* invalid_word = nullptr;  // 8 bytes (int64 LE) or null
+};
+
+struct SwaDecodeCall {
+  absl::Span<const int32_t> queries;  // [n][3] {state, start, valid_len}
+  int32_t window = 0;
+  int32_t ring_size = 0;
+  int32_t* slots = nullptr;  // [n][window]
+};
+
+struct PrefillIndexCall {
+  absl::Span<const int32_t> pivots;  // [rows][4], ComputeSwaPivots
+  int64_t rows = 0;
+  int32_t window = 0;
+  const int32_t* compressed = nullptr;  // [rows][topk_k]; any entries
+  int32_t topk_k = 0;
+  int32_t compressed_rows = 0;  // entries outside [-1, this) -> -1, counted
+  int32_t main_kv_offset = 0;
+  int32_t* index = nullptr;         // [rows][window + topk_k]
+  uint8_t* invalid_word = nullptr;  // 8 bytes (int64 LE) or null
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -215,6 +253,38 @@ class Backend {
                                   uint16_t* /*cast_back*/) {
     return absl::UnimplementedError(
         absl::StrCat("fused: the ", name(), " backend has no fused store"));
+  }
+
+  // The index operations (SPEC §7) on the backend's device, ordered like
+  // StoreOrdered (the client's event awaited on the host until `deadline`
+  // at most, the caller's session stream, record_event: return at once with
+  // *invalid = -1). *invalid = entries that became -1 because an index or
+  // a table entry was out of range. `device_memory` is a Memory the call
+  // runs next to (the pool, or the buffer of an output), for its device.
+  // UNIMPLEMENTED (these defaults; a call with no operand in device memory)
+  // = the service runs it on the host, the CPU backend's engine.
+  virtual absl::Status ConvertTopkOrdered(const Memory& /*device_memory*/,
+                                          const ConvertTopkCall& /*call*/,
+                                          const GpuOrdering& /*ordering*/,
+                                          absl::Time /*deadline*/,
+                                          int64_t* /*invalid*/,
+                                          std::string* /*recorded_event*/) {
+    return absl::UnimplementedError("index operations on the host");
+  }
+  virtual absl::Status SwaDecodeOrdered(const Memory& /*device_memory*/,
+                                        const SwaDecodeCall& /*call*/,
+                                        const GpuOrdering& /*ordering*/,
+                                        absl::Time /*deadline*/,
+                                        std::string* /*recorded_event*/) {
+    return absl::UnimplementedError("index operations on the host");
+  }
+  virtual absl::Status PrefillIndexOrdered(const Memory& /*device_memory*/,
+                                           const PrefillIndexCall& /*call*/,
+                                           const GpuOrdering& /*ordering*/,
+                                           absl::Time /*deadline*/,
+                                           int64_t* /*invalid*/,
+                                           std::string* /*recorded_event*/) {
+    return absl::UnimplementedError("index operations on the host");
   }
 
   // Copies `n` bytes between any two of: backend memory (Memory::data()

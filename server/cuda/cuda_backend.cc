@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <utility>
 
@@ -192,14 +193,7 @@ class CudaBackend final : public Backend {
     if (bytes.empty()) return absl::OkStatus();
     absl::StatusOr<CudaAllocation*> mem = AsAllocation(pool);
     if (!mem.ok()) return mem.status();
-    const int device = (*mem)->device_ordinal();
-    absl::StatusOr<ScopedCudaDevice> scoped = ScopedCudaDevice::Enter(device);
-    if (!scoped.ok()) return scoped.status();
-    absl::StatusOr<std::optional<CudaIpcEvent>> wait =
-        OpenWaitEvent(kWaitField, bytes, device);
-    if (!wait.ok()) return wait.status();
-    return (*wait)->AwaitOnHost(
-        kWaitField, std::min(deadline, absl::Now() + wait_timeout_));
+    return AwaitOnDevice((*mem)->device_ordinal(), bytes, deadline);
   }
 
   absl::Status CastBack(const KVCacheFormat& format, const void* kv,
@@ -242,7 +236,69 @@ class CudaBackend final : public Backend {
                            const GpuOrdering& ordering,
                            std::string* recorded_event) override;
 
+  // The index operations (SPEC §7) on the kernels of //kernels/cuda.
+  absl::Status ConvertTopkOrdered(const Memory& device_memory,
+                                  const ConvertTopkCall& call,
+                                  const GpuOrdering& ordering,
+                                  absl::Time deadline, int64_t* invalid,
+                                  std::string* recorded_event) override;
+  absl::Status SwaDecodeOrdered(const Memory& device_memory,
+                                const SwaDecodeCall& call,
+                                const GpuOrdering& ordering,
+                                absl::Time deadline,
+                                std::string* recorded_event) override;
+  absl::Status PrefillIndexOrdered(const Memory& device_memory,
+                                   const PrefillIndexCall& call,
+                                   const GpuOrdering& ordering,
+                                   absl::Time deadline, int64_t* invalid,
+                                   std::string* recorded_event) override;
+
  private:
+  // An int32 array of an index call: read from `src` and/or written to
+  // `dst` (request memory, host or device). RunIndex sets `dev`, where the
+  // kernels find it: in place when aligned device memory, else staged.
+  struct IndexArray {
+    const void* src = nullptr;
+    void* dst = nullptr;
+    int64_t bytes = 0;
+    absl::string_view field;
+    void* dev = nullptr;
+  };
+  // What RunIndex hands the op's launches: the host-computed arrays
+  // (uploaded), device-only scratch and the zeroed invalid counter.
+  struct IndexDevice {
+    cudaStream_t stream = nullptr;
+    uint8_t* fixed = nullptr;
+    uint8_t* scratch = nullptr;
+    unsigned long long* counter = nullptr;
+  };
+  // Runs an index call on the device of `device_memory`: awaits the
+  // client's event on the host, stages `fixed_bytes` of host arrays that
+  // `fill` writes (into pinned memory) and the arrays not usable in place,
+  // then `launch`es on the session's stream after the earlier work on
+  // every buffer involved, copies the outputs (and the counter into
+  // `invalid_word`) back and finishes like Store/Load. UNIMPLEMENTED when
+  // no operand is in device memory (the host does it better).
+  absl::Status RunIndex(
+      const Memory& device_memory, absl::Span<IndexArray> arrays,
+      int64_t fixed_bytes, int64_t scratch_bytes,
+      const std::function<void(uint8_t*)>& fill,
+      const std::function<absl::Status(const IndexDevice&)>& launch,
+      uint8_t* invalid_word, const GpuOrdering& ordering, absl::Time deadline,
+      int64_t* invalid, std::string* recorded_event);
+
+  absl::Status AwaitOnDevice(int device, absl::string_view bytes,
+                             absl::Time deadline) const {
+    if (bytes.empty()) return absl::OkStatus();
+    absl::StatusOr<ScopedCudaDevice> scoped = ScopedCudaDevice::Enter(device);
+    if (!scoped.ok()) return scoped.status();
+    absl::StatusOr<std::optional<CudaIpcEvent>> wait =
+        OpenWaitEvent(kWaitField, bytes, device);
+    if (!wait.ok()) return wait.status();
+    return (*wait)->AwaitOnHost(
+        kWaitField, std::min(deadline, absl::Now() + wait_timeout_));
+  }
+
   absl::StatusOr<CudaAllocation*> AsAllocation(const Memory& pool) const {
     auto* m = dynamic_cast<const CudaAllocation*>(&pool);
     if (m == nullptr) {
@@ -304,7 +360,7 @@ class CudaBackend final : public Backend {
     cudaStream_t st = stream->stream();
     RETURN_IF_ERROR(lease->MarkUsed(st));
     // Later calls on this pool, on any session's stream, queue after this.
-    if (mem->fence() != nullptr) {
+    if (mem != nullptr && mem->fence() != nullptr) {
       RETURN_IF_ERROR(static_cast<UseFence*>(mem->fence().get())->Record(st));
     }
     if (ordering.record_event) {
@@ -655,6 +711,269 @@ absl::Status CudaBackend::LoadOrdered(const PoolLayout& layout,
                 recorded_event);
 }
 
+absl::Status CudaBackend::RunIndex(
+    const Memory& device_memory, absl::Span<IndexArray> arrays,
+    int64_t fixed_bytes, int64_t scratch_bytes,
+    const std::function<void(uint8_t*)>& fill,
+    const std::function<absl::Status(const IndexDevice&)>& launch,
+    uint8_t* invalid_word, const GpuOrdering& ordering, absl::Time deadline,
+    int64_t* invalid, std::string* recorded_event) {
+  if (recorded_event != nullptr) recorded_event->clear();
+  absl::StatusOr<std::optional<DeviceRanges::Range>> home =
+      ranges_->Find(device_memory.data(), device_memory.size());
+  if (!home.ok()) return home.status();
+  if (!home->has_value()) {
+    return absl::InternalError("an index call's memory is not device memory");
+  }
+  const int device = (*home)->device;
+  absl::StatusOr<ScopedCudaDevice> scoped = ScopedCudaDevice::Enter(device);
+  if (!scoped.ok()) return scoped.status();
+  // Where every operand lives; staging: [fixed | scratch | staged arrays |
+  // counter].
+  std::vector<Operand> device_ops;
+  int64_t staged = StagingRound(fixed_bytes) + StagingRound(scratch_bytes);
+  const int64_t scratch_at = StagingRound(fixed_bytes);
+  std::vector<int64_t> array_at(arrays.size(), -1);
+  std::vector<Operand> src_ops(arrays.size()), dst_ops(arrays.size());
+  for (size_t i = 0; i < arrays.size(); ++i) {
+    IndexArray& a = arrays[i];
+    if (a.src != nullptr) {
+      ASSIGN_OR_RETURN(src_ops[i], Classify(a.src, a.bytes, device, 4,
+                                            absl::StrCat(a.field, " (in)")));
+      if (src_ops[i].fence != nullptr) device_ops.push_back(src_ops[i]);
+    }
+    if (a.dst != nullptr) {
+      ASSIGN_OR_RETURN(dst_ops[i], Classify(a.dst, a.bytes, device, 4,
+                                            absl::StrCat(a.field, " (out)")));
+      if (dst_ops[i].fence != nullptr) device_ops.push_back(dst_ops[i]);
+    }
+    const Operand& home_op = a.dst != nullptr ? dst_ops[i] : src_ops[i];
+    if (a.bytes > 0 && home_op.where != Where::kDevice) {
+      array_at[i] = staged;
+      staged += StagingRound(a.bytes);
+    } else if (a.bytes > 0 && a.src != nullptr &&
+               src_ops[i].where == Where::kHost) {
+      array_at[i] = staged;  // the pinned copy of a host input
+      staged += StagingRound(a.bytes);
+    }
+  }
+  absl::StatusOr<Operand> word;
+  if (invalid_word != nullptr) {
+    ASSIGN_OR_RETURN(
+        word, Classify(invalid_word, 8, device, 1, "invalid_count_buffer"));
+    if (word->fence != nullptr) device_ops.push_back(*word);
+  }
+  if (device_ops.empty()) {
+    return absl::UnimplementedError("no operand in device memory");
+  }
+  const int64_t counter_at = staged;
+  staged += StagingRound(16);
+  RETURN_IF_ERROR(AwaitOnDevice(device, ordering.wait_event, deadline));
+  absl::StatusOr<StagingPool::Lease> lease = staging_.Acquire(device, staged);
+  if (!lease.ok()) return lease.status();
+  absl::StatusOr<SessionStream*> stream =
+      streams_.For(device, ordering.session);
+  if (!stream.ok()) return stream.status();
+  cudaStream_t st = (*stream)->stream();
+  // After earlier work on every buffer involved (the daemon's streams).
+  for (const Operand& op : device_ops) {
+    RETURN_IF_ERROR(static_cast<UseFence*>(op.fence.get())->OrderAfter(st));
+  }
+  Queued queued{st};
+  uint8_t* host = (*lease)->host();
+  uint8_t* dev = (*lease)->dev();
+  if (fixed_bytes > 0) {
+    fill(host);
+    RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(dev, host, static_cast<size_t>(fixed_bytes),
+                        cudaMemcpyHostToDevice, st),
+        "staging an index call's host arrays");
+  }
+  for (size_t i = 0; i < arrays.size(); ++i) {
+    IndexArray& a = arrays[i];
+    const Operand& home_op = a.dst != nullptr ? dst_ops[i] : src_ops[i];
+    a.dev = home_op.where == Where::kDevice || a.bytes == 0 ? home_op.ptr
+                                                            : dev + array_at[i];
+    if (a.src == nullptr || a.bytes == 0 || a.src == a.dev) continue;
+    const size_t n = static_cast<size_t>(a.bytes);
+    if (src_ops[i].where == Where::kHost) {
+      std::memcpy(host + array_at[i], a.src, n);
+      RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(a.dev, host + array_at[i], n,
+                                           cudaMemcpyHostToDevice, st),
+                           absl::StrCat("staging an inline ", a.field));
+    } else {
+      RETURN_IF_CUDA_ERROR(
+          cudaMemcpyAsync(a.dev, a.src, n, cudaMemcpyDeviceToDevice, st),
+          absl::StrCat("copying ", a.field));
+    }
+  }
+  auto* counter = reinterpret_cast<unsigned long long*>(dev + counter_at);
+  RETURN_IF_CUDA_ERROR(cudaMemsetAsync(counter, 0, 8, st),
+                       "zeroing the invalid counter");
+  IndexDevice d;
+  d.stream = st;
+  d.fixed = dev;
+  d.scratch = dev + scratch_at;
+  d.counter = counter;
+  RETURN_IF_ERROR(launch(d));
+  std::vector<Operand> host_outputs;
+  for (size_t i = 0; i < arrays.size(); ++i) {
+    IndexArray& a = arrays[i];
+    if (a.dst == nullptr || a.bytes == 0 || a.dev == a.dst) continue;
+    const size_t n = static_cast<size_t>(a.bytes);
+    if (dst_ops[i].where == Where::kHost) {
+      RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host + array_at[i], a.dev, n,
+                                           cudaMemcpyDeviceToHost, st),
+                           absl::StrCat("copying ", a.field, " back"));
+      Operand out = dst_ops[i];
+      out.offset = array_at[i];
+      host_outputs.push_back(out);
+    } else {
+      RETURN_IF_CUDA_ERROR(
+          cudaMemcpyAsync(a.dst, a.dev, n, cudaMemcpyDeviceToDevice, st),
+          absl::StrCat("copying ", a.field, " to a misaligned slice"));
+    }
+  }
+  int64_t count = -1;
+  const bool want_count = invalid != nullptr && !ordering.record_event;
+  if (want_count || (invalid_word != nullptr && word->where == Where::kHost)) {
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host + counter_at, counter, 8,
+                                         cudaMemcpyDeviceToHost, st),
+                         "reading the invalid counter");
+  }
+  if (want_count) {
+    Operand out;
+    out.ptr = reinterpret_cast<uint8_t*>(&count);
+    out.bytes = 8;
+    out.offset = counter_at;
+    host_outputs.push_back(out);
+  }
+  if (invalid_word != nullptr) {
+    if (word->where == Where::kHost) {
+      Operand out = *word;
+      out.offset = counter_at;
+      host_outputs.push_back(out);
+    } else {
+      RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(invalid_word, counter, 8,
+                                           cudaMemcpyDeviceToDevice, st),
+                           "writing invalid_count_buffer");
+    }
+  }
+  std::vector<const Operand*> used;
+  for (const Operand& op : device_ops) used.push_back(&op);
+  RETURN_IF_ERROR(Finish(nullptr, *stream, *lease, queued, ordering,
+                         host_outputs, used, recorded_event));
+  if (invalid != nullptr) *invalid = count;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::ConvertTopkOrdered(const Memory& device_memory,
+                                             const ConvertTopkCall& call,
+                                             const GpuOrdering& ordering,
+                                             absl::Time deadline,
+                                             int64_t* invalid,
+                                             std::string* recorded_event) {
+  const int64_t b = call.batch;
+  IndexArray arrays[2];
+  arrays[0].src = call.topk;
+  arrays[0].dst = call.slots;
+  arrays[0].bytes = b * call.k * 4;
+  arrays[0].field = "topk";
+  arrays[1].src = call.block_table;
+  arrays[1].bytes = b * call.cols * 4;
+  arrays[1].field = "block_table";
+  // Host arrays: [valid_count | num_tokens].
+  const int64_t tokens_at = StagingRound(b * 4);
+  auto fill = [&](uint8_t* host) {
+    std::memcpy(host, call.valid_count.data(), static_cast<size_t>(b * 4));
+    std::memcpy(host + tokens_at, call.num_tokens.data(),
+                static_cast<size_t>(b * 4));
+  };
+  auto launch = [&](const IndexDevice& d) {
+    gpu::LaunchOptions options;
+    options.stream = d.stream;
+    options.pdl = true;
+    return gpu::ConvertTopk(
+        static_cast<int32_t*>(arrays[0].dev), b, call.k,
+        reinterpret_cast<const int32_t*>(d.fixed),
+        reinterpret_cast<const int32_t*>(d.fixed + tokens_at),
+        static_cast<const int32_t*>(arrays[1].dev), nullptr, call.cols,
+        call.cols, call.block_size, call.num_blocks, d.counter, options);
+  };
+  return RunIndex(device_memory, absl::MakeSpan(arrays), tokens_at + b * 4, 0,
+                  fill, launch, call.invalid_word, ordering, deadline, invalid,
+                  recorded_event);
+}
+
+absl::Status CudaBackend::SwaDecodeOrdered(const Memory& device_memory,
+                                           const SwaDecodeCall& call,
+                                           const GpuOrdering& ordering,
+                                           absl::Time deadline,
+                                           std::string* recorded_event) {
+  const int64_t n = static_cast<int64_t>(call.queries.size()) / 3;
+  IndexArray arrays[1];
+  arrays[0].dst = call.slots;
+  arrays[0].bytes = n * call.window * 4;
+  arrays[0].field = "slots";
+  // Host arrays: [state_ids | starts | valid_lens], from [n][3].
+  const int64_t column = StagingRound(n * 4);
+  auto fill = [&](uint8_t* host) {
+    for (int f = 0; f < 3; ++f) {
+      auto* out = reinterpret_cast<int32_t*>(host + f * column);
+      for (int64_t i = 0; i < n; ++i) out[i] = call.queries[3 * i + f];
+    }
+  };
+  auto launch = [&](const IndexDevice& d) {
+    gpu::LaunchOptions options;
+    options.stream = d.stream;
+    options.pdl = true;
+    return gpu::SwaDecodeIndex(
+        reinterpret_cast<const int32_t*>(d.fixed),
+        reinterpret_cast<const int32_t*>(d.fixed + column),
+        reinterpret_cast<const int32_t*>(d.fixed + 2 * column), n, call.window,
+        call.ring_size, static_cast<int32_t*>(arrays[0].dev), options);
+  };
+  return RunIndex(device_memory, absl::MakeSpan(arrays), 3 * column, 0, fill,
+                  launch, nullptr, ordering, deadline, nullptr, recorded_event);
+}
+
+absl::Status CudaBackend::PrefillIndexOrdered(const Memory& device_memory,
+                                              const PrefillIndexCall& call,
+                                              const GpuOrdering& ordering,
+                                              absl::Time deadline,
+                                              int64_t* invalid,
+                                              std::string* recorded_event) {
+  const int64_t rows = call.rows;
+  const int32_t width = call.window + call.topk_k;
+  IndexArray arrays[2];
+  arrays[0].src = call.compressed;
+  arrays[0].bytes = rows * call.topk_k * 4;
+  arrays[0].field = "compressed_index";
+  arrays[1].dst = call.index;
+  arrays[1].bytes = rows * width * 4;
+  arrays[1].field = "index";
+  // Host arrays: the pivots; scratch: the SWA index [rows][window].
+  const int64_t pivot_bytes = static_cast<int64_t>(call.pivots.size()) * 4;
+  auto fill = [&](uint8_t* host) {
+    std::memcpy(host, call.pivots.data(), static_cast<size_t>(pivot_bytes));
+  };
+  auto launch = [&](const IndexDevice& d) -> absl::Status {
+    gpu::LaunchOptions options;
+    options.stream = d.stream;
+    options.pdl = true;
+    auto* swa = reinterpret_cast<int32_t*>(d.scratch);
+    RETURN_IF_ERROR(
+        gpu::ExpandSwaIndex(reinterpret_cast<const int32_t*>(d.fixed), rows,
+                            call.window, swa, options));
+    return gpu::KvIndexCatChecked(
+        swa, call.window, static_cast<const int32_t*>(arrays[0].dev),
+        call.topk_k, rows, call.main_kv_offset, call.compressed_rows,
+        static_cast<int32_t*>(arrays[1].dev), d.counter, options);
+  };
+  return RunIndex(device_memory, absl::MakeSpan(arrays), pivot_bytes,
+                  rows * call.window * 4, fill, launch, call.invalid_word,
+                  ordering, deadline, invalid, recorded_event);
+}
 }  // namespace
 
 absl::StatusOr<int> CudaDeviceCount() {

@@ -22,6 +22,7 @@
 #include "common/cuda/cuda_status.h"
 #include "common/cuda/driver_api.h"
 #include "common/status_macros.h"
+#include "kernels/cuda/fused_kernels.h"
 #include "kernels/cuda/kernels.h"
 #include "proto/step_doorbell.h"
 #include "server/step/step_kernels.h"
@@ -119,6 +120,9 @@ class CudaStepEngine : public StepEngine {
         StagingRecycler::Give(device_, blob_bytes_ + 8 * kHeaderWords, true,
                               host_staging_[s]);
       }
+      for (const FusedArray& a : fused_arrays_) {
+        StagingRecycler::Give(device_, a.bytes, false, a.ptr);
+      }
       if (work_ != nullptr) cudaStreamDestroy(work_);
       if (control_ != nullptr) cudaStreamDestroy(control_);
     } else {
@@ -145,6 +149,7 @@ class CudaStepEngine : public StepEngine {
           host_staging_[s],
           StagingRecycler::Take(device_, blob_bytes_ + 8 * kHeaderWords, true));
     }
+    RETURN_IF_ERROR(UploadFused());
     // The doorbell starts zeroed: no flag, no done, no cancel.
     doorbell_ = reinterpret_cast<uint64_t*>(config_.doorbell->memory->data());
     RETURN_IF_CUDA_ERROR(
@@ -302,9 +307,57 @@ class CudaStepEngine : public StepEngine {
     return absl::OkStatus();
   }
 
-  absl::Status Store(const CacheConfig& c, const int32_t* slots, int32_t n) {
+  // The fused caches' arrays in device memory (recycled like the staging
+  // areas: cudaFree would synchronize the device), uploaded on the work
+  // stream before Init's synchronize. fused_[layer][cache] = the params
+  // with device pointers (positions set per step).
+  absl::Status UploadFused() {
+    fused_.resize(config_.layers.size());
+    has_fused_.assign(config_.layers.size(), {false, false, false});
+    for (size_t l = 0; l < config_.layers.size(); ++l) {
+      const LayerConfig& layer = config_.layers[l];
+      const CacheConfig* caches[3] = {&layer.main, &layer.swa, &layer.index};
+      for (int c = 0; c < 3; ++c) {
+        if (caches[c]->fused == nullptr) continue;
+        const FusedCacheConfig& f = *caches[c]->fused;
+        FusedParams p = f.params;
+        ASSIGN_OR_RETURN(
+            p.norm_weight,
+            Upload<uint16_t>(f.norm_weight.data(), 2 * f.norm_weight.size()));
+        ASSIGN_OR_RETURN(p.cos_sin,
+                         Upload<float>(f.cos_sin.data(), 4 * f.cos_sin.size()));
+        fused_[l][c] = p;
+        has_fused_[l][c] = true;
+      }
+    }
+    return absl::OkStatus();
+  }
+  template <typename T>
+  absl::StatusOr<const T*> Upload(const void* host, size_t bytes) {
+    if (bytes == 0) return static_cast<const T*>(nullptr);
+    ASSIGN_OR_RETURN(void* p, StagingRecycler::Take(device_, bytes, false));
+    fused_arrays_.push_back({p, bytes});
+    RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(p, host, bytes, cudaMemcpyHostToDevice, work_),
+        "uploading the fused-store parameters");
+    return static_cast<const T*>(p);
+  }
+
+  // Phase A's store of cache `kind` (0 main, 1 SWA, 2 index) of layer
+  // `l`: the fused kernel when the cache was registered fused (positions
+  // from the step's blob), else the plain store.
+  absl::Status Store(size_t l, int kind, const CacheConfig& c,
+                     const int32_t* slots, int32_t n,
+                     const int64_t* positions) {
     gpu::LaunchOptions o;
     o.stream = work_;
+    if (l < has_fused_.size() && has_fused_[l][kind]) {
+      FusedParams p = fused_[l][kind];
+      p.positions = positions;
+      return gpu::FusedStore(c.layout, c.layer_base,
+                             reinterpret_cast<const uint16_t*>(c.input.data()),
+                             p, slots, n, nullptr, o);
+    }
     return gpu::Store(c.layout, c.layer_base, c.input.data(), InputDtype::kBF16,
                       slots, n, o);
   }
@@ -354,10 +407,14 @@ class CudaStepEngine : public StepEngine {
       const int64_t a = db::PhaseA(static_cast<int64_t>(i));
       RETURN_IF_ERROR(Phase(a));
       RETURN_IF_ERROR(run_gate());
-      if (l.main.set()) RETURN_IF_ERROR(Store(l.main, slots, n));
-      if (l.swa.set()) RETURN_IF_ERROR(Store(l.swa, swa, n));
+      const int64_t* positions =
+          reinterpret_cast<const int64_t*>(at(sec.positions));
+      if (l.main.set())
+        RETURN_IF_ERROR(Store(i, 0, l.main, slots, n, positions));
+      if (l.swa.set()) RETURN_IF_ERROR(Store(i, 1, l.swa, swa, n, positions));
       if (l.index.set()) {
-        RETURN_IF_ERROR(Store(l.index, l.ratio > 1 ? comp : slots, n));
+        RETURN_IF_ERROR(
+            Store(i, 2, l.index, l.ratio > 1 ? comp : slots, n, positions));
       }
       RETURN_IF_ERROR(Done(a));
       const int64_t b = db::PhaseB(static_cast<int64_t>(i));
@@ -418,6 +475,13 @@ class CudaStepEngine : public StepEngine {
   std::array<void*, kSlots> device_staging_{};
   std::array<void*, kSlots> host_staging_{};  // + the header readback
   std::array<HostDone, kSlots> host_done_{};
+  struct FusedArray {
+    void* ptr;
+    size_t bytes;
+  };
+  std::vector<FusedArray> fused_arrays_;  // device copies, recycled
+  std::vector<std::array<FusedParams, 3>> fused_;
+  std::vector<std::array<bool, 3>> has_fused_;
   int next_slot_ = 0;  // the enqueue thread's
   std::thread thread_;
 

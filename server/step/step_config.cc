@@ -1,10 +1,12 @@
 #include "server/step/step_config.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/fused_host.h"
 #include "kernels/store_load_host.h"
 #include "proto/step_doorbell.h"
 
@@ -84,6 +86,9 @@ absl::StatusOr<BufferSpan> ResolveSpan(absl::string_view field,
   return span;
 }
 
+absl::StatusOr<std::shared_ptr<const FusedCacheConfig>> ResolveFused(
+    absl::string_view field, const v1::StepFused& in, const PoolLayout& layout);
+
 absl::StatusOr<CacheConfig> ResolveCache(absl::string_view field,
                                          const v1::StepCache& c,
                                          const RegistrationConfig& config,
@@ -116,7 +121,88 @@ absl::StatusOr<CacheConfig> ResolveCache(absl::string_view field,
       ResolveSpan(absl::StrCat(field, ".input"), c.input(), config.max_tokens,
                   row_bytes, 16,
                   /*packed_only=*/true, caller, sessions, config.device));
+  if (c.has_fused()) {
+    ASSIGN_OR_RETURN(cache.fused, ResolveFused(absl::StrCat(field, ".fused"),
+                                               c.fused(), cache.layout));
+  }
   return cache;
+}
+
+// The fused-store parameters of cache `field` (SPEC §8), on the host.
+absl::StatusOr<std::shared_ptr<const FusedCacheConfig>> ResolveFused(
+    absl::string_view field, const v1::StepFused& in,
+    const PoolLayout& layout) {
+  auto out = std::make_shared<FusedCacheConfig>();
+  FusedParams& p = out->params;
+  p.norm_begin = in.norm_begin();
+  p.norm_end = in.norm_end();
+  p.eps = in.eps();
+  p.rope_offset = in.rope_offset();
+  p.rope_dim = in.rope_dim();
+  p.hadamard_begin = in.hadamard_begin();
+  p.hadamard_len = in.hadamard_len();
+  switch (in.rope_style()) {
+    case 0:
+      p.rope = RopeStyle::kNone;
+      break;
+    case 1:
+      p.rope = RopeStyle::kNeox;
+      break;
+    case 2:
+      p.rope = RopeStyle::kInterleaved;
+      break;
+    default:
+      return Invalid(absl::StrCat(field, ".rope_style"),
+                     absl::StrCat(in.rope_style(),
+                                  " is not 0 (none), 1 (NeoX) or 2 "
+                                  "(interleaved)"));
+  }
+  if (absl::Status s = ValidateQuantization(layout.format); !s.ok()) {
+    return Invalid(absl::StrCat(field, " (pool format)"), s.message());
+  }
+  // Array sizes before ValidateFused reads the ranges through them.
+  const int64_t norm_len = int64_t{p.norm_end} - p.norm_begin;
+  const int64_t weight_bytes = p.norm_end > p.norm_begin ? 2 * norm_len : 0;
+  if (static_cast<int64_t>(in.norm_weight().size()) != weight_bytes) {
+    return Invalid(
+        absl::StrCat(field, ".norm_weight"),
+        absl::StrCat(in.norm_weight().size(), " bytes; the norm range needs ",
+                     weight_bytes, " (BF16 [norm_end - norm_begin])"));
+  }
+  out->norm_weight.resize(static_cast<size_t>(weight_bytes / 2));
+  if (weight_bytes > 0) {
+    std::memcpy(out->norm_weight.data(), in.norm_weight().data(),
+                static_cast<size_t>(weight_bytes));
+  }
+  p.norm_weight = out->norm_weight.data();
+  if (p.rope != RopeStyle::kNone) {
+    if (p.rope_dim < 2 || p.rope_dim > kFusedMaxElements) {
+      return Invalid(
+          absl::StrCat(field, ".rope_dim"),
+          absl::StrCat(p.rope_dim, " is outside [2, ", kFusedMaxElements, "]"));
+    }
+    const int64_t row = int64_t{4} * p.rope_dim;
+    const int64_t bytes = static_cast<int64_t>(in.cos_sin().size());
+    if (bytes == 0 || bytes % row != 0 || bytes / 4 > kMaxCosSinEntries) {
+      return Invalid(
+          absl::StrCat(field, ".cos_sin"),
+          absl::StrCat(bytes, " bytes; need a positive multiple of ", row,
+                       " (fp32 [max_position][rope_dim]) of at most ",
+                       kMaxCosSinEntries, " values"));
+    }
+    p.max_position = bytes / row;
+    out->cos_sin.resize(static_cast<size_t>(bytes / 4));
+    std::memcpy(out->cos_sin.data(), in.cos_sin().data(),
+                static_cast<size_t>(bytes));
+    p.cos_sin = out->cos_sin.data();
+  } else if (!in.cos_sin().empty()) {
+    return Invalid(absl::StrCat(field, ".cos_sin"),
+                   "set without RoPE (rope_style 0)");
+  }
+  if (absl::Status s = ValidateFused(layout.format, p, {}); !s.ok()) {
+    return Invalid(field, s.message());
+  }
+  return std::shared_ptr<const FusedCacheConfig>(std::move(out));
 }
 
 }  // namespace
@@ -186,6 +272,13 @@ absl::StatusOr<RegistrationConfig> ResolveRegistration(
                                     caller, pools, sessions));
       const int32_t ring = static_cast<int32_t>(layer.swa.layout.block_size);
       const int32_t states = static_cast<int32_t>(layer.swa.layout.num_blocks);
+      // window 0 = the layer has no SWA part (SPEC §6, as PrefillLoad).
+      if (layer.window < 1 || layer.window > ring) {
+        return Invalid(absl::StrCat(f, ".window"),
+                       absl::StrCat(layer.window, " is outside [1, ", ring,
+                                    "] (the SWA ring); a layer without an "
+                                    "SWA part (window 0) has no swa cache"));
+      }
       if (config.swa_ring_size != 0 && config.swa_ring_size != ring) {
         return Invalid(absl::StrCat(f, ".swa.pool"),
                        absl::StrCat("ring size (block_size) ", ring,
@@ -227,6 +320,14 @@ absl::StatusOr<RegistrationConfig> ResolveRegistration(
                                    in.index_out(), config.max_tokens, row, 4,
                                    false, caller, sessions, config.device));
       config.needs_block_tables = true;
+    }
+    for (const CacheConfig* c : {&layer.main, &layer.swa, &layer.index}) {
+      if (c->fused == nullptr || c->fused->params.rope == RopeStyle::kNone) {
+        continue;
+      }
+      const int64_t m = c->fused->params.max_position;
+      config.max_position =
+          config.max_position == 0 ? m : std::min(config.max_position, m);
     }
     config.layers.push_back(std::move(layer));
   }

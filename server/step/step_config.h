@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/format.h"
+#include "kernels/fused.h"
 #include "kvdepot/v1/step.pb.h"
 #include "server/access.h"
 #include "server/pools.h"
@@ -36,12 +37,23 @@ struct BufferSpan {
   uint8_t* data() const;  // buffer base + offset
 };
 
+// A cache's fused-store parameters (SPEC §8), checked at registration.
+// `params` has its ranges set and its arrays pointing at the host copies
+// below (the engine keeps device copies; positions come per step).
+struct FusedCacheConfig {
+  FusedParams params;
+  std::vector<uint16_t> norm_weight;  // BF16 [norm_end - norm_begin]
+  std::vector<float> cos_sin;         // [max_position][rope_dim]
+};
+
 struct CacheConfig {
   std::shared_ptr<Pool> pool;  // null = the layer has no such cache
   PoolLayout layout;
   int64_t layer = 0;
   uint8_t* layer_base = nullptr;  // the pool's layer in device memory
   BufferSpan input;               // BF16 [tokens][elements], packed rows
+  // Set: phase A stores with the fused kernel. Shared: configs are copied.
+  std::shared_ptr<const FusedCacheConfig> fused;
 
   bool set() const { return pool != nullptr; }
 };
@@ -85,7 +97,14 @@ struct RegistrationConfig {
   bool needs_block_tables = false;      // a layer with phase B
   int32_t swa_ring_size = 0;            // shared by every SWA cache
   int32_t swa_num_states = 0;           // the smallest SWA pool's blocks
+  // The smallest max_position of the fused caches with RoPE; 0 = none (a
+  // step then carries no positions).
+  int64_t max_position = 0;
 };
+
+// Bounds of the fused-store parameters: at most 2^24 cos/sin entries
+// (64 MiB, the message limit) per cache.
+inline constexpr int64_t kMaxCosSinEntries = int64_t{1} << 24;
 
 // Looks everything up for `caller` and checks it: the doorbell is a buffer
 // of the caller's own session, large enough; every pool usable by the

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -59,7 +60,8 @@ absl::Status CheckSlots(absl::string_view prefix, int64_t num_slots,
 int64_t MaxBlobElements(const RegistrationConfig& c) {
   const int64_t t = RoundUp4(c.max_tokens);
   return 6 * t + t + RoundUp4(c.max_seqs) +
-         RoundUp4(int64_t{c.max_seqs} * c.max_blocks_per_seq) + 4;
+         RoundUp4(int64_t{c.max_seqs} * c.max_blocks_per_seq) + 4 +
+         (c.max_position > 0 ? 2 * t : 0);
 }
 
 absl::StatusOr<StepPlan> BuildStepPlan(const RegistrationConfig& config,
@@ -105,6 +107,32 @@ absl::StatusOr<StepPlan> BuildStepPlan(const RegistrationConfig& config,
   if (slot_bound > 0) RETURN_IF_ERROR(CheckSlots("", slot_bound, values));
   sec.slots = Reserve(&blob, n);
   std::memcpy(blob.data() + sec.slots, values.data(), 4 * values.size());
+
+  // Positions (int64, two int32 each) of the fused caches with RoPE, each
+  // checked against the shortest cos/sin cache.
+  if (config.max_position > 0) {
+    const std::string& bytes = r.positions();
+    if (static_cast<int64_t>(bytes.size()) != int64_t{8} * n) {
+      return Invalid("positions",
+                     absl::StrCat(bytes.size(), " bytes; num_tokens = ", n,
+                                  " needs ", int64_t{8} * n, " (int64 each)"));
+    }
+    sec.positions = Reserve(&blob, 2 * int64_t{n});
+    for (int32_t i = 0; i < n; ++i) {
+      int64_t p = 0;
+      std::memcpy(&p, bytes.data() + 8 * i, 8);
+      if (p < 0 || p >= config.max_position) {
+        return Invalid(absl::StrCat("positions[", i, "]"),
+                       absl::StrCat(p, " is outside [0, ", config.max_position,
+                                    ") (the cos/sin cache length)"));
+      }
+      std::memcpy(blob.data() + sec.positions + 2 * int64_t{i}, &p, 8);
+    }
+  } else if (!r.positions().empty()) {
+    return Invalid("positions",
+                   "set, but no cache of this registration is stored with "
+                   "RoPE");
+  }
 
   if (config.needs_compressed_slots) {
     RETURN_IF_ERROR(DecodeInt32s("compressed_slot_mapping",

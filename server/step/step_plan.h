@@ -28,6 +28,7 @@ struct StepSections {
   int64_t seq_lens = -1;          // [seqs] seqlen_k
   int64_t block_tables = -1;      // [seqs][cols]
   int64_t gate = -1;              // [4] the phase gate (device-written)
+  int64_t positions = -1;         // int64 [tokens] for fused RoPE caches
 };
 
 struct StepPlan {

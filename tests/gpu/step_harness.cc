@@ -212,6 +212,7 @@ absl::Status StepRig::Init(const std::string& socket) {
     r.mutable_swa_index()->set_window(o.window);
     ref(r.mutable_swa_index()->mutable_out(), swa_out());
   }
+  if (o.edit_registration) o.edit_registration(&r);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   v1::RegisterWorkerResponse reg;
@@ -340,6 +341,7 @@ void StepRig::FillRequest(const StepInput& in, v1::StepRequest* r) const {
   EncodeInt32s(in.block_tables, r->mutable_block_tables());
   r->set_block_table_cols(options_.max_blocks_per_seq);
   r->set_top_k(options_.top_k);
+  if (options_.edit_step) options_.edit_step(in, r);
 }
 
 absl::StatusOr<v1::StepResponse> StepRig::SendStep(const StepInput& in) {
@@ -474,9 +476,14 @@ absl::Status StepRig::ApplyReference(const StepInput& in) {
   table.row_stride = o.max_blocks_per_seq;
   expected_out_.clear();
   for (int l = 0; l < o.layers; ++l) {
-    RETURN_IF_ERROR(kvdepot::Store(
-        main_.layout, main_.reference.data() + main_.layout.layer_offset(l),
-        in.kv_main[l].data(), InputDtype::kBF16, in.slots));
+    uint8_t* main_layer = main_.reference.data() + main_.layout.layer_offset(l);
+    if (o.main_reference) {
+      RETURN_IF_ERROR(o.main_reference(l, in, main_.layout, main_layer));
+    } else {
+      RETURN_IF_ERROR(kvdepot::Store(main_.layout, main_layer,
+                                     in.kv_main[l].data(), InputDtype::kBF16,
+                                     in.slots));
+    }
     RETURN_IF_ERROR(kvdepot::Store(
         swa_.layout, swa_.reference.data() + swa_.layout.layer_offset(l),
         in.kv_swa[l].data(), InputDtype::kBF16, swa_slots));

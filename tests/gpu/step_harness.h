@@ -34,6 +34,16 @@ void SetStepEnvironment();
 // Waits for `s` with a deadline (a stalled doorbell fails, never hangs).
 absl::Status SyncWithin(cudaStream_t s, absl::Duration limit);
 
+// One step's inputs (host copies).
+struct StepInput {
+  uint64_t step_id = 0;
+  std::vector<int32_t> query_lens, seq_lens, states, slots, block_tables;
+  // Per layer: BF16 bits.
+  std::vector<std::vector<uint16_t>> kv_main, kv_swa, kv_index;
+  std::vector<std::vector<int32_t>> topk;  // [n][top_k]
+  int num_tokens() const { return static_cast<int>(slots.size()); }
+};
+
 struct RigOptions {
   std::string prefix = "step";  // pool names: <prefix>_main, ...
   bool create_pools = true;     // false: use the pools of that prefix
@@ -68,6 +78,14 @@ struct RigOptions {
   // from this, and EnqueueWorker produces them with the worker's kernels
   // (step_worker_kernels.h) instead of copying them from the host.
   uint64_t kv_seed = 0;
+  // Optional hooks (step_fused_test): edit the registration before it is
+  // sent, edit each Step request, and store layer `layer`'s main cache
+  // into the reference (BF16 rows `kv`) instead of the plain store.
+  std::function<void(v1::RegisterWorkerRequest*)> edit_registration;
+  std::function<void(const StepInput&, v1::StepRequest*)> edit_step;
+  std::function<absl::Status(int layer, const StepInput& in,
+                             const PoolLayout& layout, uint8_t* layer_bytes)>
+      main_reference;
 };
 
 // Optional instrumentation of StepRig::EnqueueWorker.
@@ -79,16 +97,6 @@ struct WorkerHooks {
   // Runs on the stream right after wait(A_l), with l (the worker reads
   // what the daemon stored).
   std::function<absl::Status(cudaStream_t, int)> after_stores;
-};
-
-// One step's inputs (host copies).
-struct StepInput {
-  uint64_t step_id = 0;
-  std::vector<int32_t> query_lens, seq_lens, states, slots, block_tables;
-  // Per layer: BF16 bits.
-  std::vector<std::vector<uint16_t>> kv_main, kv_swa, kv_index;
-  std::vector<std::vector<int32_t>> topk;  // [n][top_k]
-  int num_tokens() const { return static_cast<int>(slots.size()); }
 };
 
 // A random step for a rig of `options` (slots, lengths, states, block
