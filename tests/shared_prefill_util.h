@@ -13,6 +13,7 @@
 #define KVDEPOT_TESTS_SHARED_PREFILL_UTIL_H_
 
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,9 @@ struct SharedCase {
   int32_t ring = 1;  // SWA ring size (swa pool block_size), >= window
   int consumers = 1;
 };
+
+// gtest prints a case by its name.
+inline void PrintTo(const SharedCase& c, std::ostream* os) { *os << c.name; }
 
 struct SharedGroup {
   SharedCase c;
