@@ -142,9 +142,14 @@ TEST_P(CudaSharedPrefillTest, ConsumersEqualFullLoadsAndWaitForTheAttention) {
   ASSERT_NO_FATAL_FAILURE(SetUpGroup(GetParam()));
   const int64_t rb = g_.row_bytes();
   const int64_t swa_bytes = g_.main_kv_offset * rb;
+  absl::StatusOr<CudaIpcEvent> event = CudaIpcEvent::Create(0);
+  ASSERT_TRUE(event.ok()) << event.status();
+  // A full load takes the event too (here one that fires at once).
+  ASSERT_OK(event->Record(stream_->get()));
   v1::PrefillLoadRequest src = g_.Full(swa_, main_, 0);
   src.mutable_chunk_kv()->set_inline_data(chunks_[0]);
   *src.mutable_output() = Slice();
+  src.set_wait_event_ipc_handle(event->handle());
   absl::StatusOr<v1::PrefillLoadResponse> s = client_->PrefillLoad(src);
   ASSERT_TRUE(s.ok()) << "source PrefillLoad: " << s.status();
   ASSERT_EQ(s->main_kv_offset(), g_.main_kv_offset);
@@ -155,8 +160,6 @@ TEST_P(CudaSharedPrefillTest, ConsumersEqualFullLoadsAndWaitForTheAttention) {
                         g_.output_bytes()),
             "")
       << "source layer";
-  absl::StatusOr<CudaIpcEvent> event = CudaIpcEvent::Create(0);
-  ASSERT_TRUE(event.ok()) << event.status();
   for (int64_t l = 1; l <= g_.c.consumers; ++l) {
     SCOPED_TRACE("consumer layer " + std::to_string(l));
     const std::string want = Reference(l);
