@@ -43,16 +43,12 @@ void CastBackRows(const KVCacheFormat& f, const uint8_t* kv, InputDtype dtype,
   }
 }
 
-absl::Status PlanPrefillLoad(const PoolLayout& sl, const PoolLayout& ml,
-                             const SequenceBatch& batch, int32_t window,
-                             int32_t ratio, PrefillLoadPlan* plan) {
-  if (!sl.format.do_cast || !ml.format.do_cast ||
-      sl.format.elements() != ml.format.elements()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "swa_pool and main_pool must be do_cast formats with the same "
-        "elements (got ",
-        sl.format.elements(), " and ", ml.format.elements(), ")"));
-  }
+namespace {
+
+// The layout, the SWA plan and the store slots (everything but the
+// compressed plan).
+absl::Status PlanSwaPart(const PoolLayout& sl, const SequenceBatch& batch,
+                         int32_t window, int32_t ratio, PrefillLoadPlan* plan) {
   // window 0: no SWA part (nothing loaded from or stored into the ring);
   // ratio 0: no compressed part. Not both (the service refuses that).
   if (window < 0 || ratio < 0 || (window == 0 && ratio == 0)) {
@@ -64,10 +60,6 @@ absl::Status PlanPrefillLoad(const PoolLayout& sl, const PoolLayout& ml,
   swa_params.window = window;
   swa_params.ring_size = static_cast<int32_t>(sl.block_size);
   swa_params.num_states = static_cast<int32_t>(sl.num_blocks);
-  CompressedParams cparams;
-  cparams.ratio = ratio;
-  cparams.block_size = static_cast<int32_t>(ml.block_size * ratio);
-  cparams.num_blocks = static_cast<int32_t>(ml.num_blocks);
   if (window > 0) RETURN_IF_ERROR(ValidateSwaParams(swa_params));
   ASSIGN_OR_RETURN(plan->layout, ComputePrefillLayout(batch, window, ratio));
   const PrefillLayout& pl = plan->layout;
@@ -87,6 +79,46 @@ absl::Status PlanPrefillLoad(const PoolLayout& sl, const PoolLayout& ml,
           s.message(), ")"));
     }
   }
+  return ValidateSegments(sl, plan->swa_segments, pl.swa_history_rows);
+}
+
+}  // namespace
+
+absl::Status PlanSharedPrefillLoad(const PoolLayout& sl,
+                                   const SequenceBatch& batch, int32_t window,
+                                   int32_t ratio, PrefillLoadPlan* plan) {
+  if (!sl.format.do_cast) {
+    return absl::InvalidArgumentError(
+        "swa_pool must be a do_cast format (its rows are loaded as BF16)");
+  }
+  // A consumer shares a compressed part and loads its own SWA part.
+  if (window < 1 || ratio < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("window = ", window, ", compress_ratio = ", ratio,
+                     ": a shared_compressed (consumer) load needs both >= 1"));
+  }
+  RETURN_IF_ERROR(PlanSwaPart(sl, batch, window, ratio, plan));
+  plan->main_segments.clear();
+  plan->cu_compressed.clear();
+  return absl::OkStatus();
+}
+
+absl::Status PlanPrefillLoad(const PoolLayout& sl, const PoolLayout& ml,
+                             const SequenceBatch& batch, int32_t window,
+                             int32_t ratio, PrefillLoadPlan* plan) {
+  if (!sl.format.do_cast || !ml.format.do_cast ||
+      sl.format.elements() != ml.format.elements()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "swa_pool and main_pool must be do_cast formats with the same "
+        "elements (got ",
+        sl.format.elements(), " and ", ml.format.elements(), ")"));
+  }
+  CompressedParams cparams;
+  cparams.ratio = ratio;
+  cparams.block_size = static_cast<int32_t>(ml.block_size * ratio);
+  cparams.num_blocks = static_cast<int32_t>(ml.num_blocks);
+  RETURN_IF_ERROR(PlanSwaPart(sl, batch, window, ratio, plan));
+  const PrefillLayout& pl = plan->layout;
   plan->cu_compressed.assign(static_cast<size_t>(batch.num_seqs() + 1), 0);
   plan->main_segments.clear();
   if (ratio > 0) {
@@ -95,11 +127,7 @@ absl::Status PlanPrefillLoad(const PoolLayout& sl, const PoolLayout& ml,
     const absl::Span<const int32_t> main_plan = plan->builder.Finish();
     plan->main_segments.assign(main_plan.begin(), main_plan.end());
   }
-  RETURN_IF_ERROR(
-      ValidateSegments(sl, plan->swa_segments, pl.swa_history_rows));
-  RETURN_IF_ERROR(
-      ValidateSegments(ml, plan->main_segments, pl.compressed_rows));
-  return absl::OkStatus();
+  return ValidateSegments(ml, plan->main_segments, pl.compressed_rows);
 }
 
 absl::Status RunPrefillLoad(Backend& backend, const LayerRef& swa,
@@ -108,13 +136,15 @@ absl::Status RunPrefillLoad(Backend& backend, const LayerRef& swa,
                             uint8_t* output, PrefillHostScratch* sc) {
   const PrefillLayout& pl = plan.layout;
   const PoolLayout& sl = *swa.layout;
-  const int64_t row_bytes = LoadDataRowBytes(main.layout->format);
+  const int64_t row_bytes = LoadDataRowBytes(sl.format);  // = main's
   RETURN_IF_ERROR(backend.Load(sl, *swa.memory, swa.layer, plan.swa_segments,
                                pl.swa_history_rows, output, nullptr));
-  RETURN_IF_ERROR(backend.Load(*main.layout, *main.memory, main.layer,
-                               plan.main_segments, pl.compressed_rows,
-                               output + int64_t{pl.main_kv_offset} * row_bytes,
-                               nullptr));
+  if (main.memory != nullptr) {  // else a consumer: the rows stay in place
+    RETURN_IF_ERROR(
+        backend.Load(*main.layout, *main.memory, main.layer, plan.main_segments,
+                     pl.compressed_rows,
+                     output + int64_t{pl.main_kv_offset} * row_bytes, nullptr));
+  }
   if (pl.chunk_rows == 0) return absl::OkStatus();
   // The cast-back on the backend's engine (the GPU: no bounce through host
   // memory), else on the host: the chunk and its output rows may be

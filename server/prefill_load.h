@@ -44,6 +44,14 @@ absl::Status PlanPrefillLoad(const PoolLayout& swa, const PoolLayout& main,
                              const SequenceBatch& batch, int32_t window,
                              int32_t ratio, PrefillLoadPlan* plan);
 
+// A consumer layer of a shared compressed cache (SPEC §6, docs/SPEC.md):
+// the same layout and SWA plan and store slots as PlanPrefillLoad, no
+// compressed plan (main_segments and cu_compressed stay empty; the block
+// table is not read). `ratio` only sizes the compressed rows.
+absl::Status PlanSharedPrefillLoad(const PoolLayout& swa,
+                                   const SequenceBatch& batch, int32_t window,
+                                   int32_t ratio, PrefillLoadPlan* plan);
+
 // One pool layer as the backend sees it.
 struct LayerRef {
   const PoolLayout* layout = nullptr;
@@ -61,6 +69,8 @@ struct PrefillHostScratch {
 // [chunk_rows][elements] of `dtype`; output: [total_rows][elements] BF16.
 // Both may be device memory (the backend's CopyBytes moves them). REQUIRES:
 // the caller holds both pools' locks; chunk_kv and output are disjoint.
+// main.memory == nullptr: a consumer layer (PlanSharedPrefillLoad); rows
+// [main_kv_offset, total_rows) are neither read nor written.
 absl::Status RunPrefillLoad(Backend& backend, const LayerRef& swa,
                             const LayerRef& main, const PrefillLoadPlan& plan,
                             const uint8_t* chunk_kv, InputDtype dtype,

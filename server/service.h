@@ -23,6 +23,7 @@
 #include "server/memory_budget.h"
 #include "server/metrics.h"
 #include "server/pools.h"
+#include "server/prefill_sources.h"
 #include "server/sessions.h"
 
 namespace kvdepot {
@@ -216,7 +217,8 @@ class KVCacheService final {
   std::unique_ptr<ServerMetrics> own_metrics_;  // when options.metrics is null
   ServerMetrics* metrics_;
   std::atomic<int64_t> in_flight_{0};
-  ClientSlots verify_slots_;  // Verify streams per client
+  ClientSlots verify_slots_;        // Verify streams per client
+  PrefillSources prefill_sources_;  // sources of shared prefill loads
 };
 
 // Not OK when the client cancelled or the deadline passed: checked before

@@ -1,6 +1,8 @@
 // PrefillLoad's gRPC handler: decodes and checks the request, resolves its
 // buffers and locks the pools; the planning and the work are
-// server/prefill_load.h's.
+// server/prefill_load.h's. A consumer layer (shared_compressed) is checked
+// against the recorded source load of its output slice
+// (server/prefill_sources.h) and loads only its SWA part.
 #include <algorithm>
 #include <optional>
 #include <vector>
@@ -11,6 +13,7 @@
 #include "proto/wire.h"
 #include "server/data_refs.h"
 #include "server/prefill_load.h"
+#include "server/prefill_sources.h"
 #include "server/request_checks.h"
 #include "server/service.h"
 
@@ -96,13 +99,22 @@ absl::Status KVCacheService::DoPrefillLoad(Ctx* ctx, const Caller& caller,
                      r.swa_valid_start().empty() ? "0 (empty)" : "num_seqs",
                      r.swa_valid_start().empty() ? 0 : n, max, &sc.valid_start);
   }
-  if (s.ok() && (r.max_blocks_per_seq() < (no_main ? 0 : 1) ||
-                 r.max_blocks_per_seq() > INT32_MAX)) {
+  const bool shared = r.shared_compressed();
+  if (s.ok() && shared &&
+      (r.max_blocks_per_seq() != 0 || !r.block_table().empty())) {
+    s = absl::InvalidArgumentError(absl::StrCat(
+        r.block_table().empty() ? "max_blocks_per_seq" : "block_table",
+        ": a shared_compressed (consumer) load reads no compressed blocks; "
+        "leave block_table and max_blocks_per_seq unset"));
+  }
+  if (s.ok() && !shared &&
+      (r.max_blocks_per_seq() < (no_main ? 0 : 1) ||
+       r.max_blocks_per_seq() > INT32_MAX)) {
     s = absl::InvalidArgumentError(
         absl::StrCat("max_blocks_per_seq = ", r.max_blocks_per_seq(),
                      " is outside [", no_main ? 0 : 1, ", 2^31)"));
   }
-  if (s.ok()) {
+  if (s.ok() && !shared) {
     s = DecodeInt32s("block_table", r.block_table(),
                      "num_seqs * max_blocks_per_seq",
                      n * r.max_blocks_per_seq(), max, &sc.block_table);
@@ -118,8 +130,12 @@ absl::Status KVCacheService::DoPrefillLoad(Ctx* ctx, const Caller& caller,
   batch.seqlen_q = sc.seqlen_q;
   batch.state_ids = sc.state_ids;
   batch.swa_valid_start = sc.valid_start;
-  batch.block_table = DenseTable(sc.block_table, n, r.max_blocks_per_seq());
-  RETURN_IF_ERROR(PlanPrefillLoad(sl, ml, batch, r.window(), *ratio, &sc.plan));
+  if (!shared) {
+    batch.block_table = DenseTable(sc.block_table, n, r.max_blocks_per_seq());
+  }
+  RETURN_IF_ERROR(
+      shared ? PlanSharedPrefillLoad(sl, batch, r.window(), *ratio, &sc.plan)
+             : PlanPrefillLoad(sl, ml, batch, r.window(), *ratio, &sc.plan));
   const PrefillLayout* pl = &sc.plan.layout;
   const int64_t row_bytes = LoadDataRowBytes(ml.format);
   absl::StatusOr<ByteRange> kv = ResolveInput(
@@ -132,6 +148,20 @@ absl::Status KVCacheService::DoPrefillLoad(Ctx* ctx, const Caller& caller,
                     options_.max_inline_bytes, out->mutable_output());
   if (!output.ok()) return output.status();
   RETURN_IF_ERROR(CheckDisjoint("chunk_kv", *kv, "output", *output));
+  if (shared) {
+    // After ResolveOutput: only a caller with access to the buffer learns
+    // whether a source is recorded for it.
+    if (output->buffer == nullptr) {
+      return absl::InvalidArgumentError(
+          "output: a shared_compressed (consumer) load writes in place into "
+          "the source layer's buffer slice; inline_output has no source");
+    }
+    ASSIGN_OR_RETURN(std::shared_ptr<const PrefillSource> source,
+                     prefill_sources_.Find(output->buffer->id, output->offset));
+    RETURN_IF_ERROR(CheckConsumer(*source, *main, main_layer, r.window(),
+                                  *ratio, sc.seqlen_k, sc.seqlen_q,
+                                  sc.valid_start, *pl));
+  }
   out->set_total_k_swa(pl->swa_history_rows);
   out->set_chunk_offset(pl->swa_history_rows);
   out->set_main_kv_offset(pl->main_kv_offset);
@@ -141,7 +171,44 @@ absl::Status KVCacheService::DoPrefillLoad(Ctx* ctx, const Caller& caller,
                          4);
   EncodeInt32s(sc.plan.cu_compressed, out->mutable_cu_compressed());
   RETURN_IF_ERROR(CheckAlive(ctx));
+  // The caller's event (e.g. after the previous layer's attention, which
+  // reads the rows this call overwrites), awaited on the host before any
+  // lock is taken or anything queued; the CPU backend refuses one.
+  GpuOrdering wait;
+  wait.wait_event = r.wait_event_ipc_handle();
+  RETURN_IF_ERROR(AwaitOrdering(ctx, caller, **swa, wait).status());
+  // A full load into a buffer slice is a possible source: the records it
+  // overwrites go now, its own once it completed (its reply means done,
+  // so a consumer that finds it queues after its work).
+  const bool records = !shared && output->buffer != nullptr;
+  if (records) {
+    prefill_sources_.Forget(output->buffer->id, output->offset, output->size);
+  }
+  auto record = [&](absl::Status done) {
+    if (!records || !done.ok()) return done;
+    PrefillSourceKey key;
+    key.main_pool = *main;
+    key.main_layer = main_layer;
+    key.window = pl->window;
+    key.ratio = *ratio;
+    key.seqlen_k = sc.seqlen_k;
+    key.seqlen_q = sc.seqlen_q;
+    key.swa_valid_start = sc.valid_start;
+    key.swa_valid_start.resize(sc.seqlen_k.size(), 0);  // empty = zeros
+    key.layout = *pl;
+    prefill_sources_.Record(output->buffer, output->offset, output->size,
+                            std::move(key));
+    return done;
+  };
 
+  // A consumer touches only the SWA pool (the compressed rows stay).
+  if (shared) {
+    absl::MutexLock lock(&(*swa)->mu);
+    return RunPrefillLoad(*backend_,
+                          LayerRef{&sl, (*swa)->memory.get(), swa_layer},
+                          LayerRef{&ml, nullptr, main_layer}, sc.plan, kv->data,
+                          *dtype, output->data, &sc.host);
+  }
   // Lock both pools (once when they are the same), in address order.
   Pool* first = swa->get();
   Pool* second = main->get();
@@ -151,10 +218,10 @@ absl::Status KVCacheService::DoPrefillLoad(Ctx* ctx, const Caller& caller,
   std::optional<absl::MutexLock> lock2;
   if (!same) lock2.emplace(&second->mu);
 
-  return RunPrefillLoad(*backend_,
-                        LayerRef{&sl, (*swa)->memory.get(), swa_layer},
-                        LayerRef{&ml, (*main)->memory.get(), main_layer},
-                        sc.plan, kv->data, *dtype, output->data, &sc.host);
+  return record(
+      RunPrefillLoad(*backend_, LayerRef{&sl, (*swa)->memory.get(), swa_layer},
+                     LayerRef{&ml, (*main)->memory.get(), main_layer}, sc.plan,
+                     kv->data, *dtype, output->data, &sc.host));
 }
 
 }  // namespace kvdepot

@@ -164,7 +164,7 @@ class CallbackServing final : public Serving,
   KVDEPOT_UNARY(PrefillIndex, PrefillIndexRequest, PrefillIndexResponse,
                 PoolFor(r->wait_event_ipc_handle()), true)
   KVDEPOT_UNARY(PrefillLoad, PrefillLoadRequest, PrefillLoadResponse,
-                &data_pool_, true)
+                PoolFor(r->wait_event_ipc_handle()), true)
   // Operator scans: their own pool.
   KVDEPOT_UNARY(Inspect, InspectRequest, InspectResponse, &ops_pool_, true)
 #undef KVDEPOT_UNARY
