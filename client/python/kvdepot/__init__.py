@@ -18,6 +18,16 @@ __version__ = "0.1.0"
 
 
 
+def __getattr__(name: str) -> object:
+    """kvdepot.torch (needs PyTorch) and kvdepot.step are imported on first
+    use, so that `import kvdepot` works without torch."""
+    if name in ("torch", "step"):
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "Buffer", "Client", "ClientClosed", "INLINE", "IndexResult",
     "KVCacheError", "LoadResult", "Plan", "PoolMapping",
