@@ -657,7 +657,11 @@ class StepStatus:
 class StepWorker:
     """The worker's side of the step path (libkvdepot_worker.so): every
     call enqueues on `stream` (default torch.cuda.current_stream(), so it
-    works inside torch.cuda.graph capture) and returns at once.
+    works inside torch.cuda.graph capture) and returns at once. Capture
+    with torch.cuda.graph(..., capture_error_mode="thread_local") (torch
+    >= 2.1): the library's watchdog thread reads the doorbell on its own
+    stream meanwhile, which the default "global" mode forbids. Never call
+    status() during a capture.
 
         w = StepWorker.open(kv, reg, device=0)     # or StepWorker(fd, ...)
         w.step_begin(); w.wait(0)

@@ -112,9 +112,10 @@ class GpuTorchTest(unittest.TestCase):
         self.assertEqual(xb.device.type, "cuda")
         # Ordering: the input is written behind a ~50 ms sleep on the
         # current stream; store() must wait for it (interprocess event).
-        torch.cuda.current_stream().synchronize()
+        src = x.cuda()
+        torch.cuda.synchronize()
         torch.cuda._sleep(100_000_000)
-        xb.copy_(x.cuda(), non_blocking=True)
+        xb.copy_(src)                     # device to device, behind the sleep
         self.assertEqual(kt.store(kv, "a", 1, slots, xb), n)
         self.assertEqual(kt.store(kv, "b", 1, slots, x), n)   # inline
         a = kt.pool_layer_tensor(kv, "a", 1)
@@ -194,7 +195,10 @@ class GpuTorchTest(unittest.TestCase):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.stream(stream):
             torch.cuda.synchronize()
-            with torch.cuda.graph(graph, stream=stream):
+            # thread_local: the worker library's watchdog thread keeps
+            # using its own control stream during the capture.
+            with torch.cuda.graph(graph, stream=stream,
+                                  capture_error_mode="thread_local"):
                 worker_step()
         rng = random.Random(403)
         for i in range(1, steps + 1):
