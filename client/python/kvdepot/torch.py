@@ -126,8 +126,9 @@ class _CudaArray:
     with it the mapping) alive as long as the tensor's storage."""
 
     def __init__(self, mapping: _worker_lib.VmmMapping, offset: int,
-                 nbytes: int):
+                 nbytes: int, owner: Any = None):
         self.mapping = mapping
+        self.owner = owner   # the Buffer, kept alive by its tensors
         self.__cuda_array_interface__ = {
             "shape": (nbytes,), "typestr": "|u1",
             "data": (mapping.ptr + offset, False), "strides": None,
@@ -139,7 +140,7 @@ class _CudaArray:
 
 
 def _cuda_bytes(obj: Any, fd: int, fd_size: int, device: int,
-                nbytes: int) -> "torch.Tensor":
+                nbytes: int, owner: Any = None) -> "torch.Tensor":
     """uint8[nbytes] aliasing the start of a VMM export, mapped once per
     object (`obj._kvd_vmm`, a weak reference: unmapped with its last
     tensor)."""
@@ -150,7 +151,7 @@ def _cuda_bytes(obj: Any, fd: int, fd_size: int, device: int,
         with torch.cuda.device(device):
             mapping = _worker_lib.VmmMapping(fd, fd_size, device)
         obj._kvd_vmm = weakref.ref(mapping)
-    return torch.as_tensor(_CudaArray(mapping, 0, nbytes),
+    return torch.as_tensor(_CudaArray(mapping, 0, nbytes, owner),
                            device=torch.device("cuda", device))
 
 
@@ -177,9 +178,14 @@ def _buffer_base(client: Client, buffer: Buffer) -> "torch.Tensor":
     that tensor calls recognize views of it."""
     if buffer.vmm_fd is not None:
         base = _cuda_bytes(buffer, buffer.vmm_fd, buffer.fd_size,
-                           buffer.device_ordinal, buffer.size)
+                           buffer.device_ordinal, buffer.size, buffer)
     elif buffer.view is not None:
-        base = torch.frombuffer(buffer.view, dtype=torch.uint8)
+        # A ctypes array over the mmap carries the Buffer: the tensor keeps
+        # both alive (the Buffer so that its views are recognized in
+        # requests, and released only by release() or the session's end).
+        holder = (ctypes.c_char * buffer.size).from_buffer(buffer.view)
+        holder.owner = buffer   # type: ignore[attr-defined]
+        base = torch.frombuffer(holder, dtype=torch.uint8)
     else:
         raise KVCacheError(
             grpc.StatusCode.FAILED_PRECONDITION,
@@ -196,7 +202,10 @@ def buffer_tensor(client: Client, buffer: Buffer,
     """A tensor aliasing bytes [offset, ...) of a buffer of this client's
     session, without a copy: CPU backend a CPU tensor over the buffer's
     mmap, CUDA backend a tensor on the buffer's device. shape None: the
-    whole elements of dtype from offset to the end."""
+    whole elements of dtype from offset to the end. The tensor keeps the
+    Buffer object and the mapping alive; release() still gives the buffer
+    back to the daemon (the memory stays mapped while tensors use it, but
+    is no longer the daemon's buffer: do not pass them in requests)."""
     buffer = _owned_buffer(client, buffer, "buffer")
     if not isinstance(dtype, torch.dtype):
         raise invalid_argument(f"dtype: {dtype!r} is not a torch.dtype")

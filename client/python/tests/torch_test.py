@@ -3,6 +3,7 @@
 trips against the NumPy / bytes path, the index RPCs, and every input check
 (before anything is sent). Skipped where torch is not installed."""
 
+import gc
 import os
 import random
 import subprocess
@@ -92,6 +93,23 @@ class TorchTest(unittest.TestCase):
                              raw(torch.tensor([1.5], dtype=torch.float32)))
             self.assertEqual(f.data_ptr() - t.data_ptr(), 256)
             del t, f
+        # The tensor keeps its Buffer alive: dropped by the caller, it is
+        # still recognized (its slice) until released.
+        buf = kv.allocate_buffer(64)
+        ident = buf.id
+        t = kt.buffer_tensor(kv, buf, torch.bfloat16, (4, 8))
+        del buf
+        gc.collect()
+        s = kt._slice_of(kv, t)
+        self.assertEqual((s.buffer_id, s.offset, s.length), (ident, 0, 64))
+        kv.release_buffer(ident)
+        # A released buffer's tensors still map the memory but are no
+        # longer its buffer: they go inline.
+        buf = kv.allocate_buffer(64)
+        t = kt.buffer_tensor(kv, buf)
+        buf.release()
+        self.assertIsNone(kt._slice_of(kv, t))
+        t[0] = 5   # still mapped: no crash
 
     def test_store_and_load_bit_identical_to_the_bytes_path(self):
         kv = self.kv
@@ -372,6 +390,22 @@ class TorchTest(unittest.TestCase):
                 os.environ.update(env)
         self.assertEqual(kt.phase_a(0), 1)
         self.assertEqual(kt.phase_b(3), 8)
+        # The RPC helpers pack and send (the daemon answers for the id).
+        for call in (
+                lambda: kt.step(kv, 12345, step_id=1, slot_mapping=[0, -1],
+                                seq_lens=[2], query_lens=[2],
+                                block_tables=[[0]], swa_state_ids=[0],
+                                compressed_slot_mapping=[-1, -1]),
+                lambda: kt.step_status(kv, 12345),
+                lambda: kt.grant_registration(kv, 12345, uids=[1]),
+                lambda: kt.unregister(kv, 12345)):
+            self.assertFails(grpc.StatusCode.NOT_FOUND,
+                             "no registration 12345", call)
+        self.assertEqual(kt.list_registrations(kv), [])
+        self.assertFails(grpc.StatusCode.INVALID_ARGUMENT,
+                         "slot_mapping[0] = 2147483648 does not fit int32",
+                         kt.step, kv, 1, step_id=1, slot_mapping=[2**31],
+                         seq_lens=[1], query_lens=[1])
 
 
 def store_requests(kv) -> int:
