@@ -154,6 +154,7 @@ class VmmMapping:
     (the caller keeps and closes it)."""
 
     def __init__(self, fd: int, size: int, device: int):
+        self._handle: Optional[ctypes.c_void_p] = None
         self._lib = load_library()
         ptr, handle = ctypes.c_void_p(), ctypes.c_void_p()
         check(self._lib, self._lib.kvd_map_vmm_fd(
@@ -162,7 +163,7 @@ class VmmMapping:
         self.ptr: int = ptr.value or 0
         self.size = size
         self.device = device
-        self._handle: Optional[ctypes.c_void_p] = handle
+        self._handle = handle
 
     def close(self) -> None:
         if self._handle is not None:

@@ -139,6 +139,14 @@ class _CudaArray:
         }
 
 
+def _require_cuda(what: str) -> None:
+    if not torch.cuda.is_available():
+        raise KVCacheError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"{what} needs CUDA, and this torch ({torch.__version__}) sees "
+            "no CUDA device")
+
+
 def _cuda_bytes(obj: Any, fd: int, fd_size: int, device: int,
                 nbytes: int, owner: Any = None) -> "torch.Tensor":
     """uint8[nbytes] aliasing the start of a VMM export, mapped once per
@@ -147,6 +155,7 @@ def _cuda_bytes(obj: Any, fd: int, fd_size: int, device: int,
     ref = getattr(obj, "_kvd_vmm", None)
     mapping = ref() if ref is not None else None
     if mapping is None:
+        _require_cuda("a CUDA VMM descriptor of the daemon")
         torch.cuda.init()
         with torch.cuda.device(device):
             mapping = _worker_lib.VmmMapping(fd, fd_size, device)
@@ -689,6 +698,8 @@ class StepWorker:
             raise invalid_argument(
                 f"fd {fd}, fd_size {fd_size}, device {device}, num_layers "
                 f"{num_layers}, watchdog_ms {watchdog_ms}: out of range")
+        self._w: Optional[ctypes.c_void_p] = None
+        _require_cuda("StepWorker")
         self._lib = _worker_lib.load_library()
         torch.cuda.init()
         handle = ctypes.c_void_p()
@@ -696,7 +707,7 @@ class StepWorker:
             _worker_lib.check(self._lib, self._lib.kvd_worker_open(
                 fd, fd_size, device, num_layers, watchdog_ms,
                 ctypes.byref(handle)), "kvd_worker_open")
-        self._w: Optional[ctypes.c_void_p] = handle
+        self._w = handle
         self.device = device
         self.num_layers = num_layers
 

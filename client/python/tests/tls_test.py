@@ -144,6 +144,12 @@ class TlsTest(unittest.TestCase):
             # a grants b by subject-free session number: then b may.
             a.grant(pool="mine", sessions=[b.session_number])
             self.assertEqual(b.store("mine", 0, [0], rows[:8]), 1)
+            # reconnect() opens a new stream session with the same identity.
+            old = a.session_id
+            a.reconnect()
+            self.assertNotEqual(a.session_id, old)
+            self.assertEqual(a.tls_subject, "CN=worker-a")
+            self.assertEqual(a.store("mine", 0, [3], rows[:8]), 1)
             sessions = a.stats().sessions
         # close() cancelled both streams: the daemon ended the sessions.
         with self.connect("worker-a") as c:

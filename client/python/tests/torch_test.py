@@ -355,6 +355,25 @@ class TorchTest(unittest.TestCase):
         self.assertFails(grpc.StatusCode.FAILED_PRECONDITION,
                          "not a memfd", kt.register_tensor, kv, x)
 
+    def test_worker_library_not_found_names_where_it_looked(self):
+        from kvdepot import _worker_lib
+
+        if _worker_lib._lib is not None:
+            self.skipTest("the worker library is loaded already")
+        env = dict(os.environ)
+        try:
+            os.environ["KVDEPOT_WORKER_LIB"] = "/nonexistent/libkvd.so"
+            with self.assertRaises(kvdepot.KVCacheError) as cm:
+                _worker_lib.load_library()
+        finally:
+            os.environ.clear()
+            os.environ.update(env)
+        self.assertEqual(cm.exception.code,
+                         grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("/nonexistent/libkvd.so: no such file",
+                      cm.exception.message)
+        self.assertIn("KVDEPOT_WORKER_LIB", cm.exception.message)
+
     def test_step_path_refusals_on_cpu(self):
         kv = self.kv
         self.assertEqual(kt.doorbell_bytes(1), 256)
@@ -385,6 +404,13 @@ class TorchTest(unittest.TestCase):
                 self.assertFails(grpc.StatusCode.FAILED_PRECONDITION,
                                  "at least 8 hardware connections",
                                  kt.StepWorker, 3, 4096, 0, 1)
+                # With the environment right, a torch without CUDA is said
+                # plainly (not torch's own assertion).
+                os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "8"
+                if not torch.cuda.is_available():
+                    self.assertFails(grpc.StatusCode.FAILED_PRECONDITION,
+                                     "sees no CUDA device", kt.StepWorker,
+                                     3, 4096, 0, 1)
             finally:
                 os.environ.clear()
                 os.environ.update(env)
