@@ -30,7 +30,8 @@ import subprocess
 import tempfile
 import unittest
 
-os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
+# Before torch starts CUDA: the step path refuses anything else.
+os.environ["CUDA_MODULE_LOADING"] = "EAGER"
 
 import kvdepot  # noqa: E402
 

@@ -194,6 +194,19 @@ class TorchTest(unittest.TestCase):
         self.assertEqual(raw(data), ref.data)
         self.assertEqual(raw(sc), ref.scales)
 
+    def test_cuda_array_interface_exported(self):
+        # What torch.as_tensor(..., device="cuda") reads (CAI version 3).
+        class FakeMapping:
+            ptr = 0x7F0000000000
+
+        owner = object()
+        cai = kt._CudaArray(FakeMapping(), 4096, 512, owner)
+        self.assertEqual(cai.__cuda_array_interface__, {
+            "shape": (512,), "typestr": "|u1",
+            "data": (0x7F0000001000, False), "strides": None,
+            "version": 3, "stream": None})
+        self.assertIs(cai.owner, owner)
+
     # ------------------------------------------------------------ pools
 
     def test_pool_layer_views_alias_the_pool(self):
