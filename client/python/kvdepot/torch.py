@@ -288,9 +288,15 @@ def _data_arg(client: Client, t: "torch.Tensor",
 _KV_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
-def _layout(client: Client, pool: str) -> Any:
-    cache_: Dict[str, Any] = client.__dict__.setdefault("_kvd_layouts", {})
-    if pool not in cache_:
+def _layout(client: Client, pool: str, fresh: bool = False) -> Any:
+    """The pool's PoolLayout, cached per client session (fresh: asked
+    again, e.g. when an input does not fit the cached one: the pool may
+    have been deleted and made again with another layout)."""
+    token, cache_ = client.__dict__.get("_kvd_layouts", (None, {}))
+    if token is not client._session_token:
+        cache_ = {}
+        client.__dict__["_kvd_layouts"] = (client._session_token, cache_)
+    if fresh or pool not in cache_:
         cache_[pool] = client.get_pool(pool).layout
     return cache_[pool]
 
@@ -311,8 +317,7 @@ def store(client: Client, pool: str, layer: int, slot_mapping: Any,
             f"kv has {kv.shape[0]} rows, slot_mapping {n} entries")
     elements = _layout(client, pool).elements
     if kv.shape[1] != elements:
-        client.__dict__.get("_kvd_layouts", {}).pop(pool, None)
-        elements = _layout(client, pool).elements
+        elements = _layout(client, pool, fresh=True).elements
         if kv.shape[1] != elements:
             raise invalid_argument(
                 f"kv has {kv.shape[1]} columns; pool \"{pool}\" stores "
@@ -389,6 +394,10 @@ def load(client: Client, pool: str, layer: int, *, seqlen_k: Any = None,
             event = _stream_event(t.device)
     r = client.load(pool, layer, out=out_ref, scales=sc_ref,
                     wait_event=event, **kwargs)
+    if r.data is not None and len(r.data) != r.total_k * row:
+        # The cached layout is stale (the pool was made again).
+        L = _layout(client, pool, fresh=True)
+        row = L.load_data_row_bytes
     shape = (r.total_k, row // 2) if L.do_cast else (r.total_k, row)
     dtype = torch.bfloat16 if L.do_cast else torch.uint8
     rows = _place(r.data, out, out_ref, dtype, shape, "out")

@@ -194,6 +194,24 @@ class TorchTest(unittest.TestCase):
         self.assertEqual(raw(data), ref.data)
         self.assertEqual(raw(sc), ref.scales)
 
+    def test_pool_made_again_with_another_layout(self):
+        kv = self.kv
+        one = torch.tensor([0], dtype=torch.int32)
+        kv.create_pool("again", "BF16(4)", block_size=2, num_blocks=2,
+                       num_layers=1)
+        kt.store(kv, "again", 0, one, bf16_tensor(312, 1, 4))
+        self.assertEqual(tuple(kt.load(kv, "again", 0, segments=torch.tensor(
+            [[0, 0, 1, 0]], dtype=torch.int32), total_k=1).shape), (1, 4))
+        kv.delete_pool("again")
+        kv.create_pool("again", "BF16(8)", block_size=2, num_blocks=2,
+                       num_layers=1)
+        y = bf16_tensor(313, 1, 8)
+        kv.store("again", 0, [0], raw(y))     # the cache still says 4
+        got = kt.load(kv, "again", 0, segments=torch.tensor(
+            [[0, 0, 1, 0]], dtype=torch.int32), total_k=1)
+        self.assertTrue(torch.equal(got, y))
+        self.assertEqual(kt.store(kv, "again", 0, one, y), 1)
+
     def test_cuda_array_interface_exported(self):
         # What torch.as_tensor(..., device="cuda") reads (CAI version 3).
         class FakeMapping:
