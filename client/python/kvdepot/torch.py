@@ -721,19 +721,63 @@ class StepWorker:
         self.num_layers = num_layers
 
     @classmethod
-    def open(cls, client: Client, registration: Registration,
-             device: Optional[int] = None,
-             watchdog_ms: int = 0) -> "StepWorker":
-        """Opens the doorbell of a registration made by this client."""
-        db = _owned_buffer(client, registration.doorbell, "doorbell")
-        if db.vmm_fd is None:
+    def open(cls, source: Any, *args: Any, **kwargs: Any) -> "StepWorker":
+        """Opens a doorbell, from any of:
+
+            open(client, registration, device=None, watchdog_ms=0)
+                a registration this client made (register_worker);
+            open(doorbell_buffer, device=None, num_layers=..., watchdog_ms=0)
+                the doorbell Buffer (its VMM descriptor);
+            open(fd, device, num_layers, watchdog_ms=0, *, fd_size=...)
+                a doorbell descriptor from elsewhere (fd_size: the
+                companion reply's; the fd is borrowed).
+        """
+        if isinstance(source, Client):
+            return cls._open_registration(source, *args, **kwargs)
+        if isinstance(source, Buffer):
+            return cls._open_buffer(source, *args, **kwargs)
+        if isinstance(source, int):
+            return cls._open_fd(source, *args, **kwargs)
+        raise invalid_argument(
+            "StepWorker.open: pass a Client and its Registration, the "
+            f"doorbell Buffer, or a descriptor; got {type(source).__name__}")
+
+    @classmethod
+    def _open_fd(cls, fd: int, device: int, num_layers: int,
+                 watchdog_ms: int = 0, *,
+                 fd_size: Optional[int] = None) -> "StepWorker":
+        if fd_size is None:
+            raise invalid_argument(
+                "StepWorker.open(fd, ...): fd_size= is required (the "
+                "companion reply's fd_size)")
+        return cls(fd, fd_size, device, num_layers, watchdog_ms)
+
+    @classmethod
+    def _open_buffer(cls, doorbell: Buffer, device: Optional[int] = None,
+                     num_layers: int = 0,
+                     watchdog_ms: int = 0) -> "StepWorker":
+        if doorbell._invalid is not None:
+            raise doorbell._invalid
+        if doorbell.vmm_fd is None:
             raise KVCacheError(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"doorbell buffer {db.id} is not a CUDA VMM descriptor (the "
-                "step path needs the CUDA backend)")
-        return cls(db.vmm_fd, db.fd_size,
-                   db.device_ordinal if device is None else device,
-                   registration.num_layers, watchdog_ms)
+                f"doorbell buffer {doorbell.id} is not a CUDA VMM descriptor "
+                "(the step path needs the CUDA backend)")
+        return cls(doorbell.vmm_fd, doorbell.fd_size,
+                   doorbell.device_ordinal if device is None else device,
+                   num_layers, watchdog_ms)
+
+    @classmethod
+    def _open_registration(cls, client: Client, registration: Registration,
+                           device: Optional[int] = None,
+                           watchdog_ms: int = 0) -> "StepWorker":
+        if not isinstance(registration, Registration):
+            raise invalid_argument(
+                "registration: expected the Registration of "
+                "register_worker()")
+        db = _owned_buffer(client, registration.doorbell, "doorbell")
+        return cls._open_buffer(db, device, registration.num_layers,
+                                watchdog_ms)
 
     phase_a = staticmethod(phase_a)
     phase_b = staticmethod(phase_b)

@@ -445,6 +445,20 @@ class TorchTest(unittest.TestCase):
             finally:
                 os.environ.clear()
                 os.environ.update(env)
+            # Every form of open() checks its source first.
+            with self.assertRaises(kvdepot.KVCacheError) as cm:
+                kt.StepWorker.open(kv, db)
+            self.assertIn("expected the Registration", cm.exception.message)
+            with self.assertRaises(kvdepot.KVCacheError) as cm:
+                kt.StepWorker.open(db, 0, 2)
+            self.assertEqual(cm.exception.code,
+                             grpc.StatusCode.FAILED_PRECONDITION)
+            self.assertIn("not a CUDA VMM descriptor", cm.exception.message)
+            self.assertFails(grpc.StatusCode.INVALID_ARGUMENT,
+                             "fd_size= is required", kt.StepWorker.open, 3,
+                             0, 2)
+            self.assertFails(grpc.StatusCode.INVALID_ARGUMENT,
+                             "got str", kt.StepWorker.open, "3")
         self.assertEqual(kt.phase_a(0), 1)
         self.assertEqual(kt.phase_b(3), 8)
         # The RPC helpers pack and send (the daemon answers for the id).
