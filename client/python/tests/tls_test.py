@@ -206,6 +206,7 @@ class LoopbackTest(unittest.TestCase):
             self.assertTrue(kv.session_id)
             kv.ping()
             self.assertEqual(kv.stats().sessions, 1)
+            self.assertEqual(kv.keep_alive(), 0)   # a stream has no lease
         finally:
             self.assertEqual(d.stop(), 0, d.text())
         # The drain ended the stream: the session is lost, said once, and
