@@ -600,11 +600,14 @@ class Client:
         return reply.buffer
 
     def grant(self, *, pool: str = "", buffer_id: int = 0,
-              uids: Any = (), gids: Any = (), sessions: Any = ()) -> None:
-        """Lets uids, gids or sessions (by session_number) use a pool or a
-        buffer this session owns."""
+              uids: Any = (), gids: Any = (), sessions: Any = (),
+              tls_subjects: Any = ()) -> None:
+        """Lets uids, gids, sessions (by session_number) or TLS client
+        certificate subjects ("CN=worker-b", as tls_subject shows them) use
+        a pool or a buffer this session owns."""
         r = pb.GrantRequest(session_id=self.session_id, uids=list(uids),
-                            gids=list(gids), sessions=list(sessions))
+                            gids=list(gids), sessions=list(sessions),
+                            tls_subjects=list(tls_subjects))
         if pool:
             r.pool = pool
         else:

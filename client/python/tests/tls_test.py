@@ -144,6 +144,14 @@ class TlsTest(unittest.TestCase):
             # a grants b by subject-free session number: then b may.
             a.grant(pool="mine", sessions=[b.session_number])
             self.assertEqual(b.store("mine", 0, [0], rows[:8]), 1)
+            # ... and a pool granted to its subject, in any of its sessions.
+            a.create_pool("by_subject", "BF16(4)", block_size=4,
+                          num_blocks=2, num_layers=1)
+            with self.assertRaises(kvdepot.KVCacheError):
+                b.store("by_subject", 0, [0], rows[:8])
+            a.grant(pool="by_subject", tls_subjects=["CN=worker-b"])
+            with self.connect("worker-b") as b2:
+                self.assertEqual(b2.store("by_subject", 0, [0], rows[:8]), 1)
             # reconnect() opens a new stream session with the same identity.
             old = a.session_id
             a.reconnect()
