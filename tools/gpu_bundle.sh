@@ -76,6 +76,21 @@ echo "gpu_bundle: $(ls "$bundle/bin" | wc -l) binaries, $(ls "$bundle/lib" | wc 
 mkdir -p gpu_pack
 tar czf gpu_pack/bundle.tgz gpu_bundle
 cp kernels/cuda/fused_torch_bench.py gpu_pack/
+# The Python client as a wheel (pure Python; it carries the worker library
+# next to the package, where kvdepot.torch looks for it) and its CUDA test.
+# There: PYTHONPATH=$(ls gpu_pack/kvdepot-*.whl):gpu_pack (docs/PYTHON.md).
+wheel_src=$(mktemp -d)
+cp -r client/python/pyproject.toml client/python/README.md \
+  client/python/kvdepot "$wheel_src/"
+find "$wheel_src" -name __pycache__ -prune -exec rm -rf {} +
+if [[ -f "$bundle/bin/libkvdepot_worker.so" ]]; then
+  cp "$bundle/bin/libkvdepot_worker.so" "$wheel_src/kvdepot/"
+fi
+rm -f gpu_pack/kvdepot-*.whl
+PIP_NO_CACHE_DIR=1 /usr/bin/python3 -m pip wheel --no-build-isolation \
+  --no-deps --no-index -q -w gpu_pack "$wheel_src" >/dev/null
+rm -rf "$wheel_src"
+cp client/python/tests/gpu_torch_test.py gpu_pack/
 pack_kib=$(du -sk gpu_pack | cut -f1)
 echo "gpu_pack: ${pack_kib} KiB (carry gpu_pack)"
 if ((pack_kib > 64 * 1024)); then

@@ -9,17 +9,29 @@ from ._address import default_socket_path, resolve_target
 from ._arrays import pack_int32, unpack_int32
 from ._buffers import INLINE, Buffer, PoolMapping, Slice
 from ._errors import ClientClosed, KVCacheError, SessionLost
-from .client import (Client, IndexResult, LoadResult, Plan,
+from .client import (TLS, Client, IndexResult, LoadResult, Plan,
                      PrefillIndexResult, PrefillLoadResult, connect)
 
 # The daemon's version (common/version.h); client_test compares them, and
 # the wheel takes its version from here (pyproject.toml).
 __version__ = "0.1.0"
 
+
+
+def __getattr__(name: str) -> object:
+    """kvdepot.torch (needs PyTorch) and kvdepot.step are imported on first
+    use, so that `import kvdepot` works without torch."""
+    if name in ("torch", "step"):
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "Buffer", "Client", "ClientClosed", "INLINE", "IndexResult",
     "KVCacheError", "LoadResult", "Plan", "PoolMapping",
-    "PrefillIndexResult", "PrefillLoadResult", "SessionLost", "Slice",
+    "PrefillIndexResult", "PrefillLoadResult", "SessionLost", "Slice", "TLS",
     "__version__", "connect", "default_socket_path", "pack_int32",
     "resolve_target", "unpack_int32",
 ]

@@ -2,9 +2,12 @@
 
 On the CPU backend the daemon sends a sealed memfd over the companion
 socket (SPEC §11): it is mapped with mmap and offered as a writable
-memoryview, and the descriptor closed. A daemon on the CUDA backend started
-with --legacy_cuda_ipc describes memory by the 64-byte cudaIpcMemHandle_t of
-the allocation base instead (docs/PYTHON.md); nothing is mapped here then.
+memoryview, and the descriptor closed. On the CUDA backend it sends a CUDA
+VMM export (a POSIX descriptor of `fd_size` bytes on `fd_device`): it is
+kept open here (`vmm_fd`) for kvdepot.torch (or any other importer) to map
+on the device; nothing is mapped on the host. A daemon on the CUDA backend
+started with --legacy_cuda_ipc describes memory by the 64-byte
+cudaIpcMemHandle_t of the allocation base instead (docs/PYTHON.md).
 """
 
 import mmap
@@ -69,18 +72,42 @@ def _map_memfd(fd: int, length: int) -> mmap.mmap:
         os.close(fd)
 
 
+def _cuda_ordinal(fd_device: str) -> Optional[int]:
+    """"cuda:N" -> N; anything else (``"cpu"``, ``""``) -> None."""
+    if fd_device.startswith("cuda:") and fd_device[5:].isdigit():
+        return int(fd_device[5:])
+    if fd_device == "cuda":
+        return 0
+    return None
+
+
 class _Mapping:
-    """An mmap of a memfd (CPU) or the IPC handle bytes of a legacy
-    SharedHandle (CUDA)."""
+    """An mmap of a memfd (CPU), a CUDA VMM descriptor kept open (CUDA), or
+    the IPC handle bytes of a legacy SharedHandle (CUDA)."""
 
     def __init__(self, fd: Optional[int], length: int,
-                 handle: Any = None):
+                 handle: Any = None, fd_size: int = 0,
+                 fd_device: str = ""):
         self.handle = handle
         self.device_ordinal = handle.device_ordinal if handle else -1
         self.ipc_handle: Optional[bytes] = None
+        # CUDA backend: the VMM export (owned here until close()), the bytes
+        # to map from it and its device.
+        self.vmm_fd: Optional[int] = None
+        self.fd_size = fd_size
         self._mmap: Optional[mmap.mmap] = None
         self._view: Optional[memoryview] = None
         self._invalid: Optional[KVCacheError] = None
+        ordinal = _cuda_ordinal(fd_device)
+        if fd is not None and ordinal is not None:
+            if fd_size < length:
+                os.close(fd)
+                raise invalid_argument(
+                    f"the daemon's CUDA descriptor covers {fd_size} bytes, "
+                    f"fewer than the {length} it describes")
+            self.vmm_fd = fd
+            self.device_ordinal = ordinal
+            return
         if fd is None:
             if handle is not None and \
                     handle.WhichOneof("kind") == "cuda_ipc_handle":
@@ -106,6 +133,9 @@ class _Mapping:
         self._invalid = error
 
     def close(self) -> None:
+        if self.vmm_fd is not None:
+            os.close(self.vmm_fd)
+            self.vmm_fd = None
         # Views or NumPy arrays made from `view` may still exist (BufferError):
         # the mapping then goes away with the last of them.
         if self._view is not None:
@@ -135,14 +165,18 @@ class Buffer(_Mapping):
     """A buffer of the session (AllocateBuffer), mapped into this process.
 
     view:       writable memoryview of its `size` bytes (CPU backend), or None
+    vmm_fd:     the CUDA VMM export of `fd_size` bytes on `device_ordinal`
+                (CUDA backend; kvdepot.torch.buffer_tensor maps it)
     ipc_handle: cudaIpcMemHandle_t bytes of the allocation base (CUDA
                 backend; the buffer starts `handle.offset` bytes into it)
     """
 
     def __init__(self, info: Any, fd: Optional[int], release_fn: Any,
-                 session: Optional[SessionToken] = None):
+                 session: Optional[SessionToken] = None, fd_size: int = 0,
+                 fd_device: str = ""):
         super().__init__(fd, info.size,
-                         info.handle if info.HasField("handle") else None)
+                         info.handle if info.HasField("handle") else None,
+                         fd_size, fd_device)
         self.id = info.buffer_id
         self.size = info.size
         self.info = info
@@ -208,8 +242,10 @@ class PoolMapping(_Mapping):
     for the byte positions of a token.
     """
 
-    def __init__(self, info: Any, fd: Optional[int]):
+    def __init__(self, info: Any, fd: Optional[int], fd_size: int = 0,
+                 fd_device: str = ""):
         super().__init__(fd, info.layout.total_bytes,
-                         info.handle if info.HasField("handle") else None)
+                         info.handle if info.HasField("handle") else None,
+                         fd_size, fd_device)
         self.info = info
         self.layout = info.layout

@@ -18,7 +18,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, List, Optional, Union
+from typing import Any, List, Optional, Tuple, Union
 
 import grpc
 
@@ -89,6 +89,71 @@ class PrefillIndexResult:
 DataLike = Union[bytes, bytearray, memoryview, Slice, Any]
 
 
+@dataclass(frozen=True)
+class TLS:
+    """TLS for a TCP address: each field a PEM file's path or its bytes.
+
+    ca:   the root certificate(s) the daemon's certificate must chain to
+          (None: the system's roots)
+    cert, key: this client's certificate chain and private key, for mutual
+          TLS (the daemon's --tls_client_ca); both or neither. The
+          certificate's subject is the session's identity (SPEC §11).
+    server_name: the name to check the daemon's certificate against when it
+          differs from the address's host (gRPC's ssl_target_name_override).
+    """
+
+    ca: Union[str, bytes, None] = None
+    cert: Union[str, bytes, None] = None
+    key: Union[str, bytes, None] = None
+    server_name: str = ""
+
+
+def _pem(value: Union[str, bytes, None], field: str) -> Optional[bytes]:
+    if value is None or isinstance(value, bytes):
+        return value
+    if not isinstance(value, str):
+        raise invalid_argument(f"tls.{field}: a path or PEM bytes")
+    try:
+        with open(value, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise invalid_argument(
+            f"tls.{field} = \"{value}\": {e.strerror}") from None
+    if b"-----BEGIN" not in data:
+        raise invalid_argument(f"tls.{field} = \"{value}\" is not PEM")
+    return data
+
+
+def _credentials(tls: Union[TLS, bool]) -> Tuple[Any, List[Any]]:
+    """Channel credentials and options for `tls` (True: system roots)."""
+    if tls is True:
+        tls = TLS()
+    if not isinstance(tls, TLS):
+        raise invalid_argument("tls: pass kvdepot.TLS(...) or True")
+    cert, key = _pem(tls.cert, "cert"), _pem(tls.key, "key")
+    if (cert is None) != (key is None):
+        raise invalid_argument(
+            "tls: cert and key go together (mutual TLS needs both)")
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=_pem(tls.ca, "ca"), private_key=key,
+        certificate_chain=cert)
+    options = [("grpc.ssl_target_name_override", tls.server_name)] \
+        if tls.server_name else []
+    return creds, options
+
+
+def _first_event(call: Any) -> Any:
+    """The first SessionEvent of a TcpSessions.Open stream, or the
+    KVCacheError saying why there is none."""
+    try:
+        return next(call)
+    except grpc.RpcError as e:
+        return from_rpc_error(e)
+    except StopIteration:
+        return KVCacheError(grpc.StatusCode.UNAVAILABLE,
+                            "the daemon ended the session stream at once")
+
+
 def _data_ref(value: DataLike, field: str) -> "pb.DataRef":
     if isinstance(value, Slice):
         _check_slice(value, field)
@@ -137,7 +202,10 @@ class Client:
     open_session=False). On a Unix socket the session lives on the companion
     socket for as long as this client (SPEC §11; the daemon's uid is checked
     first: KVDEPOT_DAEMON_UID or daemon_uid, else ours or root); over TCP it
-    is an anonymous lease renewed every lease / 3 by a background thread."""
+    is a TcpSessions.Open stream that lives as long as the client (identity:
+    the mutual-TLS certificate's subject, `tls_subject`; tls=kvdepot.TLS)
+    or, with tcp_session="lease", an anonymous lease renewed every
+    lease / 3 by a background thread."""
 
     def __init__(self, address: str = "", *,
                  client_name: str = "kvdepot.py",
@@ -145,8 +213,22 @@ class Client:
                  keep_alive: bool = True, timeout: float = 30.0,
                  connect_timeout: float = 10.0,
                  max_message_bytes: int = 64 << 20,
-                 daemon_uid: Optional[int] = None):
+                 daemon_uid: Optional[int] = None,
+                 tls: Union[TLS, bool, None] = None,
+                 tcp_session: str = "stream"):
         self.target = resolve_target(address)
+        if tcp_session not in ("stream", "lease"):
+            raise invalid_argument(
+                f"tcp_session = \"{tcp_session}\" is not \"stream\" or "
+                "\"lease\"")
+        if tls and self.target.startswith("unix:"):
+            raise invalid_argument(
+                "tls: TLS is for TCP; a Unix socket is protected by its "
+                "directory and the companion socket's peer credentials")
+        self._tcp_session_kind = tcp_session
+        self._tcp_call: Any = None
+        self._tcp_ended: Optional[str] = None
+        self.tls_subject = ""
         self._client_name = client_name
         self._open_session = open_session
         self._lease_ms_asked = lease_ms
@@ -167,13 +249,20 @@ class Client:
         self.session_number = 0
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
-        self._channel = grpc.insecure_channel(self.target, options=[
+        options = [
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.initial_reconnect_backoff_ms", _RECONNECT_BACKOFF_MS[0]),
             ("grpc.min_reconnect_backoff_ms", _RECONNECT_BACKOFF_MS[0]),
             ("grpc.max_reconnect_backoff_ms", _RECONNECT_BACKOFF_MS[1]),
-        ])
+        ]
+        if tls:
+            creds, extra = _credentials(tls)
+            self._channel = grpc.secure_channel(self.target, creds,
+                                                options + extra)
+        else:
+            self._channel = grpc.insecure_channel(self.target,
+                                                  options=options)
         ready = grpc.channel_ready_future(self._channel)
         try:
             ready.result(timeout=connect_timeout)
@@ -204,6 +293,8 @@ class Client:
                 self.session_id = self._companion.hello.session_id
                 self.session_number = self._companion.hello.session_number
                 self._metadata = (("kvdepot-session-id", self.session_id),)
+        elif self._open_session and self._tcp_session_kind == "stream":
+            self._open_tcp_session()
         elif self._open_session:
             r = self._call("OpenSession", pb.OpenSessionRequest(
                 client_name=self._client_name, lease_ms=self._lease_ms_asked))
@@ -215,6 +306,44 @@ class Client:
                     target=self._keep_alive_loop, args=(self._stop,),
                     name="kvdepot-keepalive", daemon=True)
                 self._thread.start()
+
+    def _open_tcp_session(self) -> None:
+        """TcpSessions.Open: the first event carries the session; the
+        session lives as long as the stream (cancelled by close())."""
+        stub = pb_grpc.TcpSessionsStub(self._channel)
+        call = stub.Open(pb.OpenSessionRequest(
+            client_name=self._client_name))
+        # The first event, within connect_timeout (a reader thread: the
+        # stream itself has no deadline, it lives as long as the session).
+        first: List[Any] = []
+        reader = threading.Thread(target=lambda: first.append(
+            _first_event(call)), name="kvdepot-session-open", daemon=True)
+        reader.start()
+        reader.join(self._connect_timeout)
+        if reader.is_alive():
+            call.cancel()
+            reader.join()
+            raise KVCacheError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"kvdepot at {self.target} opened no session within "
+                f"{self._connect_timeout:g} s")
+        event = first[0]
+        if isinstance(event, KVCacheError):
+            raise event
+        self._tcp_ended = None
+        self._tcp_call = call
+        self.session_id = event.session_id
+        self.session_number = event.session_number
+        self.tls_subject = event.tls_subject
+        self._metadata = (("kvdepot-session-id", self.session_id),)
+
+        def ended(c: Any, self_ref: Any = weakref.ref(self)) -> None:
+            me = self_ref()
+            if me is not None and me._tcp_call is c:
+                me._tcp_ended = ("the daemon ended the session stream "
+                                 f"({c.code().name}: {c.details()})")
+
+        call.add_done_callback(ended)
 
     def reconnect(self, timeout: Optional[float] = None) -> None:
         """Starts over after SessionLost: waits (up to `timeout`, default
@@ -272,6 +401,8 @@ class Client:
                 self._companion.peer_closed():
             self._lose("the daemon closed the companion connection "
                        "(it stopped or restarted)")
+        if self._lost is None and self._tcp_ended is not None:
+            self._lose(self._tcp_ended)
         if self._lost is not None:
             raise self._lost
 
@@ -297,6 +428,11 @@ class Client:
         if self._companion is not None:
             self._companion.close()
             self._companion = None
+        if self._tcp_call is not None:
+            call, self._tcp_call = self._tcp_call, None
+            call.cancel()   # ends the session in the daemon
+        self._tcp_ended = None
+        self.tls_subject = ""
         self._session_token.alive = False
         for obj in list(self._handed_out):
             obj.invalidate(error)
@@ -306,12 +442,14 @@ class Client:
         self.lease_ms = 0
         self._metadata = ()
 
-    def _call(self, method: str, request: Any) -> Any:
+    def _call(self, method: str, request: Any, stub: Any = None) -> Any:
+        """One unary call on `stub` (default: the KVCache stub) with the
+        session's metadata and the client's deadline."""
         self._check()
         session = self.session_id
         try:
-            return getattr(self._stub, method)(request, timeout=self.timeout,
-                                               metadata=self._metadata)
+            return getattr(stub or self._stub, method)(
+                request, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as e:
             error = from_rpc_error(e)
         if error.code == grpc.StatusCode.UNAUTHENTICATED and session and \
@@ -353,8 +491,8 @@ class Client:
         ClientClosed."""
         if self._closed:
             return
-        if self._companion is None and self.session_id and \
-                self._lost is None:
+        if self._companion is None and self._tcp_call is None and \
+                self.session_id and self._lost is None:
             try:
                 self._call("CloseSession", pb.CloseSessionRequest(
                     session_id=self.session_id))
@@ -427,7 +565,7 @@ class Client:
         reply, fd = self._companion_call(
             "map_pool",
             pb.CompanionRequest(map_pool=pb.MapPoolRequest(name=name)))
-        mapping = PoolMapping(reply.pool, fd)
+        mapping = PoolMapping(reply.pool, fd, reply.fd_size, reply.fd_device)
         self._handed_out.add(mapping)
         return mapping
 
@@ -442,7 +580,7 @@ class Client:
                 allocate_buffer=pb.AllocateBufferRequest(size=size)))
         try:
             buf = Buffer(reply.buffer, fd, self.release_buffer,
-                         self._session_token)
+                         self._session_token, reply.fd_size, reply.fd_device)
         except (OSError, KVCacheError) as e:
             self.release_buffer(reply.buffer.buffer_id)
             raise KVCacheError(
@@ -462,11 +600,14 @@ class Client:
         return reply.buffer
 
     def grant(self, *, pool: str = "", buffer_id: int = 0,
-              uids: Any = (), gids: Any = (), sessions: Any = ()) -> None:
-        """Lets uids, gids or sessions (by session_number) use a pool or a
-        buffer this session owns."""
+              uids: Any = (), gids: Any = (), sessions: Any = (),
+              tls_subjects: Any = ()) -> None:
+        """Lets uids, gids, sessions (by session_number) or TLS client
+        certificate subjects ("CN=worker-b", as tls_subject shows them) use
+        a pool or a buffer this session owns."""
         r = pb.GrantRequest(session_id=self.session_id, uids=list(uids),
-                            gids=list(gids), sessions=list(sessions))
+                            gids=list(gids), sessions=list(sessions),
+                            tls_subjects=list(tls_subjects))
         if pool:
             r.pool = pool
         else:
@@ -481,17 +622,20 @@ class Client:
     # ------------------------------------------------------------ store/load
 
     def store(self, pool: str, layer: int, slot_mapping: Any, kv: DataLike,
-              *, dtype: Optional[str] = None) -> int:
+              *, dtype: Optional[str] = None,
+              wait_event: bytes = b"") -> int:
         """Stores kv[num_tokens, elements] (BF16 bit patterns or fp32,
         little-endian) into the slots of `slot_mapping` (int32[num_tokens];
         slot = block_id * block_size + offset, -1 = padding). kv is
         bytes-like, a NumPy array (float32 -> "fp32", uint16 -> "bf16") or a
-        Buffer.slice(). Returns the tokens written."""
+        Buffer.slice(). Returns the tokens written. wait_event (CUDA
+        backend): the 64 bytes of a cudaIpcEventHandle_t the daemon waits
+        for before its kernels (kvdepot.torch passes the current stream's)."""
         slots, n, _ = pack_int32(slot_mapping, "slot_mapping")
         r = self._call("Store", pb.StoreRequest(
             session_id=self.session_id, pool=pool, layer=layer, num_tokens=n,
             slot_mapping=slots, dtype=_dtype(kv, dtype, "kv"),
-            kv=_data_ref(kv, "kv")))
+            kv=_data_ref(kv, "kv"), wait_event_ipc_handle=wait_event))
         return r.tokens_written
 
     @staticmethod
@@ -509,7 +653,7 @@ class Client:
              total_k: Optional[int] = None, seqlen_k: Any = None,
              block_table: Any = None, max_blocks_per_seq: Optional[int] = None,
              compress_ratio: int = 1, out: Any = INLINE,
-             scales: Any = None) -> LoadResult:
+             scales: Any = None, wait_event: bytes = b"") -> LoadResult:
         """Loads rows of a pool layer, by an explicit plan (segments:
         int32[S][4], and total_k) or by sequences (seqlen_k: int32[num_seqs],
         block_table: int32[num_seqs][max_blocks_per_seq], compress_ratio).
@@ -517,9 +661,11 @@ class Client:
         out: INLINE (the rows come back in the result) or a Buffer.slice()
         of total_k * load_data_row_bytes. scales: for index formats, INLINE
         or a slice of total_k * load_scale_row_bytes; None for cast formats.
+        wait_event: as for store().
         """
         req = pb.LoadRequest(session_id=self.session_id, pool=pool,
-                             layer=layer, data=_out_ref(out, "out"))
+                             layer=layer, data=_out_ref(out, "out"),
+                             wait_event_ipc_handle=wait_event)
         if scales is not None:
             req.scales.CopyFrom(_out_ref(scales, "scales"))
         if segments is not None:

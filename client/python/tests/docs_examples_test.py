@@ -5,7 +5,8 @@ output, and then `kvcachectl verify` on every pool they made: 0 NaN, 0 Inf,
 0 bad scales.
 
 A runnable block is a ```python fence with `<!-- test: python -->` on the
-line above (`<!-- test: python numpy -->`: skipped without NumPy); the
+line above (`<!-- test: python numpy -->`: skipped without NumPy;
+`<!-- test: python torch -->`: skipped without PyTorch); the
 fence after it marked `<!-- test: output -->` is what it prints.
 """
 
@@ -21,13 +22,19 @@ import unittest
 from typing import List, NamedTuple, Optional
 
 DOCS = ["README.md", "docs/PYTHON.md"]  # paths in the runfiles root
-_MARK = re.compile(r"^<!-- test: (python(?: numpy)?|output) -->$")
+_MARK = re.compile(r"^<!-- test: (python(?: numpy| torch)?|output) -->$")
 
 try:
     import numpy  # noqa: F401
     HAVE_NUMPY = True
 except ImportError:
     HAVE_NUMPY = False
+
+try:
+    import torch  # noqa: F401
+    HAVE_TORCH = True
+except ImportError:
+    HAVE_TORCH = False
 
 
 class Example(NamedTuple):
@@ -36,6 +43,7 @@ class Example(NamedTuple):
     code: str
     output: Optional[str]
     needs_numpy: bool
+    needs_torch: bool = False
 
 
 def _fence(lines: List[str], i: int, doc: str) -> str:
@@ -61,7 +69,8 @@ def examples(doc: str) -> List[Example]:
             found[-1] = found[-1]._replace(output=_fence(lines, i + 1, doc))
         else:
             found.append(Example(doc, i + 2, _fence(lines, i + 1, doc), None,
-                                 m.group(1).endswith("numpy")))
+                                 m.group(1).endswith("numpy"),
+                                 m.group(1).endswith("torch")))
     return found
 
 
@@ -114,6 +123,8 @@ class DocsExamplesTest(unittest.TestCase):
                 with self.subTest(doc=doc, line=ex.line):
                     if ex.needs_numpy and not HAVE_NUMPY:
                         self.skipTest("NumPy is not installed")
+                    if ex.needs_torch and not HAVE_TORCH:
+                        self.skipTest("PyTorch is not installed")
                     self._run(ex)
 
     def _run(self, ex: Example) -> None:

@@ -1,0 +1,261 @@
+"""kvdepot.torch on the CUDA backend (GPU host; every test skips without
+torch.cuda, as in CI). Run there from the GPU pack (docs/PYTHON.md):
+
+    tar xzf gpu_pack/bundle.tgz
+    python3 -m venv --system-site-packages /tmp/kvenv
+    /tmp/kvenv/bin/pip install --no-index --no-deps gpu_pack/kvdepot-*.whl
+    cd gpu_pack && LD_LIBRARY_PATH=$PWD/../gpu_bundle/lib \
+      KVDEPOT_BIN=$PWD/../gpu_bundle/bin/kvdepotd \
+      /tmp/kvenv/bin/python -m unittest -v gpu_torch_test
+
+(the wheel carries libkvdepot_worker.so; KVDEPOT_WORKER_LIB overrides it).
+
+Each test starts its own kvdepotd --backend=cuda on a private socket, with
+CUDA_MODULE_LOADING=EAGER (set here, before torch starts CUDA). Proves:
+buffers and pool layers aliased as CUDA tensors (writes on one side seen
+on the other), store/load from CUDA buffer views byte-identical to the
+inline path, ordering after the current stream's pending work (a sleeping
+kernel before the input is written), the mapping unmapped with its last
+tensor, the step path driven from Python with the worker's side captured
+in torch.cuda.graph and replayed 100 times (pools equal to inline stores of
+the same rows), and the legacy register_tensor with --legacy_cuda_ipc.
+"""
+
+import gc
+import os
+import random
+import shutil
+import signal
+import subprocess
+import tempfile
+import unittest
+
+# Before torch starts CUDA: the step path refuses anything else.
+os.environ["CUDA_MODULE_LOADING"] = "EAGER"
+
+import kvdepot  # noqa: E402
+
+try:
+    import torch  # noqa: E402
+
+    import kvdepot.torch as kt  # noqa: E402
+    HAVE_CUDA = torch.cuda.is_available()
+except ImportError:
+    torch = None  # type: ignore[assignment]
+    HAVE_CUDA = False
+
+NEEDS_CUDA = unittest.skipUnless(
+    HAVE_CUDA and os.environ.get("KVDEPOT_BIN"),
+    "needs torch with CUDA and KVDEPOT_BIN (a CUDA-built kvdepotd)")
+
+
+class CudaDaemon:
+    def __init__(self, *flags: str):
+        self.dir = tempfile.mkdtemp(prefix="kvgpu")
+        os.chmod(self.dir, 0o700)
+        self.socket = os.path.join(self.dir, "kv.sock")
+        self.log = open(os.path.join(self.dir, "kvdepotd.log"), "wb")
+        env = dict(os.environ, CUDA_MODULE_LOADING="EAGER")
+        self.proc = subprocess.Popen(
+            [os.environ["KVDEPOT_BIN"], f"--listen={self.socket}",
+             "--backend=cuda", *flags], stdout=self.log,
+            stderr=subprocess.STDOUT, env=env)
+
+    def connect(self, **kw) -> kvdepot.Client:
+        kw.setdefault("connect_timeout", 60.0)
+        return kvdepot.connect(self.socket, **kw)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return rc
+
+
+def rows(seed: int, n: int, e: int) -> "torch.Tensor":
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, e, generator=g) * 2).to(torch.bfloat16)
+
+
+@NEEDS_CUDA
+class GpuTorchTest(unittest.TestCase):
+    def setUp(self):
+        self.daemon = CudaDaemon()
+        self.kv = self.daemon.connect(client_name="gpu_torch_test")
+
+    def tearDown(self):
+        self.kv.close()
+        self.assertEqual(self.daemon.stop(), 0)
+
+    def twin_pools(self, fmt: str, bs: int = 64, nb: int = 16,
+                   layers: int = 2):
+        for p in ("a", "b"):
+            self.kv.create_pool(p, fmt, block_size=bs, num_blocks=nb,
+                                num_layers=layers, device="cuda:0")
+        return self.kv.get_pool("a").layout
+
+    def test_buffer_views_store_load_and_ordering(self):
+        kv = self.kv
+        L = self.twin_pools("V41")
+        n, e = 200, L.elements
+        x = rows(401, n, e)
+        slots = torch.tensor(random.Random(402).sample(range(16 * 64), n),
+                             dtype=torch.int32)
+        buf = kv.allocate_buffer(n * e * 2)
+        self.assertIsNotNone(buf.vmm_fd)
+        xb = kt.buffer_tensor(kv, buf, torch.bfloat16, (n, e))
+        self.assertEqual(xb.device.type, "cuda")
+        # Ordering: the input is written behind a ~50 ms sleep on the
+        # current stream; store() must wait for it (interprocess event).
+        src = x.cuda()
+        torch.cuda.synchronize()
+        torch.cuda._sleep(100_000_000)
+        xb.copy_(src)                     # device to device, behind the sleep
+        self.assertEqual(kt.store(kv, "a", 1, slots, xb), n)
+        self.assertEqual(kt.store(kv, "b", 1, slots, x), n)   # inline
+        a = kt.pool_layer_tensor(kv, "a", 1)
+        b = kt.pool_layer_tensor(kv, "b", 1)
+        self.assertEqual(a.raw.device.type, "cuda")
+        self.assertTrue(bool((a.raw != 0).any()))
+        self.assertTrue(torch.equal(a.raw, b.raw))
+        # Load into a CUDA buffer view == inline load.
+        table = torch.arange(16, dtype=torch.int32).reshape(2, 8)
+        seq = torch.tensor([512, 300], dtype=torch.int32)
+        ref = kt.load(kv, "a", 1, seqlen_k=seq, block_table=table)
+        out_buf = kv.allocate_buffer(812 * e * 2)
+        out = kt.buffer_tensor(kv, out_buf, torch.bfloat16, (812, e))
+        out.fill_(7)   # pending on the stream: load() must follow it
+        got = kt.load(kv, "a", 1, seqlen_k=seq, block_table=table, out=out)
+        self.assertEqual(got.data_ptr(), out.data_ptr())
+        self.assertTrue(torch.equal(got.cpu(), ref))
+        # The view of the pool is the pool: a write shows in a load.
+        a.data[0, 0].zero_()
+        a.scales[0, 0].fill_(127)   # UE8M0 127 = scale 1.0
+        torch.cuda.synchronize()
+        r = kv.load("a", 1, segments=[[0, 0, 1, 0]], total_k=1)
+        self.assertEqual(r.data, bytes(e * 2))
+        # The mapping goes with its last tensor.
+        ref_map = buf._kvd_vmm
+        self.assertIsNotNone(ref_map())
+        del xb
+        gc.collect()
+        self.assertIsNone(ref_map())
+        del got, out
+        gc.collect()
+        buf.release()
+        out_buf.release()
+
+    def test_wrong_device_and_other_session(self):
+        kv = self.kv
+        self.twin_pools("V41", layers=1)
+        buf = kv.allocate_buffer(1 << 16)
+        with self.daemon.connect(client_name="other") as other:
+            with self.assertRaises(kvdepot.KVCacheError) as cm:
+                kt.buffer_tensor(other, buf)
+            self.assertIn("another session", cm.exception.message)
+        buf.release()
+
+    def test_step_path_from_python_under_cuda_graphs(self):
+        kv = self.kv
+        layers, n, steps = 2, 32, 100
+        L = self.twin_pools("V41", bs=64, nb=128, layers=layers)
+        e = L.elements
+        row = e * 2
+        io = kv.allocate_buffer(layers * n * row)
+        inputs = kt.buffer_tensor(kv, io, torch.bfloat16, (layers, n, e))
+        db = kv.allocate_buffer(kt.doorbell_bytes(layers))
+        reg = kt.register_worker(
+            kv, doorbell=db, layers=[
+                kt.layer(main=kt.cache("a", l, io, offset=l * n * row,
+                                       row_stride=row))
+                for l in range(layers)],
+            max_tokens=n, max_seqs=n, max_blocks_per_seq=1, name="pytest")
+        self.assertEqual(reg.num_phases, 1 + 2 * layers)
+        w = kt.StepWorker.open(kv, reg, watchdog_ms=20000)
+        stream = torch.cuda.Stream()
+        staging = torch.empty(layers, n, e, dtype=torch.bfloat16,
+                              device="cuda")
+
+        def worker_step():
+            inputs.copy_(staging)          # "produce K/V" on the stream
+            w.step_begin()
+            w.wait(0)
+            for l in range(layers):
+                w.mark(w.phase_a(l))
+                w.wait(w.phase_a(l))
+                w.mark(w.phase_b(l))
+                w.wait(w.phase_b(l))
+
+        # Capture the worker's side once, replay it per step.
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream):
+            torch.cuda.synchronize()
+            # thread_local: the worker library's watchdog thread keeps
+            # using its own control stream during the capture.
+            with torch.cuda.graph(graph, stream=stream,
+                                  capture_error_mode="thread_local"):
+                worker_step()
+        rng = random.Random(403)
+        for i in range(1, steps + 1):
+            slots = rng.sample(range(128 * 64), n)
+            x = rows(1000 + i, layers * n, e).reshape(layers, n, e)
+            with torch.cuda.stream(stream):
+                staging.copy_(x.cuda())
+            kt.step(kv, reg.registration_id, step_id=i, slot_mapping=slots,
+                    seq_lens=[1] * n, query_lens=[1] * n)
+            graph.replay()
+            stream.synchronize()
+            for l in range(layers):   # the same rows, inline
+                kt.store(kv, "b", l, torch.tensor(slots, dtype=torch.int32),
+                         x[l].contiguous())
+        st = w.status()
+        self.assertEqual(st.status_bits, 0, st)
+        self.assertEqual((st.step_counter, st.daemon_done), (steps, steps))
+        info = kt.step_status(kv, reg.registration_id)
+        self.assertEqual(info.completed_step_id, steps)
+        for l in range(layers):
+            self.assertTrue(torch.equal(kt.pool_layer_tensor(kv, "a", l).raw,
+                                        kt.pool_layer_tensor(kv, "b",
+                                                             l).raw), l)
+        w.close()
+        kt.unregister(kv, reg.registration_id)
+
+
+@NEEDS_CUDA
+class LegacyTest(unittest.TestCase):
+    def test_register_tensor_with_legacy_ipc(self):
+        d = CudaDaemon("--legacy_cuda_ipc")
+        try:
+            with d.connect(client_name="legacy") as kv:
+                kv.create_pool("p", "V41", block_size=64, num_blocks=4,
+                               num_layers=1, device="cuda:0")
+                kv.create_pool("q", "V41", block_size=64, num_blocks=4,
+                               num_layers=1, device="cuda:0")
+                x = rows(404, 100, 512)
+                t = torch.zeros(3, 100, 512, dtype=torch.bfloat16,
+                                device="cuda")
+                t[1].copy_(x)     # a view at an offset in its block
+                torch.cuda.synchronize()
+                h = kt.register_tensor(kv, t[1])
+                slots = list(range(100))
+                kv.store("p", 0, slots, h.slice(), dtype="bf16")
+                kt.store(kv, "q", 0, torch.tensor(slots, dtype=torch.int32),
+                         x)
+                a = kv.load("p", 0, segments=[[0, 0, 64, 0], [1, 0, 36, 64]],
+                            total_k=100)
+                b = kv.load("q", 0, segments=[[0, 0, 64, 0], [1, 0, 36, 64]],
+                            total_k=100)
+                self.assertEqual(a.data, b.data)
+                h.release()
+        finally:
+            self.assertEqual(d.stop(), 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
