@@ -70,6 +70,10 @@ echo "gpu_bundle: $(ls "$bundle/bin" | wc -l) binaries, $(ls "$bundle/lib" | wc 
 mkdir -p gpu_pack
 tar czf gpu_pack/bundle.tgz gpu_bundle
 cp kernels/cuda/fused_torch_bench.py gpu_pack/
+# Library mode from torch (run by hand: docs/LIBRARY_MODE.md):
+#   LD_LIBRARY_PATH=gpu_bundle/lib python3 gpu_pack/capi_torch_check.py \
+#     gpu_bundle/bin/libkvdepot_kernels.so
+cp libkvdepot/kvdepot_kernels.py libkvdepot/capi_torch_check.py gpu_pack/
 pack_kib=$(du -sk gpu_pack | cut -f1)
 echo "gpu_pack: ${pack_kib} KiB (carry gpu_pack)"
 if ((pack_kib > 64 * 1024)); then
