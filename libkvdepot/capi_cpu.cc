@@ -393,10 +393,10 @@ int kvdk_convert_topk_cpu(const kvdk_layout* layout, int32_t* topk,
           "row_stride = ", row_stride,
           " is less than max_blocks_per_seq = ", max_blocks_per_seq));
     }
-    if (num_seqs > 0 && (row_stride > INT32_MAX ||
-                         (num_seqs - 1) > INT64_MAX / 8 / row_stride)) {
+    // (num_seqs - 1) * row_stride < 2^62: no overflow below.
+    if (row_stride > INT32_MAX) {
       return absl::InvalidArgumentError(
-          absl::StrCat("row_stride = ", row_stride, " is too large"));
+          absl::StrCat("row_stride = ", row_stride, " exceeds 2^31 - 1"));
     }
     if (num_seqs > 0) {
       if (k > 0) RETURN_IF_ERROR(CheckNotNull(topk, "topk"));

@@ -63,6 +63,40 @@ gpu::LaunchOptions Options(void* stream) {
   return o;
 }
 
+// Non-null and aligned: what the launchers (and the check kernels' loads)
+// need, checked before anything is enqueued, so that a refused call writes
+// nothing (not even the workspace or *invalid_count).
+absl::Status Aligned(const void* p, absl::string_view name,
+                     uintptr_t alignment) {
+  RETURN_IF_ERROR(CheckNotNull(p, name));
+  if (reinterpret_cast<uintptr_t>(p) % alignment != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " is not ", alignment, "-byte aligned"));
+  }
+  return absl::OkStatus();
+}
+
+// The index kernels' grid: a 256-column tile per CTA in y.
+absl::Status CheckWidth(int64_t width, absl::string_view name) {
+  constexpr int64_t kMaxWidth = int64_t{65535} * 256;
+  if (width > kMaxWidth) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, " = ", width, " exceeds the kernels' limit of ", kMaxWidth));
+  }
+  return absl::OkStatus();
+}
+
+// Slots are int32 on the device: the launchers take pools of at most
+// 2^31 - 1 slots.
+absl::Status CheckSlots(const PoolLayout& l) {
+  if (l.num_slots() > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout: num_blocks * block_size = ", l.num_slots(),
+                     " exceeds 2^31 - 1 slots"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckInt32Layout(const PoolLayout& l, absl::string_view name) {
   if (l.block_size > INT32_MAX || l.num_blocks > INT32_MAX) {
     return absl::InvalidArgumentError(
@@ -94,9 +128,11 @@ int kvdk_store_cuda(const kvdk_layout* layout, void* pool, int64_t pool_bytes,
         RETURN_IF_ERROR(CheckPool(l, pool, pool_bytes, layer));
         RETURN_IF_ERROR(CheckDtype(l.format, dtype));
         RETURN_IF_ERROR(CheckCount(num_tokens, "num_tokens"));
+        RETURN_IF_ERROR(CheckSlots(l));
         if (num_tokens == 0) return absl::OkStatus();
-        RETURN_IF_ERROR(CheckNotNull(kv, "kv"));
-        RETURN_IF_ERROR(CheckNotNull(slot_mapping, "slot_mapping"));
+        RETURN_IF_ERROR(Aligned(pool, "pool", 16));
+        RETURN_IF_ERROR(Aligned(kv, "kv", 16));
+        RETURN_IF_ERROR(Aligned(slot_mapping, "slot_mapping", 4));
         ASSIGN_OR_RETURN(Parts ws, CarveWorkspace(KVDK_OP_STORE, num_tokens,
                                                   workspace, workspace_bytes));
         auto* slots = reinterpret_cast<int32_t*>(ws.part[0]);
@@ -130,8 +166,12 @@ int kvdk_load_cuda(const kvdk_layout* layout, const void* pool,
                                     LoadDataRowBytes(l.format), "data"));
         RETURN_IF_ERROR(CheckOutput(scales, scales_bytes, total_k,
                                     LoadScaleRowBytes(l.format), "scales"));
+        RETURN_IF_ERROR(CheckSlots(l));
         if (num_segments == 0) return absl::OkStatus();
-        RETURN_IF_ERROR(CheckNotNull(segments, "segments"));
+        RETURN_IF_ERROR(Aligned(pool, "pool", 16));
+        RETURN_IF_ERROR(Aligned(segments, "segments", 4));
+        RETURN_IF_ERROR(Aligned(data, "data", 16));
+        if (!l.format.do_cast) RETURN_IF_ERROR(Aligned(scales, "scales", 4));
         ASSIGN_OR_RETURN(Parts ws, CarveWorkspace(KVDK_OP_LOAD, num_segments,
                                                   workspace, workspace_bytes));
         auto* checked = reinterpret_cast<int32_t*>(ws.part[0]);
@@ -166,11 +206,21 @@ int kvdk_fused_store_cuda(const kvdk_layout* layout, void* pool,
         RETURN_IF_ERROR(ValidateFused(l.format, p, {}));
         RETURN_IF_ERROR(CheckCount(num_tokens, "num_tokens"));
         const bool rope = p.rope != RopeStyle::kNone;
+        RETURN_IF_ERROR(CheckSlots(l));
         if (num_tokens == 0) return absl::OkStatus();
-        RETURN_IF_ERROR(CheckNotNull(kv, "kv"));
-        RETURN_IF_ERROR(CheckNotNull(slot_mapping, "slot_mapping"));
-        if (rope)
-          RETURN_IF_ERROR(CheckNotNull(p.positions, "params.positions"));
+        RETURN_IF_ERROR(Aligned(pool, "pool", 16));
+        RETURN_IF_ERROR(Aligned(kv, "kv", 16));
+        RETURN_IF_ERROR(Aligned(slot_mapping, "slot_mapping", 4));
+        if (cast_back != nullptr) {
+          RETURN_IF_ERROR(Aligned(cast_back, "cast_back", 16));
+        }
+        if (p.norm()) {
+          RETURN_IF_ERROR(Aligned(p.norm_weight, "params.norm_weight", 16));
+        }
+        if (rope) {
+          RETURN_IF_ERROR(Aligned(p.positions, "params.positions", 8));
+          RETURN_IF_ERROR(Aligned(p.cos_sin, "params.cos_sin", 4));
+        }
         ASSIGN_OR_RETURN(
             Parts ws, CarveWorkspace(KVDK_OP_FUSED_STORE, num_tokens, workspace,
                                      workspace_bytes));
@@ -209,12 +259,13 @@ int kvdk_convert_topk_cuda(const kvdk_layout* layout, int32_t* topk,
               "row_stride = ", row_stride, " is outside [max_blocks_per_seq = ",
               max_blocks_per_seq, ", 2^31)"));
         }
+        RETURN_IF_ERROR(CheckWidth(k, "k"));
         if (num_seqs == 0 || k == 0) return absl::OkStatus();
-        RETURN_IF_ERROR(CheckNotNull(topk, "topk"));
-        RETURN_IF_ERROR(CheckNotNull(valid_count, "valid_count"));
-        RETURN_IF_ERROR(CheckNotNull(num_tokens, "num_tokens"));
+        RETURN_IF_ERROR(Aligned(topk, "topk", 4));
+        RETURN_IF_ERROR(Aligned(valid_count, "valid_count", 4));
+        RETURN_IF_ERROR(Aligned(num_tokens, "num_tokens", 4));
         if (max_blocks_per_seq > 0) {
-          RETURN_IF_ERROR(CheckNotNull(block_table, "block_table"));
+          RETURN_IF_ERROR(Aligned(block_table, "block_table", 4));
         }
         // The kernel checks every entry on the device (kernels/cuda:
         // index_ops.cu): out-of-range entries become -1 and are counted.
@@ -250,11 +301,12 @@ int kvdk_swa_decode_index_cuda(const kvdk_layout* ring,
           return absl::InvalidArgumentError(absl::StrCat(
               "n * window = ", n * window, " exceeds 2^31 - 1 entries"));
         }
+        RETURN_IF_ERROR(CheckWidth(window, "window"));
         if (n == 0) return absl::OkStatus();
-        RETURN_IF_ERROR(CheckNotNull(state_ids, "state_ids"));
-        RETURN_IF_ERROR(CheckNotNull(starts, "starts"));
-        RETURN_IF_ERROR(CheckNotNull(valid_lens, "valid_lens"));
-        RETURN_IF_ERROR(CheckNotNull(out, "out"));
+        RETURN_IF_ERROR(Aligned(state_ids, "state_ids", 4));
+        RETURN_IF_ERROR(Aligned(starts, "starts", 4));
+        RETURN_IF_ERROR(Aligned(valid_lens, "valid_lens", 4));
+        RETURN_IF_ERROR(Aligned(out, "out", 4));
         ASSIGN_OR_RETURN(Parts ws, CarveWorkspace(KVDK_OP_SWA_DECODE_INDEX, n,
                                                   workspace, workspace_bytes));
         auto* q = reinterpret_cast<int32_t*>(ws.part[0]);
@@ -287,9 +339,10 @@ int kvdk_expand_swa_index_cuda(const int32_t* pivots, int64_t rows,
           return absl::InvalidArgumentError(absl::StrCat(
               "rows * width = ", rows * width, " exceeds 2^31 - 1 entries"));
         }
+        RETURN_IF_ERROR(CheckWidth(width, "width"));
         if (rows == 0) return absl::OkStatus();
-        RETURN_IF_ERROR(CheckNotNull(pivots, "pivots"));
-        RETURN_IF_ERROR(CheckNotNull(out, "out"));
+        RETURN_IF_ERROR(Aligned(pivots, "pivots", 4));
+        RETURN_IF_ERROR(Aligned(out, "out", 4));
         ASSIGN_OR_RETURN(
             Parts ws, CarveWorkspace(KVDK_OP_EXPAND_SWA_INDEX, rows, workspace,
                                      workspace_bytes));
@@ -327,12 +380,13 @@ int kvdk_kv_index_cat_cuda(const int32_t* swa, int32_t swa_width,
               "rows * (swa_width + compressed_width) = ", rows * width,
               " exceeds 2^31 - 1 entries"));
         }
+        RETURN_IF_ERROR(CheckWidth(width, "swa_width + compressed_width"));
         if (rows == 0 || width == 0) return absl::OkStatus();
-        if (swa_width > 0) RETURN_IF_ERROR(CheckNotNull(swa, "swa"));
+        if (swa_width > 0) RETURN_IF_ERROR(Aligned(swa, "swa", 4));
         if (compressed_width > 0) {
-          RETURN_IF_ERROR(CheckNotNull(compressed, "compressed"));
+          RETURN_IF_ERROR(Aligned(compressed, "compressed", 4));
         }
-        RETURN_IF_ERROR(CheckNotNull(out, "out"));
+        RETURN_IF_ERROR(Aligned(out, "out", 4));
         ASSIGN_OR_RETURN(Parts ws,
                          CarveWorkspace(KVDK_OP_KV_INDEX_CAT, rows * width,
                                         workspace, workspace_bytes));

@@ -400,6 +400,15 @@ TEST(CapiRejectTest, IndexOps) {
                  KVDK_ERR_INVALID, "k = -2");
   EXPECT_EQ(std::vector<int32_t>(topk, topk + 4),
             (std::vector<int32_t>{1, 2, 3, 4}));
+  // An empty table (no columns, stride 0, no array): every valid column is
+  // out of range, becomes -1 and is counted; nothing is read.
+  ASSERT_EQ(kvdk_convert_topk_cpu(l.get(), topk, 2, 2, valid, ntok, nullptr, 0,
+                                  0, &invalid),
+            KVDK_OK)
+      << kvdk_last_error();
+  EXPECT_EQ(std::vector<int32_t>(topk, topk + 4),
+            (std::vector<int32_t>{-1, -1, -1, -1}));
+  EXPECT_EQ(invalid, 4);
 
   LayoutPtr ring = MakeLayout("V41", 64, 4, 1);
   ASSERT_NE(ring, nullptr);
@@ -480,6 +489,18 @@ TEST_F(CapiRejectDataTest, CudaHostChecks) {
       kvdk_store_cuda(l, p, pb, 1, kv_.data(), 0, slots_.data(), kN,
                       static_cast<uint8_t*>(w) + 4, 1024, nullptr, nullptr),
       KVDK_ERR_INVALID, "16-byte aligned");
+  EXPECT_REFUSED(kvdk_store_cuda(l, p, pb, 1, kv_.data() + 1, 0, slots_.data(),
+                                 kN, w, 1024, nullptr, nullptr),
+                 KVDK_ERR_INVALID, "kv is not 16-byte aligned");
+  EXPECT_REFUSED(
+      kvdk_store_cuda(l, p, pb, 1, kv_.data(), 0,
+                      reinterpret_cast<const int32_t*>(
+                          reinterpret_cast<const uint8_t*>(slots_.data()) + 2),
+                      kN, w, 1024, nullptr, nullptr),
+      KVDK_ERR_INVALID, "slot_mapping is not 4-byte aligned");
+  EXPECT_REFUSED(kvdk_store_cuda(l, p + 8, pb - 8, 1, kv_.data(), 0,
+                                 slots_.data(), kN, w, 1024, nullptr, nullptr),
+                 KVDK_ERR_INVALID, "pool is not 16-byte aligned");
   std::vector<uint8_t> data(64 * 128);
   EXPECT_REFUSED(
       kvdk_load_cuda(l, p, pb, 1, slots_.data(), 1, 64, data.data(),
@@ -500,6 +521,9 @@ TEST_F(CapiRejectDataTest, CudaHostChecks) {
                             nullptr, w, 1024, nullptr, nullptr),
       KVDK_ERR_INVALID, "positions is null");
   int32_t topk[4];
+  EXPECT_REFUSED(kvdk_convert_topk_cuda(l, topk, 1, 65535 * 256 + 1, topk, topk,
+                                        topk, 2, 2, nullptr, nullptr),
+                 KVDK_ERR_INVALID, "exceeds the kernels' limit");
   EXPECT_REFUSED(kvdk_convert_topk_cuda(l, topk, 2, 2, topk, topk, topk, 2, 1,
                                         nullptr, nullptr),
                  KVDK_ERR_INVALID, "row_stride = 1");

@@ -39,10 +39,14 @@
  * torch: torch.cuda.current_stream().cuda_stream). Every CUDA entry point
  * only enqueues work (one checking pass, then the daemon's kernel) and
  * returns: no host synchronization, no allocation, capturable into a CUDA
- * graph. The workspace (kvdk_cuda_workspace_bytes, 256-byte aligned device
- * memory) and the inputs must stay untouched until the stream has run the
- * work; one workspace per stream in flight. *invalid_count is only added
- * to: zero it when you want a per-call count.
+ * graph. The workspace (kvdk_cuda_workspace_bytes bytes of 16-byte
+ * aligned device memory) and the inputs must stay untouched until the
+ * stream has run the work; one workspace per call in flight. *invalid_count
+ * is only added to: zero it when you want a per-call count. Pointer
+ * alignment (16 bytes for pools, K/V, load data, cast_back, norm weights;
+ * 8 for positions; 4 for int32 arrays) is checked before anything is
+ * enqueued; KVDK_ERR_CUDA (a launch failed) is the one error after which
+ * the workspace and *invalid_count may have been written.
  *
  * Threads. Layouts are immutable: share them freely. Every entry point is
  * reentrant; kvdk_last_error() is per thread.
