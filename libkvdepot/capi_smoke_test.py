@@ -31,6 +31,59 @@ def int32s(values):
     return a, ctypes.addressof(a)
 
 
+class SignaturesTest(unittest.TestCase):
+    """kvdepot_kernels.py declares every function of the header, with the
+    header's number of arguments and return type."""
+
+    def test_signatures_match_the_header(self):
+        import re
+        here = os.path.dirname(os.path.abspath(__file__))
+        with open(os.path.join(here, "kvdepot_kernels.h")) as f:
+            text = re.sub(r"/\*.*?\*/", "", f.read(), flags=re.S)
+        protos = re.findall(
+            r"^((?:const )?[a-z0-9_]+\*?)\s+\*?(kvdk_\w+)\(([^)]*)\);",
+            text, flags=re.M)
+        self.assertGreater(len(protos), 20)
+        ret = {"int": ctypes.c_int, "int64_t": ctypes.c_int64,
+               "void": None, "const char*": ctypes.c_char_p}
+        names = set()
+        for restype, name, params in protos:
+            names.add(name)
+            self.assertIn(name, K.SIGNATURES)
+            want_args = 0 if params.strip() == "void" else params.count(",") + 1
+            got_restype, got_args = K.SIGNATURES[name]
+            self.assertEqual(len(got_args), want_args, name)
+            self.assertIs(got_restype, ret[restype.strip()], name)
+            if want_args == 0:
+                continue
+            for i, (param, got) in enumerate(zip(params.split(","),
+                                                 got_args)):
+                where = "%s argument %d (%s)" % (name, i, param.strip())
+                if "*" in param:
+                    self.assertTrue(
+                        got in (ctypes.c_void_p, ctypes.c_char_p)
+                        or issubclass(got, ctypes._Pointer), where)
+                elif "int32_t" in param:
+                    self.assertIs(got, ctypes.c_int32, where)
+                elif "int64_t" in param:
+                    self.assertIs(got, ctypes.c_int64, where)
+                else:
+                    self.fail("unexpected parameter type: " + where)
+        self.assertEqual(names, set(K.SIGNATURES))
+
+    def test_struct_layouts(self):
+        # The same numbers capi_c_test checks with sizeof/offsetof in C.
+        self.assertEqual(ctypes.sizeof(K.FormatDesc), 32)
+        self.assertEqual(ctypes.sizeof(K.LayoutInfo), 22 * 8)
+        self.assertEqual(K.LayoutInfo.num_slots.offset, 21 * 8)
+        self.assertEqual(ctypes.sizeof(K.FusedParams), 64)
+        self.assertEqual(K.FusedParams.norm_weight.offset, 8)
+        self.assertEqual(K.FusedParams.eps.offset, 16)
+        self.assertEqual(K.FusedParams.positions.offset, 32)
+        self.assertEqual(K.FusedParams.max_position.offset, 48)
+        self.assertEqual(K.FusedParams.hadamard_len.offset, 60)
+
+
 class SmokeTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
