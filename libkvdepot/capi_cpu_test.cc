@@ -148,6 +148,7 @@ TEST_P(CapiCpuTest, StoreIsTheDaemonsStore) {
                               data.data(), data.size()),
                   0)
             << "token " << t;
+        if (scales.empty()) continue;  // BF16 records have no scales
         ASSERT_EQ(std::memcmp(layer + ref_.slot_scale_offset(slots[t]),
                               scales.data(), scales.size()),
                   0)
