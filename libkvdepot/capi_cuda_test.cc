@@ -78,14 +78,28 @@ struct Scratch {
   DeviceBuffer invalid;
 };
 
+// Fails (not skips) without a device: the GPU bundle must not pass on
+// nothing.
+void RequireDevice() {
+  int devices = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess) << "no CUDA device";
+  ASSERT_GT(devices, 0) << "no CUDA device";
+  ASSERT_EQ(kvdk_has_cuda(), 1);
+}
+
+class CudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_NO_FATAL_FAILURE(RequireDevice()); }
+};
+using CapiCudaIndexTest = CudaTest;
+using CapiCudaGraphTest = CudaTest;
+using CapiCudaLargeTest = CudaTest;
+
 class CapiCudaTest
     : public ::testing::TestWithParam<std::tuple<std::string, int64_t>> {
  protected:
   void SetUp() override {
-    int devices = 0;
-    ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
-    ASSERT_GT(devices, 0) << "no CUDA device";
-    ASSERT_EQ(kvdk_has_cuda(), 1);
+    ASSERT_NO_FATAL_FAILURE(RequireDevice());
     const auto& [name, bs] = GetParam();
     block_size_ = bs;
     num_blocks_ = 160 / bs + 3;
@@ -266,7 +280,7 @@ INSTANTIATE_TEST_SUITE_P(
                                   std::get<1>(info.param));
     });
 
-TEST(CapiCudaIndexTest, ConvertTopkEqualsCpu) {
+TEST_F(CapiCudaIndexTest, ConvertTopkEqualsCpu) {
   std::mt19937 rng(404);
   for (int64_t bs : {int64_t{1}, int64_t{7}, int64_t{133}}) {
     LayoutPtr pool = MakeLayout("FP4_INDEX", bs, 40, 1);
@@ -302,7 +316,7 @@ TEST(CapiCudaIndexTest, ConvertTopkEqualsCpu) {
   }
 }
 
-TEST(CapiCudaIndexTest, SwaDecodeIndexEqualsCpu) {
+TEST_F(CapiCudaIndexTest, SwaDecodeIndexEqualsCpu) {
   std::mt19937 rng(405);
   LayoutPtr ring = MakeLayout("V41", 133, 9, 1);
   ASSERT_NE(ring, nullptr);
@@ -340,7 +354,7 @@ TEST(CapiCudaIndexTest, SwaDecodeIndexEqualsCpu) {
   EXPECT_EQ(sc.invalid.Counter(), 3u);
 }
 
-TEST(CapiCudaIndexTest, PrefillIndicesEqualCpu) {
+TEST_F(CapiCudaIndexTest, PrefillIndicesEqualCpu) {
   std::mt19937 rng(406);
   const int64_t rows = 79;
   const int32_t width = 133, num_kv_rows = 5000;
@@ -411,7 +425,7 @@ TEST(CapiCudaIndexTest, PrefillIndicesEqualCpu) {
 
 // The calls enqueue only: captured into a CUDA graph on a caller's stream
 // and replayed, they write what direct calls write.
-TEST(CapiCudaGraphTest, CapturedStoreAndLoadReplay) {
+TEST_F(CapiCudaGraphTest, CapturedStoreAndLoadReplay) {
   LayoutPtr l = MakeLayout("DS_MLA_FP8", 64, 8, 1);
   ASSERT_NE(l, nullptr);
   const kvdk_layout_info info = capi_test::Info(l.get());
@@ -465,7 +479,7 @@ TEST(CapiCudaGraphTest, CapturedStoreAndLoadReplay) {
 
 // A pool past 4 GiB: the last slot of layer 1 (beyond 4 GiB from the base)
 // holds the record a CPU store writes for the same token.
-TEST(CapiCudaLargeTest, PoolPast4GiB) {
+TEST_F(CapiCudaLargeTest, PoolPast4GiB) {
   const int64_t blocks = (int64_t{5} << 30) / (64 * 528) / 2 + 1;
   LayoutPtr l = MakeLayout("V41", 64, blocks, 2);
   ASSERT_NE(l, nullptr);
