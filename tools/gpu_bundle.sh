@@ -91,6 +91,10 @@ PIP_NO_CACHE_DIR=1 /usr/bin/python3 -m pip wheel --no-build-isolation \
   --no-deps --no-index -q -w gpu_pack "$wheel_src" >/dev/null
 rm -rf "$wheel_src"
 cp client/python/tests/gpu_torch_test.py gpu_pack/
+# Library mode from torch (run by hand: docs/LIBRARY_MODE.md):
+#   LD_LIBRARY_PATH=gpu_bundle/lib python3 gpu_pack/capi_torch_check.py \
+#     gpu_bundle/bin/libkvdepot_kernels.so
+cp libkvdepot/kvdepot_kernels.py libkvdepot/capi_torch_check.py gpu_pack/
 pack_kib=$(du -sk gpu_pack | cut -f1)
 echo "gpu_pack: ${pack_kib} KiB (carry gpu_pack)"
 if ((pack_kib > 64 * 1024)); then
