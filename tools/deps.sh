@@ -20,9 +20,11 @@ KVDEPOT_PACKAGES=(
 # Test-only: the Python client's tests (grpcio, protobuf), promtool
 # (prometheus) for the metrics test, openssl to make the TLS test's
 # certificates; pip, venv, setuptools and wheel to build and install the
-# Python client as a wheel (offline).
+# Python client as a wheel (offline); python3-torch (CPU, 1.13) for the
+# reference worker (examples/ref_worker).
 KVDEPOT_TEST_PACKAGES=(python3-grpcio python3-protobuf prometheus openssl
-  python3-pip python3-venv python3-setuptools python3-wheel)
+  python3-pip python3-venv python3-setuptools python3-wheel
+  python3-torch)
 
 # Test-only, for deploy/: its tests (deploy/BUILD.bazel) lint with yamllint and shellcheck, bundle
 # with patchelf, render with any `kubectl` on PATH (Debian's is in
