@@ -70,6 +70,15 @@ echo "gpu_bundle: $(ls "$bundle/bin" | wc -l) binaries, $(ls "$bundle/lib" | wc 
 mkdir -p gpu_pack
 tar czf gpu_pack/bundle.tgz gpu_bundle
 cp kernels/cuda/fused_torch_bench.py gpu_pack/
+# The reference worker (examples/ref_worker, docs/INTEGRATION.md) with the
+# Python client beside it (run.py imports both from its own folder):
+#   LD_LIBRARY_PATH=gpu_bundle/lib python3 gpu_pack/ref_worker/run.py \
+#     --device cuda --daemon gpu_bundle/bin/kvdepotd ...
+rm -rf gpu_pack/ref_worker
+mkdir -p gpu_pack/ref_worker
+cp examples/ref_worker/*.py gpu_pack/ref_worker/
+cp -r client/python/kvdepot gpu_pack/ref_worker/kvdepot
+find gpu_pack/ref_worker -name __pycache__ -prune -exec rm -rf {} +
 pack_kib=$(du -sk gpu_pack | cut -f1)
 echo "gpu_pack: ${pack_kib} KiB (carry gpu_pack)"
 if ((pack_kib > 64 * 1024)); then

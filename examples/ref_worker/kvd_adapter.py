@@ -53,7 +53,16 @@ class PoolView:
             st = self.layout.layer_stride
             self._layers = [whole[l * st:(l + 1) * st]
                             for l in range(self.layout.num_layers)]
-        elif kvt is not None:
+        elif kvt is None:
+            # CUDA without kvdepot.torch: the pool's VMM descriptor from the
+            # companion socket, mapped by libkvdepot_worker.so.
+            self._mapping = _VmmMapping(client, "map_pool", pb.CompanionRequest(
+                map_pool=pb.MapPoolRequest(name=name)))
+            st = self.layout.layer_stride
+            whole = self._mapping.tensor
+            self._layers = [whole[l * st:(l + 1) * st]
+                            for l in range(self.layout.num_layers)]
+        else:
             for l in range(self.layout.num_layers):
                 t = kvt.pool_layer_tensor(client, name, l)
                 # Assumed: a uint8 tensor of the layer's bytes, or a pair
@@ -62,10 +71,6 @@ class PoolView:
                 if isinstance(t, (tuple, list)):
                     t = t[0]
                 self._layers.append(t.view(torch.uint8).reshape(-1))
-        else:
-            raise RuntimeError(
-                "pool views on the CUDA backend need kvdepot.torch (issue 15 "
-                "item 2), which is not installed: use --device cpu")
 
     def layer(self, l: int) -> torch.Tensor:
         return self._layers[l]
@@ -81,19 +86,39 @@ class HostBuffer:
     """A daemon-allocated buffer (memfd on the CPU backend) seen as a uint8
     tensor without a copy; .slice() for requests."""
 
-    def __init__(self, client: kvdepot.Client, size: int):
+    def __init__(self, client: kvdepot.Client, size: int,
+                 device: torch.device = torch.device("cpu")):
+        self.client = client
+        self._vmm: Optional[_VmmMapping] = None
+        self.buf: Any = None
+        if device.type == "cuda" and kvt is None:
+            self._vmm = _VmmMapping(client, "allocate_buffer",
+                                    pb.CompanionRequest(
+                                        allocate_buffer=pb.AllocateBufferRequest(
+                                            size=size)))
+            self.id = self._vmm.reply.buffer.buffer_id
+            self.tensor = self._vmm.tensor[:size]
+            return
         self.buf = client.allocate_buffer(size)
+        self.id = self.buf.id
         if kvt is not None and hasattr(kvt, "buffer_tensor"):
             self.tensor = kvt.buffer_tensor(client, self.buf)
         else:
             self.tensor = torch.frombuffer(self.buf.view, dtype=torch.uint8)
 
     def slice(self, offset: int = 0, length: Optional[int] = None):
-        return self.buf.slice(offset, length)
+        if self.buf is not None:
+            return self.buf.slice(offset, length)
+        n = self.tensor.numel() - offset if length is None else length
+        return kvdepot.Slice(self.id, offset, n)
 
     def release(self) -> None:
         del self.tensor
-        self.buf.release()
+        if self.buf is not None:
+            self.buf.release()
+        elif self._vmm is not None:
+            self._vmm.close()
+            self.client.release_buffer(self.id)
 
 
 def tensor_bytes(x: torch.Tensor) -> bytes:
@@ -159,6 +184,88 @@ def fused_store(client: kvdepot.Client, pool: str, layer: int,
     # Client._call maps gRPC errors to KVCacheError / SessionLost like every
     # wrapped call; kvdepot.torch's store() replaces this at merge.
     return client._call("Store", req).tokens_written  # noqa: SLF001
+
+
+# ------------------------------------------------------------ CUDA fallback
+
+_WORKER_CANDIDATES = (
+    "gpu_bundle/bin/libkvdepot_worker.so",
+    "bazel-bin/worker/libkvdepot_worker.so",
+    "libkvdepot_worker.so",
+)
+_worker_lib: Optional[ctypes.CDLL] = None
+
+
+def worker_library() -> ctypes.CDLL:
+    """libkvdepot_worker.so ($KVDEPOT_WORKER_LIB first), for kvd_map_vmm_fd."""
+    global _worker_lib
+    if _worker_lib is not None:
+        return _worker_lib
+    paths = [os.environ["KVDEPOT_WORKER_LIB"]] if os.environ.get(
+        "KVDEPOT_WORKER_LIB") else list(_WORKER_CANDIDATES)
+    errors = []
+    for p in paths:
+        try:
+            lib = ctypes.CDLL(p)
+        except OSError as e:
+            errors.append(f"{p}: {e}")
+            continue
+        lib.kvd_map_vmm_fd.argtypes = [
+            ctypes.c_int, ctypes.c_int64, ctypes.c_int,
+            ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p)]
+        lib.kvd_map_vmm_fd.restype = ctypes.c_int
+        lib.kvd_unmap.argtypes = [ctypes.c_void_p]
+        lib.kvd_last_error.restype = ctypes.c_char_p
+        _worker_lib = lib
+        return lib
+    raise RuntimeError("CUDA pool views without kvdepot.torch need "
+                       "libkvdepot_worker.so (set KVDEPOT_WORKER_LIB); tried "
+                       + "; ".join(errors))
+
+
+class _CudaArray:
+    """__cuda_array_interface__ v3 over raw device bytes."""
+
+    def __init__(self, ptr: int, n: int):
+        self.__cuda_array_interface__ = {
+            "shape": (n,), "typestr": "|u1", "data": (ptr, False),
+            "version": 3, "strides": None}
+
+
+class _VmmMapping:
+    """A descriptor from the companion socket (CUDA VMM export) mapped on
+    its device by kvd_map_vmm_fd, as a uint8 CUDA tensor (no copy)."""
+
+    def __init__(self, client: kvdepot.Client, what: str,
+                 request: "pb.CompanionRequest"):
+        lib = worker_library()
+        # Client._companion_call returns (reply, fd): the private path the
+        # client's own map_pool/allocate_buffer take (they mmap memfds only).
+        self.reply, fd = client._companion_call(what, request)  # noqa: SLF001
+        try:
+            dev = self.reply.fd_device
+            if not dev.startswith("cuda:"):
+                raise RuntimeError(f"{what}: the daemon handed over a {dev} "
+                                   "descriptor; is it the CUDA backend?")
+            ordinal = int(dev.split(":")[1])
+            ptr, handle = ctypes.c_void_p(), ctypes.c_void_p()
+            rc = lib.kvd_map_vmm_fd(fd, self.reply.fd_size, ordinal,
+                                    ctypes.byref(ptr), ctypes.byref(handle))
+            if rc != 0:
+                raise RuntimeError(f"kvd_map_vmm_fd: {rc}: "
+                                   f"{lib.kvd_last_error().decode()}")
+        finally:
+            os.close(fd)
+        self._handle = handle
+        self.tensor = torch.as_tensor(_CudaArray(ptr.value, self.reply.fd_size),
+                                      device=f"cuda:{ordinal}")
+
+    def close(self) -> None:
+        if self._handle is not None:
+            torch.cuda.synchronize()
+            del self.tensor
+            worker_library().kvd_unmap(self._handle)
+            self._handle = None
 
 
 # ------------------------------------------------------------ library mode

@@ -242,10 +242,11 @@ def main() -> int:
             print(json.dumps({"skipped": "CUDA not available"}))
             return 0
         if not kvd_adapter.torch_api_available():
-            print(json.dumps({"skipped": "--device cuda reads the pools "
-                              "through kvdepot.torch (issue 15 item 2), "
-                              "which is not installed"}))
-            return 0
+            try:
+                kvd_adapter.worker_library()
+            except RuntimeError as e:
+                print(json.dumps({"skipped": str(e)}))
+                return 0
     device = torch.device(args.device)
     names = SCENARIOS if args.scenario == "all" else tuple(
         args.scenario.split(","))

@@ -115,7 +115,8 @@ class KVWorker:
         self.geo = {n: LayerGeometry.of(v.layout)
                     for n, v in self.views.items()}
         rows = self.cfg.window + self.chunk + self._max_rows() + 1
-        self.prefill_buf = HostBuffer(self.kv, rows * cfg.kv_dim * 2)
+        self.prefill_buf = HostBuffer(self.kv, rows * cfg.kv_dim * 2,
+                                      self.device)
 
     def _max_rows(self) -> int:
         return self.num_blocks * self.cfg.block_size
@@ -131,6 +132,10 @@ class KVWorker:
         tokens (its cache is gone)."""
         for v in self.views.values():
             v.close()
+        try:
+            self.prefill_buf.release()   # unmaps; the buffer died with the
+        except kvdepot.KVCacheError:     # session
+            pass
         self.kv.reconnect()
         self._open()
         for s in self.seqs.values():
@@ -154,6 +159,8 @@ class KVWorker:
                         [rng.randrange(256) for _ in range(64)],
                         dtype=torch.uint8, device=layer.device)
                     layer[b * n:(b + 1) * n] = junk.repeat(n // 64 + 1)[:n]
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()   # the daemon's kernels come next
 
     # ------------------------------------------------------------ sequences
 
