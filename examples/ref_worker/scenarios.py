@@ -124,6 +124,9 @@ class Harness:
                                         max(self.decode_s, 1e-9), 2),
                   "rpc_calls": self.worker.rpcs,
                   "rpc_s": round(self.worker.rpc_s, 3),
+                  "decode_s": round(self.decode_s, 3),
+                  "decode_rpc_calls": self.worker.decode_rpcs,
+                  "decode_rpc_s": round(self.worker.decode_rpc_s, 3),
                   "agreement_ok": self.agree.ok(
                       FORCED_TOP1_MIN, FORCED_MEAN_REL_MAX, FORCED_REL_MAX)
                   and self.agree_own.ok(OWN_TOP1_MIN, OWN_MEAN_REL_MAX)

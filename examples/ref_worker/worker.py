@@ -93,6 +93,8 @@ class KVWorker:
                    for lw in w.layers]
         self.rpc_s = 0.0
         self.rpcs = 0
+        self.decode_rpc_s = 0.0      # of which in decode steps
+        self.decode_rpcs = 0
         self._open()
 
     # ------------------------------------------------------------ pools
@@ -365,6 +367,7 @@ class KVWorker:
         cfg, w, dev = self.cfg, self.w, self.device
         seqs = [self.seqs[i] for i in seq_ids]
         B, W = len(seqs), cfg.window
+        rpc0, calls0 = self.rpc_s, self.rpcs
         for s in seqs:
             assert s.cached == len(s.tokens) - 1
             self._ensure_blocks(s, s.cached + 1)
@@ -446,6 +449,8 @@ class KVWorker:
             x = x + mlp(cfg, lw, x)
         for s in seqs:
             s.cached += 1
+        self.decode_rpc_s += self.rpc_s - rpc0
+        self.decode_rpcs += self.rpcs - calls0
         self.last_record = rec
         out = logits(cfg, w, x)
         return {s.seq_id: out[b] for b, s in enumerate(seqs)}
