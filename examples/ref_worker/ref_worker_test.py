@@ -11,7 +11,6 @@ import unittest
 
 import torch
 
-import kvdepot
 import kvd_adapter
 import scenarios
 from codec import LayerGeometry, dequant_main, gather_records
@@ -123,6 +122,9 @@ class ScenarioTest(unittest.TestCase):
         r = self.run_scenario("kill_worker", steps=32, layers=2)
         self.assertEqual(r["sessions_after_kill"],
                          r["sessions_before_kill"] - 1)
+        self.assertEqual(r["buffers_after_kill"],
+                         r["buffers_before_kill"] - 1)
+        self.assertEqual(len(r["victim_pools_after_kill"]), 3)
 
     def test_two_worker_processes(self):
         r = self.run_scenario("two_workers", steps=16, layers=2)

@@ -169,11 +169,14 @@ def run_one(name: str, args: argparse.Namespace, address: str,
                     break
                 time.sleep(0.2)
             time.sleep(2.0)  # let it get into decode
-            sessions_before = kv.stats().sessions
+            before = kv.stats()
             victim.kill()
             victim.wait()
             time.sleep(0.5)
-            sessions_after = kv.stats().sessions
+            after = kv.stats()
+            sessions_before, sessions_after = before.sessions, after.sessions
+            pools_left = sorted(p.name for p in kv.list_pools()
+                                if ".victim." in p.name)
             h = scenarios.make(kv, cfg, w, device,
                                prefix=args.prefix + "survivor.")
             scenarios.basic(h, max(args.steps // 2, 16), args.seed + 1)
@@ -181,9 +184,15 @@ def run_one(name: str, args: argparse.Namespace, address: str,
             h.worker.close()
         out.update({"victim_exit": victim.returncode,
                     "sessions_before_kill": sessions_before,
-                    "sessions_after_kill": sessions_after})
+                    "sessions_after_kill": sessions_after,
+                    "buffers_before_kill": before.buffers,
+                    "buffers_after_kill": after.buffers,
+                    "victim_pools_after_kill": pools_left})
+        # Its session and its buffer (the prefill buffer) are gone; its
+        # pools stay (they belong to the uid, not the session).
         out["passed"] = bool(out["agreement_ok"]) and (
-            sessions_after == sessions_before - 1)
+            sessions_after == sessions_before - 1) and (
+            after.buffers == before.buffers - 1)
         return out
     if name == "kill_daemon":
         if daemon is None:
@@ -242,6 +251,8 @@ def main() -> int:
     ap.add_argument("--summary", default="")
     args = ap.parse_args()
     torch.manual_seed(args.seed)
+    if args.device == "cuda" and torch.cuda.is_available():
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 as on the CPU
     if args.device == "cuda":
         if not torch.cuda.is_available():
             print(json.dumps({"skipped": "CUDA not available"}))

@@ -35,7 +35,8 @@ import torch
 import kvdepot
 from codec import (LayerGeometry, dequant_main, dequant_mxfp8_index,
                    gather_records)
-from kvd_adapter import FusedParams, HostBuffer, PoolView, fused_store
+from kvd_adapter import (FusedParams, HostBuffer, PoolView, bf16_bytes,
+                         fused_store)
 from model import (Config, Weights, attend, bf16, finish_key, index_scores,
                    logits, mlp, project, select_topk)
 
@@ -296,7 +297,7 @@ class KVWorker:
                 self.kv.prefill_load, self.swa, l, self.main, l,
                 seqlen_k=[c1], seqlen_q=[nq], swa_state_id=[s.state_id],
                 window=W, compress_ratio=R, block_table=[s.blocks],
-                chunk_kv=_bf16_of(chunk_keys), dtype="bf16",
+                chunk_kv=bf16_bytes(chunk_keys), dtype="bf16",
                 out=self.prefill_buf.slice(0, (W + nq + max(n, 1)) * D * 2))
             rows = self.prefill_buf.tensor[:res.total_rows * D * 2].view(
                 torch.bfloat16).view(res.total_rows, D).to(torch.float32)
@@ -344,7 +345,7 @@ class KVWorker:
 
     def _check_prefill_index(self, c0: int, c1: int, index: torch.Tensor,
                              topk: torch.Tensor, main_off: int) -> None:
-        W, K = self.cfg.window, self.cfg.topk
+        W = self.cfg.window
         hist0 = c0 - W          # position of history row 0
         got = index.tolist()
         tk = topk.tolist()
@@ -454,8 +455,3 @@ class KVWorker:
         self.last_record = rec
         out = logits(cfg, w, x)
         return {s.seq_id: out[b] for b, s in enumerate(seqs)}
-
-
-def _bf16_of(x: torch.Tensor) -> bytes:
-    from kvd_adapter import bf16_bytes
-    return bf16_bytes(x)
