@@ -153,6 +153,34 @@ class CheckerTest(unittest.TestCase):
             self.assertEqual(d.stop(), 0, d.log_text())
 
 
+class StepPathPlumbingTest(unittest.TestCase):
+    """stepworker.py (the GPU step-path decode) with the daemon's side
+    simulated by regular RPCs (stepsim.py): its io-buffer offsets, phase
+    order and read-back rows agree with the brute-force checks and the
+    oracles. The real step path runs only on the GPU host."""
+
+    def test_step_path_worker_with_simulated_daemon_side(self):
+        import stepsim
+        d = Daemon()
+        try:
+            with d.connect(client_name="stepsim") as kv:
+                cfg = Config(layers=2, ratios=(1,))
+                w = make_weights(cfg, CPU)
+                h = scenarios.make(kv, cfg, w, CPU,
+                                   worker_cls=stepsim.SimulatedStepWorker,
+                                   prefix="s.")
+                scenarios.basic(h, 22, 5)
+                r = h.report()
+                print(r, flush=True)
+                self.assertTrue(r["agreement_ok"], r)
+                self.assertGreaterEqual(r["compared_steps"], 64)
+                self.assertEqual(r["window_rows"], 66)
+                self.assertEqual(r["topk_slots"], 132)
+                h.worker.close()
+        finally:
+            self.assertEqual(d.stop(), 0, d.log_text())
+
+
 class LibraryModeTest(unittest.TestCase):
     def test_daemon_vs_library_mode(self):
         lib, why = kvd_adapter.kernels_library()

@@ -34,7 +34,7 @@ import scenarios  # noqa: E402
 from model import Config, make_weights  # noqa: E402
 
 SCENARIOS = ("basic", "churn", "kill_daemon", "kill_worker", "two_workers",
-             "library", "speed")
+             "library", "speed", "step")
 
 
 class OwnDaemon:
@@ -62,6 +62,12 @@ class OwnDaemon:
         self.proc = self._start()
 
     def stop(self) -> int:
+        # A daemon still starting may not handle SIGTERM yet: wait for its
+        # socket first (at most 20 s).
+        deadline = time.time() + 20
+        while (self.proc.poll() is None and not os.path.exists(self.socket)
+               and time.time() < deadline):
+            time.sleep(0.05)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
@@ -129,6 +135,30 @@ def run_one(name: str, args: argparse.Namespace, address: str,
             out["context_tokens"] = "77/130/261 prompts + 64 steps"
             lib, why = kvd_adapter.kernels_library()
             out["library_mode"] = "available" if lib else why
+        return out
+    if name == "step":
+        # Decode through the step path (CUDA backend only; eager, no graph):
+        # main caches of ratio 1 in every layer (see stepworker.py).
+        if device.type != "cuda":
+            return {**out, "passed": True, "skipped": "the CPU backend has "
+                    "no step path (RegisterWorker is FAILED_PRECONDITION)"}
+        import stepworker
+        cfg = Config(main_format=args.format, layers=args.layers,
+                     window=args.window, seed=args.seed, ratios=(1,))
+        w = make_weights(cfg, device)
+        out.update({"ratios": [1] * cfg.layers,
+                    "path": "step path, eager (not graph-captured)"})
+        with kvdepot.connect(address, client_name="refworker-step") as kv:
+            h = scenarios.make(kv, cfg, w, device,
+                               worker_cls=stepworker.StepPathWorker,
+                               prefix=args.prefix + "step.")
+            t = time.perf_counter()
+            scenarios.basic(h, args.steps, args.seed)
+            out["wall_s"] = round(time.perf_counter() - t, 2)
+            out.update(h.report())
+            out["doorbell"] = h.worker.status()
+            h.worker.close()
+        out["passed"] = bool(out["agreement_ok"])
         return out
     if name == "library":
         lib, why = kvd_adapter.kernels_library()

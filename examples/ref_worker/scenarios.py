@@ -139,8 +139,9 @@ def prompt(rng: random.Random, cfg: Config, n: int) -> List[int]:
 
 
 def make(client: kvdepot.Client, cfg: Config, w: Weights,
-         device: torch.device, **kw) -> Harness:
-    return Harness(KVWorker(client, cfg, w, device, **kw),
+         device: torch.device, worker_cls: type = KVWorker,
+         **kw) -> Harness:
+    return Harness(worker_cls(client, cfg, w, device, **kw),
                    Oracle(cfg, w, device), Oracle(cfg, w, device))
 
 
