@@ -21,12 +21,14 @@ class SimulatedStepWorker(StepPathWorker):
         self.req: Any = None
 
     # The stub's Step and Unregister.
-    def Step(self, req: Any, timeout: float = 0) -> None:  # noqa: N802
+    def Step(self, req: Any, timeout: float = 0,
+             metadata: Any = ()) -> None:  # noqa: N802
         if req.step_id != self.step_id:
             raise AssertionError(f"step id {req.step_id} != {self.step_id}")
         self.req = req
 
-    def Unregister(self, req: Any, timeout: float = 0) -> None:  # noqa: N802
+    def Unregister(self, req: Any, timeout: float = 0,
+                   metadata: Any = ()) -> None:  # noqa: N802
         pass
 
     def _stream(self) -> Any:

@@ -123,7 +123,7 @@ class StepPathWorker(KVWorker):
                 buffer_id=self.io.id, offset=self.swa_off, row_stride=W * 4)))
         try:
             self.registration = self.stub.RegisterWorker(
-                r, timeout=30).registration_id
+                r, timeout=30, metadata=self._md()).registration_id
             handle = ctypes.c_void_p()
             ordinal = self.device.index or 0
             rc = lib.kvd_worker_open(fd, reply.fd_size, ordinal, cfg.layers,
@@ -134,6 +134,11 @@ class StepPathWorker(KVWorker):
             self.handle = handle
         finally:
             os.close(fd)
+
+    def _md(self) -> tuple:
+        # The session rides in call metadata too, as the client's own calls
+        # send it (kvdepot-session-id).
+        return self.kv._metadata  # noqa: SLF001
 
     def _stream(self) -> ctypes.c_void_p:
         return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
@@ -159,7 +164,8 @@ class StepPathWorker(KVWorker):
         try:
             self.stub.Unregister(step_pb2.UnregisterRequest(
                 session_id=self.kv.session_id,
-                registration_id=self.registration), timeout=30)
+                registration_id=self.registration), timeout=30,
+                metadata=self._md())
         finally:
             self.lib.kvd_worker_close(self.handle)
             self.io.release()
@@ -189,7 +195,7 @@ class StepPathWorker(KVWorker):
             query_lens=_i32([1] * B),
             swa_state_ids=_i32([s.state_id for s in seqs]),
             block_tables=_i32(table), block_table_cols=self.num_blocks,
-            top_k=K), timeout=30)
+            top_k=K), timeout=30, metadata=self._md())
         stream = self._stream()
         self._call("kvd_step_begin", stream)
         self._call("kvd_wait", stream, 0)
