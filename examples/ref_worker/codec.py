@@ -29,6 +29,16 @@ def _e4m3_table() -> torch.Tensor:
 
 
 E4M3 = _e4m3_table()
+_E4M3_ON: dict = {}
+
+
+def e4m3_table(device: torch.device) -> torch.Tensor:
+    """The table on `device`, copied once (no host copy inside a CUDA graph
+    capture after the first use)."""
+    key = str(device)
+    if key not in _E4M3_ON:
+        _E4M3_ON[key] = E4M3.to(device)
+    return _E4M3_ON[key]
 
 
 def ue8m0_to_f32(byte: torch.Tensor) -> torch.Tensor:
@@ -114,7 +124,7 @@ def dequant_ds_mla(data: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
     """DS_MLA_FP8 records (data uint8[n, 512]; rest uint8[n, 16 + 128] =
     4 fp32 scales | 64 BF16) -> float32[n, 576] holding the BF16 values a
     load returns: q × s per tile of 128 rounded to BF16, then the tail."""
-    q = E4M3.to(data.device)[data.to(torch.int64)]              # [n, 512]
+    q = e4m3_table(data.device)[data.to(torch.int64)]              # [n, 512]
     s = _u8_to_f32(rest[:, :16])                                # [n, 4]
     x = bf16_rne(q.view(-1, 4, 128) * s[:, :, None]).view(-1, 512)
     tail = _u8_to_bf16_f32(rest[:, 16:16 + 128])                # [n, 64]
@@ -124,7 +134,7 @@ def dequant_ds_mla(data: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
 def dequant_v41(data: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
     """V41 records (data uint8[n, 512] e4m3; rest uint8[n, 16] UE8M0 per 32)
     -> float32[n, 512] of BF16 values (q × 2^(e−127), rounded to BF16)."""
-    q = E4M3.to(data.device)[data.to(torch.int64)]
+    q = e4m3_table(data.device)[data.to(torch.int64)]
     s = ue8m0_to_f32(rest[:, :16])
     return bf16_rne(q.view(-1, 16, 32) * s[:, :, None]).view(-1, 512)
 
@@ -133,7 +143,7 @@ def dequant_mxfp8_index(data: torch.Tensor, sf: torch.Tensor) -> torch.Tensor:
     """MXFP8_INDEX records (uint8[n, 128] e4m3, uint8[n, 4] UE8M0 per 32) ->
     float32[n, 128] (q × 2^(e−127); index formats load raw, so this is the
     indexer's own reading, kept in fp32)."""
-    q = E4M3.to(data.device)[data.to(torch.int64)]
+    q = e4m3_table(data.device)[data.to(torch.int64)]
     s = ue8m0_to_f32(sf)
     return (q.view(-1, 4, 32) * s[:, :, None]).view(-1, 128)
 

@@ -26,7 +26,7 @@ STEPS = 64        # decode steps per sequence (>= 64 compared steps)
 
 def args(**kw) -> types.SimpleNamespace:
     a = dict(device="cpu", format="DS_MLA_FP8", layers=4, window=128,
-             steps=STEPS, seed=1234, prefix="t.")
+             steps=STEPS, seed=1234, prefix="t.", step_mode="graph")
     a.update(kw)
     return types.SimpleNamespace(**a)
 
@@ -160,6 +160,11 @@ class StepPathPlumbingTest(unittest.TestCase):
     oracles. The real step path runs only on the GPU host."""
 
     def test_step_path_worker_with_simulated_daemon_side(self):
+        for mode in ("eager", "static"):   # static: what "graph" captures
+            with self.subTest(mode=mode):
+                self.run_mode(mode)
+
+    def run_mode(self, mode: str):
         import stepsim
         d = Daemon()
         try:
@@ -168,7 +173,7 @@ class StepPathPlumbingTest(unittest.TestCase):
                 w = make_weights(cfg, CPU)
                 h = scenarios.make(kv, cfg, w, CPU,
                                    worker_cls=stepsim.SimulatedStepWorker,
-                                   prefix="s.")
+                                   prefix="s.", mode=mode)
                 scenarios.basic(h, 22, 5)
                 r = h.report()
                 print(r, flush=True)

@@ -147,18 +147,22 @@ def run_one(name: str, args: argparse.Namespace, address: str,
                      window=args.window, seed=args.seed, ratios=(1,))
         w = make_weights(cfg, device)
         out.update({"ratios": [1] * cfg.layers,
-                    "path": "step path, eager (not graph-captured)"})
+                    "path": f"step path, {args.step_mode}",
+                    "graph_mode": args.step_mode == "graph"})
         with kvdepot.connect(address, client_name="refworker-step") as kv:
             h = scenarios.make(kv, cfg, w, device,
                                worker_cls=stepworker.StepPathWorker,
-                               prefix=args.prefix + "step.")
+                               prefix=args.prefix + "step.",
+                               mode=args.step_mode)
             t = time.perf_counter()
             scenarios.basic(h, args.steps, args.seed)
             out["wall_s"] = round(time.perf_counter() - t, 2)
             out.update(h.report())
             out["doorbell"] = h.worker.status()
+            out["graph_replays"] = h.worker.replays
             h.worker.close()
-        out["passed"] = bool(out["agreement_ok"])
+        out["passed"] = bool(out["agreement_ok"]) and (
+            args.step_mode != "graph" or out["graph_replays"] > 0)
         return out
     if name == "library":
         lib, why = kvd_adapter.kernels_library()
@@ -279,6 +283,10 @@ def main() -> int:
     ap.add_argument("--daemon_flags", default="")
     ap.add_argument("--prefix", default="rw.")
     ap.add_argument("--summary", default="")
+    ap.add_argument("--step_mode", default="graph",
+                    choices=("eager", "static", "graph"),
+                    help="scenario step: eager, static shapes, or static "
+                    "captured in a CUDA graph (default)")
     args = ap.parse_args()
     torch.manual_seed(args.seed)
     if args.device == "cuda" and torch.cuda.is_available():

@@ -14,7 +14,7 @@ WRITTEN WITHOUT A GPU: first run on the GPU host is its first test."""
 import ctypes
 import os
 import struct
-from typing import Dict, List
+from typing import Any, Dict, List
 
 import torch
 
@@ -23,6 +23,7 @@ from kvdepot.v1 import kvdepot_pb2 as pb
 from kvdepot.v1 import step_pb2, step_pb2_grpc
 
 import kvd_adapter
+from codec import dequant_mxfp8_index, gather_records
 from model import (Config, Weights, attend, finish_key, index_scores, logits,
                    mlp, project, select_topk)
 from worker import KVWorker
@@ -39,7 +40,17 @@ def _up(n: int, a: int = 256) -> int:
 class StepPathWorker(KVWorker):
     def __init__(self, client: kvdepot.Client, cfg: Config, w: Weights,
                  device: torch.device, *, max_tokens: int = 8,
-                 watchdog_ms: int = 10000, **kw):
+                 watchdog_ms: int = 10000, mode: str = "eager", **kw):
+        """mode: "eager" (per-sequence indexer, host reads between phases),
+        "static" (fixed shapes, no host reads inside a step: what a graph
+        needs), "graph" (static, captured in a CUDA graph at the second
+        step and replayed while the batch stays the same)."""
+        if mode not in ("eager", "static", "graph"):
+            raise ValueError(f"mode {mode}")
+        self.mode = mode
+        self.graph: Any = None
+        self.graph_batch: List[int] = []
+        self.replays = 0
         if any(cfg.ratio(l) != 1 for l in range(cfg.layers)):
             raise ValueError("the step path stores main caches per token: "
                              "use ratios=(1,)")
@@ -174,6 +185,8 @@ class StepPathWorker(KVWorker):
 
     @torch.no_grad()
     def decode(self, seq_ids: List[int]) -> Dict[int, torch.Tensor]:
+        if self.mode != "eager":
+            return self._decode_static(seq_ids)
         cfg, w, dev = self.cfg, self.w, self.device
         seqs = [self.seqs[i] for i in seq_ids]
         B, W, K, D = len(seqs), cfg.window, cfg.topk, cfg.kv_dim
@@ -265,3 +278,140 @@ class StepPathWorker(KVWorker):
         if l == 0:
             self.checks["window_rows"] += len(seqs)
         self.checks["topk_slots"] += len(seqs)
+
+    # ------------------------------------------------------------ static
+
+    def _send_step(self, seqs, P) -> None:
+        K = self.cfg.topk
+        table: List[int] = []
+        for s in seqs:
+            table += s.blocks + [-1] * (self.num_blocks - len(s.blocks))
+        self.step_id += 1
+        self.stub.Step(step_pb2.StepRequest(
+            session_id=self.kv.session_id,
+            registration_id=self.registration, step_id=self.step_id,
+            slot_mapping=_i32([self._slot(s, p) for s, p in zip(seqs, P)]),
+            num_tokens=len(seqs), num_seqs=len(seqs),
+            seq_lens=_i32([p + 1 for p in P]),
+            query_lens=_i32([1] * len(seqs)),
+            swa_state_ids=_i32([s.state_id for s in seqs]),
+            block_tables=_i32(table), block_table_cols=self.num_blocks,
+            top_k=K), timeout=30, metadata=self._md())
+
+    def _static_inputs(self, B: int) -> None:
+        dev, C = self.device, self.num_blocks
+        self.st_tokens = torch.zeros(B, dtype=torch.int64, device=dev)
+        self.st_pos = torch.zeros(B, dtype=torch.int64, device=dev)
+        self.st_table = torch.full((B, C), -1, dtype=torch.int64, device=dev)
+        self.st_topk = [torch.zeros(B, self.cfg.topk, dtype=torch.int64,
+                                    device=dev) for _ in range(self.cfg.layers)]
+        self.st_logits = torch.zeros(B, self.cfg.vocab, device=dev)
+        self.st_batch = B
+
+    def _static_body(self) -> None:
+        """One decode step with fixed shapes and no host reads: what a CUDA
+        graph captures. Reads st_tokens/st_pos/st_table, writes st_topk and
+        st_logits."""
+        cfg, w, dev = self.cfg, self.w, self.device
+        B, W, K, D = self.st_batch, cfg.window, cfg.topk, cfg.kv_dim
+        bs = cfg.block_size
+        stream = self._stream()
+        pos = self.st_pos
+        self._call("kvd_step_begin", stream)
+        self._call("kvd_wait", stream, 0)
+        win = self._io(self.swa_off, B * W * 4).view(torch.int32).view(
+            B, W).to(torch.int64)
+        rows = torch.arange(self.num_blocks * bs, device=dev)
+        blk = self.st_table[:, rows // bs]                       # [B, N]
+        islots = blk.clamp(min=0) * bs + rows % bs
+        x = w.embed[self.st_tokens]
+        for l, lw in enumerate(w.layers):
+            base = l * self.layer_bytes
+            pr = project(cfg, lw, x, pos, w.cos_sin)
+            keys_in = finish_key(cfg, lw, pr.kv_raw, pos, w.cos_sin)
+            self._io(base, B * D * 2).view(torch.bfloat16).copy_(
+                keys_in.reshape(-1).to(torch.bfloat16))
+            self._io(base + self.kv_bytes, B * cfg.index_dim * 2).view(
+                torch.bfloat16).copy_(pr.ik_raw.reshape(-1).to(
+                    torch.bfloat16))
+            self._call("kvd_mark", stream, 1 + 2 * l)
+            self._call("kvd_wait", stream, 1 + 2 * l)
+            d, sf = gather_records(self.views[self.idx].layer(l),
+                                   self.geo[self.idx], islots.reshape(-1))
+            ik = dequant_mxfp8_index(d, sf).view(B, -1, cfg.index_dim)
+            dots = (pr.iq @ ik.transpose(1, 2)).clamp(min=0)  # [B, h, N]
+            sc = (dots * pr.iw[:, :, None]).sum(dim=1)
+            topk, _ = select_topk(sc, pos + 1, K)
+            self.st_topk[l].copy_(topk)
+            tk_off = base + self.kv_bytes + self.ik_bytes
+            self._io(tk_off, B * K * 4).view(torch.int32).copy_(
+                topk.reshape(-1).to(torch.int32))
+            self._call("kvd_mark", stream, 2 + 2 * l)
+            self._call("kvd_wait", stream, 2 + 2 * l)
+            slots = self._io(tk_off + self.tk_bytes, B * K * 4).view(
+                torch.int32).view(B, K).to(torch.int64)
+            wk = self._read_main(self.swa, l, win)
+            mk = self._read_main(self.main, l, slots)
+            keys = torch.cat([wk, mk], dim=1)
+            valid = torch.cat([win >= 0, slots >= 0], dim=1)
+            x = x + attend(cfg, pr.q, keys, valid) @ lw.w_o
+            x = x + mlp(cfg, lw, x)
+        self.st_logits.copy_(logits(cfg, w, x))
+
+    def _decode_static(self, seq_ids: List[int]) -> Dict[int, torch.Tensor]:
+        seqs = [self.seqs[i] for i in seq_ids]
+        B = len(seqs)
+        assert B <= self.max_tokens
+        for s in seqs:
+            assert s.cached == len(s.tokens) - 1
+            self._ensure_blocks(s, s.cached + 1)
+        P = [s.cached for s in seqs]
+        if self.graph_batch != seq_ids:
+            self.graph, self.graph_batch = None, list(seq_ids)
+            self._static_inputs(B)
+            fresh = True
+        else:
+            fresh = False
+        self.st_tokens.copy_(torch.tensor([s.tokens[-1] for s in seqs]))
+        self.st_pos.copy_(torch.tensor(P))
+        tab = torch.full((B, self.num_blocks), -1, dtype=torch.int64)
+        for b, s in enumerate(seqs):
+            tab[b, :len(s.blocks)] = torch.tensor(s.blocks)
+        self.st_table.copy_(tab)
+        self._send_step(seqs, P)
+        if self.mode == "graph" and not fresh and self.graph is None:
+            # Captured at the second step of a batch (the first ran eagerly:
+            # the warm-up); capturing runs nothing, the replay below does.
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                self._static_body()
+            self.graph = g
+        if self.graph is not None:
+            self.graph.replay()
+            self.replays += 1
+        else:
+            self._static_body()
+        # After the step: the checks and the records, on the host.
+        W = self.cfg.window
+        win = self._io(self.swa_off, B * W * 4).view(torch.int32).view(
+            B, W).to(torch.int64)
+        for l in range(self.cfg.layers):
+            tk_off = (l * self.layer_bytes + self.kv_bytes + self.ik_bytes)
+            slots = self._io(tk_off + self.tk_bytes,
+                             B * self.cfg.topk * 4).view(torch.int32).view(
+                                 B, self.cfg.topk).to(torch.int64)
+            topk = self.st_topk[l]
+            for b, s in enumerate(seqs):
+                if l == 0:
+                    s.step_topk = []
+                s.step_topk.append(topk[b].clone())
+            if self.check:
+                self._check_rows(seqs, P, win, slots, topk, l)
+        for s in seqs:
+            s.cached += 1
+        st = self.status()
+        if st["status_bits"] or st["out_of_range"]:
+            self._fail(f"step {self.step_id}: doorbell status {st}")
+        return {s.seq_id: self.st_logits[b].clone()
+                for b, s in enumerate(seqs)}
