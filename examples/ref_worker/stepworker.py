@@ -384,7 +384,9 @@ class StepPathWorker(KVWorker):
             # the warm-up); capturing runs nothing, the replay below does.
             torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
+            # thread_local: libkvdepot_worker.so's watchdog thread keeps
+            # reading the doorbell on its own stream meanwhile.
+            with torch.cuda.graph(g, capture_error_mode="thread_local"):
                 self._static_body()
             self.graph = g
         if self.graph is not None:
