@@ -160,6 +160,8 @@ def run_one(name: str, args: argparse.Namespace, address: str,
             out.update(h.report())
             out["doorbell"] = h.worker.status()
             out["graph_replays"] = h.worker.replays
+            out["ms_per_layer_step"] = round(1000 * float(out["decode_s"]) / max(
+                int(out["decode_steps"]) * cfg.layers, 1), 3)
             h.worker.close()
         out["passed"] = bool(out["agreement_ok"]) and (
             args.step_mode != "graph" or out["graph_replays"] > 0)

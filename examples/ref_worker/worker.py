@@ -310,7 +310,8 @@ class KVWorker:
                 idx, _ = select_topk(index_scores(pr.iq, pr.iw, ik), vis,
                                      cfg.topk)
             else:
-                idx = torch.full((nq, cfg.topk), -1, dtype=torch.int64)
+                idx = torch.full((nq, cfg.topk), -1, dtype=torch.int64,
+                                 device=dev)
             s.prefill_topk[l].append(idx)
             pi = self._timed(self.kv.prefill_index, [c1], [nq], window=W,
                              compress_ratio=R, compressed_index=[
