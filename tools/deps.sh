@@ -21,7 +21,8 @@ KVDEPOT_PACKAGES=(
 # (prometheus) for the metrics test, openssl to make the TLS test's
 # certificates; pip, venv, setuptools and wheel to build and install the
 # Python client as a wheel (offline); python3-torch (1.13, CPU only) for the
-# CPU tests of kvdepot.torch (//client/python:torch_test).
+# CPU tests of kvdepot.torch (//client/python:torch_test) and the
+# reference worker (examples/ref_worker).
 KVDEPOT_TEST_PACKAGES=(python3-grpcio python3-protobuf prometheus openssl
   python3-pip python3-venv python3-setuptools python3-wheel python3-torch)
 

@@ -95,6 +95,15 @@ cp client/python/tests/gpu_torch_test.py gpu_pack/
 #   LD_LIBRARY_PATH=gpu_bundle/lib python3 gpu_pack/capi_torch_check.py \
 #     gpu_bundle/bin/libkvdepot_kernels.so
 cp libkvdepot/kvdepot_kernels.py libkvdepot/capi_torch_check.py gpu_pack/
+# The reference worker (examples/ref_worker, docs/INTEGRATION.md) with the
+# Python client beside it (run.py imports both from its own folder):
+#   LD_LIBRARY_PATH=gpu_bundle/lib python3 gpu_pack/ref_worker/run.py \
+#     --device cuda --daemon gpu_bundle/bin/kvdepotd ...
+rm -rf gpu_pack/ref_worker
+mkdir -p gpu_pack/ref_worker
+cp examples/ref_worker/*.py gpu_pack/ref_worker/
+cp -r client/python/kvdepot gpu_pack/ref_worker/kvdepot
+find gpu_pack/ref_worker -name __pycache__ -prune -exec rm -rf {} +
 pack_kib=$(du -sk gpu_pack | cut -f1)
 echo "gpu_pack: ${pack_kib} KiB (carry gpu_pack)"
 if ((pack_kib > 64 * 1024)); then

@@ -1,0 +1,333 @@
+#!/usr/bin/env python3
+"""The reference worker's driver (docs/INTEGRATION.md, "The reference
+worker"). Starts its own kvdepotd (--daemon, or $KVDEPOT_BIN, or
+bazel-bin/server/kvdepotd) unless --address names a running one, runs the
+scenarios asked for, prints one JSON summary line per scenario and writes
+them all to --summary. Exit 0 when every scenario passed, 1 when one failed,
+0 with "skipped" when the device asked for is not there.
+
+    python3 examples/ref_worker/run.py --device cpu --scenario all
+    python3 examples/ref_worker/run.py --device cuda --scenario basic
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+if os.path.isdir(os.path.join(ROOT, "client", "python", "kvdepot")):
+    sys.path.insert(1, os.path.join(ROOT, "client", "python"))
+
+import torch  # noqa: E402
+
+import kvdepot  # noqa: E402
+import kvd_adapter  # noqa: E402
+import scenarios  # noqa: E402
+from model import Config, make_weights  # noqa: E402
+
+SCENARIOS = ("basic", "churn", "kill_daemon", "kill_worker", "two_workers",
+             "library", "speed", "step")
+
+
+class OwnDaemon:
+    """A kvdepotd child on a private socket."""
+
+    def __init__(self, binary: str, extra: List[str]):
+        self.dir = tempfile.mkdtemp(prefix="refworker")
+        os.chmod(self.dir, 0o700)
+        self.socket = os.path.join(self.dir, "kv.sock")
+        self.binary, self.extra = binary, extra
+        self.log_path = os.path.join(self.dir, "kvdepotd.log")
+        self.proc = self._start()
+
+    def _start(self) -> subprocess.Popen:
+        log = open(self.log_path, "ab")
+        return subprocess.Popen([self.binary, f"--listen={self.socket}",
+                                 *self.extra], stdout=log,
+                                stderr=subprocess.STDOUT)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+    def restart(self) -> None:
+        self.proc = self._start()
+
+    def stop(self) -> int:
+        # A daemon still starting may not handle SIGTERM yet: wait for its
+        # socket first (at most 20 s).
+        deadline = time.time() + 20
+        while (self.proc.poll() is None and not os.path.exists(self.socket)
+               and time.time() < deadline):
+            time.sleep(0.05)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return -9
+
+
+def find_daemon(flag: Optional[str]) -> str:
+    for p in (flag, os.environ.get("KVDEPOT_BIN"),
+              os.path.join(ROOT, "bazel-bin", "server", "kvdepotd"),
+              os.path.join(ROOT, "kvdepotd")):
+        if p and os.access(p, os.X_OK):
+            return p
+    raise SystemExit("no kvdepotd: pass --daemon PATH or set KVDEPOT_BIN")
+
+
+def config(args: argparse.Namespace) -> Config:
+    return Config(main_format=args.format, layers=args.layers,
+                  window=args.window, seed=args.seed)
+
+
+def child_cmd(args: argparse.Namespace, address: str, scenario: str,
+              prefix: str) -> List[str]:
+    return [sys.executable, os.path.abspath(__file__), "--address", address,
+            "--device", args.device, "--format", args.format, "--layers",
+            str(args.layers), "--steps", str(args.steps), "--scenario",
+            scenario, "--prefix", prefix, "--seed", str(args.seed)]
+
+
+def run_one(name: str, args: argparse.Namespace, address: str,
+            daemon: Optional[OwnDaemon],
+            device: torch.device) -> Dict[str, object]:
+    cfg = config(args)
+    w = make_weights(cfg, device)
+    out: Dict[str, object] = {"scenario": name, "device": str(device),
+                              "format": cfg.main_format,
+                              "layers": cfg.layers, "window": cfg.window,
+                              "ratios": list(cfg.ratios[:cfg.layers]),
+                              "topk": cfg.topk, "graph_mode": False,
+                              "path": "per-layer RPCs (regular)"}
+    if name in ("basic", "churn", "speed"):
+        with kvdepot.connect(address, client_name=f"refworker-{name}") as kv:
+            h = scenarios.make(kv, cfg, w, device, prefix=args.prefix + name
+                               + ".", check=name != "speed")
+            t = time.perf_counter()
+            if name == "churn":
+                scenarios.churn(h, args.steps, args.seed)
+            else:
+                scenarios.basic(h, args.steps, args.seed)
+            out["wall_s"] = round(time.perf_counter() - t, 2)
+            out.update(h.report())
+            out["batch"] = 3
+            h.worker.close()
+        out["passed"] = bool(out["agreement_ok"])
+        if name == "speed":
+            # Per layer and decode step: the time inside kvdepot calls (the
+            # daemon path's cost over computing in-process), and the whole.
+            ls = max(int(out["decode_steps"]) * cfg.layers, 1)
+            out["rpc_ms_per_layer_step"] = round(
+                1000 * float(out["decode_rpc_s"]) / ls, 3)
+            out["ms_per_layer_step"] = round(
+                1000 * float(out["decode_s"]) / ls, 3)
+            out["context_tokens"] = "77/130/261 prompts + 64 steps"
+            lib, why = kvd_adapter.kernels_library()
+            out["library_mode"] = "available" if lib else why
+        return out
+    if name == "step":
+        # Decode through the step path (CUDA backend only; eager, no graph):
+        # main caches of ratio 1 in every layer (see stepworker.py).
+        if device.type != "cuda":
+            return {**out, "passed": True, "skipped": "the CPU backend has "
+                    "no step path (RegisterWorker is FAILED_PRECONDITION)"}
+        import stepworker
+        cfg = Config(main_format=args.format, layers=args.layers,
+                     window=args.window, seed=args.seed, ratios=(1,))
+        w = make_weights(cfg, device)
+        out.update({"ratios": [1] * cfg.layers,
+                    "path": f"step path, {args.step_mode}",
+                    "graph_mode": args.step_mode == "graph"})
+        with kvdepot.connect(address, client_name="refworker-step") as kv:
+            h = scenarios.make(kv, cfg, w, device,
+                               worker_cls=stepworker.StepPathWorker,
+                               prefix=args.prefix + "step.",
+                               mode=args.step_mode)
+            t = time.perf_counter()
+            scenarios.basic(h, args.steps, args.seed)
+            out["wall_s"] = round(time.perf_counter() - t, 2)
+            out.update(h.report())
+            out["doorbell"] = h.worker.status()
+            out["graph_replays"] = h.worker.replays
+            out["ms_per_layer_step"] = round(1000 * float(out["decode_s"]) / max(
+                int(out["decode_steps"]) * cfg.layers, 1), 3)
+            h.worker.close()
+        out["passed"] = bool(out["agreement_ok"]) and (
+            args.step_mode != "graph" or out["graph_replays"] > 0)
+        return out
+    if name == "library":
+        lib, why = kvd_adapter.kernels_library()
+        out.update({"passed": True, "skipped": why} if lib is None else {
+            "passed": False, "skipped": "libkvdepot_kernels.so found but "
+            "its backend is not written yet (its header was not available)"})
+        return out
+    if name == "two_workers":
+        procs = [subprocess.Popen(child_cmd(args, address, "basic",
+                                            f"{args.prefix}w{i}."),
+                                  stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT)
+                 for i in range(2)]
+        results = []
+        for p in procs:
+            text = p.communicate(timeout=540)[0].decode(errors="replace")
+            line = [ln for ln in text.splitlines() if ln.startswith("{")]
+            results.append(json.loads(line[-1]) if line else {
+                "passed": False, "output": text[-2000:]})
+            results[-1]["exit"] = p.returncode
+        out["workers"] = results
+        out["passed"] = all(r.get("passed") and r["exit"] == 0
+                            for r in results)
+        return out
+    if name == "kill_worker":
+        # A worker killed mid-decode: its session ends (companion socket
+        # closes), its buffers are released; the daemon and a second
+        # client's worker are unaffected.
+        victim = subprocess.Popen(child_cmd(args, address, "basic",
+                                            f"{args.prefix}victim."),
+                                  stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        with kvdepot.connect(address, client_name="refworker-survivor") as kv:
+            deadline = time.time() + 120
+            while time.time() < deadline:
+                pools = [p.name for p in kv.list_pools()]
+                if f"{args.prefix}victim.basic.idx" in pools:
+                    break
+                time.sleep(0.2)
+            time.sleep(2.0)  # let it get into decode
+            before = kv.stats()
+            victim.kill()
+            victim.wait()
+            time.sleep(0.5)
+            after = kv.stats()
+            sessions_before, sessions_after = before.sessions, after.sessions
+            pools_left = sorted(p.name for p in kv.list_pools()
+                                if ".victim." in p.name)
+            h = scenarios.make(kv, cfg, w, device,
+                               prefix=args.prefix + "survivor.")
+            scenarios.basic(h, max(args.steps // 2, 16), args.seed + 1)
+            out.update(h.report())
+            h.worker.close()
+        out.update({"victim_exit": victim.returncode,
+                    "sessions_before_kill": sessions_before,
+                    "sessions_after_kill": sessions_after,
+                    "buffers_before_kill": before.buffers,
+                    "buffers_after_kill": after.buffers,
+                    "victim_pools_after_kill": pools_left})
+        # Its session and its buffer (the prefill buffer) are gone; its
+        # pools stay (they belong to the uid, not the session).
+        out["passed"] = bool(out["agreement_ok"]) and (
+            sessions_after == sessions_before - 1) and (
+            after.buffers == before.buffers - 1)
+        return out
+    if name == "kill_daemon":
+        if daemon is None:
+            return {**out, "passed": True,
+                    "skipped": "needs a daemon of its own (no --address)"}
+        with kvdepot.connect(address, client_name="refworker-kd",
+                             connect_timeout=30.0) as kv:
+            h = scenarios.make(kv, cfg, w, device,
+                               prefix=args.prefix + "kd.")
+            rng_seed = args.seed + 2
+            import random
+            rng = random.Random(rng_seed)
+            for i, n in enumerate((90, 140)):
+                h.start(i, scenarios.prompt(rng, cfg, n), args.steps)
+            for _ in range(args.steps // 2):
+                h.step()
+            daemon.kill()
+            err = ""
+            try:
+                h.step()
+            except kvdepot.SessionLost as e:
+                err = f"{type(e).__name__}: {e}"
+            except kvdepot.KVCacheError as e:
+                err = f"{type(e).__name__}: {e}"
+            daemon.restart()
+            h.worker.recover()   # reconnect, pools again, re-prefill
+            while h.worker.seqs:
+                h.step()
+            out.update(h.report())
+            out["error_after_kill"] = err
+            h.worker.close()
+        out["passed"] = bool(out["agreement_ok"]) and err.startswith(
+            "SessionLost")
+        return out
+    raise SystemExit(f"unknown scenario {name}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--scenario", default="basic",
+                    help="one of %s, a comma list, or all" % ",".join(
+                        SCENARIOS))
+    ap.add_argument("--format", default="DS_MLA_FP8",
+                    choices=("DS_MLA_FP8", "V41", "BF16(576)"),
+                    help="BF16(576): unquantized pools, a control run")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--window", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--address", default="")
+    ap.add_argument("--daemon", default=None)
+    ap.add_argument("--daemon_flags", default="")
+    ap.add_argument("--prefix", default="rw.")
+    ap.add_argument("--summary", default="")
+    ap.add_argument("--step_mode", default="graph",
+                    choices=("eager", "static", "graph"),
+                    help="scenario step: eager, static shapes, or static "
+                    "captured in a CUDA graph (default)")
+    args = ap.parse_args()
+    torch.manual_seed(args.seed)
+    if args.device == "cuda" and torch.cuda.is_available():
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 as on the CPU
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            print(json.dumps({"skipped": "CUDA not available"}))
+            return 0
+        if not kvd_adapter.torch_api_available():
+            try:
+                kvd_adapter.worker_library()
+            except RuntimeError as e:
+                print(json.dumps({"skipped": str(e)}))
+                return 0
+    device = torch.device(args.device)
+    names = SCENARIOS if args.scenario == "all" else tuple(
+        args.scenario.split(","))
+    daemon = None
+    address = args.address
+    if not address:
+        daemon = OwnDaemon(find_daemon(args.daemon),
+                           args.daemon_flags.split())
+        address = daemon.socket
+    results = []
+    try:
+        for n in names:
+            r = run_one(n, args, address, daemon, device)
+            print(json.dumps(r), flush=True)
+            results.append(r)
+    finally:
+        if daemon is not None:
+            rc = daemon.stop()
+            if rc != 0:
+                print(f"kvdepotd exited {rc}; log {daemon.log_path}")
+    if args.summary:
+        with open(args.summary, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0 if all(r.get("passed") for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,419 @@
+"""Decode through the step path (SPEC §10, docs/STEP_PATH.md) on the CUDA
+backend: one Step RPC per engine step, the worker's stream ordered against
+the daemon's by libkvdepot_worker.so's doorbell (ctypes). Eager only, not
+captured in a CUDA graph: this worker's indexer has data-dependent shapes.
+
+The step path stores the main cache from one slot_mapping shared by all
+layers and takes plain (not fused) stores, so this variant needs main caches
+of ratio 1 in every layer (Config(ratios=(1,))) and writes K/V already
+normalized and rotated (model.finish_key). Prefill stays on PrefillLoad /
+PrefillIndex (KVWorker).
+
+WRITTEN WITHOUT A GPU: first run on the GPU host is its first test."""
+
+import ctypes
+import os
+import struct
+from typing import Any, Dict, List
+
+import torch
+
+import kvdepot
+from kvdepot.v1 import kvdepot_pb2 as pb
+from kvdepot.v1 import step_pb2, step_pb2_grpc
+
+import kvd_adapter
+from codec import dequant_mxfp8_index, gather_records
+from model import (Config, Weights, attend, finish_key, index_scores, logits,
+                   mlp, project, select_topk)
+from worker import KVWorker
+
+
+def _i32(v: List[int]) -> bytes:
+    return struct.pack(f"<{len(v)}i", *v)
+
+
+def _up(n: int, a: int = 256) -> int:
+    return (n + a - 1) // a * a
+
+
+class StepPathWorker(KVWorker):
+    def __init__(self, client: kvdepot.Client, cfg: Config, w: Weights,
+                 device: torch.device, *, max_tokens: int = 8,
+                 watchdog_ms: int = 10000, mode: str = "eager", **kw):
+        """mode: "eager" (per-sequence indexer, host reads between phases),
+        "static" (fixed shapes, no host reads inside a step: what a graph
+        needs), "graph" (static, captured in a CUDA graph at the second
+        step and replayed while the batch stays the same)."""
+        if mode not in ("eager", "static", "graph"):
+            raise ValueError(f"mode {mode}")
+        self.mode = mode
+        self.graph: Any = None
+        self.graph_batch: List[int] = []
+        self.replays = 0
+        if any(cfg.ratio(l) != 1 for l in range(cfg.layers)):
+            raise ValueError("the step path stores main caches per token: "
+                             "use ratios=(1,)")
+        self.max_tokens = max_tokens
+        self.watchdog_ms = watchdog_ms
+        self.step_id = 0
+        super().__init__(client, cfg, w, device, **kw)
+        self._alloc_io()
+        self._register()
+
+    def _alloc_io(self) -> None:
+        cfg, T, K, W = self.cfg, self.max_tokens, self.cfg.topk, self.cfg.window
+        # The io buffer: per layer [kv rows | index rows | top-k | index
+        # out], then the SWA decode index rows.
+        D = cfg.kv_dim
+        self.kv_bytes = _up(T * D * 2)
+        self.ik_bytes = _up(T * cfg.index_dim * 2)
+        self.tk_bytes = _up(T * K * 4)
+        self.layer_bytes = self.kv_bytes + self.ik_bytes + 2 * self.tk_bytes
+        size = cfg.layers * self.layer_bytes + _up(T * W * 4)
+        self.io = kvd_adapter.HostBuffer(self.kv, size, self.device)
+        self.swa_off = cfg.layers * self.layer_bytes
+
+    def _register(self) -> None:
+        cfg, T, K, W = self.cfg, self.max_tokens, self.cfg.topk, self.cfg.window
+        D = cfg.kv_dim
+        lib = kvd_adapter.worker_library()
+        for name, args, res in (
+                ("kvd_worker_open", [ctypes.c_int, ctypes.c_int64,
+                                     ctypes.c_int, ctypes.c_int,
+                                     ctypes.c_int64,
+                                     ctypes.POINTER(ctypes.c_void_p)],
+                 ctypes.c_int),
+                ("kvd_worker_close", [ctypes.c_void_p], None),
+                ("kvd_step_begin", [ctypes.c_void_p, ctypes.c_void_p],
+                 ctypes.c_int),
+                ("kvd_mark", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int],
+                 ctypes.c_int),
+                ("kvd_wait", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int],
+                 ctypes.c_int),
+                ("kvd_status", [ctypes.c_void_p] + [ctypes.POINTER(
+                    ctypes.c_uint64)] * 4, ctypes.c_int)):
+            f = getattr(lib, name)
+            f.argtypes, f.restype = args, res
+        self.lib = lib
+        # The doorbell: its descriptor goes to kvd_worker_open.
+        reply, fd = self.kv._companion_call(  # noqa: SLF001
+            "allocate_buffer", pb.CompanionRequest(
+                allocate_buffer=pb.AllocateBufferRequest(
+                    size=_up(64 * (2 + 2 * cfg.layers), 4096))))
+        self.doorbell_id = reply.buffer.buffer_id
+        self.stub = step_pb2_grpc.StepStub(self.kv._channel)  # noqa: SLF001
+        r = step_pb2.RegisterWorkerRequest(
+            session_id=self.kv.session_id,
+            doorbell_buffer_id=self.doorbell_id, max_tokens=T,
+            max_seqs=T, max_top_k=K,
+            max_blocks_per_seq=self.num_blocks, name=self.prefix + "step")
+        for l in range(cfg.layers):
+            base = l * self.layer_bytes
+            ly = r.layers.add()
+            kv_ref = step_pb2.StepBufferRef(buffer_id=self.io.id,
+                                            offset=base, row_stride=D * 2)
+            ly.main.CopyFrom(step_pb2.StepCache(pool=self.main, layer=l,
+                                                input=kv_ref))
+            ly.swa.CopyFrom(step_pb2.StepCache(pool=self.swa, layer=l,
+                                               input=kv_ref))
+            ly.index.CopyFrom(step_pb2.StepCache(
+                pool=self.idx, layer=l, input=step_pb2.StepBufferRef(
+                    buffer_id=self.io.id, offset=base + self.kv_bytes,
+                    row_stride=cfg.index_dim * 2)))
+            ly.ratio = 1
+            ly.window = W
+            ly.topk.CopyFrom(step_pb2.StepBufferRef(
+                buffer_id=self.io.id,
+                offset=base + self.kv_bytes + self.ik_bytes, row_stride=K * 4))
+            ly.index_out.CopyFrom(step_pb2.StepBufferRef(
+                buffer_id=self.io.id, offset=base + self.kv_bytes +
+                self.ik_bytes + self.tk_bytes, row_stride=K * 4))
+        r.swa_index.CopyFrom(step_pb2.StepSwaIndex(
+            pool=self.swa, window=W, out=step_pb2.StepBufferRef(
+                buffer_id=self.io.id, offset=self.swa_off, row_stride=W * 4)))
+        try:
+            self.registration = self.stub.RegisterWorker(
+                r, timeout=30, metadata=self._md()).registration_id
+            handle = ctypes.c_void_p()
+            ordinal = self.device.index or 0
+            rc = lib.kvd_worker_open(fd, reply.fd_size, ordinal, cfg.layers,
+                                     self.watchdog_ms, ctypes.byref(handle))
+            if rc != 0:
+                raise RuntimeError(f"kvd_worker_open: {rc}: "
+                                   f"{lib.kvd_last_error().decode()}")
+            self.handle = handle
+        finally:
+            os.close(fd)
+
+    def _md(self) -> tuple:
+        # The session rides in call metadata too, as the client's own calls
+        # send it (kvdepot-session-id).
+        return self.kv._metadata  # noqa: SLF001
+
+    def _stream(self) -> ctypes.c_void_p:
+        return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+    def _io(self, offset: int, nbytes: int) -> torch.Tensor:
+        return self.io.tensor[offset:offset + nbytes]
+
+    def _call(self, name: str, *a) -> None:
+        rc = getattr(self.lib, name)(self.handle, *a)
+        if rc != 0:
+            raise RuntimeError(f"{name}: {rc}: "
+                               f"{self.lib.kvd_last_error().decode()}")
+
+    def status(self) -> Dict[str, int]:
+        v = [ctypes.c_uint64() for _ in range(4)]
+        self._call("kvd_status", *[ctypes.byref(x) for x in v])
+        return dict(zip(("status_bits", "out_of_range", "step_counter",
+                         "daemon_done"), (x.value for x in v)))
+
+    def close(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        try:
+            self.stub.Unregister(step_pb2.UnregisterRequest(
+                session_id=self.kv.session_id,
+                registration_id=self.registration), timeout=30,
+                metadata=self._md())
+        finally:
+            self.lib.kvd_worker_close(self.handle)
+            self.io.release()
+            self.kv.release_buffer(self.doorbell_id)
+            super().close()
+
+    @torch.no_grad()
+    def decode(self, seq_ids: List[int]) -> Dict[int, torch.Tensor]:
+        if self.mode != "eager":
+            return self._decode_static(seq_ids)
+        cfg, w, dev = self.cfg, self.w, self.device
+        seqs = [self.seqs[i] for i in seq_ids]
+        B, W, K, D = len(seqs), cfg.window, cfg.topk, cfg.kv_dim
+        assert B <= self.max_tokens
+        for s in seqs:
+            assert s.cached == len(s.tokens) - 1
+            self._ensure_blocks(s, s.cached + 1)
+        P = [s.cached for s in seqs]
+        pos = torch.tensor(P, device=dev)
+        table: List[int] = []
+        for s in seqs:
+            table += s.blocks + [-1] * (self.num_blocks - len(s.blocks))
+        self.step_id += 1
+        self.stub.Step(step_pb2.StepRequest(
+            session_id=self.kv.session_id,
+            registration_id=self.registration, step_id=self.step_id,
+            slot_mapping=_i32([self._slot(s, p) for s, p in zip(seqs, P)]),
+            num_tokens=B, num_seqs=B, seq_lens=_i32([p + 1 for p in P]),
+            query_lens=_i32([1] * B),
+            swa_state_ids=_i32([s.state_id for s in seqs]),
+            block_tables=_i32(table), block_table_cols=self.num_blocks,
+            top_k=K), timeout=30, metadata=self._md())
+        stream = self._stream()
+        self._call("kvd_step_begin", stream)
+        self._call("kvd_wait", stream, 0)
+        win = self._io(self.swa_off, B * W * 4).view(torch.int32).view(
+            B, W).to(torch.int64)
+        x = w.embed[torch.tensor([s.tokens[-1] for s in seqs], device=dev)]
+        for l, lw in enumerate(w.layers):
+            base = l * self.layer_bytes
+            pr = project(cfg, lw, x, pos, w.cos_sin)
+            keys_in = finish_key(cfg, lw, pr.kv_raw, pos, w.cos_sin)
+            self._io(base, B * D * 2).view(torch.bfloat16).copy_(
+                keys_in.reshape(-1).to(torch.bfloat16))
+            self._io(base + self.kv_bytes, B * cfg.index_dim * 2).view(
+                torch.bfloat16).copy_(pr.ik_raw.reshape(-1).to(
+                    torch.bfloat16))
+            self._call("kvd_mark", stream, 1 + 2 * l)
+            self._call("kvd_wait", stream, 1 + 2 * l)
+            topk = torch.full((B, K), -1, dtype=torch.int64, device=dev)
+            for b, s in enumerate(seqs):
+                n = P[b] + 1
+                ik = self._index_keys(l, s, n)
+                t, _ = select_topk(index_scores(pr.iq[b:b + 1],
+                                                pr.iw[b:b + 1], ik),
+                                   torch.tensor([n], device=dev), K)
+                topk[b] = t[0]
+            for b, s in enumerate(seqs):
+                if l == 0:
+                    s.step_topk = []
+                s.step_topk.append(topk[b].clone())
+            tk_off = base + self.kv_bytes + self.ik_bytes
+            self._io(tk_off, B * K * 4).view(torch.int32).copy_(
+                topk.reshape(-1).to(torch.int32))
+            self._call("kvd_mark", stream, 2 + 2 * l)
+            self._call("kvd_wait", stream, 2 + 2 * l)
+            slots = self._io(tk_off + self.tk_bytes, B * K * 4).view(
+                torch.int32).view(B, K).to(torch.int64)
+            if self.check:
+                self._check_rows(seqs, P, win, slots, topk, l)
+            wk = self._read_main(self.swa, l, win)
+            mk = self._read_main(self.main, l, slots)
+            keys = torch.cat([wk, mk], dim=1)
+            valid = torch.cat([win >= 0, slots >= 0], dim=1)
+            x = x + attend(cfg, pr.q, keys, valid) @ lw.w_o
+            x = x + mlp(cfg, lw, x)
+        for s in seqs:
+            s.cached += 1
+        st = self.status()
+        if st["status_bits"] or st["out_of_range"]:
+            self._fail(f"step {self.step_id}: doorbell status {st}")
+        out = logits(cfg, w, x)
+        return {s.seq_id: out[b] for b, s in enumerate(seqs)}
+
+    def _check_rows(self, seqs, P, win, slots, topk, l) -> None:
+        W = self.cfg.window
+        for b, (s, p) in enumerate(zip(seqs, P)):
+            want = [s.state_id * W + q % W
+                    for q in range(max(0, p - W + 1), p + 1)]
+            want += [-1] * (W - len(want))
+            if win[b].tolist() != want:
+                self._fail(f"step path SWA rows of seq {s.seq_id} at {p}: "
+                           f"got {win[b].tolist()}, want {want}")
+            want = [self._slot(s, int(v)) if v >= 0 else -1
+                    for v in topk[b].tolist()]
+            if slots[b].tolist() != want:
+                self._fail(f"step path index rows seq {s.seq_id} layer {l}: "
+                           f"got {slots[b].tolist()}, want {want}")
+        if l == 0:
+            self.checks["window_rows"] += len(seqs)
+        self.checks["topk_slots"] += len(seqs)
+
+    # ------------------------------------------------------------ static
+
+    def _send_step(self, seqs, P) -> None:
+        K = self.cfg.topk
+        table: List[int] = []
+        for s in seqs:
+            table += s.blocks + [-1] * (self.num_blocks - len(s.blocks))
+        self.step_id += 1
+        self.stub.Step(step_pb2.StepRequest(
+            session_id=self.kv.session_id,
+            registration_id=self.registration, step_id=self.step_id,
+            slot_mapping=_i32([self._slot(s, p) for s, p in zip(seqs, P)]),
+            num_tokens=len(seqs), num_seqs=len(seqs),
+            seq_lens=_i32([p + 1 for p in P]),
+            query_lens=_i32([1] * len(seqs)),
+            swa_state_ids=_i32([s.state_id for s in seqs]),
+            block_tables=_i32(table), block_table_cols=self.num_blocks,
+            top_k=K), timeout=30, metadata=self._md())
+
+    def _static_inputs(self, B: int) -> None:
+        dev, C = self.device, self.num_blocks
+        self.st_tokens = torch.zeros(B, dtype=torch.int64, device=dev)
+        self.st_pos = torch.zeros(B, dtype=torch.int64, device=dev)
+        self.st_table = torch.full((B, C), -1, dtype=torch.int64, device=dev)
+        self.st_topk = [torch.zeros(B, self.cfg.topk, dtype=torch.int64,
+                                    device=dev) for _ in range(self.cfg.layers)]
+        self.st_logits = torch.zeros(B, self.cfg.vocab, device=dev)
+        self.st_batch = B
+
+    def _static_body(self) -> None:
+        """One decode step with fixed shapes and no host reads: what a CUDA
+        graph captures. Reads st_tokens/st_pos/st_table, writes st_topk and
+        st_logits."""
+        cfg, w, dev = self.cfg, self.w, self.device
+        B, W, K, D = self.st_batch, cfg.window, cfg.topk, cfg.kv_dim
+        bs = cfg.block_size
+        stream = self._stream()
+        pos = self.st_pos
+        self._call("kvd_step_begin", stream)
+        self._call("kvd_wait", stream, 0)
+        win = self._io(self.swa_off, B * W * 4).view(torch.int32).view(
+            B, W).to(torch.int64)
+        rows = torch.arange(self.num_blocks * bs, device=dev)
+        blk = self.st_table[:, rows // bs]                       # [B, N]
+        islots = blk.clamp(min=0) * bs + rows % bs
+        x = w.embed[self.st_tokens]
+        for l, lw in enumerate(w.layers):
+            base = l * self.layer_bytes
+            pr = project(cfg, lw, x, pos, w.cos_sin)
+            keys_in = finish_key(cfg, lw, pr.kv_raw, pos, w.cos_sin)
+            self._io(base, B * D * 2).view(torch.bfloat16).copy_(
+                keys_in.reshape(-1).to(torch.bfloat16))
+            self._io(base + self.kv_bytes, B * cfg.index_dim * 2).view(
+                torch.bfloat16).copy_(pr.ik_raw.reshape(-1).to(
+                    torch.bfloat16))
+            self._call("kvd_mark", stream, 1 + 2 * l)
+            self._call("kvd_wait", stream, 1 + 2 * l)
+            d, sf = gather_records(self.views[self.idx].layer(l),
+                                   self.geo[self.idx], islots.reshape(-1))
+            ik = dequant_mxfp8_index(d, sf).view(B, -1, cfg.index_dim)
+            dots = (pr.iq @ ik.transpose(1, 2)).clamp(min=0)  # [B, h, N]
+            sc = (dots * pr.iw[:, :, None]).sum(dim=1)
+            topk, _ = select_topk(sc, pos + 1, K)
+            self.st_topk[l].copy_(topk)
+            tk_off = base + self.kv_bytes + self.ik_bytes
+            self._io(tk_off, B * K * 4).view(torch.int32).copy_(
+                topk.reshape(-1).to(torch.int32))
+            self._call("kvd_mark", stream, 2 + 2 * l)
+            self._call("kvd_wait", stream, 2 + 2 * l)
+            slots = self._io(tk_off + self.tk_bytes, B * K * 4).view(
+                torch.int32).view(B, K).to(torch.int64)
+            wk = self._read_main(self.swa, l, win)
+            mk = self._read_main(self.main, l, slots)
+            keys = torch.cat([wk, mk], dim=1)
+            valid = torch.cat([win >= 0, slots >= 0], dim=1)
+            x = x + attend(cfg, pr.q, keys, valid) @ lw.w_o
+            x = x + mlp(cfg, lw, x)
+        self.st_logits.copy_(logits(cfg, w, x))
+
+    def _decode_static(self, seq_ids: List[int]) -> Dict[int, torch.Tensor]:
+        seqs = [self.seqs[i] for i in seq_ids]
+        B = len(seqs)
+        assert B <= self.max_tokens
+        for s in seqs:
+            assert s.cached == len(s.tokens) - 1
+            self._ensure_blocks(s, s.cached + 1)
+        P = [s.cached for s in seqs]
+        if self.graph_batch != seq_ids:
+            self.graph, self.graph_batch = None, list(seq_ids)
+            self._static_inputs(B)
+            fresh = True
+        else:
+            fresh = False
+        self.st_tokens.copy_(torch.tensor([s.tokens[-1] for s in seqs]))
+        self.st_pos.copy_(torch.tensor(P))
+        tab = torch.full((B, self.num_blocks), -1, dtype=torch.int64)
+        for b, s in enumerate(seqs):
+            tab[b, :len(s.blocks)] = torch.tensor(s.blocks)
+        self.st_table.copy_(tab)
+        self._send_step(seqs, P)
+        if self.mode == "graph" and not fresh and self.graph is None:
+            # Captured at the second step of a batch (the first ran eagerly:
+            # the warm-up); capturing runs nothing, the replay below does.
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            # thread_local: libkvdepot_worker.so's watchdog thread keeps
+            # reading the doorbell on its own stream meanwhile.
+            with torch.cuda.graph(g, capture_error_mode="thread_local"):
+                self._static_body()
+            self.graph = g
+        if self.graph is not None:
+            self.graph.replay()
+            self.replays += 1
+        else:
+            self._static_body()
+        # After the step: the checks and the records, on the host.
+        W = self.cfg.window
+        win = self._io(self.swa_off, B * W * 4).view(torch.int32).view(
+            B, W).to(torch.int64)
+        for l in range(self.cfg.layers):
+            tk_off = (l * self.layer_bytes + self.kv_bytes + self.ik_bytes)
+            slots = self._io(tk_off + self.tk_bytes,
+                             B * self.cfg.topk * 4).view(torch.int32).view(
+                                 B, self.cfg.topk).to(torch.int64)
+            topk = self.st_topk[l]
+            for b, s in enumerate(seqs):
+                if l == 0:
+                    s.step_topk = []
+                s.step_topk.append(topk[b].clone())
+            if self.check:
+                self._check_rows(seqs, P, win, slots, topk, l)
+        for s in seqs:
+            s.cached += 1
+        st = self.status()
+        if st["status_bits"] or st["out_of_range"]:
+            self._fail(f"step {self.step_id}: doorbell status {st}")
+        return {s.seq_id: self.st_logits[b].clone()
+                for b, s in enumerate(seqs)}
