@@ -70,6 +70,33 @@ class InstrumentedBackend final : public Backend {
                                 absl::Time deadline) override {
     return inner_->AwaitClientEvent(pool, wait_event, deadline);
   }
+  // The index operations (no metrics of their own: the RPC counters time
+  // them). Every virtual of Backend is forwarded: a default left in place
+  // here would silently send the daemon's index calls to the host path.
+  absl::Status ConvertTopkOrdered(const Memory& device_memory,
+                                  const ConvertTopkCall& call,
+                                  const GpuOrdering& ordering,
+                                  absl::Time deadline, int64_t* invalid,
+                                  std::string* recorded_event) override {
+    return inner_->ConvertTopkOrdered(device_memory, call, ordering, deadline,
+                                      invalid, recorded_event);
+  }
+  absl::Status SwaDecodeOrdered(const Memory& device_memory,
+                                const SwaDecodeCall& call,
+                                const GpuOrdering& ordering,
+                                absl::Time deadline,
+                                std::string* recorded_event) override {
+    return inner_->SwaDecodeOrdered(device_memory, call, ordering, deadline,
+                                    recorded_event);
+  }
+  absl::Status PrefillIndexOrdered(const Memory& device_memory,
+                                   const PrefillIndexCall& call,
+                                   const GpuOrdering& ordering,
+                                   absl::Time deadline, int64_t* invalid,
+                                   std::string* recorded_event) override {
+    return inner_->PrefillIndexOrdered(device_memory, call, ordering, deadline,
+                                       invalid, recorded_event);
+  }
 
  private:
   void CountStore(const PoolLayout& layout,
