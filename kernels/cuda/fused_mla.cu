@@ -83,7 +83,7 @@ __device__ __forceinline__ void Round(float* x, uint32_t* w) {
 
 template <bool kNorm, RopeStyle kRope>
 __device__ __forceinline__ void LoadMla(const uint16_t* kv, int64_t token,
-                                        const int32_t* slots,
+                                        int64_t pos, const int32_t* slots,
                                         const FusedParams& p, int lane,
                                         MlaIn& in) {
   const uint16_t* row = kv + token * kDsMlaElems;
@@ -96,8 +96,8 @@ __device__ __forceinline__ void LoadMla(const uint16_t* kv, int64_t token,
   if (lane < 8) in.tail = LoadStream16(row + kNormEnd + 8 * lane);
   if constexpr (kRope != RopeStyle::kNone) {
     if (lane < 8) {
-      const float4* cs = reinterpret_cast<const float4*>(
-          p.cos_sin + __ldg(p.positions + token) * kRopeDim);
+      const float4* cs =
+          reinterpret_cast<const float4*>(p.cos_sin + pos * kRopeDim);
       if constexpr (kRope == RopeStyle::kInterleaved) {
         in.c0 = __ldg(cs + lane);              // cos[4l, 4l + 4)
         in.s0 = __ldg(cs + kHalf / 4 + lane);  // sin[4l, 4l + 4)
@@ -194,12 +194,29 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
     w0 = __ldg(reinterpret_cast<const uint4*>(p.norm_weight + 16 * lane));
     w1 = __ldg(reinterpret_cast<const uint4*>(p.norm_weight + 16 * lane + 8));
   }
+  // The positions of the next round are read one round ahead, so a
+  // token's cos/sin loads go out with its row instead of after a
+  // dependent load of its position (lanes 0-7: the RoPE lanes).
+  const bool rope_lane = kRope != RopeStyle::kNone && lane < 8;
+  int64_t pos[kSteps];
+#pragma unroll
+  for (int u = 0; u < kSteps; ++u) {
+    const int64_t token = warp + u * warps;
+    pos[u] = rope_lane && token < n ? __ldg(p.positions + token) : 0;
+  }
   for (int64_t base = warp; base < n; base += kSteps * warps) {
     MlaIn in[kSteps];
 #pragma unroll
     for (int u = 0; u < kSteps; ++u) {  // every load of the round first
       const int64_t token = base + u * warps;
-      if (token < n) LoadMla<kNorm, kRope>(kv, token, slots, p, lane, in[u]);
+      if (token < n) {
+        LoadMla<kNorm, kRope>(kv, token, pos[u], slots, p, lane, in[u]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kSteps; ++u) {
+      const int64_t next = base + (kSteps + u) * warps;
+      pos[u] = rope_lane && next < n ? __ldg(p.positions + next) : 0;
     }
 #pragma unroll
     for (int u = 0; u < kSteps; ++u) {
