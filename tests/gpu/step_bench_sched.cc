@@ -87,13 +87,15 @@ absl::StatusOr<double> SchedulerProcess::Finish() {
   std::fflush(to_);
   absl::StatusOr<std::string> line = Line();
   if (!line.ok()) return line.status();
-  // "cpu_us <x> steps <n>"
+  // "cpu_us <x> steps <n>" and then " retries <r>"
   std::vector<std::string> parts = absl::StrSplit(*line, ' ');
   double cpu = 0;
   int steps = 0;
-  if (parts.size() != 4 || parts[0] != "cpu_us" ||
+  if ((parts.size() != 4 && parts.size() != 6) || parts[0] != "cpu_us" ||
       !absl::SimpleAtod(parts[1], &cpu) ||
-      !absl::SimpleAtoi(parts[3], &steps)) {
+      !absl::SimpleAtoi(parts[3], &steps) ||
+      (parts.size() == 6 &&
+       (parts[4] != "retries" || !absl::SimpleAtoi(parts[5], &retries_)))) {
     return absl::InternalError(absl::StrCat("scheduler said: ", *line));
   }
   int status = 0;

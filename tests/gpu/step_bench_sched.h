@@ -1,7 +1,9 @@
 // A scheduler in a child process for step_benchmark (step_scheduler.cc and
 // step_scheduler.py speak this protocol): the benchmark writes one step id
 // per line when the worker is ready for it, the child sends the Step and
-// answers; at the end the child reports its own process CPU over the steps.
+// answers (a step refused because two are in flight is sent again by the
+// child: step_send_retry.h); at the end the child reports its own process
+// CPU over the steps and how often it sent a step again.
 #ifndef KVDEPOT_TESTS_GPU_STEP_BENCH_SCHED_H_
 #define KVDEPOT_TESTS_GPU_STEP_BENCH_SCHED_H_
 
@@ -34,6 +36,9 @@ class SchedulerProcess {
   // Ends the child: its process CPU per step in us, over the steps after
   // the first (which pays for the channel's lazy setup).
   absl::StatusOr<double> Finish();
+  // After Finish: how many times the child sent a step again because two
+  // were in flight (0 from a child that does not report it).
+  int retries() const { return retries_; }
 
  private:
   SchedulerProcess() = default;
@@ -42,6 +47,7 @@ class SchedulerProcess {
   pid_t pid_ = -1;
   FILE* to_ = nullptr;    // the child's stdin
   FILE* from_ = nullptr;  // the child's stdout
+  int retries_ = 0;       // reported by Finish
 };
 
 // Where the scheduler programs are: beside this binary (the GPU bundle's

@@ -52,6 +52,7 @@
 #include "tests/gpu/step_bench_rpc.h"
 #include "tests/gpu/step_bench_sched.h"
 #include "tests/gpu/step_harness.h"
+#include "tests/gpu/step_send_retry.h"
 
 ABSL_FLAG(int, layers, 61, "layers per step");
 ABSL_FLAG(std::string, batches, "1,64,256,1024", "B values (decode tokens)");
@@ -300,8 +301,16 @@ struct Row {
   double rpc_step_us = 0, rpc_phase_us = 0, rpc_daemon_cpu_us = 0,
          rpc_sched_cpu_us = 0;
   std::string path_threads, rpc_threads;
-  // (c) with a scheduler in its own process: name -> process CPU per step.
-  std::vector<std::pair<std::string, double>> external;
+  // (c): steps sent again because two were in flight (step_send_retry.h).
+  int path_retries = 0;
+  // (c) with a scheduler in its own process: name, process CPU per step,
+  // steps it sent again.
+  struct External {
+    std::string name;
+    double cpu_us = 0;
+    int retries = 0;
+  };
+  std::vector<External> external;
 };
 
 // How (c) gets its steps sent.
@@ -384,6 +393,9 @@ absl::Status MeasureLibrary(LibraryMode* lib, int phases, int work_us,
 
 // (c) the step path: step s+1 is sent while the worker runs step s. The
 // first step warms up and is not timed; CPU is counted over all of them.
+// Step s+1 goes out once the worker's stream finished step s-1, which can
+// be before the daemon stops counting s-1 in flight (its completion report
+// comes after that): `send` sends a refused step again (step_send_retry.h).
 struct PathResult {
   double step_us = 0, phase_us = 0, daemon_cpu_us = 0;
   std::string threads;
@@ -492,7 +504,10 @@ absl::StatusOr<Row> Measure(StepRig* rig, LibraryMode* lib,
     double sched_cpu = 0;
     Sender inproc = [&](StepInput& step) {
       const double t0 = ThreadCpuUs();
-      absl::Status st = rig->SendStep(step).status();
+      int retries = 0;
+      absl::Status st = SendRespectingDepth(
+          [&] { return rig->SendStep(step).status(); }, {}, &retries);
+      row.path_retries += retries;
       sched_cpu += ThreadCpuUs() - t0;
       return st;
     };
@@ -527,7 +542,7 @@ absl::StatusOr<Row> Measure(StepRig* rig, LibraryMode* lib,
         // E.g. no grpc module in this python: reported, the row goes on.
         std::fprintf(stderr, "scheduler %s: %s\n", name.c_str(),
                      r.status().ToString().c_str());
-        row.external.push_back({name + "(failed)", -1});
+        row.external.push_back({name + "(failed)", -1, 0});
         continue;
       }
       if (!r.ok()) {
@@ -535,7 +550,7 @@ absl::StatusOr<Row> Measure(StepRig* rig, LibraryMode* lib,
                             absl::StrCat(name, ": ", r.status().message()));
       }
       ASSIGN_OR_RETURN(double cpu, p->Finish());
-      row.external.push_back({name, cpu});
+      row.external.push_back({name, cpu, p->retries()});
     }
     unlink(request.c_str());
   }
@@ -664,16 +679,22 @@ int Run(int argc, char** argv) {
             rpc_handoff, r->daemon_cpu_us, r->sched_cpu_us,
             r->rpc_daemon_cpu_us, r->rpc_sched_cpu_us);
         std::string ext;
-        for (const auto& [name, cpu] : r->external) {
-          absl::StrAppend(&ext, ext.empty() ? "" : ", ", name, " ",
-                          absl::SixDigits(cpu));
-          absl::StrAppend(&json, json.back() == '[' ? "" : ",",
-                          "{\"index\": \"", fmt, "\", \"B\": ", b,
-                          ", \"X_us\": ", x, ", \"scheduler\": \"", name,
-                          "\", \"scheduler_process_cpu_us\": ", cpu, "}");
+        for (const Row::External& e : r->external) {
+          absl::StrAppend(&ext, ext.empty() ? "" : ", ", e.name, " ",
+                          absl::SixDigits(e.cpu_us));
+          if (e.retries > 0) {
+            absl::StrAppend(&ext, " (", e.retries, " retries)");
+          }
+          absl::StrAppend(
+              &json, json.back() == '[' ? "" : ",", "{\"index\": \"", fmt,
+              "\", \"B\": ", b, ", \"X_us\": ", x, ", \"scheduler\": \"",
+              e.name, "\", \"scheduler_process_cpu_us\": ", e.cpu_us,
+              ", \"scheduler_in_flight_retries\": ", e.retries, "}");
         }
-        std::printf("      (c) daemon threads us/step: %s\n",
-                    r->path_threads.c_str());
+        std::printf(
+            "      (c) daemon threads us/step: %s; steps sent again (2 in "
+            "flight): %d\n",
+            r->path_threads.c_str(), r->path_retries);
         if (!r->rpc_threads.empty()) {
           std::printf("      (b) daemon threads us/step: %s\n",
                       r->rpc_threads.c_str());
@@ -693,6 +714,7 @@ int Run(int argc, char** argv) {
                         ", \"bare_round_trip_us\": ", bare.ok() ? *bare : 0.0,
                         ", \"daemon_cpu_us\": ", r->daemon_cpu_us,
                         ", \"scheduler_cpu_us\": ", r->sched_cpu_us,
+                        ", \"step_path_in_flight_retries\": ", r->path_retries,
                         ", \"rpc_step_us\": ", r->rpc_step_us,
                         ", \"rpc_phase_us\": ", r->rpc_phase_us,
                         ", \"rpc_handoff_us\": ", rpc_handoff,

@@ -5,7 +5,13 @@
 //   <step_id>   set the step id, rebuild the request's int32 arrays from the
 //               scheduler's own vectors (as a real scheduler does each
 //               step), send Step; answer "ok <queued>" or "err <code> <msg>"
-//   q           answer "cpu_us <process CPU over the steps> steps <n>", exit
+//   q           answer "cpu_us <process CPU over the steps> steps <n>
+//               retries <r>", exit
+// A Step refused with RESOURCE_EXHAUSTED (the registration's two steps are
+// in flight: the benchmark sends step s+2 when the worker finished step s,
+// which can be before the daemon's completion report of s) is sent again
+// with a short backoff for up to --in_flight_retry_ms (step_send_retry.h
+// says why that, and not a wait); <r> counts those sends over all steps.
 // The process CPU (every thread: gRPC's too) is counted from the end of the
 // first step (which pays for lazy setup) to "q", over the steps after it;
 // waiting on the pipe costs none. step_scheduler.py is the same
@@ -30,14 +36,19 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/synchronization/notification.h"
 #include "grpcpp/grpcpp.h"
 #include "kvdepot/v1/step.grpc.pb.h"
+#include "tests/gpu/step_send_retry.h"
 
 ABSL_FLAG(std::string, socket, "", "kvdepotd's Unix socket");
 ABSL_FLAG(std::string, request, "", "a serialized kvdepot.v1.StepRequest");
 ABSL_FLAG(std::string, api, "sync", "sync or callback");
+ABSL_FLAG(int, in_flight_retry_ms, 10000,
+          "how long a Step refused with RESOURCE_EXHAUSTED (two steps in "
+          "flight) is sent again");
 
 namespace kvdepot::testing {
 namespace {
@@ -98,8 +109,11 @@ int Run(int argc, char** argv) {
                                 grpc::InsecureChannelCredentials(), args);
   std::unique_ptr<v1::Step::Stub> stub = v1::Step::NewStub(channel);
   v1::StepResponse reply;
+  InFlightRetry retry_policy;
+  retry_policy.budget =
+      absl::Milliseconds(absl::GetFlag(FLAGS_in_flight_retry_ms));
   double cpu0 = -1;
-  int steps = 0;
+  int steps = 0, retries = 0;
   std::string line;
   while (std::getline(std::cin, line)) {
     if (line == "q") break;
@@ -111,20 +125,30 @@ int Run(int argc, char** argv) {
     }
     request.set_step_id(id);
     for (const Array& a : arrays) Fill((request.*a.mutable_field)(), a.values);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::seconds(10));
-    grpc::Status s;
-    if (callback) {
-      absl::Notification done;
-      stub->async()->Step(&ctx, &request, &reply, [&](grpc::Status st) {
-        s = std::move(st);
-        done.Notify();
-      });
-      done.WaitForNotification();
-    } else {
-      s = stub->Step(&ctx, request, &reply);
-    }
+    // One call; a refusal consumes no step id, so a retry sends the same
+    // request again (with a fresh ClientContext, as gRPC requires).
+    auto send = [&]() -> absl::Status {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(10));
+      grpc::Status s;
+      if (callback) {
+        absl::Notification done;
+        stub->async()->Step(&ctx, &request, &reply, [&](grpc::Status st) {
+          s = std::move(st);
+          done.Notify();
+        });
+        done.WaitForNotification();
+      } else {
+        s = stub->Step(&ctx, request, &reply);
+      }
+      return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                          s.error_message());
+    };
+    int step_retries = 0;
+    const absl::Status s =
+        SendRespectingDepth(send, retry_policy, &step_retries);
+    retries += step_retries;
     if (cpu0 < 0) {
       cpu0 = ProcessCpuUs();  // the first step is not counted
     } else {
@@ -133,13 +157,13 @@ int Run(int argc, char** argv) {
     if (s.ok()) {
       std::printf("ok %d\n", reply.queued());
     } else {
-      std::printf("err %d %s\n", static_cast<int>(s.error_code()),
-                  s.error_message().c_str());
+      std::printf("err %d %s\n", static_cast<int>(s.code()),
+                  std::string(s.message()).c_str());
     }
     std::fflush(stdout);
   }
-  std::printf("cpu_us %.1f steps %d\n", cpu0 < 0 ? 0.0 : ProcessCpuUs() - cpu0,
-              steps);
+  std::printf("cpu_us %.1f steps %d retries %d\n",
+              cpu0 < 0 ? 0.0 : ProcessCpuUs() - cpu0, steps, retries);
   std::fflush(stdout);
   return 0;
 }

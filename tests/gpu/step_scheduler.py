@@ -2,15 +2,20 @@
 """step_scheduler.py: the Python scheduler of step_benchmark (the same
 protocol as step_scheduler.cc, which documents it).
 
-  step_scheduler.py --socket=PATH --request=FILE
+  step_scheduler.py --socket=PATH --request=FILE [--in_flight_retry_ms=MS]
 
 FILE holds one serialized kvdepot.v1.StepRequest. Per stdin line "<step_id>"
 the script rebuilds the request's int32 arrays from its own arrays (as a
 Python scheduler does each step), sends Step and answers "ok <queued>" or
-"err <code> <msg>"; "q" answers "cpu_us <process CPU> steps <n>", counted
-from the end of the first step (lazy setup) over the steps after it. Needs grpcio and protobuf; the stubs are the committed ones in
-client/python/kvdepot/v1 (found beside this file under ../python or from the
-repository).
+"err <code> <msg>"; "q" answers "cpu_us <process CPU> steps <n> retries <r>",
+counted from the end of the first step (lazy setup) over the steps after it.
+A Step refused with RESOURCE_EXHAUSTED (two steps of the registration in
+flight: the daemon's completion report of step s can come after the worker
+finished it) is sent again with a short backoff for up to
+--in_flight_retry_ms, as step_send_retry.h does for the C++ scheduler (it
+says why); <r> counts those sends. Needs grpcio and protobuf; the stubs are
+the committed ones in client/python/kvdepot/v1 (found beside this file under
+../python or from the repository).
 """
 import argparse
 import array
@@ -28,14 +33,42 @@ for _p in (os.path.join(_here, "..", "python"),
 import grpc  # noqa: E402
 from kvdepot.v1 import step_pb2, step_pb2_grpc  # noqa: E402
 
+# step_send_retry.h's InFlightRetry: first backoff, its cap (seconds).
+_FIRST_BACKOFF = 20e-6
+_MAX_BACKOFF = 1e-3
+
 _ARRAYS = ("slot_mapping", "compressed_slot_mapping", "seq_lens",
            "query_lens", "swa_state_ids", "swa_valid_starts", "block_tables")
+
+
+def send_respecting_depth(send, budget_s):
+    """Calls send() until it raises anything but RESOURCE_EXHAUSTED or
+    budget_s has passed since the first refusal. Returns (reply, None,
+    retries) or (None, the last grpc.RpcError, retries)."""
+    retries = 0
+    give_up = None
+    backoff = _FIRST_BACKOFF
+    while True:
+        try:
+            return send(), None, retries
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                return None, e, retries
+            now = time.monotonic()
+            if give_up is None:
+                give_up = now + budget_s
+            if now >= give_up:
+                return None, e, retries
+            time.sleep(min(backoff, give_up - now))
+            backoff = min(2 * backoff, _MAX_BACKOFF)
+            retries += 1
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--socket", required=True)
     ap.add_argument("--request", required=True)
+    ap.add_argument("--in_flight_retry_ms", type=int, default=10000)
     a = ap.parse_args()
     req = step_pb2.StepRequest()
     with open(a.request, "rb") as f:
@@ -51,6 +84,7 @@ def main():
     stub = step_pb2_grpc.StepStub(channel)
     cpu0 = None
     steps = 0
+    retries = 0
     for line in sys.stdin:
         line = line.strip()
         if line == "q":
@@ -63,18 +97,24 @@ def main():
         req.step_id = step_id
         for name, v in values.items():
             setattr(req, name, v.tobytes())
-        try:
-            reply = stub.Step(req, timeout=10)
+        reply, err, n = send_respecting_depth(
+            lambda: stub.Step(req, timeout=10), a.in_flight_retry_ms / 1000.0)
+        retries += n
+        if err is None:
             line = "ok %d" % reply.queued
-        except grpc.RpcError as e:
-            line = "err %d %s" % (e.code().value[0], e.details())
+        else:
+            line = "err %d %s" % (err.code().value[0], err.details())
+            if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                line += " (still refused after %d retries over %d ms)" % (
+                    n, a.in_flight_retry_ms)
         if cpu0 is None:
             cpu0 = time.process_time()  # the first step is not counted
         else:
             steps += 1
         print(line, flush=True)
     cpu = 0.0 if cpu0 is None else (time.process_time() - cpu0) * 1e6
-    print("cpu_us %.1f steps %d" % (cpu, steps), flush=True)
+    print("cpu_us %.1f steps %d retries %d" % (cpu, steps, retries),
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,24 @@
 // step_scheduler (step_benchmark's scheduler process) against a CPU
 // kvdepotd, no GPU: the pipe protocol, the session travelling in the
-// request, the daemon's status codes coming back, the CPU report.
+// request, the daemon's status codes coming back, the CPU report. The CPU
+// backend has no step path, so a fake Step service stands in for a daemon
+// whose registration has two steps in flight: the refused step is sent
+// again (step_send_retry.h), within the budget, and nothing else is.
 #include <unistd.h>
 
+#include <cstdint>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
 #include "client/kvdepot_client.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "kvdepot/v1/step.grpc.pb.h"
 #include "kvdepot/v1/step.pb.h"
 #include "tests/daemon_process.h"
 #include "tests/gpu/step_bench_sched.h"
@@ -74,6 +83,113 @@ TEST_P(StepSchedulerTest, ARealSessionReachesTheStepService) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Apis, StepSchedulerTest,
+                         ::testing::Values("--api=sync", "--api=callback"));
+
+// Answers the first `refusals` calls with the daemon's "two steps in flight"
+// refusal (or `code`), every later one OK; records the step ids it saw.
+class FakeStepService final : public v1::Step::Service {
+ public:
+  FakeStepService(int refusals, grpc::StatusCode code)
+      : refusals_(refusals), code_(code) {}
+  grpc::Status Step(grpc::ServerContext*, const v1::StepRequest* request,
+                    v1::StepResponse* reply) override {
+    absl::MutexLock lock(&mu_);
+    seen_.push_back(request->step_id());
+    if (refusals_ < 0 || static_cast<int>(seen_.size()) <= refusals_) {
+      return grpc::Status(
+          code_, "step_id " + std::to_string(request->step_id()) +
+                     ": 2 steps of registration 999 are in flight already; "
+                     "send it again when one finished");
+    }
+    reply->set_step_id(request->step_id());
+    reply->set_queued(2);
+    return grpc::Status::OK;
+  }
+  std::vector<uint64_t> seen() {
+    absl::MutexLock lock(&mu_);
+    return seen_;
+  }
+
+ private:
+  const int refusals_;  // -1: every call
+  const grpc::StatusCode code_;
+  absl::Mutex mu_;
+  std::vector<uint64_t> seen_ ABSL_GUARDED_BY(mu_);
+};
+
+class StepSchedulerRetryTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  void Serve(int refusals, grpc::StatusCode code) {
+    service_ = std::make_unique<FakeStepService>(refusals, code);
+    socket_ = FreshSocketPath();
+    grpc::ServerBuilder b;
+    b.AddListeningPort("unix:" + socket_, grpc::InsecureServerCredentials());
+    b.RegisterService(service_.get());
+    server_ = b.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+  }
+  void TearDown() override {
+    if (server_ != nullptr) server_->Shutdown();
+    unlink(socket_.c_str());
+    rmdir(socket_.substr(0, socket_.rfind('/')).c_str());
+  }
+  std::unique_ptr<SchedulerProcess> Start(int retry_ms) {
+    const std::string request = ::testing::TempDir() + "/retry_request.bin";
+    v1::StepRequest r;
+    r.set_session_id(std::string(32, 'a'));
+    r.set_registration_id(999);
+    r.set_num_tokens(2);
+    r.set_slot_mapping(std::string(8, '\0'));
+    std::ofstream(request, std::ios::binary) << r.SerializeAsString();
+    absl::StatusOr<std::unique_ptr<SchedulerProcess>> p =
+        SchedulerProcess::Start(
+            {"tests/gpu/step_scheduler", "--socket=" + socket_,
+             "--request=" + request, GetParam(),
+             "--in_flight_retry_ms=" + std::to_string(retry_ms)});
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? *std::move(p) : nullptr;
+  }
+  std::unique_ptr<FakeStepService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string socket_;
+};
+
+TEST_P(StepSchedulerRetryTest, ARefusedStepIsSentAgainUntilAccepted) {
+  Serve(3, grpc::StatusCode::RESOURCE_EXHAUSTED);
+  std::unique_ptr<SchedulerProcess> p = Start(10000);
+  ASSERT_NE(p, nullptr);
+  EXPECT_TRUE(p->Send(7).ok());
+  EXPECT_TRUE(p->Send(8).ok());  // accepted at once
+  ASSERT_TRUE(p->Finish().ok());
+  EXPECT_EQ(p->retries(), 3);
+  // The same step id again (a refusal consumes none), then the next.
+  EXPECT_EQ(service_->seen(), (std::vector<uint64_t>{7, 7, 7, 7, 8}));
+}
+
+TEST_P(StepSchedulerRetryTest, ARefusalThatLastsEndsAfterTheBudget) {
+  Serve(-1, grpc::StatusCode::RESOURCE_EXHAUSTED);
+  std::unique_ptr<SchedulerProcess> p = Start(50);
+  ASSERT_NE(p, nullptr);
+  const absl::Status s = p->Send(1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "in flight already")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "still refused after")) << s;
+  ASSERT_TRUE(p->Finish().ok());
+  EXPECT_GE(p->retries(), 1);
+  EXPECT_EQ(service_->seen().size(), p->retries() + 1u);
+}
+
+TEST_P(StepSchedulerRetryTest, OtherCodesAreNotSentAgain) {
+  Serve(-1, grpc::StatusCode::INVALID_ARGUMENT);
+  std::unique_ptr<SchedulerProcess> p = Start(10000);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->Send(1).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(p->Finish().ok());
+  EXPECT_EQ(p->retries(), 0);
+  EXPECT_EQ(service_->seen().size(), 1u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Apis, StepSchedulerRetryTest,
                          ::testing::Values("--api=sync", "--api=callback"));
 
 }  // namespace
