@@ -11,16 +11,39 @@ import unittest
 
 import torch
 
+import kvdepot.torch as kvt
 import kvd_adapter
 import scenarios
 from codec import LayerGeometry, dequant_main, gather_records
 from daemon import Daemon
+from kvd_adapter import tensor_bytes
 from model import Config, make_weights
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import run  # noqa: E402
 
 CPU = torch.device("cpu")
+
+
+def spec_records(view: kvd_adapter.PoolView, g: LayerGeometry, layer: int,
+                 slots) -> bytes:
+    """The records at slots, addressed by FORMATS.md's arithmetic over the
+    pool's bytes (layer_stride, block_stride, bytes_per_token), not by
+    kvdepot.torch's views: data then scales per slot."""
+    base = view.whole
+    out = bytearray()
+    for s in slots:
+        b, t = divmod(s, g.block_size)
+        at = layer * g.layer_stride + b * g.block_stride
+        if g.interleaved:
+            at += t * g.bytes_per_token
+            out += tensor_bytes(base[at:at + g.bytes_per_token])
+        else:
+            sf = at + g.block_size * g.data_bytes + t * g.sf_bytes
+            at += t * g.data_bytes
+            out += tensor_bytes(base[at:at + g.data_bytes])
+            out += tensor_bytes(base[sf:sf + g.sf_bytes])
+    return bytes(out)
 STEPS = 64        # decode steps per sequence (>= 64 compared steps)
 
 
@@ -55,8 +78,15 @@ class RecordsTest(unittest.TestCase):
                                             list(range(70)), fp)
                     view = kvd_adapter.PoolView(kv, fmt, CPU)
                     geo = LayerGeometry.of(view.layout)
-                    dat, rest = gather_records(view.layer(1), geo,
+                    layer = view.layer(1)
+                    self.assertIsInstance(layer, kvt.PoolLayerView)
+                    dat, rest = gather_records(layer, geo,
                                                torch.tensor(slots))
+                    self.assertEqual(
+                        tensor_bytes(torch.cat([dat, rest], 1)),
+                        spec_records(view, geo, 1, slots),
+                        f"{fmt}: kvdepot.torch's views are not at the "
+                        "FORMATS.md offsets")
                     mine = dequant_main(fmt, dat, rest).to(torch.bfloat16)
                     segs = [[s // 64, s % 64, s % 64 + 1, r]
                             for r, s in enumerate(slots)]
