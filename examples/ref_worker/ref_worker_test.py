@@ -234,7 +234,7 @@ class LibraryModeTest(unittest.TestCase):
                   "backend (kvd_adapter) and compare bit for bit")
 
 
-# Bazel test sharding (BUILD shard_count): each test's seconds as measured
+# Bazel test sharding (BUILD shard_count = 2): each test's seconds as measured
 # on the 2-core build machine under load; shards take them greedily, most
 # expensive first, so that they end at about the same time.
 COST = {
