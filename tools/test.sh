@@ -10,6 +10,9 @@
 #   //client/python/... the Python client: an uninstrumented interpreter
 #                     would need the ASan runtime LD_PRELOADed
 #   //tests/deps/...  Bazel queries of the dependency graph: nothing runs
+#   //examples/...    the reference worker: Python and torch driving a
+#                     kvdepotd, minutes of model math for RPC paths that
+#                     //server/... and //client/... already cover under ASan
 # With --image (or CI=true, as root) it then builds the container image from
 # Debian's packages and runs its smoke test (deploy/image/smoke_test.sh).
 # The exit status is the first failing run's.

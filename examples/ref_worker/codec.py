@@ -7,7 +7,7 @@ Everything here reads bytes that live in the pool (zero-copy views); the
 only copies are the gathered rows of the slots asked for."""
 
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Any, Tuple
 
 import torch
 
@@ -75,28 +75,20 @@ class LayerGeometry:
             interleaved=layout.token_interleaved)
 
 
-def gather_records(layer: torch.Tensor, g: LayerGeometry,
+def gather_records(layer: Any, g: LayerGeometry,
                    slots: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """(data uint8[n, data_bytes + tail], scales uint8[n, sf_bytes]) of the
-    records at `slots` (int64[n], all >= 0) of one layer's bytes (uint8 view
-    of layer_stride bytes, or more). Interleaved records are returned as
-    [data | scales | tail] split at data_bytes: data, then the rest."""
+    records at `slots` (int64[n], all >= 0) of one pool layer, a
+    kvdepot.torch PoolLayerView (its [num_blocks, block_size, bytes] views:
+    .records for interleaved layouts, else .data and .scales). Interleaved
+    records are returned as [data | scales | tail] split at data_bytes:
+    data, then the rest."""
     blk = torch.div(slots, g.block_size, rounding_mode="floor")
     tok = slots - blk * g.block_size
     if g.interleaved:
-        start = blk * g.block_stride + tok * g.bytes_per_token
-        idx = start[:, None] + torch.arange(g.bytes_per_token,
-                                            device=slots.device)[None, :]
-        rec = layer[idx]
+        rec = layer.records[blk, tok]
         return rec[:, :g.data_bytes], rec[:, g.data_bytes:]
-    dstart = blk * g.block_stride + tok * g.data_bytes
-    sstart = (blk * g.block_stride + g.block_size * g.data_bytes
-              + tok * g.sf_bytes)
-    d = layer[dstart[:, None] + torch.arange(g.data_bytes,
-                                             device=slots.device)[None, :]]
-    s = layer[sstart[:, None] + torch.arange(g.sf_bytes,
-                                             device=slots.device)[None, :]]
-    return d, s
+    return layer.data[blk, tok], layer.scales[blk, tok]
 
 
 def _u8_to_f32(b: torch.Tensor) -> torch.Tensor:

@@ -11,16 +11,39 @@ import unittest
 
 import torch
 
+import kvdepot.torch as kvt
 import kvd_adapter
 import scenarios
 from codec import LayerGeometry, dequant_main, gather_records
 from daemon import Daemon
+from kvd_adapter import tensor_bytes
 from model import Config, make_weights
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import run  # noqa: E402
 
 CPU = torch.device("cpu")
+
+
+def spec_records(view: kvd_adapter.PoolView, g: LayerGeometry, layer: int,
+                 slots) -> bytes:
+    """The records at slots, addressed by FORMATS.md's arithmetic over the
+    pool's bytes (layer_stride, block_stride, bytes_per_token), not by
+    kvdepot.torch's views: data then scales per slot."""
+    base = view.whole
+    out = bytearray()
+    for s in slots:
+        b, t = divmod(s, g.block_size)
+        at = layer * g.layer_stride + b * g.block_stride
+        if g.interleaved:
+            at += t * g.bytes_per_token
+            out += tensor_bytes(base[at:at + g.bytes_per_token])
+        else:
+            sf = at + g.block_size * g.data_bytes + t * g.sf_bytes
+            at += t * g.data_bytes
+            out += tensor_bytes(base[at:at + g.data_bytes])
+            out += tensor_bytes(base[sf:sf + g.sf_bytes])
+    return bytes(out)
 STEPS = 64        # decode steps per sequence (>= 64 compared steps)
 
 
@@ -55,8 +78,15 @@ class RecordsTest(unittest.TestCase):
                                             list(range(70)), fp)
                     view = kvd_adapter.PoolView(kv, fmt, CPU)
                     geo = LayerGeometry.of(view.layout)
-                    dat, rest = gather_records(view.layer(1), geo,
+                    layer = view.layer(1)
+                    self.assertIsInstance(layer, kvt.PoolLayerView)
+                    dat, rest = gather_records(layer, geo,
                                                torch.tensor(slots))
+                    self.assertEqual(
+                        tensor_bytes(torch.cat([dat, rest], 1)),
+                        spec_records(view, geo, 1, slots),
+                        f"{fmt}: kvdepot.torch's views are not at the "
+                        "FORMATS.md offsets")
                     mine = dequant_main(fmt, dat, rest).to(torch.bfloat16)
                     segs = [[s // 64, s % 64, s % 64 + 1, r]
                             for r, s in enumerate(slots)]
@@ -101,21 +131,30 @@ class ScenarioTest(unittest.TestCase):
         self.assertGreater(r["prefill_rows_bitexact"], 0)
 
     def test_basic_ds_mla_fp8(self):
-        self.check_counts(self.run_scenario("basic"))
+        # The long oracle run: 4 layers (ratios 4, 1, 4, 2), 64 teacher-
+        # forced decode steps per sequence, batch 3 (rings wrap).
+        r = self.run_scenario("basic")
+        self.check_counts(r)
+        self.assertGreaterEqual(r["decode_steps"], STEPS)
 
     def test_basic_v41(self):
+        # The second format's records and bounds: 2 layers (ratios 4, 1),
+        # 32 steps x 3 sequences (99 compared). The 64-step, 4-layer
+        # oracle run is test_basic_ds_mla_fp8.
         self.check_counts(self.run_scenario("basic", format="V41",
-                                            layers=3))
+                                            layers=2, steps=32))
 
     def test_churn_poisoned_reuse_continuous_batching(self):
-        r = self.run_scenario("churn")
+        # 2 layers, 32 steps: sequences of 8, 32 and 16 steps, arrivals at
+        # steps 9, 17 and 19 into poisoned blocks and rings (102 compared).
+        r = self.run_scenario("churn", layers=2, steps=32)
         self.check_counts(r)
         self.assertGreater(r["poison_rounds"], 0)
         self.assertGreater(r["reused_blocks"], 0)
         self.assertGreater(r["reused_rings"], 0)
 
     def test_killed_daemon_session_lost_then_recovered(self):
-        r = self.run_scenario("kill_daemon", steps=32)
+        r = self.run_scenario("kill_daemon", steps=16, layers=2)
         self.assertIn("SessionLost", r["error_after_kill"])
 
     def test_killed_worker_leaves_others_alone(self):
@@ -127,7 +166,7 @@ class ScenarioTest(unittest.TestCase):
         self.assertEqual(len(r["victim_pools_after_kill"]), 3)
 
     def test_two_worker_processes(self):
-        r = self.run_scenario("two_workers", steps=16, layers=2)
+        r = self.run_scenario("two_workers", steps=8, layers=2)
         self.assertEqual(len(r["workers"]), 2)
 
 
@@ -193,6 +232,47 @@ class LibraryModeTest(unittest.TestCase):
             self.skipTest(why)
         self.fail("libkvdepot_kernels.so is present: write the library-mode "
                   "backend (kvd_adapter) and compare bit for bit")
+
+
+# Bazel test sharding (BUILD shard_count = 2): each test's seconds as measured
+# on the 2-core build machine under load; shards take them greedily, most
+# expensive first, so that they end at about the same time.
+COST = {
+    "test_basic_ds_mla_fp8": 38,
+    "test_step_path_worker_with_simulated_daemon_side": 28,
+    "test_two_worker_processes": 27,
+    "test_churn_poisoned_reuse_continuous_batching": 19,
+    "test_killed_worker_leaves_others_alone": 17,
+    "test_basic_v41": 12,
+    "test_killed_daemon_session_lost_then_recovered": 8,
+}
+
+
+def load_tests(loader, standard_tests, pattern):
+    total = int(os.environ.get("TEST_TOTAL_SHARDS", "1"))
+    index = int(os.environ.get("TEST_SHARD_INDEX", "0"))
+    if os.environ.get("TEST_SHARD_STATUS_FILE"):
+        open(os.environ["TEST_SHARD_STATUS_FILE"], "a").close()
+    tests = []
+
+    def flatten(suite):
+        for t in suite:
+            if isinstance(t, unittest.TestSuite):
+                flatten(t)
+            else:
+                tests.append(t)
+    flatten(standard_tests)
+    if total <= 1:
+        return standard_tests
+    load = [0] * total
+    mine = unittest.TestSuite()
+    for t in sorted(tests, key=lambda t: (-COST.get(t._testMethodName, 2),
+                                          t.id())):
+        shard = load.index(min(load))
+        load[shard] += COST.get(t._testMethodName, 2)
+        if shard == index:
+            mine.addTest(t)
+    return mine
 
 
 if __name__ == "__main__":

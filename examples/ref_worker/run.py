@@ -297,12 +297,10 @@ def main() -> int:
         if not torch.cuda.is_available():
             print(json.dumps({"skipped": "CUDA not available"}))
             return 0
-        if not kvd_adapter.torch_api_available():
-            try:
-                kvd_adapter.worker_library()
-            except RuntimeError as e:
-                print(json.dumps({"skipped": str(e)}))
-                return 0
+        why = kvd_adapter.worker_library_error()
+        if why:   # kvdepot.torch maps CUDA memory through it
+            print(json.dumps({"skipped": why}))
+            return 0
     device = torch.device(args.device)
     names = SCENARIOS if args.scenario == "all" else tuple(
         args.scenario.split(","))

@@ -5,8 +5,7 @@ regular RPCs that do the same work (STEP_PATH.md: S = SWA decode index,
 A_l = plain stores into main, SWA ring and index, B_l = convert_topk). It
 says nothing about the real step path's kernels or handshake."""
 
-import struct
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 import torch
 
@@ -15,24 +14,13 @@ from stepworker import StepPathWorker
 
 class SimulatedStepWorker(StepPathWorker):
     def _register(self) -> None:
-        self.stub: Any = self
-        self.handle = None
-        self.registration = 0
-        self.req: Any = None
+        self.args: Dict[str, Any] = {}
 
-    # The stub's Step and Unregister.
-    def Step(self, req: Any, timeout: float = 0,
-             metadata: Any = ()) -> None:  # noqa: N802
-        if req.step_id != self.step_id:
-            raise AssertionError(f"step id {req.step_id} != {self.step_id}")
-        self.req = req
-
-    def Unregister(self, req: Any, timeout: float = 0,
-                   metadata: Any = ()) -> None:  # noqa: N802
-        pass
-
-    def _stream(self) -> Any:
-        return None
+    def _step_rpc(self, step_id: int, args: Dict[str, Any]) -> None:
+        """What kvt.step would send, kept for the simulated phases."""
+        if step_id != self.step_id:
+            raise AssertionError(f"step id {step_id} != {self.step_id}")
+        self.args = args
 
     def status(self) -> Dict[str, int]:
         return {"status_bits": 0, "out_of_range": 0, "step_counter":
@@ -42,26 +30,22 @@ class SimulatedStepWorker(StepPathWorker):
         self.io.release()
         super(StepPathWorker, self).close()
 
-    def _ints(self, field: bytes) -> List[int]:
-        return list(struct.unpack(f"<{len(field) // 4}i", field))
-
-    def _call(self, name: str, *a: Any) -> None:
-        if name in ("kvd_step_begin", "kvd_status"):
+    def _db(self, op: str, phase: int = 0) -> None:
+        if op == "begin":
             return
-        phase = a[1]
-        r = self.req
-        B, cfg = r.num_tokens, self.cfg
+        r = self.args
+        cfg = self.cfg
         W, K, D = cfg.window, cfg.topk, cfg.kv_dim
-        lens = self._ints(r.seq_lens)
-        states = self._ints(r.swa_state_ids)
-        slots = self._ints(r.slot_mapping)
-        if name == "kvd_wait" and phase == 0:
+        lens, states = r["seq_lens"], r["swa_state_ids"]
+        slots = r["slot_mapping"]
+        B = len(slots)
+        if op == "wait" and phase == 0:
             q = [[st, max(0, n - W), min(n, W)] for st, n in zip(states, lens)]
             res = self.kv.swa_decode_index(self.swa, W, q)
             self._io(self.swa_off, B * W * 4).view(torch.int32).copy_(
                 torch.tensor(list(res.slots), dtype=torch.int32))
             return
-        if name != "kvd_mark":
+        if op != "mark":
             return
         layer, which = (phase - 1) // 2, (phase - 1) % 2
         base = layer * self.layer_bytes
@@ -75,11 +59,9 @@ class SimulatedStepWorker(StepPathWorker):
             return
         tk_off = base + self.kv_bytes + self.ik_bytes
         topk = self._io(tk_off, B * K * 4).view(torch.int32).view(B, K)
-        cols = r.block_table_cols
-        table = self._ints(r.block_tables)
         res = self.kv.convert_topk(
             self.main, topk.tolist(), [min(K, n) for n in lens], lens,
-            [table[b * cols:(b + 1) * cols] for b in range(B)])
+            r["block_tables"])
         self._io(tk_off + self.tk_bytes, B * K * 4).view(torch.int32).copy_(
             torch.tensor(list(res.slots), dtype=torch.int32))
 

@@ -1,7 +1,9 @@
 """Decode through the step path (SPEC §10, docs/STEP_PATH.md) on the CUDA
-backend: one Step RPC per engine step, the worker's stream ordered against
-the daemon's by libkvdepot_worker.so's doorbell (ctypes). Eager only, not
-captured in a CUDA graph: this worker's indexer has data-dependent shapes.
+backend, all through kvdepot.torch: kvt.register_worker once, one kvt.step
+(the scheduler's Step) per engine step, and the worker's stream ordered
+against the daemon's by kvt.StepWorker (libkvdepot_worker.so's doorbell:
+step_begin, mark, wait). Modes: eager, static shapes, or static captured in
+a CUDA graph.
 
 The step path stores the main cache from one slot_mapping shared by all
 layers and takes plain (not fused) stores, so this variant needs main caches
@@ -11,26 +13,19 @@ PrefillIndex (KVWorker).
 
 WRITTEN WITHOUT A GPU: first run on the GPU host is its first test."""
 
-import ctypes
-import os
-import struct
 from typing import Any, Dict, List
 
 import torch
 
 import kvdepot
-from kvdepot.v1 import kvdepot_pb2 as pb
-from kvdepot.v1 import step_pb2, step_pb2_grpc
+import kvdepot.torch as kvt
+from kvdepot.v1 import step_pb2
 
 import kvd_adapter
 from codec import dequant_mxfp8_index, gather_records
 from model import (Config, Weights, attend, finish_key, index_scores, logits,
                    mlp, project, select_topk)
 from worker import KVWorker
-
-
-def _i32(v: List[int]) -> bytes:
-    return struct.pack(f"<{len(v)}i", *v)
 
 
 def _up(n: int, a: int = 256) -> int:
@@ -75,112 +70,69 @@ class StepPathWorker(KVWorker):
         self.swa_off = cfg.layers * self.layer_bytes
 
     def _register(self) -> None:
+        """RegisterWorker (kvt.register_worker) over the io buffer, then the
+        worker's side of the doorbell (kvt.StepWorker, on
+        libkvdepot_worker.so)."""
         cfg, T, K, W = self.cfg, self.max_tokens, self.cfg.topk, self.cfg.window
-        D = cfg.kv_dim
-        lib = kvd_adapter.worker_library()
-        for name, args, res in (
-                ("kvd_worker_open", [ctypes.c_int, ctypes.c_int64,
-                                     ctypes.c_int, ctypes.c_int,
-                                     ctypes.c_int64,
-                                     ctypes.POINTER(ctypes.c_void_p)],
-                 ctypes.c_int),
-                ("kvd_worker_close", [ctypes.c_void_p], None),
-                ("kvd_step_begin", [ctypes.c_void_p, ctypes.c_void_p],
-                 ctypes.c_int),
-                ("kvd_mark", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int],
-                 ctypes.c_int),
-                ("kvd_wait", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int],
-                 ctypes.c_int),
-                ("kvd_status", [ctypes.c_void_p] + [ctypes.POINTER(
-                    ctypes.c_uint64)] * 4, ctypes.c_int)):
-            f = getattr(lib, name)
-            f.argtypes, f.restype = args, res
-        self.lib = lib
-        # The doorbell: its descriptor goes to kvd_worker_open.
-        reply, fd = self.kv._companion_call(  # noqa: SLF001
-            "allocate_buffer", pb.CompanionRequest(
-                allocate_buffer=pb.AllocateBufferRequest(
-                    size=_up(64 * (2 + 2 * cfg.layers), 4096))))
-        self.doorbell_id = reply.buffer.buffer_id
-        self.stub = step_pb2_grpc.StepStub(self.kv._channel)  # noqa: SLF001
-        r = step_pb2.RegisterWorkerRequest(
-            session_id=self.kv.session_id,
-            doorbell_buffer_id=self.doorbell_id, max_tokens=T,
-            max_seqs=T, max_top_k=K,
-            max_blocks_per_seq=self.num_blocks, name=self.prefix + "step")
+        D, io = cfg.kv_dim, self.io.buf
+        self.doorbell = self.kv.allocate_buffer(kvt.doorbell_bytes(cfg.layers))
+        layers = []
         for l in range(cfg.layers):
             base = l * self.layer_bytes
-            ly = r.layers.add()
-            kv_ref = step_pb2.StepBufferRef(buffer_id=self.io.id,
-                                            offset=base, row_stride=D * 2)
-            ly.main.CopyFrom(step_pb2.StepCache(pool=self.main, layer=l,
-                                                input=kv_ref))
-            ly.swa.CopyFrom(step_pb2.StepCache(pool=self.swa, layer=l,
-                                               input=kv_ref))
-            ly.index.CopyFrom(step_pb2.StepCache(
-                pool=self.idx, layer=l, input=step_pb2.StepBufferRef(
-                    buffer_id=self.io.id, offset=base + self.kv_bytes,
-                    row_stride=cfg.index_dim * 2)))
-            ly.ratio = 1
-            ly.window = W
-            ly.topk.CopyFrom(step_pb2.StepBufferRef(
-                buffer_id=self.io.id,
-                offset=base + self.kv_bytes + self.ik_bytes, row_stride=K * 4))
-            ly.index_out.CopyFrom(step_pb2.StepBufferRef(
-                buffer_id=self.io.id, offset=base + self.kv_bytes +
-                self.ik_bytes + self.tk_bytes, row_stride=K * 4))
-        r.swa_index.CopyFrom(step_pb2.StepSwaIndex(
-            pool=self.swa, window=W, out=step_pb2.StepBufferRef(
-                buffer_id=self.io.id, offset=self.swa_off, row_stride=W * 4)))
-        try:
-            self.registration = self.stub.RegisterWorker(
-                r, timeout=30, metadata=self._md()).registration_id
-            handle = ctypes.c_void_p()
-            ordinal = self.device.index or 0
-            rc = lib.kvd_worker_open(fd, reply.fd_size, ordinal, cfg.layers,
-                                     self.watchdog_ms, ctypes.byref(handle))
-            if rc != 0:
-                raise RuntimeError(f"kvd_worker_open: {rc}: "
-                                   f"{lib.kvd_last_error().decode()}")
-            self.handle = handle
-        finally:
-            os.close(fd)
+            layers.append(kvt.layer(
+                main=kvt.cache(self.main, l, io, offset=base,
+                               row_stride=D * 2),
+                swa=kvt.cache(self.swa, l, io, offset=base, row_stride=D * 2),
+                index=kvt.cache(self.idx, l, io, offset=base + self.kv_bytes,
+                                row_stride=cfg.index_dim * 2),
+                ratio=1, window=W,
+                topk=kvt.buffer_ref(io, base + self.kv_bytes + self.ik_bytes,
+                                    K * 4),
+                index_out=kvt.buffer_ref(
+                    io, base + self.kv_bytes + self.ik_bytes + self.tk_bytes,
+                    K * 4)))
+        self.reg = kvt.register_worker(
+            self.kv, doorbell=self.doorbell, layers=layers,
+            swa_index=step_pb2.StepSwaIndex(
+                pool=self.swa, window=W,
+                out=kvt.buffer_ref(io, self.swa_off, W * 4)),
+            max_tokens=T, max_seqs=T, max_top_k=K,
+            max_blocks_per_seq=self.num_blocks, name=self.prefix + "step")
+        self.sw = kvt.StepWorker.open(self.kv, self.reg,
+                                      device=self.device.index or 0,
+                                      watchdog_ms=self.watchdog_ms)
 
-    def _md(self) -> tuple:
-        # The session rides in call metadata too, as the client's own calls
-        # send it (kvdepot-session-id).
-        return self.kv._metadata  # noqa: SLF001
+    def _step_rpc(self, step_id: int, args: Dict[str, Any]) -> None:
+        kvt.step(self.kv, self.reg.registration_id, step_id=step_id, **args)
 
-    def _stream(self) -> ctypes.c_void_p:
-        return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    def _db(self, op: str, phase: int = 0) -> None:
+        """The doorbell on the current stream: "begin" (step_begin), "mark"
+        or "wait" at a phase (0 = S, phase_a(l), phase_b(l))."""
+        if op == "begin":
+            self.sw.step_begin()
+        elif op == "mark":
+            self.sw.mark(phase)
+        else:
+            self.sw.wait(phase)
 
     def _io(self, offset: int, nbytes: int) -> torch.Tensor:
         return self.io.tensor[offset:offset + nbytes]
 
-    def _call(self, name: str, *a) -> None:
-        rc = getattr(self.lib, name)(self.handle, *a)
-        if rc != 0:
-            raise RuntimeError(f"{name}: {rc}: "
-                               f"{self.lib.kvd_last_error().decode()}")
-
     def status(self) -> Dict[str, int]:
-        v = [ctypes.c_uint64() for _ in range(4)]
-        self._call("kvd_status", *[ctypes.byref(x) for x in v])
-        return dict(zip(("status_bits", "out_of_range", "step_counter",
-                         "daemon_done"), (x.value for x in v)))
+        st = self.sw.status()
+        return {"status_bits": st.status_bits, "out_of_range":
+                st.out_of_range, "step_counter": st.step_counter,
+                "daemon_done": st.daemon_done}
 
     def close(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         try:
-            self.stub.Unregister(step_pb2.UnregisterRequest(
-                session_id=self.kv.session_id,
-                registration_id=self.registration), timeout=30,
-                metadata=self._md())
+            kvt.unregister(self.kv, self.reg.registration_id)
         finally:
-            self.lib.kvd_worker_close(self.handle)
+            self.sw.close()
             self.io.release()
-            self.kv.release_buffer(self.doorbell_id)
+            self.doorbell.release()
             super().close()
 
     @torch.no_grad()
@@ -196,22 +148,9 @@ class StepPathWorker(KVWorker):
             self._ensure_blocks(s, s.cached + 1)
         P = [s.cached for s in seqs]
         pos = torch.tensor(P, device=dev)
-        table: List[int] = []
-        for s in seqs:
-            table += s.blocks + [-1] * (self.num_blocks - len(s.blocks))
-        self.step_id += 1
-        self.stub.Step(step_pb2.StepRequest(
-            session_id=self.kv.session_id,
-            registration_id=self.registration, step_id=self.step_id,
-            slot_mapping=_i32([self._slot(s, p) for s, p in zip(seqs, P)]),
-            num_tokens=B, num_seqs=B, seq_lens=_i32([p + 1 for p in P]),
-            query_lens=_i32([1] * B),
-            swa_state_ids=_i32([s.state_id for s in seqs]),
-            block_tables=_i32(table), block_table_cols=self.num_blocks,
-            top_k=K), timeout=30, metadata=self._md())
-        stream = self._stream()
-        self._call("kvd_step_begin", stream)
-        self._call("kvd_wait", stream, 0)
+        self._send_step(seqs, P)
+        self._db("begin")
+        self._db("wait", 0)
         win = self._io(self.swa_off, B * W * 4).view(torch.int32).view(
             B, W).to(torch.int64)
         x = w.embed[torch.tensor([s.tokens[-1] for s in seqs], device=dev)]
@@ -224,8 +163,8 @@ class StepPathWorker(KVWorker):
             self._io(base + self.kv_bytes, B * cfg.index_dim * 2).view(
                 torch.bfloat16).copy_(pr.ik_raw.reshape(-1).to(
                     torch.bfloat16))
-            self._call("kvd_mark", stream, 1 + 2 * l)
-            self._call("kvd_wait", stream, 1 + 2 * l)
+            self._db("mark", 1 + 2 * l)
+            self._db("wait", 1 + 2 * l)
             topk = torch.full((B, K), -1, dtype=torch.int64, device=dev)
             for b, s in enumerate(seqs):
                 n = P[b] + 1
@@ -241,8 +180,8 @@ class StepPathWorker(KVWorker):
             tk_off = base + self.kv_bytes + self.ik_bytes
             self._io(tk_off, B * K * 4).view(torch.int32).copy_(
                 topk.reshape(-1).to(torch.int32))
-            self._call("kvd_mark", stream, 2 + 2 * l)
-            self._call("kvd_wait", stream, 2 + 2 * l)
+            self._db("mark", 2 + 2 * l)
+            self._db("wait", 2 + 2 * l)
             slots = self._io(tk_off + self.tk_bytes, B * K * 4).view(
                 torch.int32).view(B, K).to(torch.int64)
             if self.check:
@@ -282,21 +221,15 @@ class StepPathWorker(KVWorker):
     # ------------------------------------------------------------ static
 
     def _send_step(self, seqs, P) -> None:
-        K = self.cfg.topk
-        table: List[int] = []
-        for s in seqs:
-            table += s.blocks + [-1] * (self.num_blocks - len(s.blocks))
+        """One Step (the scheduler's side, kvt.step) for this decode step."""
         self.step_id += 1
-        self.stub.Step(step_pb2.StepRequest(
-            session_id=self.kv.session_id,
-            registration_id=self.registration, step_id=self.step_id,
-            slot_mapping=_i32([self._slot(s, p) for s, p in zip(seqs, P)]),
-            num_tokens=len(seqs), num_seqs=len(seqs),
-            seq_lens=_i32([p + 1 for p in P]),
-            query_lens=_i32([1] * len(seqs)),
-            swa_state_ids=_i32([s.state_id for s in seqs]),
-            block_tables=_i32(table), block_table_cols=self.num_blocks,
-            top_k=K), timeout=30, metadata=self._md())
+        self._step_rpc(self.step_id, dict(
+            slot_mapping=[self._slot(s, p) for s, p in zip(seqs, P)],
+            seq_lens=[p + 1 for p in P], query_lens=[1] * len(seqs),
+            swa_state_ids=[s.state_id for s in seqs],
+            block_tables=[s.blocks + [-1] * (self.num_blocks - len(s.blocks))
+                          for s in seqs],
+            top_k=self.cfg.topk))
 
     def _static_inputs(self, B: int) -> None:
         dev, C = self.device, self.num_blocks
@@ -315,10 +248,9 @@ class StepPathWorker(KVWorker):
         cfg, w, dev = self.cfg, self.w, self.device
         B, W, K, D = self.st_batch, cfg.window, cfg.topk, cfg.kv_dim
         bs = cfg.block_size
-        stream = self._stream()
         pos = self.st_pos
-        self._call("kvd_step_begin", stream)
-        self._call("kvd_wait", stream, 0)
+        self._db("begin")
+        self._db("wait", 0)
         win = self._io(self.swa_off, B * W * 4).view(torch.int32).view(
             B, W).to(torch.int64)
         rows = torch.arange(self.num_blocks * bs, device=dev)
@@ -334,8 +266,8 @@ class StepPathWorker(KVWorker):
             self._io(base + self.kv_bytes, B * cfg.index_dim * 2).view(
                 torch.bfloat16).copy_(pr.ik_raw.reshape(-1).to(
                     torch.bfloat16))
-            self._call("kvd_mark", stream, 1 + 2 * l)
-            self._call("kvd_wait", stream, 1 + 2 * l)
+            self._db("mark", 1 + 2 * l)
+            self._db("wait", 1 + 2 * l)
             d, sf = gather_records(self.views[self.idx].layer(l),
                                    self.geo[self.idx], islots.reshape(-1))
             ik = dequant_mxfp8_index(d, sf).view(B, -1, cfg.index_dim)
@@ -346,8 +278,8 @@ class StepPathWorker(KVWorker):
             tk_off = base + self.kv_bytes + self.ik_bytes
             self._io(tk_off, B * K * 4).view(torch.int32).copy_(
                 topk.reshape(-1).to(torch.int32))
-            self._call("kvd_mark", stream, 2 + 2 * l)
-            self._call("kvd_wait", stream, 2 + 2 * l)
+            self._db("mark", 2 + 2 * l)
+            self._db("wait", 2 + 2 * l)
             slots = self._io(tk_off + self.tk_bytes, B * K * 4).view(
                 torch.int32).view(B, K).to(torch.int64)
             wk = self._read_main(self.swa, l, win)

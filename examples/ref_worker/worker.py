@@ -155,7 +155,7 @@ class KVWorker:
                           (self.swa, [state])):
             g = self.geo[name]
             for l in range(self.cfg.layers):
-                layer = self.views[name].layer(l)
+                layer = self.views[name].layer(l).raw
                 for b in ids:
                     n = g.block_stride
                     junk = torch.tensor(

@@ -9,7 +9,7 @@ from ._address import default_socket_path, resolve_target
 from ._arrays import pack_int32, unpack_int32
 from ._buffers import INLINE, Buffer, PoolMapping, Slice
 from ._errors import ClientClosed, KVCacheError, SessionLost
-from .client import (TLS, Client, IndexResult, LoadResult, Plan,
+from .client import (TLS, Client, FusedStore, IndexResult, LoadResult, Plan,
                      PrefillIndexResult, PrefillLoadResult, connect)
 
 # The daemon's version (common/version.h); client_test compares them, and
@@ -29,7 +29,7 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
-    "Buffer", "Client", "ClientClosed", "INLINE", "IndexResult",
+    "Buffer", "Client", "ClientClosed", "FusedStore", "INLINE", "IndexResult",
     "KVCacheError", "LoadResult", "Plan", "PoolMapping",
     "PrefillIndexResult", "PrefillLoadResult", "SessionLost", "Slice", "TLS",
     "__version__", "connect", "default_socket_path", "pack_int32",

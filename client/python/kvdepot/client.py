@@ -14,6 +14,7 @@ whose int32 arrays are array.array('i') (numpy.asarray() views them).
 """
 
 import logging
+import struct
 import threading
 import time
 import weakref
@@ -87,6 +88,60 @@ class PrefillIndexResult:
 
 
 DataLike = Union[bytes, bytearray, memoryview, Slice, Any]
+
+
+_ROPE = {"none": pb.ROPE_STYLE_NONE, "neox": pb.ROPE_STYLE_NEOX,
+         "interleaved": pb.ROPE_STYLE_INTERLEAVED}
+
+
+@dataclass
+class FusedStore:
+    """The fused store's options (SPEC §8, proto FusedStoreOptions), for
+    Client.store(..., fused=...): per token RMSNorm over [norm_begin,
+    norm_end) with norm_weight (BF16 bit patterns [norm_end - norm_begin],
+    bytes-like or a Slice), then RoPE on [rope_offset, rope_offset +
+    rope_dim) at positions (int64 [num_tokens]: ints, or their little-endian
+    bytes) from cos_sin (fp32 [max_position][rope_dim], cos | sin), then
+    a Hadamard on [hadamard_begin, + hadamard_len) (len 0: off).
+    rope: "interleaved" (DeepSeek MLA), "neox" or "none"."""
+
+    norm_end: int
+    norm_weight: DataLike
+    positions: Any
+    cos_sin: DataLike
+    max_position: int
+    rope_dim: int
+    rope_offset: int = 0
+    norm_begin: int = 0
+    eps: float = 1e-6
+    rope: str = "interleaved"
+    hadamard_begin: int = 0
+    hadamard_len: int = 0
+
+    def to_proto(self, num_tokens: int) -> "pb.FusedStoreOptions":
+        if self.rope not in _ROPE:
+            raise invalid_argument(
+                f"fused.rope: \"{self.rope}\" is not one of "
+                + ", ".join(f'"{k}"' for k in _ROPE))
+        if isinstance(self.positions, (bytes, bytearray, memoryview)):
+            positions = bytes(self.positions)
+        else:
+            values = [int(p) for p in self.positions]
+            positions = struct.pack(f"<{len(values)}q", *values)
+        if len(positions) != 8 * num_tokens:
+            raise invalid_argument(
+                f"fused.positions: {len(positions) // 8} int64 entries, "
+                f"slot_mapping {num_tokens}")
+        return pb.FusedStoreOptions(
+            norm_begin=self.norm_begin, norm_end=self.norm_end,
+            norm_weight=_data_ref(self.norm_weight, "fused.norm_weight"),
+            eps=self.eps, rope=_ROPE[self.rope],
+            rope_offset=self.rope_offset, rope_dim=self.rope_dim,
+            positions=pb.DataRef(inline_data=positions),
+            cos_sin=_data_ref(self.cos_sin, "fused.cos_sin"),
+            max_position=self.max_position,
+            hadamard_begin=self.hadamard_begin,
+            hadamard_len=self.hadamard_len)
 
 
 @dataclass(frozen=True)
@@ -623,20 +678,29 @@ class Client:
 
     def store(self, pool: str, layer: int, slot_mapping: Any, kv: DataLike,
               *, dtype: Optional[str] = None,
-              wait_event: bytes = b"") -> int:
+              wait_event: bytes = b"",
+              fused: Optional[FusedStore] = None) -> int:
         """Stores kv[num_tokens, elements] (BF16 bit patterns or fp32,
         little-endian) into the slots of `slot_mapping` (int32[num_tokens];
         slot = block_id * block_size + offset, -1 = padding). kv is
         bytes-like, a NumPy array (float32 -> "fp32", uint16 -> "bf16") or a
         Buffer.slice(). Returns the tokens written. wait_event (CUDA
         backend): the 64 bytes of a cudaIpcEventHandle_t the daemon waits
-        for before its kernels (kvdepot.torch passes the current stream's)."""
+        for before its kernels (kvdepot.torch passes the current stream's).
+        fused: a FusedStore, the daemon normalizes and rotates kv before
+        storing it (SPEC §8); None: a plain store."""
         slots, n, _ = pack_int32(slot_mapping, "slot_mapping")
-        r = self._call("Store", pb.StoreRequest(
+        req = pb.StoreRequest(
             session_id=self.session_id, pool=pool, layer=layer, num_tokens=n,
             slot_mapping=slots, dtype=_dtype(kv, dtype, "kv"),
-            kv=_data_ref(kv, "kv"), wait_event_ipc_handle=wait_event))
-        return r.tokens_written
+            kv=_data_ref(kv, "kv"), wait_event_ipc_handle=wait_event)
+        if fused is not None:
+            if not isinstance(fused, FusedStore):
+                raise invalid_argument(
+                    "fused: expected a kvdepot.FusedStore, got "
+                    f"{type(fused).__name__}")
+            req.fused.CopyFrom(fused.to_proto(n))
+        return self._call("Store", req).tokens_written
 
     @staticmethod
     def _sequences(seqlen_k: Any, block_table: Any,

@@ -50,7 +50,7 @@ from ._errors import KVCacheError, invalid_argument
 from ._worker_lib import (STATUS_CANCELLED, STATUS_DAEMON_ERROR,
                           STATUS_OUT_OF_RANGE, STATUS_STEP_MISMATCH,
                           STATUS_WORKER_WATCHDOG, WorkerReleased)
-from .client import Client
+from .client import Client, FusedStore
 from .step import (Registration, buffer_ref, cache, doorbell_bytes,
                    grant_registration, layer, list_registrations,
                    register_worker, step, step_status, unregister)
@@ -304,11 +304,12 @@ def _layout(client: Client, pool: str, fresh: bool = False) -> Any:
 # ------------------------------------------------------------ operations
 
 def store(client: Client, pool: str, layer: int, slot_mapping: Any,
-          kv: Any) -> int:
+          kv: Any, *, fused: Optional[FusedStore] = None) -> int:
     """Stores kv [num_tokens, elements] (bfloat16 or float32) into the slots
     of slot_mapping (int32 [num_tokens], -1 = padding). A view of a buffer
     (buffer_tensor) is read in place; any other CPU tensor goes inline.
-    Returns the tokens written."""
+    fused: a kvdepot.FusedStore (the daemon's RMSNorm/RoPE before storing,
+    SPEC §8), as for Client.store. Returns the tokens written."""
     slots = _int32(slot_mapping, "slot_mapping")
     kv = _check_tensor(kv, "kv", tuple(_KV_DTYPES), 2)
     n = len(slots) // 4
@@ -324,7 +325,7 @@ def store(client: Client, pool: str, layer: int, slot_mapping: Any,
                 f"{elements} elements per token")
     data, event = _data_arg(client, kv, "kv")
     return client.store(pool, layer, slots, data, dtype=_KV_DTYPES[kv.dtype],
-                         wait_event=event)
+                        wait_event=event, fused=fused)
 
 
 def _out_arg(client: Client, out: Optional["torch.Tensor"], field: str,

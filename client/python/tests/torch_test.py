@@ -111,6 +111,66 @@ class TorchTest(unittest.TestCase):
         self.assertIsNone(kt._slice_of(kv, t))
         t[0] = 5   # still mapped: no crash
 
+    def test_fused_store_equals_the_raw_request(self):
+        """Client.store(fused=FusedStore) and kt.store(fused=...) send what
+        a hand-built StoreRequest.fused does (pools byte-equal), and the
+        daemon applied it (a plain store of the same rows differs)."""
+        import struct
+
+        from kvdepot.v1 import kvdepot_pb2 as pb
+        kv = self.kv
+        n, e, maxpos = 9, 24, 32
+        for name in ("fz_raw", "fz_client", "fz_torch", "fz_plain"):
+            kv.create_pool(name, "BF16", elements=e, block_size=4,
+                           num_blocks=4, num_layers=2)
+        x = bf16_tensor(17, n, e)
+        self.assertTrue(bool((x != 0).any()))
+        slots = [3, 0, -1, 5, 6, 7, 12, 13, 1]
+        positions = [4, 0, 1, 9, 31, 2, 3, 5, 6]
+        weight = bf16_tensor(5, 1, 16).reshape(16)
+        g = torch.Generator().manual_seed(3)
+        cos_sin = torch.randn(maxpos, 8, generator=g)
+        fused = kvdepot.FusedStore(
+            norm_end=16, norm_weight=raw(weight), positions=positions,
+            cos_sin=raw(cos_sin), max_position=maxpos, rope_dim=8,
+            rope_offset=16, eps=1e-5)
+        req = pb.StoreRequest(
+            session_id=kv.session_id, pool="fz_raw", layer=1, num_tokens=n,
+            slot_mapping=struct.pack(f"<{n}i", *slots),
+            dtype=pb.INPUT_DTYPE_BF16, kv=pb.DataRef(inline_data=raw(x)),
+            fused=pb.FusedStoreOptions(
+                norm_begin=0, norm_end=16,
+                norm_weight=pb.DataRef(inline_data=raw(weight)), eps=1e-5,
+                rope=pb.ROPE_STYLE_INTERLEAVED, rope_offset=16, rope_dim=8,
+                positions=pb.DataRef(inline_data=struct.pack(
+                    f"<{n}q", *positions)),
+                cos_sin=pb.DataRef(inline_data=raw(cos_sin)),
+                max_position=maxpos))
+        self.assertEqual(kv._call("Store", req).tokens_written, 8)
+        self.assertEqual(kv.store("fz_client", 1, slots, raw(x),
+                                  dtype="bf16", fused=fused), 8)
+        self.assertEqual(kt.store(kv, "fz_torch", 1, torch.tensor(
+            slots, dtype=torch.int32), x, fused=fused), 8)
+        kt.store(kv, "fz_plain", 1, torch.tensor(slots, dtype=torch.int32),
+                 x)
+        pools = [kt.pool_layer_tensor(kv, p, 1).raw.clone() for p in
+                 ("fz_raw", "fz_client", "fz_torch", "fz_plain")]
+        self.assertTrue(bool((pools[0] != 0).any()))
+        self.assertTrue(torch.equal(pools[0], pools[1]))
+        self.assertTrue(torch.equal(pools[0], pools[2]))
+        self.assertFalse(torch.equal(pools[0], pools[3]))
+        # Checked in the client: positions per token, a known RoPE style.
+        bad = kvdepot.FusedStore(**{**fused.__dict__,
+                                    "positions": positions[:-1]})
+        self.assertFails(grpc.StatusCode.INVALID_ARGUMENT,
+                         "fused.positions: 8 int64 entries, slot_mapping 9",
+                         kv.store, "fz_client", 1, slots, raw(x),
+                         dtype="bf16", fused=bad)
+        bad = kvdepot.FusedStore(**{**fused.__dict__, "rope": "gptj"})
+        self.assertFails(grpc.StatusCode.INVALID_ARGUMENT, "fused.rope",
+                         kt.store, kv, "fz_client", 1, torch.tensor(
+                             slots, dtype=torch.int32), x, fused=bad)
+
     def test_store_and_load_bit_identical_to_the_bytes_path(self):
         kv = self.kv
         for fmt, elements in (("V41", 0), ("BF16", 12)):
