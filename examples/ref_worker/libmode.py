@@ -690,7 +690,10 @@ class Lockstep:
         if ids != sorted(self.lw.seqs):
             raise Mismatch("the two workers hold different sequences")
         got = {}
-        for key, w in (("daemon", self.dw), ("library", self.lw)):
+        order = [("daemon", self.dw), ("library", self.lw)]
+        if self.steps % 2:      # alternate who goes first (timing bias)
+            order.reverse()
+        for key, w in order:
             self._sync()
             t = time.perf_counter()
             got[key] = w.decode(ids)
@@ -733,8 +736,14 @@ class Lockstep:
                 "kvdepot_calls_per_layer_step": round(w.decode_rpcs / ls, 3),
                 "kvdepot_call_ms_per_layer_step": round(
                     1000 * w.decode_rpc_s / ls, 3)}
+        # The daemon path's cost over library mode per layer and step: in
+        # the whole decode (noisy on a loaded machine: it includes the
+        # model's own compute, timed separately on each side), and in the
+        # kvdepot calls alone (RPCs vs in-process kernel calls).
         r["daemon_overhead_ms_per_layer_step"] = round(
             1000 * (self.time["daemon"] - self.time["library"]) / ls, 3)
+        r["daemon_call_overhead_ms_per_layer_step"] = round(
+            1000 * (self.dw.decode_rpc_s - self.lw.decode_rpc_s) / ls, 3)
         if self.compare:
             r["compared_entries"] = self.compared_entries
             r["compared_bytes"] = self.compared_bytes
