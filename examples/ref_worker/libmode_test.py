@@ -14,6 +14,7 @@ import torch
 
 import kvdepot
 import libmode
+import libmode_oracle as oracle
 import scenarios
 from model import Config, make_weights
 
@@ -73,10 +74,11 @@ class LibraryModeTest(unittest.TestCase):
         w = make_weights(cfg, CPU)
         lib, K, _ = libmode.kernels()
         kv = kvdepot.connect(self.daemon.socket, client_name=f"mut{seed}")
-        dw = libmode.DaemonWorker(kv, cfg, w, CPU, prefix=f"m{seed}.")
-        lw = libmode.LibraryWorker(libmode.LibraryKernels(lib, K, CPU), cfg,
-                                   w, CPU, prefix=f"m{seed}.")
-        ls = libmode.Lockstep(dw, lw)
+        dw = oracle.DaemonWorker(kv, cfg, w, CPU, prefix=f"m{seed}.")
+        lw = oracle.RecordingLibraryWorker(
+            libmode.LibraryKernels(lib, K, CPU), cfg, w, CPU,
+            prefix=f"m{seed}.")
+        ls = oracle.Lockstep(dw, lw)
         ls.start(0, scenarios.prompt(random.Random(seed), cfg, 70), 8)
         ls.step()
         return kv, ls
@@ -105,7 +107,7 @@ class LibraryModeTest(unittest.TestCase):
                     self.flip(w, "swa", s.state_id * w.cfg.window +
                               p % w.cfg.window)
                     with self.assertRaisesRegex(
-                            libmode.Mismatch,
+                            oracle.Mismatch,
                             "decode step 2: layer 0 swa dequantized rows"):
                         ls.step()
                 finally:
@@ -120,7 +122,7 @@ class LibraryModeTest(unittest.TestCase):
             w = ls.dw
             last = w.num_blocks * w.cfg.block_size - 1    # never used
             self.flip(w, "main", last)
-            with self.assertRaisesRegex(libmode.Mismatch,
+            with self.assertRaisesRegex(oracle.Mismatch,
                                         "pool main layer 0: byte"):
                 ls.finish_pools()
         finally:

