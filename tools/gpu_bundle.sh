@@ -99,11 +99,20 @@ cp libkvdepot/kvdepot_kernels.py libkvdepot/capi_torch_check.py gpu_pack/
 # Python client beside it (run.py imports both from its own folder):
 #   LD_LIBRARY_PATH=gpu_bundle/lib python3 gpu_pack/ref_worker/run.py \
 #     --device cuda --daemon gpu_bundle/bin/kvdepotd ...
+# Its `library` scenario (daemon vs library mode, libmode.py) loads
+# gpu_bundle/bin/libkvdepot_kernels.so (manifest: bin) through
+# gpu_pack/kvdepot_kernels.py (both found from run.py's folder; or set
+# KVDEPOT_KERNELS_LIB).
 rm -rf gpu_pack/ref_worker
 mkdir -p gpu_pack/ref_worker
 cp examples/ref_worker/*.py gpu_pack/ref_worker/
 cp -r client/python/kvdepot gpu_pack/ref_worker/kvdepot
 find gpu_pack/ref_worker -name __pycache__ -prune -exec rm -rf {} +
+if [[ ! -f "$bundle/bin/libkvdepot_kernels.so" ]]; then
+  echo "gpu_bundle: no bin/libkvdepot_kernels.so (ref_worker's library" \
+    "scenario needs it; tools/gpu/manifest.txt)" >&2
+  exit 1
+fi
 pack_kib=$(du -sk gpu_pack | cut -f1)
 echo "gpu_pack: ${pack_kib} KiB (carry gpu_pack)"
 if ((pack_kib > 64 * 1024)); then

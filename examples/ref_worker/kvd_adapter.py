@@ -148,24 +148,51 @@ def worker_library_error() -> str:
 
 # ------------------------------------------------------------ library mode
 
-_KERNELS_CANDIDATES = (
-    "bazel-bin/kernels/libkvdepot_kernels.so",
-    "bazel-bin/kernels/library/libkvdepot_kernels.so",
-    "libkvdepot_kernels.so",
-)
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(os.path.dirname(_HERE))   # repo; gpu_pack/..: bundle
+
+
+def _kernels_candidates() -> List[str]:
+    """The Bazel output, the runfiles copy (data of a test), the GPU
+    bundle; $KVDEPOT_KERNELS_LIB alone when set."""
+    if os.environ.get("KVDEPOT_KERNELS_LIB"):
+        return [os.environ["KVDEPOT_KERNELS_LIB"]]
+    return [os.path.join(_ROOT, rel) for rel in (
+        "bazel-bin/libkvdepot/libkvdepot_kernels.so",
+        "libkvdepot/libkvdepot_kernels.so",
+        "gpu_bundle/bin/libkvdepot_kernels.so")]
+
+
+_kernels_lib: Optional[ctypes.CDLL] = None
 
 
 def kernels_library() -> Tuple[Optional[ctypes.CDLL], str]:
-    """(the library, "") or (None, why not). $KVDEPOT_KERNELS_LIB first."""
-    paths = [os.environ["KVDEPOT_KERNELS_LIB"]] if os.environ.get(
-        "KVDEPOT_KERNELS_LIB") else list(_KERNELS_CANDIDATES)
+    """(the library, "") or (None, why not): libkvdepot_kernels.so loaded by
+    libkvdepot/kvdepot_kernels.py's load() (every signature declared, the
+    ABI version checked; found beside this folder's parent, as in the repo,
+    or in gpu_pack/). $KVDEPOT_KERNELS_LIB first."""
+    global _kernels_lib
+    if _kernels_lib is not None:
+        return _kernels_lib, ""
+    import sys
+    for d in (os.path.join(_ROOT, "libkvdepot"), os.path.dirname(_HERE)):
+        if os.path.isfile(os.path.join(d, "kvdepot_kernels.py")):
+            if d not in sys.path:
+                sys.path.append(d)
+            break
+    try:
+        import kvdepot_kernels  # type: ignore
+    except ImportError as e:
+        return None, f"library mode unavailable: kvdepot_kernels.py: {e}"
     errors = []
-    for p in paths:
+    for p in _kernels_candidates():
         try:
-            return ctypes.CDLL(p), ""
-        except OSError as e:
+            _kernels_lib = kvdepot_kernels.load(p)
+            return _kernels_lib, ""
+        except (OSError, AttributeError, kvdepot_kernels.KernelsError) as e:
             errors.append(f"{p}: {e}")
-    return None, ("library mode unavailable: libkvdepot_kernels.so (the C "
-                  "ABI of kvdepot's kernels, parallel work not merged into "
-                  "this branch) was not found; tried " + "; ".join(errors))
+    return None, ("library mode unavailable: libkvdepot_kernels.so (bazel "
+                  "build //libkvdepot:libkvdepot_kernels.so, or set "
+                  "KVDEPOT_KERNELS_LIB) was not loaded; tried "
+                  + "; ".join(errors))
 

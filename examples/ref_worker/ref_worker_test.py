@@ -225,13 +225,7 @@ class StepPathPlumbingTest(unittest.TestCase):
             self.assertEqual(d.stop(), 0, d.log_text())
 
 
-class LibraryModeTest(unittest.TestCase):
-    def test_daemon_vs_library_mode(self):
-        lib, why = kvd_adapter.kernels_library()
-        if lib is None:
-            self.skipTest(why)
-        self.fail("libkvdepot_kernels.so is present: write the library-mode "
-                  "backend (kvd_adapter) and compare bit for bit")
+# Daemon vs library mode: //examples/ref_worker:libmode_test (libmode_test.py).
 
 
 # Bazel test sharding (BUILD shard_count = 2): each test's seconds as measured

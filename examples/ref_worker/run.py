@@ -167,10 +167,28 @@ def run_one(name: str, args: argparse.Namespace, address: str,
             args.step_mode != "graph" or out["graph_replays"] > 0)
         return out
     if name == "library":
-        lib, why = kvd_adapter.kernels_library()
-        out.update({"passed": True, "skipped": why} if lib is None else {
-            "passed": False, "skipped": "libkvdepot_kernels.so found but "
-            "its backend is not written yet (its header was not available)"})
+        # Daemon mode vs library mode (libmode.py): bit-identical reads,
+        # tokens and pools, then both timed.
+        import libmode
+        import libmode_oracle
+        lib, _, why = libmode.kernels()
+        if lib is None:
+            return {**out, "passed": True, "skipped": why}
+        if device.type == "cuda" and not lib.kvdk_has_cuda():
+            return {**out, "passed": True, "skipped": "libkvdepot_kernels.so "
+                    "was built without CUDA"}
+        out["path"] = "per-layer RPCs vs libkvdepot_kernels.so in-process"
+        with kvdepot.connect(address, client_name="refworker-library") as kv:
+            t = time.perf_counter()
+            try:
+                out.update(libmode_oracle.run_scenario(
+                    kv, cfg, w, device, steps=args.steps, seed=args.seed,
+                    prefix=args.prefix + "library.",
+                    speed=getattr(args, "library_speed", True)))
+                out["passed"] = True
+            except libmode_oracle.Mismatch as e:
+                out.update({"passed": False, "mismatch": str(e)})
+            out["wall_s"] = round(time.perf_counter() - t, 2)
         return out
     if name == "two_workers":
         procs = [subprocess.Popen(child_cmd(args, address, "basic",
