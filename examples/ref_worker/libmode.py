@@ -31,6 +31,8 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+import kvdepot.torch as kvt
+
 import kvd_adapter
 import worker as worker_mod
 from codec import LayerGeometry
@@ -65,11 +67,11 @@ class LibPool:
         self.layout = self.info          # LayerGeometry.of reads it as is
         self.tensor = torch.zeros(self.info.total_bytes, dtype=torch.uint8,
                                   device=device)
-        st, lb = self.info.layer_stride, self.info.layer_bytes
-        self._layers = [self.tensor[l * st:l * st + lb]
+        # kvdepot.torch's PoolLayerView over this tensor, as in daemon mode.
+        self._layers = [kvt.layer_view(self.tensor, self.info, l)
                         for l in range(num_layers)]
 
-    def layer(self, l: int) -> torch.Tensor:
+    def layer(self, l: int) -> "kvt.PoolLayerView":
         return self._layers[l]
 
     @property

@@ -102,40 +102,10 @@ class RecordingLibraryWorker(RecordingMixin, LibraryWorker):
     """libmode.LibraryWorker, recording."""
 
 
-class DaemonPoolView:
-    """A daemon pool through kvdepot.torch.map_pool_tensors (one zero-copy
-    mapping, CPU memfd or CUDA VMM): PoolView's surface, layer(l) = the
-    layer's layer_bytes. kvd_adapter.PoolView when kvdepot.torch is absent.
-    (kvd_adapter.PoolView's kvdepot.torch branch predates PoolLayerView and
-    is being fixed in parallel; this keeps the oracle independent of it.)"""
-
-    def __init__(self, client, name: str, device: torch.device):
-        if kvd_adapter.kvt is None or not hasattr(kvd_adapter.kvt,
-                                                  "map_pool_tensors"):
-            self._inner = kvd_adapter.PoolView(client, name, device)
-            self.layout = self._inner.layout
-            self.layer = self._inner.layer
-            return
-        self._inner = None
-        self._pool = kvd_adapter.kvt.map_pool_tensors(client, name)
-        self.layout = self._pool.layout
-        self._layers = [self._pool.layer(l).raw
-                        for l in range(self.layout.num_layers)]
-
-    def layer(self, l: int) -> torch.Tensor:   # noqa: F811 (see __init__)
-        return self._layers[l]
-
-    def close(self) -> None:
-        if self._inner is not None:
-            self._inner.close()
-        self._layers = []
-        self._pool = None
-
-
 class DaemonWorker(RecordingMixin, KVWorker):
     """worker.KVWorker (the daemon's pools and RPCs), recording."""
 
-    def _open(self) -> None:     # worker.KVWorker._open, DaemonPoolViews
+    def _open(self) -> None:     # worker.KVWorker._open
         cfg, p = self.cfg, self.prefix
         self.main, self.swa, self.idx = p + "main", p + "swa", p + "idx"
         dev = ("" if self.device.type == "cpu"
@@ -147,7 +117,7 @@ class DaemonWorker(RecordingMixin, KVWorker):
             self.kv.create_or_get_pool(name, fmt, block_size=bs,
                                        num_blocks=nb, num_layers=cfg.layers,
                                        device=dev)
-        self.views = {n: DaemonPoolView(self.kv, n, self.device)
+        self.views = {n: kvd_adapter.PoolView(self.kv, n, self.device)
                       for n in (self.main, self.swa, self.idx)}
         self.geo = {n: LayerGeometry.of(v.layout)
                     for n, v in self.views.items()}
@@ -201,7 +171,7 @@ def compare_pools(daemon: KVWorker, lib: LibraryWorker) -> int:
         dv = daemon.views[daemon.prefix + kind]
         lv = lib.views[lib.prefix + kind]
         for l in range(daemon.cfg.layers):
-            a, b = dv.layer(l), lv.layer(l)
+            a, b = dv.layer(l).raw, lv.layer(l).raw
             if a.numel() != b.numel():
                 raise Mismatch(f"pool {kind} layer {l}: {a.numel()} vs "
                                f"{b.numel()} bytes")

@@ -89,7 +89,7 @@ class LibraryModeTest(unittest.TestCase):
         b, t = divmod(slot, g.block_size)
         off = b * g.block_stride + t * (g.bytes_per_token if g.interleaved
                                         else g.data_bytes) + byte
-        layer = worker.views[worker.prefix + kind].layer(0)
+        layer = worker.views[worker.prefix + kind].layer(0).raw
         layer[off] = int(layer[off]) ^ 1
 
     def test_one_byte_changed_on_either_side_is_caught(self):

@@ -13,7 +13,7 @@ PrefillIndex (KVWorker).
 
 WRITTEN WITHOUT A GPU: first run on the GPU host is its first test."""
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -33,6 +33,9 @@ def _up(n: int, a: int = 256) -> int:
 
 
 class StepPathWorker(KVWorker):
+    # The worker's own CUDA stream, set by _register (None on the CPU).
+    stream: Optional["torch.cuda.Stream"] = None
+
     def __init__(self, client: kvdepot.Client, cfg: Config, w: Weights,
                  device: torch.device, *, max_tokens: int = 8,
                  watchdog_ms: int = 10000, mode: str = "eager", **kw):
@@ -101,6 +104,11 @@ class StepPathWorker(KVWorker):
         self.sw = kvt.StepWorker.open(self.kv, self.reg,
                                       device=self.device.index or 0,
                                       watchdog_ms=self.watchdog_ms)
+        # The worker's own stream: the doorbell calls refuse the legacy
+        # default stream (it cannot be captured), and torch's current
+        # stream is that one unless a caller chose another.
+        self.stream = (torch.cuda.Stream(device=self.device)
+                       if self.device.type == "cuda" else None)
 
     def _step_rpc(self, step_id: int, args: Dict[str, Any]) -> None:
         kvt.step(self.kv, self.reg.registration_id, step_id=step_id, **args)
@@ -137,6 +145,16 @@ class StepPathWorker(KVWorker):
 
     @torch.no_grad()
     def decode(self, seq_ids: List[int]) -> Dict[int, torch.Tensor]:
+        if self.stream is None:
+            return self._decode_on_stream(seq_ids)
+        caller = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(caller)
+        with torch.cuda.stream(self.stream):
+            out = self._decode_on_stream(seq_ids)
+        caller.wait_stream(self.stream)
+        return out
+
+    def _decode_on_stream(self, seq_ids: List[int]) -> Dict[int, torch.Tensor]:
         if self.mode != "eager":
             return self._decode_static(seq_ids)
         cfg, w, dev = self.cfg, self.w, self.device

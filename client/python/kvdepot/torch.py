@@ -560,32 +560,46 @@ class PoolTensors:
         self._mapping = mapping
 
     def layer(self, layer: int) -> PoolLayerView:
-        L = self.layout
-        if not 0 <= layer < L.num_layers:
-            raise invalid_argument(
-                f"layer = {layer} is outside [0, {L.num_layers})")
-        start = layer * L.layer_stride
-        base, nb, bs = self.all, L.num_blocks, L.block_size
+        return layer_view(self.all, self.layout, layer)
 
-        def view(width: int, token_stride: int,
-                 offset: int) -> "torch.Tensor":
-            return base.as_strided((nb, bs, width),
-                                   (L.block_stride, token_stride, 1),
-                                   base.storage_offset() + start + offset)
 
-        if L.token_interleaved:
-            records = view(L.bytes_per_token, L.bytes_per_token, 0)
-            data = view(L.data_bytes, L.bytes_per_token, 0)
-            scales = view(L.sf_bytes, L.bytes_per_token, L.data_bytes) \
-                if L.sf_bytes else None
-        else:
-            records = None
-            data = view(L.data_bytes, L.data_bytes, 0)
-            scales = view(L.sf_bytes, L.sf_bytes, bs * L.data_bytes) \
-                if L.sf_bytes else None
-        return PoolLayerView(layout=L, layer=layer,
-                             raw=base[start:start + L.layer_bytes],
-                             records=records, data=data, scales=scales)
+def layer_view(base: "torch.Tensor", layout: Any,
+               layer: int) -> PoolLayerView:
+    """The PoolLayerView of layer `layer` of a pool whose bytes are `base`
+    (uint8 [total_bytes]) laid out by `layout` (the daemon's PoolInfo
+    layout, or any object with its field names, e.g. library mode's
+    kvdk_layout_info): the same views map_pool_tensors() gives, over memory
+    the caller owns."""
+    L = layout
+    if not 0 <= layer < L.num_layers:
+        raise invalid_argument(
+            f"layer = {layer} is outside [0, {L.num_layers})")
+    if base.dtype != torch.uint8 or base.dim() != 1 or \
+            base.numel() < L.total_bytes:
+        raise invalid_argument(
+            f"base: expected uint8 [>= {L.total_bytes}] bytes, got "
+            f"{base.dtype} {tuple(base.shape)}")
+    start = layer * L.layer_stride
+    nb, bs = L.num_blocks, L.block_size
+
+    def view(width: int, token_stride: int, offset: int) -> "torch.Tensor":
+        return base.as_strided((nb, bs, width),
+                               (L.block_stride, token_stride, 1),
+                               base.storage_offset() + start + offset)
+
+    if L.token_interleaved:
+        records = view(L.bytes_per_token, L.bytes_per_token, 0)
+        data = view(L.data_bytes, L.bytes_per_token, 0)
+        scales = view(L.sf_bytes, L.bytes_per_token, L.data_bytes) \
+            if L.sf_bytes else None
+    else:
+        records = None
+        data = view(L.data_bytes, L.data_bytes, 0)
+        scales = view(L.sf_bytes, L.sf_bytes, bs * L.data_bytes) \
+            if L.sf_bytes else None
+    return PoolLayerView(layout=L, layer=layer,
+                         raw=base[start:start + L.layer_bytes],
+                         records=records, data=data, scales=scales)
 
 
 def map_pool_tensors(client: Client, pool_name: str) -> PoolTensors:
@@ -624,6 +638,28 @@ class RegisteredTensor:
             c.release_buffer(self.id)
 
 
+_IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
+
+
+def _ipc_mem_handle(raw: bytes) -> bytes:
+    """The cudaIpcMemHandle_t in what storage._share_cuda_() returns: the
+    64 bytes themselves (older torch), or 2 + 64 bytes (newer torch: a
+    format version byte and a kind byte, b"c" for a cudaMalloc block, then
+    the handle). Anything else (b"e": an expandable segment, shared by its
+    own mechanism) has no legacy handle to import."""
+    if len(raw) == _IPC_HANDLE_BYTES:
+        return raw
+    if len(raw) == _IPC_HANDLE_BYTES + 2 and raw[1:2] == b"c":
+        return raw[2:]
+    raise KVCacheError(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        f"register_tensor: storage._share_cuda_() gave a {len(raw)}-byte "
+        f"handle of kind {raw[1:2]!r}, not a cudaMalloc block's "
+        "cudaIpcMemHandle_t (expandable segments? set "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False, or use "
+        "buffer_tensor())")
+
+
 def register_tensor(client: Client, tensor: "torch.Tensor"
                     ) -> RegisteredTensor:
     """LEGACY: lends an existing CUDA tensor's memory to the daemon by its
@@ -652,6 +688,7 @@ def register_tensor(client: Client, tensor: "torch.Tensor"
     shared = share()
     device, handle, _, storage_offset = shared[0], shared[1], shared[2], \
         shared[3]
+    handle = _ipc_mem_handle(bytes(handle))
     nbytes = t.numel() * t.element_size()
     offset = storage_offset + t.storage_offset() * t.element_size()
     from kvdepot.v1 import kvdepot_pb2 as pb

@@ -76,6 +76,17 @@ class TorchTest(unittest.TestCase):
 
     # ------------------------------------------------------------ buffers
 
+    def test_legacy_ipc_handle_formats(self):
+        # storage._share_cuda_(): 64 bytes (older torch) or a version and
+        # a kind byte before them (newer torch; b"c": cudaMalloc).
+        h = bytes(range(64))
+        self.assertEqual(kt._ipc_mem_handle(h), h)
+        self.assertEqual(kt._ipc_mem_handle(b"\x01c" + h), h)
+        for bad in (b"\x01e" + h, h[:10], h + b"xy" + h):
+            with self.assertRaises(kvdepot.KVCacheError) as e:
+                kt._ipc_mem_handle(bad)
+            self.assertIn("register_tensor", e.exception.message)
+
     def test_buffer_tensor_is_the_buffer(self):
         kv = self.kv
         with kv.allocate_buffer(4096) as buf:
