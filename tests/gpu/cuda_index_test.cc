@@ -64,7 +64,11 @@ class CudaIndexTest : public GpuTest {
     absl::StatusOr<CudaIpcMapping> m = CudaIpcMapping::Open(b->handle());
     ASSERT_TRUE(m.ok()) << m.status();
     buf_.emplace(*std::move(m));
+    // cudaMemset runs on the legacy stream, unordered with stream_ (a
+    // non-blocking stream): wait for it, or it may land after a test's
+    // first Put on stream_ and overwrite that input.
     ASSERT_OK(Cuda(cudaMemset(buf_->data(), kFill, kBufferBytes), "fill"));
+    ASSERT_OK(Cuda(cudaDeviceSynchronize(), "fill done"));
   }
   void TearDown() override {
     buf_.reset();
@@ -191,6 +195,7 @@ TEST_F(CudaIndexTest, ConvertTopkOrderedByEvents) {
   const int64_t n = c.batch * c.k;
   Put(1 << 20, c.table);
   ASSERT_OK(Cuda(cudaMemset(buf_->data(), 0, n * 4), "old topk"));
+  ASSERT_OK(Cuda(cudaDeviceSynchronize(), "old topk done"));
   absl::StatusOr<CudaIpcEvent> mine = CudaIpcEvent::Create(0);
   ASSERT_TRUE(mine.ok()) << mine.status();
   Put(0, c.topk, kDelay);
@@ -211,6 +216,7 @@ TEST_F(CudaIndexTest, ConvertTopkOrderedByEvents) {
   ASSERT_TRUE(theirs.ok()) << theirs.status();
   ASSERT_OK(theirs->Wait(stream_->get()));
   ASSERT_OK(stream_->Sync());
+  EXPECT_EQ(Get(0, n), c.topk) << "the client's late write did not land";
   EXPECT_EQ(Get(2 << 20, n), want);
   EXPECT_EQ(Word(3 << 20), invalid);
 
@@ -220,6 +226,58 @@ TEST_F(CudaIndexTest, ConvertTopkOrderedByEvents) {
   absl::StatusOr<v1::ConvertTopkResponse> bad = client_->ConvertTopk(r);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument)
       << bad.status();
+}
+
+// The two halves of the test above apart: record_event on inputs that
+// are in place before the call, then the client's event alone.
+TEST_F(CudaIndexTest, ConvertTopkRecordEventAlone) {
+  std::mt19937 rng(402);
+  const TopkCase c = RandomTopk(7, kNumBlocks, 33, 64, 19, rng);
+  int64_t invalid = 0;
+  const std::vector<int32_t> want = ExpectedSlots(c, &invalid);
+  const int64_t n = c.batch * c.k;
+  Put(1 << 20, c.table);
+  Put(0, c.topk);
+  v1::ConvertTopkRequest r = Request(c);
+  *r.mutable_topk_buffer() = Slice(id_, 0, n * 4);
+  *r.mutable_block_table_buffer() = Slice(id_, 1 << 20, c.batch * c.cols * 4);
+  *r.mutable_slots_buffer() = Slice(id_, 2 << 20, n * 4);
+  *r.mutable_invalid_count_buffer() = Slice(id_, 3 << 20, 8);
+  r.set_record_event(true);
+  absl::StatusOr<v1::ConvertTopkResponse> out = client_->ConvertTopk(r);
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->recorded_event_ipc_handle().size(), kCudaIpcHandleBytes);
+  absl::StatusOr<CudaIpcEvent> theirs = CudaIpcEvent::Open(
+      "recorded_event_ipc_handle", out->recorded_event_ipc_handle(), 0);
+  ASSERT_TRUE(theirs.ok()) << theirs.status();
+  ASSERT_OK(theirs->Wait(stream_->get()));
+  ASSERT_OK(stream_->Sync());
+  EXPECT_EQ(Get(2 << 20, n), want);
+  EXPECT_EQ(Word(3 << 20), invalid);
+}
+
+TEST_F(CudaIndexTest, ConvertTopkWaitEventAlone) {
+  std::mt19937 rng(402);
+  const TopkCase c = RandomTopk(7, kNumBlocks, 33, 64, 19, rng);
+  int64_t invalid = 0;
+  const std::vector<int32_t> want = ExpectedSlots(c, &invalid);
+  const int64_t n = c.batch * c.k;
+  Put(1 << 20, c.table);
+  ASSERT_OK(Cuda(cudaMemset(buf_->data(), 0, n * 4), "old topk"));
+  ASSERT_OK(Cuda(cudaDeviceSynchronize(), "old topk done"));
+  absl::StatusOr<CudaIpcEvent> mine = CudaIpcEvent::Create(0);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  Put(0, c.topk, kDelay);
+  ASSERT_OK(mine->Record(stream_->get()));
+  v1::ConvertTopkRequest r = Request(c);
+  *r.mutable_topk_buffer() = Slice(id_, 0, n * 4);
+  *r.mutable_block_table_buffer() = Slice(id_, 1 << 20, c.batch * c.cols * 4);
+  *r.mutable_slots_buffer() = Slice(id_, 2 << 20, n * 4);
+  r.set_wait_event_ipc_handle(mine->handle());
+  absl::StatusOr<v1::ConvertTopkResponse> out = client_->ConvertTopk(r);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->invalid_count(), invalid);
+  EXPECT_EQ(Get(2 << 20, n), want);
 }
 
 TEST_F(CudaIndexTest, SwaDecodeIndexIntoDeviceMemory) {
