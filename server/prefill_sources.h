@@ -49,7 +49,7 @@ struct PrefillSourceKey {
   std::weak_ptr<Pool> main_pool;  // the object, not its name
   int64_t main_layer = 0;
   int32_t window = 0;
-  int32_t ratio = 0;  // as resolved (0 in a request means 1)
+  int32_t ratio = 0;  // as resolved (0: no compressed part, never a source)
   std::vector<int32_t> seqlen_k, seqlen_q, swa_valid_start;  // [num_seqs]
   PrefillLayout layout;
 };
