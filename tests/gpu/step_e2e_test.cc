@@ -6,7 +6,6 @@
 // reference; the worker's side replays from a CUDA graph; a third step in
 // flight is refused.
 #include <cuda_runtime_api.h>
-#include <signal.h>
 #include <stdlib.h>
 
 #include <memory>
@@ -16,8 +15,8 @@
 
 #include "gtest/gtest.h"
 #include "proto/step_doorbell.h"
-#include "tests/daemon_process.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/step_daemon_env.h"
 #include "tests/gpu/step_harness.h"
 
 namespace kvdepot::testing {
@@ -35,34 +34,7 @@ const bool kEnvironment =
     (SetStepEnvironment(), setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1),
      true);
 
-class StepDaemon : public ::testing::Environment {
- public:
-  void SetUp() override {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return;
-    absl::StatusOr<std::unique_ptr<DaemonProcess>> d = DaemonProcess::Start(
-        {"--backend=cuda", "--log_level=warn"}, DaemonBinary());
-    if (!d.ok()) {
-      ADD_FAILURE() << "starting kvdepotd --backend=cuda: " << d.status();
-      return;
-    }
-    daemon_ = *std::move(d);
-  }
-  void TearDown() override {
-    if (daemon_ == nullptr) return;
-    absl::StatusOr<int> code = daemon_->Signal(SIGTERM, absl::Seconds(60));
-    EXPECT_TRUE(code.ok()) << "stopping the daemon: " << code.status();
-    if (code.ok()) EXPECT_EQ(*code, 0) << "the daemon's exit code";
-    daemon_.reset();
-  }
-  DaemonProcess* daemon() const { return daemon_.get(); }
-
- private:
-  std::unique_ptr<DaemonProcess> daemon_;
-};
-
-StepDaemon* const env = static_cast<StepDaemon*>(
-    ::testing::AddGlobalTestEnvironment(new StepDaemon));
+StepDaemonEnv* const env = AddStepDaemonEnv();
 
 class StepE2eTest : public ::testing::Test {
  protected:

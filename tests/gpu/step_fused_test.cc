@@ -9,7 +9,6 @@
 // refused without consuming its id; bad parameters refuse the
 // registration.
 #include <cuda_runtime_api.h>
-#include <signal.h>
 
 #include <cstring>
 #include <memory>
@@ -23,8 +22,8 @@
 #include "gtest/gtest.h"
 #include "kernels/fused.h"
 #include "kernels/reference/fused.h"
-#include "tests/daemon_process.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/step_daemon_env.h"
 #include "tests/gpu/step_harness.h"
 
 namespace kvdepot::testing {
@@ -38,34 +37,7 @@ namespace {
 
 const bool kEnvironment = (SetStepEnvironment(), true);
 
-class StepDaemon : public ::testing::Environment {
- public:
-  void SetUp() override {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return;
-    absl::StatusOr<std::unique_ptr<DaemonProcess>> d = DaemonProcess::Start(
-        {"--backend=cuda", "--log_level=warn"}, DaemonBinary());
-    if (!d.ok()) {
-      ADD_FAILURE() << "starting kvdepotd --backend=cuda: " << d.status();
-      return;
-    }
-    daemon_ = *std::move(d);
-  }
-  void TearDown() override {
-    if (daemon_ == nullptr) return;
-    absl::StatusOr<int> code = daemon_->Signal(SIGTERM, absl::Seconds(60));
-    EXPECT_TRUE(code.ok()) << "stopping the daemon: " << code.status();
-    if (code.ok()) EXPECT_EQ(*code, 0) << "the daemon's exit code";
-    daemon_.reset();
-  }
-  DaemonProcess* daemon() const { return daemon_.get(); }
-
- private:
-  std::unique_ptr<DaemonProcess> daemon_;
-};
-
-StepDaemon* const env = static_cast<StepDaemon*>(
-    ::testing::AddGlobalTestEnvironment(new StepDaemon));
+StepDaemonEnv* const env = AddStepDaemonEnv();
 
 constexpr int kLayers = 2;
 constexpr int64_t kMaxPos[kLayers] = {64, 80};

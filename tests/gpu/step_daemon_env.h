@@ -1,0 +1,30 @@
+// The kvdepotd (CUDA backend) that a step-path test binary shares: started
+// once before the tests when a GPU is present, stopped with SIGTERM after
+// them (its exit code must be 0).
+#ifndef KVDEPOT_TESTS_GPU_STEP_DAEMON_ENV_H_
+#define KVDEPOT_TESTS_GPU_STEP_DAEMON_ENV_H_
+
+#include <memory>
+
+#include "gtest/gtest.h"
+#include "tests/daemon_process.h"
+
+namespace kvdepot::testing {
+
+class StepDaemonEnv : public ::testing::Environment {
+ public:
+  void SetUp() override;
+  void TearDown() override;
+  // Null when there is no GPU or the daemon did not start.
+  DaemonProcess* daemon() const { return daemon_.get(); }
+
+ private:
+  std::unique_ptr<DaemonProcess> daemon_;
+};
+
+// Registers a StepDaemonEnv with gtest (owned by gtest) and returns it.
+StepDaemonEnv* AddStepDaemonEnv();
+
+}  // namespace kvdepot::testing
+
+#endif  // KVDEPOT_TESTS_GPU_STEP_DAEMON_ENV_H_
