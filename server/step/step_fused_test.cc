@@ -34,7 +34,7 @@ std::string Pack(std::vector<int32_t> v) {
 
 std::string Positions(std::vector<int64_t> v) {
   std::string out(v.size() * 8, '\0');
-  std::memcpy(out.data(), v.data(), out.size());
+  if (!v.empty()) std::memcpy(out.data(), v.data(), out.size());
   return out;
 }
 

@@ -68,7 +68,7 @@ struct Array {
 
 std::vector<int32_t> Ints(const std::string& bytes) {
   std::vector<int32_t> v(bytes.size() / 4);
-  std::memcpy(v.data(), bytes.data(), v.size() * 4);
+  if (!v.empty()) std::memcpy(v.data(), bytes.data(), v.size() * 4);
   return v;
 }
 
