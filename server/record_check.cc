@@ -82,7 +82,10 @@ RecordHealth CheckRecord(const PoolLayout& layout, const uint8_t* block,
     h.all_zero = scales[i] == 0;
   }
   const int sb = ScaleBytes(f.sf_format);
-  for (int s = 0; s < f.num_scales(); ++s) {
+  // An all-zero record is a slot never written (what a new pool holds), not
+  // a corrupt one, even where zero is no encoder's scale (DS_MLA_FP8's fp32
+  // 2^e never is 0).
+  for (int s = 0; s < f.num_scales() && !h.all_zero; ++s) {
     const bool possible = f.scale_rounding == ScaleRounding::kPow2Ceil
                               ? Pow2ScaleIsPossible(scales + s * sb)
                               : ScaleIsPossible(f.sf_format, scales + s * sb);

@@ -103,12 +103,27 @@ TEST(RecordCheck, Bf16NanAndInfAreCounted) {
 }
 
 TEST(RecordCheck, ZeroRecordIsAllZeroAndHealthy) {
-  Block b = EncodedBlock("V41", 1);
-  std::fill(b.bytes.begin(), b.bytes.end(), 0);
+  // DS_MLA_FP8: a zero fp32 scale is no encoder's, but an all-zero record
+  // is a slot never written (a new pool), not a problem.
+  for (const char* name : {"V41", "DS_MLA_FP8"}) {
+    Block b = EncodedBlock(name, 1);
+    std::fill(b.bytes.begin(), b.bytes.end(), 0);
+    std::vector<float> v(static_cast<size_t>(b.layout.format.elements()));
+    const RecordHealth h = CheckRecord(b.layout, b.bytes.data(), 0, v.data());
+    EXPECT_TRUE(h.all_zero) << name;
+    EXPECT_TRUE(h.ok()) << name;
+  }
+}
+
+TEST(RecordCheck, DsMlaZeroScaleInAWrittenRecordIsBad) {
+  Block b = EncodedBlock("DS_MLA_FP8", 1);
+  uint8_t* scales = b.bytes.data() + b.layout.scale_offset(0, 0);
+  std::memset(scales, 0, 4);  // tile 0's scale of a written record
   std::vector<float> v(static_cast<size_t>(b.layout.format.elements()));
   const RecordHealth h = CheckRecord(b.layout, b.bytes.data(), 0, v.data());
-  EXPECT_TRUE(h.all_zero);
-  EXPECT_TRUE(h.ok());
+  EXPECT_FALSE(h.all_zero);
+  EXPECT_EQ(h.bad_scales, 1);
+  EXPECT_EQ(h.first_bad_scale, 0);
 }
 
 }  // namespace
