@@ -19,14 +19,14 @@ absl::StatusOr<EncoderCheck> CheckEncoders() {
   unsigned long long* counts = nullptr;
   uint32_t* first = nullptr;
   RETURN_IF_CUDA_ERROR(
-      cudaMalloc(reinterpret_cast<void**>(&counts), 2 * sizeof(*counts)),
+      cudaMalloc(reinterpret_cast<void**>(&counts), 3 * sizeof(*counts)),
       "allocating counters");
   RETURN_IF_CUDA_ERROR(
-      cudaMalloc(reinterpret_cast<void**>(&first), 2 * sizeof(*first)),
+      cudaMalloc(reinterpret_cast<void**>(&first), 3 * sizeof(*first)),
       "allocating counters");
   EncoderCheck check;
-  unsigned long long host_counts[2] = {0, 0};
-  uint32_t host_first[2] = {0xFFFFFFFFu, 0xFFFFFFFFu};
+  unsigned long long host_counts[3] = {0, 0, 0};
+  uint32_t host_first[3] = {0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu};
   cudaError_t e = cudaMemcpy(counts, host_counts, sizeof(host_counts),
                              cudaMemcpyHostToDevice);
   if (e == cudaSuccess) {
@@ -49,6 +49,8 @@ absl::StatusOr<EncoderCheck> CheckEncoders() {
   check.e2m1_mismatches = host_counts[1];
   check.first_e4m3 = host_first[0];
   check.first_e2m1 = host_first[1];
+  check.ds_mla_scale_mismatches = host_counts[2];
+  check.first_ds_mla_scale = host_first[2];
   return check;
 }
 

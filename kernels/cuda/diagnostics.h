@@ -19,10 +19,15 @@ struct EncoderCheck {
   uint64_t e2m1_mismatches = 0;       // fma encoder vs EncodeE2M1
   uint32_t first_e4m3 = 0xFFFFFFFFu;  // smallest mismatching fp32 bits
   uint32_t first_e2m1 = 0xFFFFFFFFu;
+  // DsMlaScaleExponentOfBits vs quant.h's DsMlaScaleExponent, every finite
+  // amax >= 0 (fp32 bits of the first mismatch).
+  uint64_t ds_mla_scale_mismatches = 0;
+  uint32_t first_ds_mla_scale = 0xFFFFFFFFu;
 };
 
-// Runs the device encoders and quant.h's over all 2^32 fp32 bit patterns on
-// the current device (synchronous, about a second).
+// Runs the device encoders and quant.h's over all 2^32 fp32 bit patterns,
+// and DS_MLA_FP8's two scale exponents over every finite amax, on the
+// current device (synchronous, about a second).
 absl::StatusOr<EncoderCheck> CheckEncoders();
 
 }  // namespace kvdepot::gpu

@@ -1,23 +1,22 @@
-// DS_MLA_FP8 store and load kernels (SPEC §2.1). One warp per token, 16-byte
-// accesses only:
+// DS_MLA_FP8 store and load kernels (SPEC §2.1). One warp per token,
+// every warp-wide access contiguous (ds_mla.cuh's chunk layout):
 //
-//   input row (BF16, 1152 B):  lane l: elements [16l, 16l + 16) (2 x 16 B);
-//                              lanes 0-7 also tail elements [512 + 8l, +8)
-//   record (656 B, 16-aligned): codes [16l, 16l + 16)   one 16 B per lane
-//                               scales [512, 528)       lane 0, one 16 B
-//                               tail [528 + 16l, +16)   lanes 0-7
+//   input row (BF16, 1152 B):  lane l: elements [8l, +8) and [256 + 8l, +8)
+//                              (16 B each); lanes 0-7 also the tail
+//                              elements [512 + 8l, +8)
+//   record (656 B, 16-aligned): codes [8l, +8) and [256 + 8l, +8) (8 B
+//                              each), scales [512, 528) (lane 0, 16 B),
+//                              tail [528 + 16l, +16) (lanes 0-7)
 //
-// A tile (128 elements) is lanes 8k..8k+7; its amax and non-finite flags
-// meet by xor shuffles (ds_mla.cuh). The store is persistent with kSteps
-// tokens per warp in flight (every load of a round issued before any math);
-// the load is one CTA per (segment, tile of kWarpsPerCta x kSteps tokens),
-// grid-stride in both, each warp issuing the loads of its kSteps tokens
-// before decoding any. Round 1 runs store kSteps 2 and load kSteps 1 (the
-// default); round 2 (LaunchOptions::ds_mla_round2: store 4, load 4 steps,
-// more bytes in flight per warp) measured no better for the store and worse
-// for the load on the H200 (load 61.8% vs 68.2% of copy at 64K tokens,
-// 69.7% vs 75.2% at 1M, same run), so it stays an option for the
-// benchmark. Same bytes either way.
+// A tile (128 elements) is 16 lanes' chunks; its amax and non-finite flags
+// meet by xor shuffles. The store is persistent with kSteps tokens per warp
+// in flight (every load of a round issued before any math); the load is one
+// CTA per (segment, tile of kWarpsPerCta x kSteps tokens), grid-stride in
+// both, each warp issuing the loads of its kSteps tokens before decoding
+// any. LaunchOptions::ds_mla_round2 picks, for the benchmark, the store
+// with evict-first record stores (the default keeps the cache policy: see
+// DsMlaPutRecordChunks) and the load with 2 tokens per warp. Same bytes
+// either way.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -36,8 +35,8 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kWarpsPerCta = kThreads / kWarp;
-constexpr int kStoreSteps = 2, kRound2StoreSteps = 4;
-constexpr int kLoadSteps = 1, kRound2LoadSteps = 4;
+constexpr int kStoreSteps = 2;
+constexpr int kLoadSteps = 1, kRound2LoadSteps = 2;
 constexpr unsigned kMaxGridY = 65535;
 
 struct StoreIn {
@@ -45,7 +44,7 @@ struct StoreIn {
   int32_t slot;
 };
 
-template <bool kHw, int kSteps>
+template <bool kHw, int kSteps, bool kStreaming>
 __global__ void __launch_bounds__(kThreads)
     DsMlaStoreKernel(PoolLayout layout, FastDiv div, uint8_t* layer,
                      const uint16_t* kv,    // [n][576] BF16
@@ -66,8 +65,8 @@ __global__ void __launch_bounds__(kThreads)
       if (token < n) {
         const uint16_t* row = kv + token * kDsMlaElems;
         in[u].slot = __ldg(slots + token);
-        in[u].a = LoadStream16(row + 16 * lane);
-        in[u].b = LoadStream16(row + 16 * lane + 8);
+        in[u].a = LoadStream16(row + 8 * lane);
+        in[u].b = LoadStream16(row + 256 + 8 * lane);
         if (lane < 8) in[u].tail = LoadStream16(row + 512 + 8 * lane);
       }
     }
@@ -80,10 +79,9 @@ __global__ void __launch_bounds__(kThreads)
       raw.v[1] = in[u].b;
       float x[16];
       ToFloat16(raw, x);
-      uint32_t sb;
-      const uint4 q = DsMlaEncode16<kHw>(x, &sb);
-      DsMlaPutRecord(layer, layout.block_stride, div, slot, q, sb, in[u].tail,
-                     lane);
+      const DsMlaChunks c = DsMlaEncodeChunks<kHw>(x);
+      DsMlaPutRecordChunks<kStreaming>(layer, layout.block_stride, div, slot, c,
+                                       in[u].tail, lane);
     }
   }
 }
@@ -104,20 +102,23 @@ __global__ void __launch_bounds__(kThreads)
     const int32_t* p = segments + kSegmentFields * s;
     const Segment seg{__ldg(p), __ldg(p + 1), __ldg(p + 2), __ldg(p + 3)};
     for (int64_t i = mine; i < seg.len(); i += kSteps * step) {
-      uint4 q[kSteps], tail[kSteps];
-      uint32_t sb[kSteps];
+      DsMlaChunks c[kSteps];
+      uint4 tail[kSteps];
 #pragma unroll
       for (int u = 0; u < kSteps; ++u) {  // every load first
         const int64_t k = i + u * step;
-        q[u] = tail[u] = make_uint4(0, 0, 0, 0);
-        sb[u] = 0;
+        c[u].q0 = c[u].q1 = make_uint2(0, 0);
+        c[u].sb0 = c[u].sb1 = 0;
+        tail[u] = make_uint4(0, 0, 0, 0);
         if (seg.block >= 0 && k < seg.len()) {
           const uint8_t* rec =
               layer + seg.block * layout.block_stride +
               (seg.begin + k) * static_cast<int64_t>(kDsMlaRecord);
-          q[u] = LoadStream16(rec + 16 * lane);
-          sb[u] = __ldg(reinterpret_cast<const unsigned int*>(rec + 512) +
-                        lane / 8);
+          c[u].q0 = LoadStream8(rec + 8 * lane);
+          c[u].q1 = LoadStream8(rec + 256 + 8 * lane);
+          const uint4 sf = __ldg(reinterpret_cast<const uint4*>(rec + 512));
+          c[u].sb0 = lane < 16 ? sf.x : sf.y;  // tiles 0, 1
+          c[u].sb1 = lane < 16 ? sf.z : sf.w;  // tiles 2, 3
           if (lane < 8) {
             tail[u] = LoadStream16(rec + kDsMlaTailOffset + 16 * lane);
           }
@@ -127,21 +128,24 @@ __global__ void __launch_bounds__(kThreads)
       for (int u = 0; u < kSteps; ++u) {
         const int64_t k = i + u * step;
         if (k >= seg.len()) break;
-        uint32_t w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        if (seg.block >= 0) DsMlaDecode16(q[u], sb[u], w);
         uint16_t* row = out + (static_cast<int64_t>(seg.dst) + k) * kDsMlaElems;
-        StoreStream16(row + 16 * lane, make_uint4(w[0], w[1], w[2], w[3]));
-        StoreStream16(row + 16 * lane + 8, make_uint4(w[4], w[5], w[6], w[7]));
-        if (lane < 8) StoreStream16(row + 512 + 8 * lane, tail[u]);
+        if (seg.block >= 0) {
+          DsMlaPutRowChunks(row, c[u], tail[u], lane);
+        } else {  // zero rows
+          const uint4 z = make_uint4(0, 0, 0, 0);
+          StoreStream16(row + 8 * lane, z);
+          StoreStream16(row + 256 + 8 * lane, z);
+          if (lane < 8) StoreStream16(row + 512 + 8 * lane, z);
+        }
       }
     }
   }
 }
 
-template <bool kHw, int kSteps>
+template <bool kHw, int kSteps, bool kStreaming>
 cudaError_t Store(const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
                   const int32_t* slots, int64_t n, const Launch& launch) {
-  constexpr auto kKernel = DsMlaStoreKernel<kHw, kSteps>;
+  constexpr auto kKernel = DsMlaStoreKernel<kHw, kSteps, kStreaming>;
   const FastDiv div = FastDiv::Of(static_cast<int32_t>(layout.block_size));
   const dim3 grid(
       PersistentGrid(n, kWarpsPerCta, ResidentCtas<kKernel, kThreads>()));
@@ -167,15 +171,19 @@ cudaError_t Load(const PoolLayout& layout, const uint8_t* layer,
 cudaError_t LaunchDsMlaStore(const PoolLayout& layout, uint8_t* layer,
                              const uint16_t* kv, const int32_t* slots,
                              int64_t n, bool hw_cvt, const Launch& launch) {
-  if (launch.ds_mla_round2) {
-    return hw_cvt ? Store<true, kRound2StoreSteps>(layout, layer, kv, slots, n,
+  // Default-policy record stores measured 79.3 % / 82.6 % of copy at 64K /
+  // 1M tokens on the H200 against 77.4 % / 81.3 % evict-first (same run).
+  const bool streaming = launch.ds_mla_round2;
+  if (streaming) {
+    return hw_cvt ? Store<true, kStoreSteps, true>(layout, layer, kv, slots, n,
                                                    launch)
-                  : Store<false, kRound2StoreSteps>(layout, layer, kv, slots, n,
+                  : Store<false, kStoreSteps, true>(layout, layer, kv, slots, n,
                                                     launch);
   }
-  return hw_cvt
-             ? Store<true, kStoreSteps>(layout, layer, kv, slots, n, launch)
-             : Store<false, kStoreSteps>(layout, layer, kv, slots, n, launch);
+  return hw_cvt ? Store<true, kStoreSteps, false>(layout, layer, kv, slots, n,
+                                                  launch)
+                : Store<false, kStoreSteps, false>(layout, layer, kv, slots, n,
+                                                   launch);
 }
 
 cudaError_t LaunchDsMlaLoad(const PoolLayout& layout, const uint8_t* layer,

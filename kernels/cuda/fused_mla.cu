@@ -1,10 +1,10 @@
 // The fused store for DS_MLA_FP8 in its MLA configuration (SPEC §8):
 // RMSNorm over [0, 512) or none, RoPE on [512, 576) (either style) or none,
 // no Hadamard. Everything stays in registers in the plain DS_MLA_FP8 store's
-// layout (ds_mla.cu), so the kernel moves the bytes that store moves plus
-// the cos/sin rows:
+// coalesced chunk layout (ds_mla.cuh), so the kernel moves the bytes that
+// store moves plus the cos/sin rows:
 //
-//   lane l: elements [16l, 16l + 16)   (chunks 2l, 2l + 1 of 8 elements)
+//   lane l: chunks l and 32 + l of 8 elements ([8l, +8), [256 + 8l, +8))
 //   lanes 0-7: tail elements [512 + 8l, +8): the RoPE part, with its
 //              cos/sin values (interleaved: pairs 4l ... 4l + 3; NeoX:
 //              lane l holds the first halves of pairs 8(l mod 4) ... +8
@@ -13,13 +13,12 @@
 // Bit-exactness with kernels/reference/fused.cc: SPEC §8's reduction tree
 // puts chunk c's sum of squares (left to right) into slot c mod 32, the
 // slot adding its chunks in increasing c (slot s = S_s + S_(s+32) for the
-// range [0, 512)), then the slots meet by xor steps h = 16, 8, 4, 2, 1. Here
-// lane l holds S_2l and S_2l+1; a shuffle with lane l ^ 16 forms slots 2m and
-// 2m + 1 (m = l mod 16) in both lanes, and step h pairs slot s with s ^ h,
-// which is lane xor h / 2 for h >= 2 and the lane's other register for h = 1.
-// Every pair meets the same partner as in the reference, and a + b = b + a
-// exactly, so the sum is the same bits. Products, sums, sqrt and divisions
-// are round-to-nearest intrinsics (no FMA contraction).
+// range [0, 512)), then the slots meet by xor steps h = 16, 8, 4, 2, 1.
+// Here lane l holds exactly chunks l and l + 32, so lane l forms slot l and
+// step h is a shuffle with lane l ^ h: every pair meets the same partner as
+// in the reference, and a + b = b + a exactly, so every lane ends with the
+// reference's bits. Products, sums, sqrt and divisions are round-to-nearest
+// intrinsics (no FMA contraction).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -69,7 +68,8 @@ __device__ __forceinline__ void Unpack8(uint4 v, float* x) {
   }
 }
 
-// Rounds n values to BF16: the rounded values as fp32 and packed words.
+// Rounds n values to BF16 in place (the fp32 of the rounded values) and
+// returns them packed; NaN canonical (0x7FC0), as the record's tail needs.
 template <int kN>
 __device__ __forceinline__ void Round(float* x, uint32_t* w) {
 #pragma unroll
@@ -78,6 +78,19 @@ __device__ __forceinline__ void Round(float* x, uint32_t* w) {
     w[i] = lo | (hi << 16);
     x[2 * i] = BitsToFloat(lo << 16);
     x[2 * i + 1] = BitsToFloat(hi << 16);
+  }
+}
+
+// The same rounding by the hardware for values only quantized afterwards:
+// any NaN stays a NaN (its payload is not stored), every number rounds
+// alike (RNE).
+template <int kN>
+__device__ __forceinline__ void RoundHw(float* x) {
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) {
+    const uint32_t w = HwBf16x2(x[2 * i], x[2 * i + 1]);
+    x[2 * i] = BitsToFloat(w << 16);
+    x[2 * i + 1] = BitsToFloat(w & 0xFFFF0000u);
   }
 }
 
@@ -91,8 +104,8 @@ __device__ __forceinline__ void LoadMla(const uint16_t* kv, int64_t token,
   in.tail = make_uint4(0, 0, 0, 0);  // lanes 8-31 shuffle zeros
   in.c0 = in.c1 = in.s0 = in.s1 = zero;
   in.slot = __ldg(slots + token);
-  in.a = LoadStream16(row + 16 * lane);
-  in.b = LoadStream16(row + 16 * lane + 8);
+  in.a = LoadStream16(row + 8 * lane);
+  in.b = LoadStream16(row + 256 + 8 * lane);
   if (lane < 8) in.tail = LoadStream16(row + kNormEnd + 8 * lane);
   if constexpr (kRope != RopeStyle::kNone) {
     if (lane < 8) {
@@ -122,16 +135,14 @@ __device__ __forceinline__ void ProcessMla(const PoolLayout& layout,
   Unpack8(in.a, x);
   Unpack8(in.b, x + 8);
   if constexpr (kNorm) {
-    float v0 = SumSquares8(x), v1 = SumSquares8(x + 8);
-    v0 = __fadd_rn(v0, __shfl_xor_sync(kFullMask, v0, 16));
-    v1 = __fadd_rn(v1, __shfl_xor_sync(kFullMask, v1, 16));
+    float sum = __fadd_rn(SumSquares8(x), SumSquares8(x + 8));  // slot l
 #pragma unroll
-    for (int m = 8; m >= 1; m /= 2) {  // slot step h = 2m
-      v0 = __fadd_rn(v0, __shfl_xor_sync(kFullMask, v0, m));
-      v1 = __fadd_rn(v1, __shfl_xor_sync(kFullMask, v1, m));
+    for (int h = 16; h >= 1; h /= 2) {
+      sum = __fadd_rn(sum, __shfl_xor_sync(kFullMask, sum, h));
     }
-    const float sum = __fadd_rn(v0, v1);  // h = 1
-    const float mean = __fdiv_rn(sum, static_cast<float>(kNormEnd));
+    // sum / 512 is exact scaling by 2^-9 (no flush to zero here): the same
+    // bits as the reference's division, without the division's slow path.
+    const float mean = __fmul_rn(sum, 1.0f / kNormEnd);
     const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, p.eps)));
     float w[16];
     Unpack8(w0, w);
@@ -165,14 +176,14 @@ __device__ __forceinline__ void ProcessMla(const PoolLayout& layout,
                     : __fsub_rn(__fmul_rn(a, c[i]), __fmul_rn(b, s[i]));
     }
   }
-  uint32_t bf[8], tw[4];
-  Round<16>(x, bf);
+  uint32_t tw[4];
+  if constexpr (kNorm) RoundHw<16>(x);  // else x is BF16 already
   Round<8>(t, tw);
-  uint32_t sb;
-  const uint4 q = DsMlaEncode16<true>(x, &sb);
+  const DsMlaChunks c = DsMlaEncodeChunks<true>(x);
   const uint4 t4 = make_uint4(tw[0], tw[1], tw[2], tw[3]);
-  DsMlaPutRecord(layer, layout.block_stride, div, in.slot, q, sb, t4, lane);
-  if (cast_row != nullptr) DsMlaPutCastBack(cast_row, q, sb, t4, lane);
+  DsMlaPutRecordChunks</*kStreaming=*/false>(layer, layout.block_stride, div,
+                                             in.slot, c, t4, lane);
+  if (cast_row != nullptr) DsMlaPutRowChunks(cast_row, c, t4, lane);
 }
 
 template <bool kNorm, RopeStyle kRope>
@@ -191,8 +202,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerCta;
   uint4 w0 = make_uint4(0, 0, 0, 0), w1 = w0;
   if constexpr (kNorm) {
-    w0 = __ldg(reinterpret_cast<const uint4*>(p.norm_weight + 16 * lane));
-    w1 = __ldg(reinterpret_cast<const uint4*>(p.norm_weight + 16 * lane + 8));
+    w0 = __ldg(reinterpret_cast<const uint4*>(p.norm_weight + 8 * lane));
+    w1 = __ldg(reinterpret_cast<const uint4*>(p.norm_weight + 256 + 8 * lane));
   }
   // The positions of the next round are read one round ahead, so a
   // token's cos/sin loads go out with its row instead of after a

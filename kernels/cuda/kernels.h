@@ -31,10 +31,10 @@ struct LaunchOptions {
   // proven over all 2^32 inputs by the GPU tests) instead of quant.h's
   // integer path. Both give the same bytes.
   bool hw_e4m3 = true;
-  // DS_MLA_FP8 only: the round-2 store and load kernel shapes (more tokens
-  // in flight per warp) instead of the default round-1 ones, which measured
-  // as fast or faster on the H200; for the benchmark's side by side. Both
-  // give the same bytes.
+  // DS_MLA_FP8 only, for the benchmark's side by side: the alternative
+  // store (evict-first instead of default-policy record stores) and load (2
+  // tokens in flight per warp instead of 1) kernel shapes. Both give the
+  // same bytes.
   bool ds_mla_round2 = false;
   // FusedStore only: the first (round-1) fused kernel shape instead of the
   // current one, for the benchmark's side by side. Both give the same

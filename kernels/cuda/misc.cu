@@ -1,12 +1,14 @@
 // The empty kernel (launch-overhead baseline of the benchmark) and the
 // exhaustive encoder check of the tests: every fp32 bit pattern through the
-// fast device encoders (device_quant.cuh) and through quant.h.
+// fast device encoders (device_quant.cuh) and through quant.h, and every
+// finite amax through DS_MLA_FP8's scale exponent (ds_mla.cuh).
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "kernels/cuda/device_quant.cuh"
 #include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/ds_mla.cuh"
 #include "kernels/cuda/launch_internal.h"
 #include "kernels/quant.h"
 
@@ -22,8 +24,8 @@ constexpr int kCheckThreads = 256;
 constexpr int kCheckBlocks = 4096;
 
 __global__ void __launch_bounds__(kCheckThreads)
-    EncodeCheckKernel(unsigned long long* mismatches,  // [2]
-                      uint32_t* first,                 // [2]
+    EncodeCheckKernel(unsigned long long* mismatches,  // [3]
+                      uint32_t* first,                 // [3]
                       float one) {  // 1.0f, not foldable: x * one is GPU
                                     // arithmetic (canonical NaN) like the
                                     // store's x * multiplier
@@ -44,8 +46,18 @@ __global__ void __launch_bounds__(kCheckThreads)
       atomicMin(first + 1, u);
     }
   }
+  // DS_MLA_FP8's division-free scale exponent, every finite amax >= 0.
+  unsigned long long bad_scale = 0;
+  for (uint32_t u = blockIdx.x * kCheckThreads + threadIdx.x; u < 0x7F800000u;
+       u += static_cast<uint32_t>(stride)) {
+    if (DsMlaScaleExponentOfBits(u) != DsMlaScaleExponent(BitsToFloat(u))) {
+      ++bad_scale;
+      atomicMin(first + 2, u);
+    }
+  }
   if (bad_e4m3 != 0) atomicAdd(mismatches, bad_e4m3);
   if (bad_e2m1 != 0) atomicAdd(mismatches + 1, bad_e2m1);
+  if (bad_scale != 0) atomicAdd(mismatches + 2, bad_scale);
 }
 
 }  // namespace

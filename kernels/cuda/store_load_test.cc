@@ -223,8 +223,8 @@ TEST(StoreLoadLargeTest, LongSegmentsTakeSeveralRounds) {
   }
 }
 
-// DS_MLA_FP8's default kernel shapes and the round-2 ones (more tokens in
-// flight per warp, LaunchOptions::ds_mla_round2) give the reference's
+// DS_MLA_FP8's default kernel shapes and the alternative ones
+// (LaunchOptions::ds_mla_round2) give the reference's
 // bytes, on small batches, many rounds of the persistent store and long
 // segments that take several load steps.
 TEST(StoreLoadLargeTest, DsMlaDefaultAndRound2Shapes) {
@@ -339,6 +339,9 @@ TEST(EncoderTest, FastEncodersEqualQuantHOverAllFloats) {
       << "first mismatch at fp32 bits 0x" << std::hex << c->first_e4m3;
   EXPECT_EQ(c->e2m1_mismatches, 0u)
       << "first mismatch at fp32 bits 0x" << std::hex << c->first_e2m1;
+  EXPECT_EQ(c->ds_mla_scale_mismatches, 0u)
+      << "first DS_MLA_FP8 scale mismatch at amax bits 0x" << std::hex
+      << c->first_ds_mla_scale;
 }
 
 TEST(LauncherTest, RejectsBadArgumentsBeforeLaunching) {
