@@ -36,6 +36,7 @@ import kvdepot.torch as kvt
 import kvd_adapter
 import worker as worker_mod
 from codec import LayerGeometry
+from stepworker import StepPathWorker
 from worker import KVWorker
 
 
@@ -436,3 +437,168 @@ class LibraryWorker(KVWorker):
 
     def close(self) -> None:
         self.kv.close()
+
+
+class LibraryStepWorker(StepPathWorker, LibraryWorker):
+    """The library-mode counterpart of stepworker.StepPathWorker: the same
+    decode (eager, static or graph: the same model code, input rows and
+    reads), with what the daemon's step-path phases do run in-process on
+    the worker's own stream at each doorbell point, by the same kernels
+    (libkvdepot_kernels.so):
+      S    kvdk_swa_decode_index (the step's windows)
+      A_l  kvdk_fused_store of main (slot_mapping at ratio 1, the
+           compressed_slot_mapping at ratio R, from the raw or compressed
+           rows) and of the SWA ring (ring slots), with the fused
+           parameters the step path registers; kvdk_store of the index
+           keys at main's slots
+      B_l  the top-k rows copied to the index rows, kvdk_convert_topk there
+           over seq_len / R compressed rows
+    The step's metadata (what the Step RPC carries) is copied into device
+    tensors before the step, outside a graph; the calls only enqueue on
+    torch's current stream with preallocated workspaces, so "graph" mode
+    captures them (kvdepot_kernels.h: capturable). Prefill is LibraryWorker's
+    (in-process PrefillLoad / PrefillIndex). CPU tensors use the *_cpu
+    entry points (the CPU test, against stepsim.py)."""
+
+    def __init__(self, kernels_: "LibraryKernels", cfg, w, device, **kw):
+        StepPathWorker.__init__(self, kernels_, cfg, w, device, **kw)
+
+    def _buffer(self, size: int) -> LibBuffer:
+        return LibBuffer(size, self.device)
+
+    def _register(self) -> None:
+        cfg, T, dev = self.cfg, self.max_tokens, self.device
+        K, lib = self.kv.K, self.kv.lib
+        self.cuda = dev.type == "cuda"
+
+        def i32(*shape):
+            return torch.zeros(*shape, dtype=torch.int32, device=dev)
+        self.m = {k: i32(T) for k in ("slots", "cslots", "ring", "state",
+                                       "start", "valid")}
+        self.m["pos"] = torch.zeros(T, dtype=torch.int64, device=dev)
+        self.m_count = {R: (i32(T), i32(T))
+                        for R in {cfg.ratio(l) for l in range(cfg.layers)}}
+        self.m_table = i32(T, self.num_blocks)
+        # The fused parameters as device tensors (LibraryKernels keeps
+        # them), one kvdk_fused_params per layer with m["pos"].
+        self.prm = []
+        for l in range(cfg.layers):
+            fp, nw, cs = self.kv._fused_params(self.fp[l])
+            self.prm.append(K.FusedParams(
+                norm_begin=0, norm_end=fp.norm_end, norm_weight=nw.data_ptr(),
+                eps=fp.eps, rope_style=K.KVDK_ROPE_INTERLEAVED,
+                rope_offset=fp.rope_offset, rope_dim=fp.rope_dim,
+                positions=self.m["pos"].data_ptr(), cos_sin=cs.data_ptr(),
+                max_position=fp.max_position, hadamard_begin=0,
+                hadamard_len=0))
+        self.ws = {}
+        if self.cuda:
+            for op in (K.KVDK_OP_STORE, K.KVDK_OP_FUSED_STORE,
+                       K.KVDK_OP_SWA_DECODE_INDEX):
+                n = int(lib.kvdk_cuda_workspace_bytes(op, T))
+                if n < 0:
+                    self.kv._ok(n)
+                self.ws[op] = torch.empty(max(n, 16), dtype=torch.uint8,
+                                          device=dev)
+        self.n = 0
+        self.stream = torch.cuda.Stream(device=dev) if self.cuda else None
+
+    def _step_rpc(self, step_id: int, args) -> None:
+        """What the daemon's step plan holds, into the device tensors."""
+        W = self.cfg.window
+        P = args["positions"]
+        n = len(P)
+        states = args["swa_state_ids"]
+        host = {"slots": args["slot_mapping"],
+                "cslots": args.get("compressed_slot_mapping", [-1] * n),
+                "ring": [st * W + p % W for st, p in zip(states, P)],
+                "state": states, "start": [max(0, p - W + 1) for p in P],
+                "valid": [min(p + 1, W) for p in P]}
+        for k, v in host.items():
+            self.m[k][:n].copy_(torch.tensor(v, dtype=torch.int32))
+        self.m["pos"][:n].copy_(torch.tensor(P, dtype=torch.int64))
+        lens = args["seq_lens"]
+        for R, (vc, nt) in self.m_count.items():
+            rows = [x // R for x in lens]
+            nt[:n].copy_(torch.tensor(rows, dtype=torch.int32))
+            vc[:n].copy_(torch.tensor([min(self.cfg.topk, x) for x in rows],
+                                      dtype=torch.int32))
+        self.m_table[:n].copy_(torch.tensor(args["block_tables"],
+                                            dtype=torch.int32))
+        self.n = n
+
+    def _tail(self, op: int) -> list:
+        ws = self.ws[op]
+        return [ws.data_ptr(), ws.numel(), self.kv.invalid.data_ptr(),
+                torch.cuda.current_stream(self.device).cuda_stream]
+
+    def _fused(self, pool: LibPool, l: int, rows: int, slots) -> None:
+        K, lib = self.kv.K, self.kv.lib
+        args = [pool.handle, pool.ptr, pool.info.total_bytes, l,
+                self.io.tensor.data_ptr() + rows, ctypes.byref(self.prm[l]),
+                slots.data_ptr(), self.n, None]
+        if self.cuda:
+            self.kv._ok(lib.kvdk_fused_store_cuda(
+                *args, *self._tail(K.KVDK_OP_FUSED_STORE)))
+        else:
+            self.kv._ok(lib.kvdk_fused_store_cpu(*args))
+
+    def _db(self, op: str, phase: int = 0) -> None:
+        K, lib, cfg, n = self.kv.K, self.kv.lib, self.cfg, self.n
+        pools = self.kv.pools
+        if op == "wait" and phase == 0:
+            ring = pools[self.swa]
+            args = [ring.handle, self.m["state"].data_ptr(),
+                    self.m["start"].data_ptr(), self.m["valid"].data_ptr(),
+                    n, cfg.window, self.io.tensor.data_ptr() + self.swa_off]
+            if self.cuda:
+                self.kv._ok(lib.kvdk_swa_decode_index_cuda(
+                    *args, *self._tail(K.KVDK_OP_SWA_DECODE_INDEX)))
+            else:
+                self.kv._ok(lib.kvdk_swa_decode_index_cpu(*args))
+            return
+        if op != "mark":
+            return
+        l, which = (phase - 1) // 2, (phase - 1) % 2
+        o, R = self.layer_offsets(l), cfg.ratio(l)
+        slots = self.m["cslots"] if R > 1 else self.m["slots"]
+        if which == 0:
+            self._fused(pools[self.main], l, o["comp"] if R > 1 else o["kv"],
+                        slots)
+            self._fused(pools[self.swa], l, o["kv"], self.m["ring"])
+            idx = pools[self.idx]
+            args = [idx.handle, idx.ptr, idx.info.total_bytes, l,
+                    self.io.tensor.data_ptr() + o["ik"], K.KVDK_DTYPE_BF16,
+                    slots.data_ptr(), n]
+            if self.cuda:
+                self.kv._ok(lib.kvdk_store_cuda(
+                    *args, *self._tail(K.KVDK_OP_STORE)))
+            else:
+                self.kv._ok(lib.kvdk_store_cpu(*args))
+            return
+        k = cfg.topk
+        out = self._io(o["out"], n * k * 4)
+        out.copy_(self._io(o["topk"], n * k * 4))
+        vc, nt = self.m_count[R]
+        cols = self.num_blocks
+        args = [pools[self.idx].handle, out.data_ptr(), n, k, vc.data_ptr(),
+                nt.data_ptr(), self.m_table.data_ptr(), cols, cols]
+        if self.cuda:
+            self.kv._ok(lib.kvdk_convert_topk_cuda(
+                *args, self.kv.invalid.data_ptr(),
+                torch.cuda.current_stream(self.device).cuda_stream))
+        else:
+            cnt = ctypes.c_int64(0)
+            self.kv._ok(lib.kvdk_convert_topk_cpu(*args,
+                                                  ctypes.addressof(cnt)))
+
+    def status(self):
+        """As the doorbell's: out_of_range = entries the kernels' checks
+        turned into -1 (LibraryKernels.invalid, must stay 0)."""
+        return {"status_bits": 0, "out_of_range": self.kv.invalid_count(),
+                "step_counter": self.step_id, "daemon_done": self.step_id}
+
+    def close(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+        LibraryWorker.close(self)

@@ -353,3 +353,53 @@ def run_scenario(client, cfg, w, device: torch.device, *, steps: int,
             lw.close()
         out[phase] = r
     return out
+
+
+def step_path_lockstep(dw, lw, prompts: Sequence[List[int]],
+                       steps: int) -> Dict[str, int]:
+    """The step path (dw: stepworker.StepPathWorker on kvdepotd, or
+    stepsim's stand-in on the CPU) vs its library-mode counterpart (lw:
+    libmode.LibraryStepWorker), same mode, same prompts, decoded together
+    with dw's tokens: at every step the logits, the window and index rows
+    the daemon (or the library) wrote into the io buffer and every layer's
+    input rows (raw and compressed K, index keys) bit-identical, and at the
+    end every pool byte-identical. Mismatch otherwise."""
+    for i, p in enumerate(prompts):
+        for w in (dw, lw):
+            w.add(i, list(p), steps)
+        a, b = dw.prefill(dw.seqs[i]), lw.prefill(lw.seqs[i])
+        if not torch.equal(_bits(a), _bits(b)):
+            raise Mismatch(f"prefill of sequence {i}: logits differ")
+        for w in (dw, lw):
+            w.seqs[i].tokens.append(int(a.argmax()))
+    n = 0
+    for step in range(1, steps + 1):
+        ids = sorted(dw.seqs)
+        out_d, out_l = dw.decode(ids), lw.decode(ids)
+        B, cfg = len(ids), dw.cfg
+        regions = [("swa window rows", dw.swa_off, B * cfg.window * 4)]
+        for l in range(cfg.layers):
+            o = dw.layer_offsets(l)
+            regions += [(f"layer {l} raw K rows", o["kv"], B * cfg.kv_dim * 2),
+                        (f"layer {l} index rows", o["out"], B * cfg.topk * 4)]
+            if cfg.ratio(l) > 1:
+                regions.append((f"layer {l} compressed K rows", o["comp"],
+                                B * cfg.kv_dim * 2))
+            regions.append((f"layer {l} index key rows", o["ik"],
+                            B * cfg.index_dim * 2))
+        for what, off, size in regions:
+            a, b = dw._io(off, size).cpu(), lw._io(off, size).cpu()
+            if not torch.equal(a, b):
+                i = int((a != b).nonzero()[0])
+                raise Mismatch(f"decode step {step}: {what} differ at byte "
+                               f"{i}")
+            n += size
+        for i in ids:
+            if not torch.equal(_bits(out_d[i]), _bits(out_l[i])):
+                raise Mismatch(f"decode step {step}: logits of sequence {i} "
+                               "differ")
+            tok = int(out_d[i].argmax())
+            for w in (dw, lw):
+                w.seqs[i].tokens.append(tok)
+    return {"decode_steps": steps, "compared_io_bytes": n,
+            "pool_bytes_identical": compare_pools(dw, lw)}

@@ -69,6 +69,38 @@ class LibraryModeTest(unittest.TestCase):
             self.assertGreater(s[side]["tokens_per_s"], 0)
         self.assertIn("daemon_overhead_ms_per_layer_step", s)
 
+    def test_step_path_vs_library_step_bit_identical(self):
+        """The step path's library-mode counterpart (LibraryStepWorker:
+        the daemon's phases as in-process kernel calls at each doorbell
+        point) against the step path with its daemon side stood in for by
+        regular RPCs (stepsim; the CPU backend has no step path): static
+        shapes (what graph mode captures), a compressed main cache at
+        ratio 4 next to a per-token one, prompts ending inside a group and
+        crossing a block of compressed rows; every step's logits and io
+        rows, and the pools at the end, bit-identical."""
+        import stepsim
+        cfg = Config(layers=2, ratios=(4, 1))
+        w = make_weights(cfg, CPU)
+        lib, K, _ = libmode.kernels()
+        rng = random.Random(3)
+        prompts = [scenarios.prompt(rng, cfg, n) for n in (77, 261)]
+        with kvdepot.connect(self.daemon.socket, client_name="stepsim") as kv:
+            dw = stepsim.SimulatedStepWorker(kv, cfg, w, CPU, prefix="sp.",
+                                             mode="static")
+            lw = libmode.LibraryStepWorker(
+                libmode.LibraryKernels(lib, K, CPU), cfg, w, CPU,
+                prefix="sp.", mode="static")
+            try:
+                r = oracle.step_path_lockstep(dw, lw, prompts, 12)
+            finally:
+                dw.close()
+                lw.close()
+        print(r, flush=True)
+        self.assertEqual(r["decode_steps"], 12)
+        self.assertGreater(r["compared_io_bytes"], 0)
+        self.assertGreater(r["pool_bytes_identical"], 0)
+        self.assertGreater(lw.checks["topk_slots"], 0)
+
     def lockstep(self, seed: int):
         cfg = Config(layers=1, ratios=(1,))
         w = make_weights(cfg, CPU)

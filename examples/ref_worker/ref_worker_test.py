@@ -199,20 +199,26 @@ class StepPathPlumbingTest(unittest.TestCase):
     oracles. The real step path runs only on the GPU host."""
 
     def test_step_path_worker_with_simulated_daemon_side(self):
-        for mode in ("eager", "static"):   # static: what "graph" captures
-            with self.subTest(mode=mode):
-                self.run_mode(mode)
+        # static: what "graph" captures. ratios (4, 1): a compressed main
+        # cache (compressed_slot_mapping) next to a per-token one; the
+        # prompts (77, 130, 261) end inside a group of 4, so the first
+        # decode steps complete groups begun in prefill.
+        for mode, ratios in (("eager", (1,)), ("static", (1,)),
+                             ("eager", (4, 1)), ("static", (4, 1))):
+            with self.subTest(mode=mode, ratios=ratios):
+                self.run_mode(mode, ratios)
 
-    def run_mode(self, mode: str):
+    def run_mode(self, mode: str, ratios):
         import stepsim
         d = Daemon()
         try:
             with d.connect(client_name="stepsim") as kv:
-                cfg = Config(layers=2, ratios=(1,))
+                cfg = Config(layers=2, ratios=ratios)
                 w = make_weights(cfg, CPU)
                 h = scenarios.make(kv, cfg, w, CPU,
                                    worker_cls=stepsim.SimulatedStepWorker,
                                    prefix="s.", mode=mode)
+                self.check_registration(h.worker)
                 scenarios.basic(h, 22, 5)
                 r = h.report()
                 print(r, flush=True)
@@ -224,6 +230,72 @@ class StepPathPlumbingTest(unittest.TestCase):
         finally:
             self.assertEqual(d.stop(), 0, d.log_text())
 
+    def check_registration(self, wk):
+        """What StepPathWorker registers: fused main and SWA caches (the
+        layer's RMSNorm weight over the latent, eps, interleaved RoPE on
+        [latent, latent + 64) from the model's cos/sin cache), the plain
+        index cache, the ratio, and main's input rows (raw K at ratio 1,
+        the compressed rows at ratio R)."""
+        cfg = wk.cfg
+        layers = wk.registration_layers(4242)
+        self.assertEqual(len(layers), cfg.layers)
+        for l, sl in enumerate(layers):
+            o = wk.layer_offsets(l)
+            self.assertEqual(sl.ratio, cfg.ratio(l))
+            for c in (sl.main, sl.swa):
+                f = c.fused
+                self.assertEqual((f.norm_begin, f.norm_end, f.rope_style,
+                                  f.rope_offset, f.rope_dim,
+                                  f.hadamard_len),
+                                 (0, cfg.latent, 2, cfg.latent,
+                                  cfg.rope_dim, 0))
+                self.assertEqual(f.norm_weight,
+                                 kvd_adapter.bf16_bytes(
+                                     wk.w.layers[l].kv_norm))
+                self.assertEqual(len(f.cos_sin),
+                                 4 * cfg.max_position * cfg.rope_dim)
+                self.assertAlmostEqual(f.eps, cfg.eps, places=9)
+                self.assertEqual(c.input.buffer_id, 4242)
+            self.assertFalse(sl.index.HasField("fused"))
+            self.assertEqual(sl.swa.input.offset, o["kv"])
+            self.assertEqual(sl.main.input.offset,
+                             o["comp"] if cfg.ratio(l) > 1 else o["kv"])
+            self.assertEqual(sl.index.input.offset, o["ik"])
+            self.assertEqual((sl.topk.offset, sl.index_out.offset),
+                             (o["topk"], o["out"]))
+        # Offsets inside the buffer, regions disjoint.
+        ends = sorted((v, k) for l in range(cfg.layers)
+                      for k, v in wk.layer_offsets(l).items())
+        self.assertEqual(ends[0][0], 0)
+        self.assertLessEqual(wk.layer_offsets(cfg.layers - 1)["out"]
+                             + wk.tk_bytes, wk.swa_off)
+
+    def test_compressed_row_slot_against_brute_force(self):
+        """worker.compressed_row_slot (the step path's compressed_slot_
+        mapping, prefill's compressed stores) against the definition: row
+        r is positions [rR, rR + R), stored when its last position comes,
+        at block_table[r // B] * B + r % B."""
+        from worker import compressed_row_slot
+        from stepworker import compressed_ratio
+        rng = random.Random(7)
+        for R in (1, 2, 4, 128):
+            for B in (1, 4, 64):
+                blocks = rng.sample(range(1000), 40)
+                for p in range(0, 40 * B * R, max(1, R * B // 37)):
+                    want = -1
+                    r = 0
+                    while r * R <= p:
+                        last = r * R + R - 1
+                        if last == p:
+                            want = blocks[r // B] * B + r % B
+                        r += 1
+                    self.assertEqual(compressed_row_slot(blocks, p, R, B),
+                                     want, (R, B, p))
+        self.assertEqual(compressed_ratio(Config(ratios=(4, 1))), 4)
+        self.assertEqual(compressed_ratio(Config(ratios=(1,))), 1)
+        with self.assertRaises(ValueError):
+            compressed_ratio(Config(ratios=(4, 1, 4, 2)))
+
 
 # Daemon vs library mode: //examples/ref_worker:libmode_test (libmode_test.py).
 
@@ -233,7 +305,7 @@ class StepPathPlumbingTest(unittest.TestCase):
 # expensive first, so that they end at about the same time.
 COST = {
     "test_basic_ds_mla_fp8": 38,
-    "test_step_path_worker_with_simulated_daemon_side": 28,
+    "test_step_path_worker_with_simulated_daemon_side": 56,
     "test_two_worker_processes": 27,
     "test_churn_poisoned_reuse_continuous_batching": 19,
     "test_killed_worker_leaves_others_alone": 17,

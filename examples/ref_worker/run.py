@@ -13,6 +13,7 @@ them all to --summary. Exit 0 when every scenario passed, 1 when one failed,
 import argparse
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -91,6 +92,121 @@ def config(args: argparse.Namespace) -> Config:
                   window=args.window, seed=args.seed)
 
 
+def step_config(args: argparse.Namespace) -> Config:
+    """The step path's model: the layers' ratios 1 or one R > 1."""
+    ratios = tuple(int(r) for r in getattr(args, "step_ratios",
+                                           "4,1").split(","))
+    return Config(main_format=args.format, layers=args.layers,
+                  window=args.window, seed=args.seed, ratios=ratios)
+
+
+def step_vs_library(args: argparse.Namespace, address: str,
+                    device: torch.device) -> Dict[str, object]:
+    """The speed scenario's second part (CUDA): the step path
+    (stepworker.StepPathWorker on kvdepotd) and its library-mode
+    counterpart (libmode.LibraryStepWorker: the same model code and
+    kernels in-process), both in graph mode with the same model (ratios
+    --step_ratios), prompts (77/130/261 tokens: batch 3), --steps decode
+    steps and seed; first stepped together with every step's logits, io
+    rows and the pools compared bit for bit (libmode_oracle.
+    step_path_lockstep), then each timed alone on the scenario (its decode
+    calls only). Overhead = (step-path decode time - library decode time)
+    per decode step, divided by the layers and by the phases (1 + 2 per
+    layer: S, A_l, B_l). Prints one table.
+
+    On the CPU (no step path, no graphs) the same code runs as a smoke test:
+    static shapes, the daemon's side stood in for by regular RPCs
+    (stepsim.py); its times mean nothing."""
+    import libmode
+    import libmode_oracle
+    import stepworker
+    lib, K, why = libmode.kernels()
+    if lib is None:
+        return {"skipped": why}
+    cuda = device.type == "cuda"
+    if cuda and not lib.kvdk_has_cuda():
+        return {"skipped": "libkvdepot_kernels.so was built without CUDA"}
+    cfg = step_config(args)
+    w = make_weights(cfg, device)
+    mode = "graph" if cuda else "static"
+    step_cls = stepworker.StepPathWorker
+    if not cuda:
+        import stepsim
+        step_cls = stepsim.SimulatedStepWorker
+    res: Dict[str, object] = {
+        "mode": mode, "batch": 3, "steps": args.steps, "layers": cfg.layers,
+        "ratios": list(cfg.ratios[:cfg.layers]), "format": cfg.main_format,
+        "context_tokens": f"77/130/261 prompts + {args.steps} steps"}
+    with kvdepot.connect(address, client_name="refworker-speed-step") as kv:
+        # 1. Bit-identical, stepped together.
+        dw = step_cls(kv, cfg, w, device, mode=mode,
+                      prefix=args.prefix + "spc.")
+        lw = libmode.LibraryStepWorker(
+            libmode.LibraryKernels(lib, K, device), cfg, w, device,
+            mode=mode, prefix=args.prefix + "spc.")
+        rng = random.Random(args.seed)
+        prompts = [scenarios.prompt(rng, cfg, n) for n in (77, 130, 261)]
+        try:
+            res["lockstep"] = libmode_oracle.step_path_lockstep(
+                dw, lw, prompts, args.steps)
+            ok = True
+        except libmode_oracle.Mismatch as e:
+            res["mismatch"] = str(e)
+            ok = False
+        finally:
+            dw.close()
+            lw.close()
+        # 2. Each timed alone on the same scenario (no checks).
+        times = {}
+        for side in ("step path", "library"):
+            if side == "step path":
+                h = scenarios.make(kv, cfg, w, device,
+                                   worker_cls=step_cls,
+                                   prefix=args.prefix + "sps.", mode=mode,
+                                   check=False)
+            else:
+                h = scenarios.make(libmode.LibraryKernels(lib, K, device),
+                                   cfg, w, device,
+                                   worker_cls=libmode.LibraryStepWorker,
+                                   prefix=args.prefix + "spl.", mode=mode,
+                                   check=False)
+            scenarios.basic(h, args.steps, args.seed)
+            r = h.report()
+            times[side] = {"decode_s": r["decode_s"],
+                           "decode_steps": r["decode_steps"],
+                           "tokens_per_s": r["tokens_per_s"],
+                           "graph_replays": h.worker.replays,
+                           "agreement_ok": r["agreement_ok"]}
+            h.worker.close()
+        res.update(times)
+    sp, lb = times["step path"], times["library"]
+    steps = max(int(sp["decode_steps"]), 1)
+    d_ms = 1000 * (float(sp["decode_s"]) - float(lb["decode_s"])) / steps
+    phases = 1 + 2 * cfg.layers
+    res["overhead_ms_per_step"] = round(d_ms, 4)
+    res["overhead_us_per_layer"] = round(1000 * d_ms / cfg.layers, 2)
+    res["overhead_us_per_phase"] = round(1000 * d_ms / phases, 2)
+    res["passed"] = ok and sp["agreement_ok"] and lb["agreement_ok"] and (
+        not cuda or (sp["graph_replays"] > 0 and lb["graph_replays"] > 0))
+    if not cuda:
+        res["note"] = ("CPU smoke run: static shapes, the daemon's side "
+                       "simulated by regular RPCs; the times mean nothing")
+    print(f"speed, {mode} mode: batch 3, context 77/130/261 + {args.steps} "
+          f"steps, {cfg.layers} layers, ratios "
+          f"{list(cfg.ratios[:cfg.layers])}, {cfg.main_format}\n"
+          f"{'path':<10} {'tokens/s':>10} {'ms/step':>9} "
+          f"{'ovh us/layer':>13} {'ovh us/phase':>13}\n"
+          f"{'library':<10} {lb['tokens_per_s']:>10} "
+          f"{1000 * float(lb['decode_s']) / steps:>9.3f} {'-':>13} "
+          f"{'-':>13}\n"
+          f"{'step path':<10} {sp['tokens_per_s']:>10} "
+          f"{1000 * float(sp['decode_s']) / steps:>9.3f} "
+          f"{res['overhead_us_per_layer']:>13} "
+          f"{res['overhead_us_per_phase']:>13}", file=sys.stderr,
+          flush=True)
+    return res
+
+
 def child_cmd(args: argparse.Namespace, address: str, scenario: str,
               prefix: str) -> List[str]:
     return [sys.executable, os.path.abspath(__file__), "--address", address,
@@ -135,18 +251,25 @@ def run_one(name: str, args: argparse.Namespace, address: str,
             out["context_tokens"] = "77/130/261 prompts + 64 steps"
             lib, why = kvd_adapter.kernels_library()
             out["library_mode"] = "available" if lib else why
+            # The step path (graph) vs library mode (graph), same batch,
+            # context, steps and ratios: tokens/s of both and the step
+            # path's overhead per layer and per phase.
+            out["step_vs_library"] = step_vs_library(args, address, device)
+            if "skipped" not in out["step_vs_library"]:
+                out["passed"] = out["passed"] and bool(
+                    out["step_vs_library"]["passed"])
         return out
     if name == "step":
-        # Decode through the step path (CUDA backend only; eager, no graph):
-        # main caches of ratio 1 in every layer (see stepworker.py).
+        # Decode through the step path (CUDA backend only): fused main and
+        # SWA stores, main caches of ratio 1 and of one ratio R > 1
+        # (--step_ratios; see stepworker.py).
         if device.type != "cuda":
             return {**out, "passed": True, "skipped": "the CPU backend has "
                     "no step path (RegisterWorker is FAILED_PRECONDITION)"}
         import stepworker
-        cfg = Config(main_format=args.format, layers=args.layers,
-                     window=args.window, seed=args.seed, ratios=(1,))
+        cfg = step_config(args)
         w = make_weights(cfg, device)
-        out.update({"ratios": [1] * cfg.layers,
+        out.update({"ratios": list(cfg.ratios[:cfg.layers]),
                     "path": f"step path, {args.step_mode}",
                     "graph_mode": args.step_mode == "graph"})
         with kvdepot.connect(address, client_name="refworker-step") as kv:
@@ -307,6 +430,10 @@ def main() -> int:
                     choices=("eager", "static", "graph"),
                     help="scenario step: eager, static shapes, or static "
                     "captured in a CUDA graph (default)")
+    ap.add_argument("--step_ratios", default="4,1",
+                    help="the layers' ratios in the step scenarios (step, "
+                    "speed's step-vs-library part): 1 or one R > 1, "
+                    "repeated over the layers")
     args = ap.parse_args()
     torch.manual_seed(args.seed)
     if args.device == "cuda" and torch.cuda.is_available():

@@ -2,13 +2,17 @@
 stepworker.py's plumbing (io-buffer offsets, phase order, the rows it reads
 back) where there is no GPU: each doorbell phase is carried out with the
 regular RPCs that do the same work (STEP_PATH.md: S = SWA decode index,
-A_l = plain stores into main, SWA ring and index, B_l = convert_topk). It
-says nothing about the real step path's kernels or handshake."""
+A_l = the fused stores into main (slot_mapping at ratio 1,
+compressed_slot_mapping at ratio R > 1) and the SWA ring with the fused
+parameters the worker registers, and the plain index store, B_l =
+convert_topk over seq_len / R compressed rows). It says nothing about the
+real step path's kernels or handshake."""
 
 from typing import Any, Dict
 
 import torch
 
+from kvd_adapter import fused_store
 from stepworker import StepPathWorker
 
 
@@ -48,22 +52,34 @@ class SimulatedStepWorker(StepPathWorker):
         if op != "mark":
             return
         layer, which = (phase - 1) // 2, (phase - 1) % 2
-        base = layer * self.layer_bytes
-        if which == 0:   # A: plain stores from the registered rows
-            kv = _raw(self._io(base, B * D * 2))
+        o, R = self.layer_offsets(layer), cfg.ratio(layer)
+        if which == 0:   # A: fused stores from the registered rows
+            pos = r["positions"]
+            rows = self._rows(o["kv"], B, D)
+            main_rows = self._rows(o["comp"], B, D) if R > 1 else rows
+            main_slots = r["compressed_slot_mapping"] if R > 1 else slots
             ring = [st * W + (n - 1) % W for st, n in zip(states, lens)]
-            self.kv.store(self.main, layer, slots, kv, dtype="bf16")
-            self.kv.store(self.swa, layer, ring, kv, dtype="bf16")
-            ik = _raw(self._io(base + self.kv_bytes, B * cfg.index_dim * 2))
-            self.kv.store(self.idx, layer, slots, ik, dtype="bf16")
+            fp = self.fp[layer]
+            fused_store(self.kv, self.main, layer, main_slots, main_rows,
+                        pos, fp)
+            fused_store(self.kv, self.swa, layer, ring, rows, pos, fp)
+            ik = _raw(self._io(o["ik"], B * cfg.index_dim * 2))
+            self.kv.store(self.idx, layer, main_slots, ik, dtype="bf16")
             return
-        tk_off = base + self.kv_bytes + self.ik_bytes
+        tk_off = o["topk"]
         topk = self._io(tk_off, B * K * 4).view(torch.int32).view(B, K)
+        rows_c = [n // R for n in lens]
         res = self.kv.convert_topk(
-            self.main, topk.tolist(), [min(K, n) for n in lens], lens,
+            self.main, topk.tolist(), [min(K, n) for n in rows_c], rows_c,
             r["block_tables"])
         self._io(tk_off + self.tk_bytes, B * K * 4).view(torch.int32).copy_(
             torch.tensor(list(res.slots), dtype=torch.int32))
+
+
+    def _rows(self, offset: int, n: int, d: int) -> torch.Tensor:
+        """BF16 rows [n, d] of the io buffer (as fp32 values)."""
+        return self._io(offset, n * d * 2).view(torch.bfloat16).view(
+            n, d).to(torch.float32)
 
 
 def _raw(t: torch.Tensor) -> bytes:

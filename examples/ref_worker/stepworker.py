@@ -5,11 +5,26 @@ against the daemon's by kvt.StepWorker (libkvdepot_worker.so's doorbell:
 step_begin, mark, wait). Modes: eager, static shapes, or static captured in
 a CUDA graph.
 
-The step path stores the main cache from one slot_mapping shared by all
-layers and takes plain (not fused) stores, so this variant needs main caches
-of ratio 1 in every layer (Config(ratios=(1,))) and writes K/V already
-normalized and rotated (model.finish_key). Prefill stays on PrefillLoad /
-PrefillIndex (KVWorker).
+The main and SWA caches are registered with fused-store parameters (the
+layer's RMSNorm weight over the latent [0, latent), eps, interleaved RoPE
+on [latent, latent + 64) from the model's cos/sin cache: DS_MLA_FP8 0-512 /
+512-576, V41 0-448 / 448-512), so the worker writes the RAW projected K
+(pre-norm, pre-RoPE, BF16) and phase A normalizes, rotates and quantizes,
+as the per-layer path's fused Store does. Every step carries the tokens'
+positions.
+
+Compressed main caches (ratio R > 1, SPEC §6): a layer's compressed row r
+is the BF16 mean of the raw K of positions [rR, rR + R) (and of their
+indexer keys for the index cache), stored at the position that completes
+it. The worker keeps the last R raw rows of each sequence per layer on the
+device (indexed by the sequence's SWA state and p mod R, so a CUDA graph
+updates them), writes the mean into the layer's compressed input rows
+every step, and the step's compressed_slot_mapping (worker.
+compressed_row_slot: -1 where no row completes) tells the daemon which
+tokens to store. One compressed_slot_mapping per step serves one ratio, so
+the layers' ratios are 1 or one R > 1 (e.g. Config(ratios=(4, 1))).
+Prefill stays on PrefillLoad / PrefillIndex (KVWorker); a prompt's
+incomplete last group is handed to the device rows at its first decode.
 
 WRITTEN WITHOUT A GPU: first run on the GPU host is its first test."""
 
@@ -23,9 +38,22 @@ from kvdepot.v1 import step_pb2
 
 import kvd_adapter
 from codec import dequant_mxfp8_index, gather_records
-from model import (Config, Weights, attend, finish_key, index_scores, logits,
-                   mlp, project, select_topk)
-from worker import KVWorker
+from model import (Config, Weights, attend, bf16, index_scores, logits, mlp,
+                   project, select_topk)
+from worker import KVWorker, compressed_row_slot
+
+
+def compressed_ratio(cfg: Config) -> int:
+    """The one ratio > 1 of cfg's layers (1 if none); ValueError if the
+    layers have two (the step path has one compressed_slot_mapping per
+    step)."""
+    rs = sorted({cfg.ratio(l) for l in range(cfg.layers)} - {1})
+    if len(rs) > 1:
+        raise ValueError(
+            f"ratios {rs}: the step path stores compressed rows from one "
+            "compressed_slot_mapping per step, so one ratio > 1 (e.g. "
+            "ratios=(4, 1))")
+    return rs[0] if rs else 1
 
 
 def _up(n: int, a: int = 256) -> int:
@@ -49,9 +77,7 @@ class StepPathWorker(KVWorker):
         self.graph: Any = None
         self.graph_batch: List[int] = []
         self.replays = 0
-        if any(cfg.ratio(l) != 1 for l in range(cfg.layers)):
-            raise ValueError("the step path stores main caches per token: "
-                             "use ratios=(1,)")
+        self.R = compressed_ratio(cfg)
         self.max_tokens = max_tokens
         self.watchdog_ms = watchdog_ms
         self.step_id = 0
@@ -61,39 +87,121 @@ class StepPathWorker(KVWorker):
 
     def _alloc_io(self) -> None:
         cfg, T, K, W = self.cfg, self.max_tokens, self.cfg.topk, self.cfg.window
-        # The io buffer: per layer [kv rows | index rows | top-k | index
-        # out], then the SWA decode index rows.
+        # The io buffer: per layer [raw K rows | compressed K rows | index
+        # rows | top-k | index out] (offsets in layer_offsets), then the SWA
+        # decode index rows.
         D = cfg.kv_dim
         self.kv_bytes = _up(T * D * 2)
         self.ik_bytes = _up(T * cfg.index_dim * 2)
         self.tk_bytes = _up(T * K * 4)
-        self.layer_bytes = self.kv_bytes + self.ik_bytes + 2 * self.tk_bytes
+        self.layer_bytes = (2 * self.kv_bytes + self.ik_bytes
+                            + 2 * self.tk_bytes)
         size = cfg.layers * self.layer_bytes + _up(T * W * 4)
-        self.io = kvd_adapter.HostBuffer(self.kv, size, self.device)
+        self.io = self._buffer(size)
         self.swa_off = cfg.layers * self.layer_bytes
+        # The last R raw K / indexer-key rows per SWA state and layer of
+        # ratio R > 1 (fp32 holding BF16 values), row p mod R.
+        self.acc: Dict[int, Any] = {}
+        for l in range(cfg.layers):
+            if cfg.ratio(l) > 1:
+                self.acc[l] = (
+                    torch.zeros(self.num_states, self.R, D,
+                                device=self.device),
+                    torch.zeros(self.num_states, self.R, cfg.index_dim,
+                                device=self.device))
+
+    def _buffer(self, size: int):
+        return kvd_adapter.HostBuffer(self.kv, size, self.device)
+
+    def layer_offsets(self, l: int) -> Dict[str, int]:
+        """Byte offsets of layer l's rows in the io buffer."""
+        base = l * self.layer_bytes
+        comp = base + self.kv_bytes
+        ik = comp + self.kv_bytes
+        tk = ik + self.ik_bytes
+        return {"kv": base, "comp": comp, "ik": ik, "topk": tk,
+                "out": tk + self.tk_bytes}
+
+    def fused_params(self, l: int) -> "step_pb2.StepFused":
+        """Layer l's fused-store parameters (SPEC §8) for its main and SWA
+        caches: RMSNorm [0, latent) with the layer's kv_norm weight, eps,
+        interleaved RoPE on [latent, latent + rope_dim) from the model's
+        cos/sin cache, no Hadamard: what the per-layer path's fused Store
+        sends (kvd_adapter.FusedParams), registered once."""
+        fp = self.fp[l]
+        return kvt.step_fused(
+            norm_begin=0, norm_end=fp.norm_end, norm_weight=fp.norm_weight,
+            eps=fp.eps, rope="interleaved", rope_offset=fp.rope_offset,
+            rope_dim=fp.rope_dim, cos_sin=fp.cos_sin)
+
+    def registration_layers(self, io: Any) -> List["step_pb2.StepLayer"]:
+        """The StepLayers of RegisterWorker over io buffer `io` (a Buffer
+        or its id): main (fused; raw K rows at ratio 1, compressed rows at
+        ratio R), SWA (fused, raw K rows), index (plain; the indexer keys,
+        or their group means at ratio R), top-k and index rows."""
+        cfg, K, W, D = self.cfg, self.cfg.topk, self.cfg.window, self.cfg.kv_dim
+        layers = []
+        for l in range(cfg.layers):
+            o, R = self.layer_offsets(l), cfg.ratio(l)
+            f = self.fused_params(l)
+            layers.append(kvt.layer(
+                main=kvt.cache(self.main, l, io,
+                               offset=o["comp"] if R > 1 else o["kv"],
+                               row_stride=D * 2, fused=f),
+                swa=kvt.cache(self.swa, l, io, offset=o["kv"],
+                              row_stride=D * 2, fused=f),
+                index=kvt.cache(self.idx, l, io, offset=o["ik"],
+                                row_stride=cfg.index_dim * 2),
+                ratio=R, window=W,
+                topk=kvt.buffer_ref(io, o["topk"], K * 4),
+                index_out=kvt.buffer_ref(io, o["out"], K * 4)))
+        return layers
+
+    def _flush_pending(self, seqs) -> None:
+        """Hands a prompt's incomplete last group (KVWorker keeps it in
+        s.raw / s.ik_raw after prefill) to the device rows, before the
+        sequence's first decode step."""
+        for s in seqs:
+            for l, (kv_acc, ik_acc) in self.acc.items():
+                if not s.raw[l]:
+                    continue
+                p0 = s.cached - len(s.raw[l])
+                for i, (k, ik) in enumerate(zip(s.raw[l], s.ik_raw[l])):
+                    kv_acc[s.state_id, (p0 + i) % self.R] = k
+                    ik_acc[s.state_id, (p0 + i) % self.R] = ik
+                s.raw[l], s.ik_raw[l] = [], []
+
+    def _write_inputs(self, l: int, pr, states: torch.Tensor,
+                      pos: torch.Tensor) -> None:
+        """Layer l's input rows of this step (no host reads: capturable):
+        raw K; at ratio R > 1 the group means of K and of the indexer keys
+        (meaningful where the token completes a group, the only rows the
+        daemon stores), else the indexer keys."""
+        B, D, I = pr.kv_raw.shape[0], self.cfg.kv_dim, self.cfg.index_dim
+        o = self.layer_offsets(l)
+        self._io(o["kv"], B * D * 2).view(torch.bfloat16).copy_(
+            pr.kv_raw.reshape(-1).to(torch.bfloat16))
+        ik = pr.ik_raw
+        if l in self.acc:
+            kv_acc, ik_acc = self.acc[l]
+            j = pos % self.R
+            kv_acc[states, j] = pr.kv_raw
+            ik_acc[states, j] = pr.ik_raw
+            self._io(o["comp"], B * D * 2).view(torch.bfloat16).copy_(
+                bf16(kv_acc[states].mean(dim=1)).reshape(-1).to(
+                    torch.bfloat16))
+            ik = bf16(ik_acc[states].mean(dim=1))
+        self._io(o["ik"], B * I * 2).view(torch.bfloat16).copy_(
+            ik.reshape(-1).to(torch.bfloat16))
 
     def _register(self) -> None:
         """RegisterWorker (kvt.register_worker) over the io buffer, then the
         worker's side of the doorbell (kvt.StepWorker, on
         libkvdepot_worker.so)."""
         cfg, T, K, W = self.cfg, self.max_tokens, self.cfg.topk, self.cfg.window
-        D, io = cfg.kv_dim, self.io.buf
+        io = self.io.buf
         self.doorbell = self.kv.allocate_buffer(kvt.doorbell_bytes(cfg.layers))
-        layers = []
-        for l in range(cfg.layers):
-            base = l * self.layer_bytes
-            layers.append(kvt.layer(
-                main=kvt.cache(self.main, l, io, offset=base,
-                               row_stride=D * 2),
-                swa=kvt.cache(self.swa, l, io, offset=base, row_stride=D * 2),
-                index=kvt.cache(self.idx, l, io, offset=base + self.kv_bytes,
-                                row_stride=cfg.index_dim * 2),
-                ratio=1, window=W,
-                topk=kvt.buffer_ref(io, base + self.kv_bytes + self.ik_bytes,
-                                    K * 4),
-                index_out=kvt.buffer_ref(
-                    io, base + self.kv_bytes + self.ik_bytes + self.tk_bytes,
-                    K * 4)))
+        layers = self.registration_layers(io)
         self.reg = kvt.register_worker(
             self.kv, doorbell=self.doorbell, layers=layers,
             swa_index=step_pb2.StepSwaIndex(
@@ -166,6 +274,8 @@ class StepPathWorker(KVWorker):
             self._ensure_blocks(s, s.cached + 1)
         P = [s.cached for s in seqs]
         pos = torch.tensor(P, device=dev)
+        states = torch.tensor([s.state_id for s in seqs], device=dev)
+        self._flush_pending(seqs)
         self._send_step(seqs, P)
         self._db("begin")
         self._db("wait", 0)
@@ -173,19 +283,14 @@ class StepPathWorker(KVWorker):
             B, W).to(torch.int64)
         x = w.embed[torch.tensor([s.tokens[-1] for s in seqs], device=dev)]
         for l, lw in enumerate(w.layers):
-            base = l * self.layer_bytes
+            R = cfg.ratio(l)
             pr = project(cfg, lw, x, pos, w.cos_sin)
-            keys_in = finish_key(cfg, lw, pr.kv_raw, pos, w.cos_sin)
-            self._io(base, B * D * 2).view(torch.bfloat16).copy_(
-                keys_in.reshape(-1).to(torch.bfloat16))
-            self._io(base + self.kv_bytes, B * cfg.index_dim * 2).view(
-                torch.bfloat16).copy_(pr.ik_raw.reshape(-1).to(
-                    torch.bfloat16))
+            self._write_inputs(l, pr, states, pos)
             self._db("mark", 1 + 2 * l)
             self._db("wait", 1 + 2 * l)
             topk = torch.full((B, K), -1, dtype=torch.int64, device=dev)
             for b, s in enumerate(seqs):
-                n = P[b] + 1
+                n = (P[b] + 1) // R
                 ik = self._index_keys(l, s, n)
                 t, _ = select_topk(index_scores(pr.iq[b:b + 1],
                                                 pr.iw[b:b + 1], ik),
@@ -195,7 +300,7 @@ class StepPathWorker(KVWorker):
                 if l == 0:
                     s.step_topk = []
                 s.step_topk.append(topk[b].clone())
-            tk_off = base + self.kv_bytes + self.ik_bytes
+            tk_off = self.layer_offsets(l)["topk"]
             self._io(tk_off, B * K * 4).view(torch.int32).copy_(
                 topk.reshape(-1).to(torch.int32))
             self._db("mark", 2 + 2 * l)
@@ -241,18 +346,24 @@ class StepPathWorker(KVWorker):
     def _send_step(self, seqs, P) -> None:
         """One Step (the scheduler's side, kvt.step) for this decode step."""
         self.step_id += 1
-        self._step_rpc(self.step_id, dict(
+        args = dict(
             slot_mapping=[self._slot(s, p) for s, p in zip(seqs, P)],
             seq_lens=[p + 1 for p in P], query_lens=[1] * len(seqs),
             swa_state_ids=[s.state_id for s in seqs],
             block_tables=[s.blocks + [-1] * (self.num_blocks - len(s.blocks))
                           for s in seqs],
-            top_k=self.cfg.topk))
+            top_k=self.cfg.topk, positions=list(P))
+        if self.R > 1:
+            args["compressed_slot_mapping"] = [
+                compressed_row_slot(s.blocks, p, self.R, self.cfg.block_size)
+                for s, p in zip(seqs, P)]
+        self._step_rpc(self.step_id, args)
 
     def _static_inputs(self, B: int) -> None:
         dev, C = self.device, self.num_blocks
         self.st_tokens = torch.zeros(B, dtype=torch.int64, device=dev)
         self.st_pos = torch.zeros(B, dtype=torch.int64, device=dev)
+        self.st_state = torch.zeros(B, dtype=torch.int64, device=dev)
         self.st_table = torch.full((B, C), -1, dtype=torch.int64, device=dev)
         self.st_topk = [torch.zeros(B, self.cfg.topk, dtype=torch.int64,
                                     device=dev) for _ in range(self.cfg.layers)]
@@ -261,8 +372,8 @@ class StepPathWorker(KVWorker):
 
     def _static_body(self) -> None:
         """One decode step with fixed shapes and no host reads: what a CUDA
-        graph captures. Reads st_tokens/st_pos/st_table, writes st_topk and
-        st_logits."""
+        graph captures. Reads st_tokens/st_pos/st_state/st_table, writes
+        st_topk, st_logits and the compressed rows' device state."""
         cfg, w, dev = self.cfg, self.w, self.device
         B, W, K, D = self.st_batch, cfg.window, cfg.topk, cfg.kv_dim
         bs = cfg.block_size
@@ -276,14 +387,8 @@ class StepPathWorker(KVWorker):
         islots = blk.clamp(min=0) * bs + rows % bs
         x = w.embed[self.st_tokens]
         for l, lw in enumerate(w.layers):
-            base = l * self.layer_bytes
             pr = project(cfg, lw, x, pos, w.cos_sin)
-            keys_in = finish_key(cfg, lw, pr.kv_raw, pos, w.cos_sin)
-            self._io(base, B * D * 2).view(torch.bfloat16).copy_(
-                keys_in.reshape(-1).to(torch.bfloat16))
-            self._io(base + self.kv_bytes, B * cfg.index_dim * 2).view(
-                torch.bfloat16).copy_(pr.ik_raw.reshape(-1).to(
-                    torch.bfloat16))
+            self._write_inputs(l, pr, self.st_state, pos)
             self._db("mark", 1 + 2 * l)
             self._db("wait", 1 + 2 * l)
             d, sf = gather_records(self.views[self.idx].layer(l),
@@ -291,9 +396,9 @@ class StepPathWorker(KVWorker):
             ik = dequant_mxfp8_index(d, sf).view(B, -1, cfg.index_dim)
             dots = (pr.iq @ ik.transpose(1, 2)).clamp(min=0)  # [B, h, N]
             sc = (dots * pr.iw[:, :, None]).sum(dim=1)
-            topk, _ = select_topk(sc, pos + 1, K)
+            topk, _ = select_topk(sc, (pos + 1) // cfg.ratio(l), K)
             self.st_topk[l].copy_(topk)
-            tk_off = base + self.kv_bytes + self.ik_bytes
+            tk_off = self.layer_offsets(l)["topk"]
             self._io(tk_off, B * K * 4).view(torch.int32).copy_(
                 topk.reshape(-1).to(torch.int32))
             self._db("mark", 2 + 2 * l)
@@ -322,8 +427,10 @@ class StepPathWorker(KVWorker):
             fresh = True
         else:
             fresh = False
+        self._flush_pending(seqs)
         self.st_tokens.copy_(torch.tensor([s.tokens[-1] for s in seqs]))
         self.st_pos.copy_(torch.tensor(P))
+        self.st_state.copy_(torch.tensor([s.state_id for s in seqs]))
         tab = torch.full((B, self.num_blocks), -1, dtype=torch.int64)
         for b, s in enumerate(seqs):
             tab[b, :len(s.blocks)] = torch.tensor(s.blocks)
@@ -349,7 +456,7 @@ class StepPathWorker(KVWorker):
         win = self._io(self.swa_off, B * W * 4).view(torch.int32).view(
             B, W).to(torch.int64)
         for l in range(self.cfg.layers):
-            tk_off = (l * self.layer_bytes + self.kv_bytes + self.ik_bytes)
+            tk_off = self.layer_offsets(l)["topk"]
             slots = self._io(tk_off + self.tk_bytes,
                              B * self.cfg.topk * 4).view(torch.int32).view(
                                  B, self.cfg.topk).to(torch.int64)

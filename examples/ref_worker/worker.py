@@ -45,6 +45,23 @@ class CheckFailed(AssertionError):
     pass
 
 
+def row_slot(blocks: List[int], row: int, block_size: int) -> int:
+    """The slot of logical row `row` through a block table."""
+    return blocks[row // block_size] * block_size + row % block_size
+
+
+def compressed_row_slot(blocks: List[int], p: int, ratio: int,
+                        block_size: int) -> int:
+    """The slot of the compressed row that position p completes (the R
+    positions [rR, rR + R) make row r; p = rR + R - 1 completes it), or -1
+    when p completes none: one entry of the step path's
+    compressed_slot_mapping, and where prefill and the per-layer path store
+    a compressed row (KVWorker._compress)."""
+    if (p + 1) % ratio:
+        return -1
+    return row_slot(blocks, (p + 1) // ratio - 1, block_size)
+
+
 @dataclass
 class Sequence:
     seq_id: int
@@ -201,8 +218,7 @@ class KVWorker:
             s.blocks.append(b)
 
     def _slot(self, s: Sequence, row: int) -> int:
-        bs = self.cfg.block_size
-        return s.blocks[row // bs] * bs + row % bs
+        return row_slot(s.blocks, row, self.cfg.block_size)
 
     def _timed(self, fn, *a, **k):
         t = time.perf_counter()
@@ -224,9 +240,10 @@ class KVWorker:
             s.raw[l].append(kv_raw[i])
             s.ik_raw[l].append(ik_raw[i])
             p = p0 + i
-            if (p + 1) % R == 0:
+            slot = compressed_row_slot(s.blocks, p, R, self.cfg.block_size)
+            if slot >= 0:
                 assert len(s.raw[l]) == R
-                slots.append(self._slot(s, (p + 1) // R - 1))
+                slots.append(slot)
                 means.append(bf16(torch.stack(s.raw[l]).mean(dim=0)))
                 imeans.append(bf16(torch.stack(s.ik_raw[l]).mean(dim=0)))
                 pos.append(p)

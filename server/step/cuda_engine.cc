@@ -409,12 +409,15 @@ class CudaStepEngine : public StepEngine {
       RETURN_IF_ERROR(run_gate());
       const int64_t* positions =
           reinterpret_cast<const int64_t*>(at(sec.positions));
+      // Main and index caches of ratio > 1: compressed rows, stored from
+      // compressed_slot_mapping (-1 = the token completes no row).
+      int32_t* const main_slots = l.ratio > 1 ? comp : slots;
       if (l.main.set())
-        RETURN_IF_ERROR(Store(i, 0, l.main, slots, n, positions));
+        RETURN_IF_ERROR(Store(i, 0, l.main, main_slots, n, positions));
       if (l.swa.set()) RETURN_IF_ERROR(Store(i, 1, l.swa, swa, n, positions));
       if (l.index.set()) {
         RETURN_IF_ERROR(
-            Store(i, 2, l.index, l.ratio > 1 ? comp : slots, n, positions));
+            Store(i, 2, l.index, main_slots, n, positions));
       }
       RETURN_IF_ERROR(Done(a));
       const int64_t b = db::PhaseB(static_cast<int64_t>(i));

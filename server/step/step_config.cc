@@ -295,7 +295,24 @@ absl::StatusOr<RegistrationConfig> ResolveRegistration(
       ASSIGN_OR_RETURN(layer.index,
                        ResolveCache(absl::StrCat(f, ".index"), in.index(),
                                     config, caller, pools, sessions));
-      if (layer.ratio > 1) config.needs_compressed_slots = true;
+    }
+    // Main and index caches of a layer of ratio > 1 store compressed rows
+    // from the step's one compressed_slot_mapping: a token that completes
+    // no row has -1 there. Which tokens complete a row depends on the
+    // ratio, so every such layer has the same one.
+    if (layer.ratio > 1 && (layer.main.set() || layer.index.set())) {
+      if (config.compressed_ratio != 0 &&
+          config.compressed_ratio != layer.ratio) {
+        return Invalid(
+            absl::StrCat(f, ".ratio"),
+            absl::StrCat(layer.ratio, " differs from ",
+                         config.compressed_ratio,
+                         " of an earlier layer with a compressed main or "
+                         "index cache (one compressed_slot_mapping per step "
+                         "serves one ratio > 1)"));
+      }
+      config.compressed_ratio = layer.ratio;
+      config.needs_compressed_slots = true;
     }
     if (in.has_topk() != in.has_index_out()) {
       return Invalid(f, "topk and index_out are set together or not at all");

@@ -277,6 +277,47 @@ TEST_F(StepFusedTest, ChecksThePositionsOfEveryStep) {
   EXPECT_EQ(plan->sections.positions, -1);
 }
 
+// A fused main cache of ratio > 1 (the compressed MLA rows): the fused
+// parameters are kept as for ratio 1, and each step carries positions and
+// compressed_slot_mapping, the latter checked against that cache's pool
+// (7 x 16 = 112 slots).
+TEST_F(StepFusedTest, AFusedMainCacheOfRatioAboveOneTakesCompressedSlots) {
+  v1::RegisterWorkerRequest r = Registration();
+  r.mutable_layers(0)->set_ratio(4);
+  absl::StatusOr<RegistrationConfig> c = Resolve(r);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_NE(c->layers[0].main.fused, nullptr);
+  EXPECT_EQ(c->layers[0].main.fused->params.rope, RopeStyle::kInterleaved);
+  EXPECT_TRUE(c->needs_compressed_slots);
+  EXPECT_EQ(c->compressed_ratio, 4);
+  v1::StepRequest s = Step({3, 4, 5});
+  s.set_compressed_slot_mapping(Pack({-1, 111, -1}));
+  absl::StatusOr<StepPlan> plan = BuildStepPlan(*c, s, absl::Seconds(1));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_GE(plan->sections.compressed_slots, 0);
+  ASSERT_GE(plan->sections.positions, 0);
+  EXPECT_EQ(plan->blob[plan->sections.compressed_slots + 1], 111);
+  s.set_compressed_slot_mapping(Pack({-1, 112, -1}));
+  plan = BuildStepPlan(*c, s, absl::Seconds(1));
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(plan.status().message()),
+              HasSubstr("compressed_slot_mapping[1] = 112 is outside "
+                        "[-1, 112)"));
+  s.clear_compressed_slot_mapping();
+  plan = BuildStepPlan(*c, s, absl::Seconds(1));
+  EXPECT_THAT(std::string(plan.status().message()),
+              HasSubstr("compressed_slot_mapping"));
+  // At ratio 1 the same registration refuses compressed slots.
+  s = Step({3, 4, 5});
+  s.set_compressed_slot_mapping(Pack({-1, 1, -1}));
+  absl::StatusOr<RegistrationConfig> flat = Resolve(Registration());
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  plan = BuildStepPlan(*flat, s, absl::Seconds(1));
+  EXPECT_THAT(std::string(plan.status().message()),
+              HasSubstr("compressed_slot_mapping: set, but no main or index "
+                        "cache"));
+}
+
 // window 0 means no SWA part, as in PrefillLoad: an SWA cache needs a
 // window inside its ring.
 TEST_F(StepFusedTest, AnSwaCacheNeedsAWindowInsideItsRing) {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "common/status_macros.h"
 #include "kernels/store_load_host.h"
 #include "planner/plan.h"
@@ -31,20 +32,25 @@ absl::Span<int32_t> Section(std::vector<int32_t>* blob, int64_t at, int64_t n) {
   return absl::MakeSpan(blob->data() + at, static_cast<size_t>(n));
 }
 
-// The smallest num_slots among the caches `pick` selects (0 = none).
-template <typename Pick>
-int64_t MinSlots(const RegistrationConfig& config, Pick pick) {
+// The smallest num_slots among the main and index caches of the layers
+// whose ratio is 1 (compressed = false) or > 1 (true): the pools that
+// slot_mapping or compressed_slot_mapping is stored into (0 = none).
+int64_t MinSlots(const RegistrationConfig& config, bool compressed) {
   int64_t best = 0;
   for (const LayerConfig& l : config.layers) {
-    const CacheConfig* c = pick(l);
-    if (c == nullptr || !c->set()) continue;
-    const int64_t n = c->layout.num_slots();
-    best = best == 0 ? n : std::min(best, n);
+    if ((l.ratio > 1) != compressed) continue;
+    for (const CacheConfig* c : {&l.main, &l.index}) {
+      if (!c->set()) continue;
+      const int64_t n = c->layout.num_slots();
+      best = best == 0 ? n : std::min(best, n);
+    }
   }
   return best;
 }
 
-// ValidateSlotMapping against a pool of `num_slots` slots.
+// ValidateSlotMapping against a pool of `num_slots` slots. Its messages
+// name `slot_mapping[i]`; "compressed_" names compressed_slot_mapping[i]
+// (both indices of a duplicate), another prefix is put in front.
 absl::Status CheckSlots(absl::string_view prefix, int64_t num_slots,
                         absl::Span<const int32_t> slots) {
   PoolLayout layout;
@@ -52,6 +58,10 @@ absl::Status CheckSlots(absl::string_view prefix, int64_t num_slots,
   layout.num_blocks = num_slots;
   absl::Status s = ValidateSlotMapping(layout, slots);
   if (s.ok()) return s;
+  if (prefix == "compressed_") {
+    return absl::InvalidArgumentError(absl::StrReplaceAll(
+        s.message(), {{"slot_mapping[", "compressed_slot_mapping["}}));
+  }
   return absl::InvalidArgumentError(absl::StrCat(prefix, s.message()));
 }
 
@@ -93,17 +103,7 @@ absl::StatusOr<StepPlan> BuildStepPlan(const RegistrationConfig& config,
   std::vector<int32_t> values;
   RETURN_IF_ERROR(DecodeInt32s("slot_mapping", r.slot_mapping(), "num_tokens",
                                n, config.max_tokens, &values));
-  const int64_t main_slots = MinSlots(config, [](const LayerConfig& l) {
-    return l.main.set() ? &l.main : (l.ratio == 1 ? &l.index : nullptr);
-  });
-  const int64_t ratio1_index = MinSlots(config, [](const LayerConfig& l) {
-    return l.ratio == 1 ? &l.index : nullptr;
-  });
-  const int64_t slot_bound =
-      main_slots == 0
-          ? ratio1_index
-          : (ratio1_index == 0 ? main_slots
-                               : std::min(main_slots, ratio1_index));
+  const int64_t slot_bound = MinSlots(config, false);
   if (slot_bound > 0) RETURN_IF_ERROR(CheckSlots("", slot_bound, values));
   sec.slots = Reserve(&blob, n);
   std::memcpy(blob.data() + sec.slots, values.data(), 4 * values.size());
@@ -138,17 +138,15 @@ absl::StatusOr<StepPlan> BuildStepPlan(const RegistrationConfig& config,
     RETURN_IF_ERROR(DecodeInt32s("compressed_slot_mapping",
                                  r.compressed_slot_mapping(), "num_tokens", n,
                                  config.max_tokens, &values));
-    const int64_t bound = MinSlots(config, [](const LayerConfig& l) {
-      return l.ratio > 1 ? &l.index : nullptr;
-    });
+    const int64_t bound = MinSlots(config, true);
     RETURN_IF_ERROR(CheckSlots("compressed_", bound, values));
     sec.compressed_slots = Reserve(&blob, n);
     std::memcpy(blob.data() + sec.compressed_slots, values.data(),
                 4 * values.size());
   } else if (!r.compressed_slot_mapping().empty()) {
     return Invalid("compressed_slot_mapping",
-                   "set, but no index cache of this registration has a ratio "
-                   "> 1");
+                   "set, but no main or index cache of this registration has "
+                   "a ratio > 1");
   }
 
   // Lengths.

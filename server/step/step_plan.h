@@ -18,8 +18,8 @@ namespace kvdepot::step {
 // Offsets (in int32 elements) of the blob's sections; -1 = absent. Every
 // section starts on a 16-byte boundary.
 struct StepSections {
-  int64_t slots = -1;             // [tokens] main and ratio-1 index caches
-  int64_t compressed_slots = -1;  // [tokens] index caches of ratio > 1
+  int64_t slots = -1;             // [tokens] main/index caches of ratio 1
+  int64_t compressed_slots = -1;  // [tokens] main/index caches of ratio > 1
   int64_t swa_slots = -1;         // [tokens] SWA ring slots
   int64_t swa_state = -1;         // [tokens] SWA decode windows
   int64_t swa_start = -1;         // [tokens]

@@ -341,6 +341,92 @@ TEST_F(StepRegistryTest, EveryStepRuleRefusesAndChangesNothing) {
   EXPECT_TRUE(registry_->Step(owner_, Step(id, 1)).ok());
 }
 
+// Layer 1 at ratio 4: its main and index caches store compressed rows
+// from compressed_slot_mapping (layer 0 stays per token).
+TEST_F(StepRegistryTest, CompressedMainCachesTakeTheCompressedSlots) {
+  v1::RegisterWorkerRequest reg = Registration();
+  reg.mutable_layers(1)->set_ratio(4);
+  absl::StatusOr<v1::RegisterWorkerResponse> made =
+      registry_->Register(owner_, reg);
+  ASSERT_TRUE(made.ok()) << made.status();
+  EXPECT_TRUE(factory_.last_config.needs_compressed_slots);
+  EXPECT_EQ(factory_.last_config.compressed_ratio, 4);
+  v1::StepRequest r = Step(made->registration_id(), 1);
+  r.set_compressed_slot_mapping(Pack({-1, 17, -1}));
+  absl::StatusOr<v1::StepResponse> ok = registry_->Step(owner_, r);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  const StepPlan& p = factory_.last->plans.back();
+  ASSERT_GE(p.sections.compressed_slots, 0);
+  EXPECT_EQ(p.sections.compressed_slots % 4, 0) << "16-byte aligned";
+  EXPECT_EQ(p.blob[p.sections.compressed_slots + 0], -1);
+  EXPECT_EQ(p.blob[p.sections.compressed_slots + 1], 17);
+  EXPECT_EQ(p.blob[p.sections.compressed_slots + 2], -1);
+  EXPECT_EQ(p.blob[p.sections.slots + 2], 700);
+  EXPECT_LE(static_cast<int64_t>(p.blob.size()),
+            MaxBlobElements(factory_.last_config));
+}
+
+// Each rule of compressed_slot_mapping refuses the step, naming the field
+// and index, and consumes no step id.
+TEST_F(StepRegistryTest, EveryCompressedSlotRuleRefuses) {
+  v1::RegisterWorkerRequest reg = Registration();
+  reg.mutable_layers(1)->set_ratio(4);
+  // Only a main cache at ratio 4 (no index cache, no phase B) still needs
+  // the compressed slots: the main pool (16 x 64 = 1024 slots) bounds them.
+  reg.mutable_layers(1)->clear_index();
+  reg.mutable_layers(1)->clear_topk();
+  reg.mutable_layers(1)->clear_index_out();
+  absl::StatusOr<v1::RegisterWorkerResponse> made =
+      registry_->Register(owner_, reg);
+  ASSERT_TRUE(made.ok()) << made.status();
+  EXPECT_TRUE(factory_.last_config.needs_compressed_slots);
+  const uint64_t id = made->registration_id();
+  struct Case {
+    std::string name;
+    std::string compressed;  // packed; "missing" = not set
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"missing", "missing", "compressed_slot_mapping"},
+      {"packed size", Pack({1, 2}), "compressed_slot_mapping"},
+      {"out of the main pool", Pack({-1, 1024, -1}),
+       "compressed_slot_mapping[1] = 1024 is outside [-1, 1024)"},
+      {"below -1", Pack({-2, 3, -1}), "compressed_slot_mapping[0] = -2"},
+      {"duplicate", Pack({9, -1, 9}),
+       "compressed_slot_mapping[2] = 9 duplicates compressed_slot_mapping[0]"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    v1::StepRequest r = Step(id, 1);
+    if (c.compressed != "missing") r.set_compressed_slot_mapping(c.compressed);
+    absl::Status s = StepError(r);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.message));
+  }
+  EXPECT_TRUE(factory_.last->plans.empty());
+  v1::StepRequest r = Step(id, 1);
+  r.set_compressed_slot_mapping(Pack({-1, -1, 1023}));
+  EXPECT_TRUE(registry_->Step(owner_, r).ok());
+}
+
+// One compressed_slot_mapping per step serves one ratio > 1.
+TEST_F(StepRegistryTest, CompressedCachesOfTwoRatiosAreRefused) {
+  v1::RegisterWorkerRequest reg = Registration();
+  reg.mutable_layers(0)->set_ratio(4);
+  reg.mutable_layers(1)->set_ratio(2);
+  absl::Status s = registry_->Register(owner_, reg).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("layers[1].ratio: 2 differs from 4"));
+  // A layer of ratio 2 with only an SWA cache stores nothing compressed.
+  reg.mutable_layers(1)->clear_main();
+  reg.mutable_layers(1)->clear_index();
+  reg.mutable_layers(1)->clear_topk();
+  reg.mutable_layers(1)->clear_index_out();
+  EXPECT_TRUE(registry_->Register(owner_, reg).ok());
+  EXPECT_EQ(factory_.last_config.compressed_ratio, 4);
+}
+
 TEST_F(StepRegistryTest, EveryRegistrationRuleRefuses) {
   struct Case {
     std::string name;

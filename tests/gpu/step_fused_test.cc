@@ -2,7 +2,9 @@
 // --backend=cuda in a child process, a registration whose main caches are
 // stored with the fused kernel (layer 0: RMSNorm over [0, 512), NeoX RoPE on
 // [448, 512), Hadamard on [0, 256); layer 1: interleaved RoPE on [448, 512)
-// with its own, longer cos/sin cache), positions sent with every step. The
+// with its own, longer cos/sin cache), positions sent with every step; the
+// same with layer 1 at ratio 4 (compressed rows from
+// compressed_slot_mapping). The
 // pools stay byte-identical to the CPU fused reference (kernels/reference/
 // fused.h) over many random steps, SWA and index caches to the plain
 // reference; a step with a position beyond the shortest cos/sin cache is
@@ -176,6 +178,45 @@ TEST_F(StepFusedTest, FusedStoresMatchTheCpuReferenceOverManySteps) {
     ASSERT_OK((*rig)->CheckIndexRows(in));
     if (step % 5 == 0) ASSERT_OK((*rig)->CheckPools());
   }
+}
+
+// Layer 1 at ratio 4: its fused main cache and its index cache store
+// compressed rows from compressed_slot_mapping (mostly -1), layer 0 per
+// token; convert_topk of layer 1 sees seq_len / 4 rows. Pools and index
+// rows equal the CPU references (the fused reference at the compressed
+// slots). WRITTEN WITHOUT A GPU: not yet run.
+TEST_F(StepFusedTest, CompressedFusedMainCacheMatchesTheCpuReference) {
+  RigOptions o = Options("fusedratio");
+  o.ratio_layer = 1;
+  o.ratio = 4;
+  o.main_reference = [fused = &fused_, o](int l, const StepInput& in,
+                                          const PoolLayout& layout,
+                                          uint8_t* bytes) {
+    const std::vector<int64_t> positions = PositionsOf(in);
+    FusedParams p = (*fused)[l].params;
+    p.positions = positions.data();
+    return FusedStore(layout, bytes, in.kv_main[l].data(), p,
+                      LayerSlots(o, in, l), nullptr);
+  };
+  absl::StatusOr<std::unique_ptr<StepRig>> rig =
+      StepRig::Create(env->daemon()->socket_path(), o);
+  ASSERT_OK(rig.status());
+  std::mt19937 rng(1404);
+  int compressed = 0;
+  for (uint64_t step = 1; step <= 30; ++step) {
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    StepInput in = (*rig)->RandomStep(step, rng);
+    ASSERT_EQ(in.compressed_slots.size(), in.slots.size());
+    for (int32_t s : in.compressed_slots) compressed += s >= 0;
+    (*rig)->StageInputs(in);
+    ASSERT_OK((*rig)->SendStep(in).status());
+    ASSERT_OK((*rig)->EnqueueWorker(stream_->get()));
+    ASSERT_OK(SyncWithin(stream_->get(), absl::Seconds(30)));
+    ASSERT_OK((*rig)->ApplyReference(in));
+    ASSERT_OK((*rig)->CheckIndexRows(in));
+    if (step % 5 == 0) ASSERT_OK((*rig)->CheckPools());
+  }
+  EXPECT_GT(compressed, 0);
 }
 
 TEST_F(StepFusedTest, PositionsBeyondTheCosSinCacheAreRefused) {

@@ -193,7 +193,7 @@ absl::Status StepRig::Init(const std::string& socket) {
   for (int l = 0; l < o.layers && o.bare; ++l) r.add_layers();
   for (int l = 0; l < o.layers && !o.bare; ++l) {
     v1::StepLayer* layer = r.add_layers();
-    layer->set_ratio(1);
+    layer->set_ratio(l == o.ratio_layer ? o.ratio : 1);
     layer->set_window(o.window);
     layer->mutable_main()->set_pool(main_.name);
     layer->mutable_main()->set_layer(l);
@@ -273,6 +273,17 @@ StepInput RandomStepFor(const RigOptions& o, uint64_t step_id,
         hole ? -1
              : std::uniform_int_distribution<int>(0, o.num_blocks - 1)(rng));
   }
+  if (o.ratio > 1) {
+    // Drawn only here, so the other rigs' random steps stay the same.
+    std::vector<int32_t> c;
+    for (int s = 0; s < o.block_size * o.num_blocks; ++s) c.push_back(s);
+    std::shuffle(c.begin(), c.end(), rng);
+    c.resize(total);
+    for (int32_t& s : c) {
+      if (std::uniform_int_distribution<int>(0, 3)(rng) != 0) s = -1;
+    }
+    in.compressed_slots = c;
+  }
   in.kv_main.resize(o.layers);
   in.kv_swa.resize(o.layers);
   in.kv_index.resize(o.layers);
@@ -341,6 +352,11 @@ void StepRig::FillRequest(const StepInput& in, v1::StepRequest* r) const {
   EncodeInt32s(in.block_tables, r->mutable_block_tables());
   r->set_block_table_cols(options_.max_blocks_per_seq);
   r->set_top_k(options_.top_k);
+  if (options_.ratio > 1) {
+    EncodeInt32s(in.compressed_slots, r->mutable_compressed_slot_mapping());
+  } else {
+    r->clear_compressed_slot_mapping();
+  }
   if (options_.edit_step) options_.edit_step(in, r);
 }
 
@@ -444,6 +460,12 @@ absl::Status StepRig::EnqueueWorker(cudaStream_t s, bool copy_inputs,
   return absl::OkStatus();
 }
 
+const std::vector<int32_t>& LayerSlots(const RigOptions& o,
+                                       const StepInput& in, int layer) {
+  return o.ratio > 1 && layer == o.ratio_layer ? in.compressed_slots
+                                               : in.slots;
+}
+
 absl::Status StepRig::ApplyReference(const StepInput& in) {
   const RigOptions& o = options_;
   const int n = in.num_tokens();
@@ -459,7 +481,8 @@ absl::Status StepRig::ApplyReference(const StepInput& in) {
   RETURN_IF_ERROR(
       BuildSwaDecodeIndex(batch, window, absl::MakeSpan(expected_swa_)));
   // Per query row: its sequence's table row, length and valid count.
-  std::vector<int32_t> rows_table, num_tokens, valid;
+  // num_tokens / valid at ratio 1 and at o.ratio (seq_len / ratio rows).
+  std::vector<int32_t> rows_table, num_tokens, valid, num_tokens_r, valid_r;
   for (size_t b = 0; b < in.query_lens.size(); ++b) {
     for (int j = 0; j < in.query_lens[b]; ++j) {
       rows_table.insert(
@@ -467,6 +490,9 @@ absl::Status StepRig::ApplyReference(const StepInput& in) {
           in.block_tables.begin() + (b + 1) * o.max_blocks_per_seq);
       num_tokens.push_back(in.seq_lens[b]);
       valid.push_back(std::min(o.top_k, in.seq_lens[b]));
+      const int32_t rows = in.seq_lens[b] / std::max(o.ratio, 1);
+      num_tokens_r.push_back(rows);
+      valid_r.push_back(std::min(o.top_k, rows));
     }
   }
   BlockTableView table;
@@ -477,23 +503,28 @@ absl::Status StepRig::ApplyReference(const StepInput& in) {
   expected_out_.clear();
   for (int l = 0; l < o.layers; ++l) {
     uint8_t* main_layer = main_.reference.data() + main_.layout.layer_offset(l);
+    const std::vector<int32_t>& slots = LayerSlots(o, in, l);
+    const bool compressed = o.ratio > 1 && l == o.ratio_layer;
     if (o.main_reference) {
       RETURN_IF_ERROR(o.main_reference(l, in, main_.layout, main_layer));
     } else {
       RETURN_IF_ERROR(kvdepot::Store(main_.layout, main_layer,
                                      in.kv_main[l].data(), InputDtype::kBF16,
-                                     in.slots));
+                                     slots));
     }
     RETURN_IF_ERROR(kvdepot::Store(
         swa_.layout, swa_.reference.data() + swa_.layout.layer_offset(l),
         in.kv_swa[l].data(), InputDtype::kBF16, swa_slots));
     RETURN_IF_ERROR(kvdepot::Store(
         index_.layout, index_.reference.data() + index_.layout.layer_offset(l),
-        in.kv_index[l].data(), InputDtype::kBF16, in.slots));
+        in.kv_index[l].data(), InputDtype::kBF16, slots));
     std::vector<int32_t> topk = in.topk[l];
-    ASSIGN_OR_RETURN(int64_t invalid, ConvertTopk(absl::MakeSpan(topk), o.top_k,
-                                                  valid, num_tokens, table,
-                                                  o.block_size, o.num_blocks));
+    ASSIGN_OR_RETURN(
+        int64_t invalid,
+        ConvertTopk(absl::MakeSpan(topk), o.top_k,
+                    compressed ? valid_r : valid,
+                    compressed ? num_tokens_r : num_tokens, table,
+                    o.block_size, o.num_blocks));
     expected_out_of_range_ += static_cast<uint64_t>(invalid);
     expected_out_.insert(expected_out_.end(), topk.begin(), topk.end());
   }

@@ -38,6 +38,9 @@ absl::Status SyncWithin(cudaStream_t s, absl::Duration limit);
 struct StepInput {
   uint64_t step_id = 0;
   std::vector<int32_t> query_lens, seq_lens, states, slots, block_tables;
+  // RigOptions.ratio > 1: compressed_slot_mapping (distinct main-pool
+  // slots, most -1: tokens that complete no compressed row).
+  std::vector<int32_t> compressed_slots;
   // Per layer: BF16 bits.
   std::vector<std::vector<uint16_t>> kv_main, kv_swa, kv_index;
   std::vector<std::vector<int32_t>> topk;  // [n][top_k]
@@ -48,7 +51,12 @@ struct RigOptions {
   std::string prefix = "step";  // pool names: <prefix>_main, ...
   bool create_pools = true;     // false: use the pools of that prefix
   int layers = 3;
-  int block_size = 16;  // main and index pools (ratio 1)
+  int block_size = 16;  // main and index pools
+  // Layer ratio_layer (-1 = none) has this ratio > 1: its main and index
+  // caches store compressed rows from compressed_slot_mapping, and its
+  // convert_topk sees seq_len / ratio rows. Every other layer: ratio 1.
+  int ratio_layer = -1;
+  int ratio = 1;
   int num_blocks = 64;
   int ring = 32;  // SWA pool block size
   int states = 16;
@@ -98,6 +106,11 @@ struct WorkerHooks {
   // what the daemon stored).
   std::function<absl::Status(cudaStream_t, int)> after_stores;
 };
+
+// The slots layer l's main and index caches are stored at: the
+// compressed ones for options.ratio_layer, else the step's slot_mapping.
+const std::vector<int32_t>& LayerSlots(const RigOptions& options,
+                                       const StepInput& in, int layer);
 
 // A random step for a rig of `options` (slots, lengths, states, block
 // tables, rows); the same rng gives the same step in any process.

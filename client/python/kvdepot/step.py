@@ -11,6 +11,7 @@ kvdepot.torch.StepWorker. No torch needed here.
          seq_lens=[...], query_lens=[...])
 """
 
+import struct
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -59,12 +60,65 @@ def buffer_ref(buffer: Any, offset: int = 0,
                              row_stride=row_stride)
 
 
+# StepFused.rope_style (kvdepot.proto RopeStyle).
+_ROPE_STYLES = {"none": 0, "neox": 1, "interleaved": 2}
+
+
+def _bytes_of(value: Any, field: str, unit: int) -> bytes:
+    """bytes-like (or an object with tobytes(), e.g. a NumPy array) whose
+    size is a multiple of `unit`."""
+    if hasattr(value, "tobytes") and not isinstance(
+            value, (bytes, bytearray, memoryview)):
+        value = value.tobytes()
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise invalid_argument(
+            f"{field}: expected bytes-like, got {type(value).__name__}")
+    out = bytes(value)
+    if len(out) % unit:
+        raise invalid_argument(
+            f"{field}: {len(out)} bytes is not a multiple of {unit}")
+    return out
+
+
+def step_fused(*, norm_begin: int = 0, norm_end: int = 0,
+               norm_weight: Any = b"", eps: float = 1e-6,
+               rope: str = "none", rope_offset: int = 0, rope_dim: int = 0,
+               cos_sin: Any = b"", hadamard_begin: int = 0,
+               hadamard_len: int = 0) -> "spb.StepFused":
+    """Fused-store parameters of one cache, registered once (SPEC §8,
+    step.proto StepFused): RMSNorm over [norm_begin, norm_end) with
+    norm_weight (BF16 bit patterns, 2 bytes each, [norm_end - norm_begin]),
+    eps; RoPE ("none", "neox" or "interleaved") on [rope_offset, rope_offset
+    + rope_dim) from cos_sin (fp32 [max_position][rope_dim], cos | sin;
+    bytes-like or a NumPy array); a Hadamard on [hadamard_begin, +
+    hadamard_len) (0 = off). Every Step of a registration with a RoPE cache
+    then carries `positions`. The daemon checks the rest (INVALID_ARGUMENT
+    naming layers[i].CACHE.fused.FIELD)."""
+    if rope not in _ROPE_STYLES:
+        raise invalid_argument(
+            f"fused.rope: \"{rope}\" is not one of "
+            + ", ".join(f'"{k}"' for k in _ROPE_STYLES))
+    return spb.StepFused(
+        norm_begin=norm_begin, norm_end=norm_end,
+        norm_weight=_bytes_of(norm_weight, "fused.norm_weight", 2),
+        eps=eps, rope_style=_ROPE_STYLES[rope], rope_offset=rope_offset,
+        rope_dim=rope_dim, cos_sin=_bytes_of(cos_sin, "fused.cos_sin", 4),
+        hadamard_begin=hadamard_begin, hadamard_len=hadamard_len)
+
+
 def cache(pool: str, pool_layer: int, buffer: Any, *, offset: int = 0,
-          row_stride: int) -> "spb.StepCache":
+          row_stride: int,
+          fused: Optional["spb.StepFused"] = None) -> "spb.StepCache":
     """One cache of a layer: the pool layer and the worker's BF16 input rows
-    ([tokens][elements], `row_stride` bytes apart) it is stored from."""
-    return spb.StepCache(pool=pool, layer=pool_layer,
-                         input=buffer_ref(buffer, offset, row_stride))
+    ([tokens][elements], `row_stride` bytes apart) it is stored from; with
+    `fused` (step_fused()) phase A stores it with the fused kernel (the rows
+    are then the raw projection: the daemon normalizes, rotates and
+    quantizes)."""
+    out = spb.StepCache(pool=pool, layer=pool_layer,
+                        input=buffer_ref(buffer, offset, row_stride))
+    if fused is not None:
+        out.fused.CopyFrom(fused)
+    return out
 
 
 def layer(*, main: Optional["spb.StepCache"] = None,
@@ -73,7 +127,10 @@ def layer(*, main: Optional["spb.StepCache"] = None,
           window: int = 0, topk: Optional["spb.StepBufferRef"] = None,
           index_out: Optional["spb.StepBufferRef"] = None
           ) -> "spb.StepLayer":
-    """One layer's configuration (step.proto StepLayer)."""
+    """One layer's configuration (step.proto StepLayer). ratio > 1: its
+    main and index caches hold compressed rows, stored from each step's
+    compressed_slot_mapping (every such layer of a registration has the
+    same ratio)."""
     out = spb.StepLayer(ratio=ratio, window=window)
     for name, value in (("main", main), ("swa", swa), ("index", index),
                         ("topk", topk), ("index_out", index_out)):
@@ -120,10 +177,15 @@ def step(client: Any, registration_id: int, *, step_id: int,
          slot_mapping: Any, seq_lens: Any, query_lens: Any,
          compressed_slot_mapping: Any = None, swa_state_ids: Any = None,
          swa_valid_starts: Any = None, block_tables: Any = None,
-         top_k: int = 0, deadline_ms: int = 0) -> "spb.StepResponse":
+         top_k: int = 0, deadline_ms: int = 0,
+         positions: Any = None) -> "spb.StepResponse":
     """One Step request (the scheduler's side): step_id is the previous
     one + 1 (the first is 1). Arrays are int32 (lists, NumPy, array('i'),
-    bytes); block_tables is [num_seqs][cols]. Replies at once."""
+    bytes); block_tables is [num_seqs][cols]. compressed_slot_mapping
+    (main and index caches of ratio > 1): per token the slot of the
+    compressed row it completes, -1 where it completes none. positions:
+    int64 per token (ints, or their little-endian bytes), needed when a
+    cache was registered with fused RoPE. Replies at once."""
     slots, num_tokens, _ = pack_int32(slot_mapping, "slot_mapping")
     lens, num_seqs, _ = pack_int32(seq_lens, "seq_lens")
     req = spb.StepRequest(
@@ -135,6 +197,16 @@ def step(client: Any, registration_id: int, *, step_id: int,
     if compressed_slot_mapping is not None:
         req.compressed_slot_mapping = pack_int32(
             compressed_slot_mapping, "compressed_slot_mapping")[0]
+    if positions is not None:
+        if isinstance(positions, (bytes, bytearray, memoryview)):
+            req.positions = bytes(positions)
+        else:
+            values = [int(p) for p in positions]
+            req.positions = struct.pack(f"<{len(values)}q", *values)
+        if len(req.positions) != 8 * num_tokens:
+            raise invalid_argument(
+                f"positions: {len(req.positions) // 8} int64 entries, "
+                f"slot_mapping {num_tokens}")
     if swa_state_ids is not None:
         req.swa_state_ids = pack_int32(swa_state_ids, "swa_state_ids")[0]
     if swa_valid_starts is not None:

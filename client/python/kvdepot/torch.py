@@ -53,7 +53,8 @@ from ._worker_lib import (STATUS_CANCELLED, STATUS_DAEMON_ERROR,
 from .client import Client, FusedStore
 from .step import (Registration, buffer_ref, cache, doorbell_bytes,
                    grant_registration, layer, list_registrations,
-                   register_worker, step, step_status, unregister)
+                   register_worker, step, step_fused, step_status,
+                   unregister)
 
 __all__ = [
     "PoolLayerView", "PoolTensors", "Registration", "StepStatus",
@@ -61,7 +62,7 @@ __all__ = [
     "convert_topk", "doorbell_bytes", "grant_registration", "layer",
     "list_registrations", "load", "map_pool_tensors", "phase_a", "phase_b",
     "pool_layer_tensor", "prefill_index", "prefill_load", "register_tensor",
-    "register_worker", "step", "step_status", "store", "swa_decode_index",
+    "register_worker", "step", "step_fused", "step_status", "store", "swa_decode_index",
     "unregister", "STATUS_CANCELLED", "STATUS_DAEMON_ERROR",
     "STATUS_OUT_OF_RANGE", "STATUS_STEP_MISMATCH", "STATUS_WORKER_WATCHDOG",
 ]

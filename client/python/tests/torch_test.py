@@ -6,6 +6,7 @@ trips against the NumPy / bytes path, the index RPCs, and every input check
 import gc
 import os
 import random
+import struct
 import subprocess
 import sys
 import unittest
@@ -548,6 +549,45 @@ class TorchTest(unittest.TestCase):
                          "slot_mapping[0] = 2147483648 does not fit int32",
                          kt.step, kv, 1, step_id=1, slot_mapping=[2**31],
                          seq_lens=[1], query_lens=[1])
+
+    def test_step_fused_and_positions_are_packed(self):
+        """Fused-store parameters of a cache (a compressed MLA main cache:
+        RMSNorm [0, 512), interleaved RoPE on [512, 576)) and a step's
+        positions, as the daemon receives them."""
+        weight = struct.pack("<512H", *([0x3F80] * 512))
+        cos_sin = torch.arange(3 * 64, dtype=torch.float32).numpy()
+        f = kt.step_fused(norm_end=512, norm_weight=weight, eps=1e-6,
+                          rope="interleaved", rope_offset=512, rope_dim=64,
+                          cos_sin=cos_sin)
+        self.assertEqual((f.norm_begin, f.norm_end, f.rope_style,
+                          f.rope_offset, f.rope_dim), (0, 512, 2, 512, 64))
+        self.assertEqual(f.norm_weight, weight)
+        self.assertEqual(len(f.cos_sin), 3 * 64 * 4)
+        self.assertEqual(struct.unpack("<f", f.cos_sin[4:8])[0], 1.0)
+        with self.kv.allocate_buffer(4096) as io:
+            c = kt.cache("main", 1, io, offset=1024, row_stride=1152,
+                         fused=f)
+            self.assertEqual(c.fused, f)
+            self.assertFalse(kt.cache("main", 1, io, row_stride=1152)
+                             .HasField("fused"))
+            l = kt.layer(main=c, ratio=4)
+            self.assertEqual((l.ratio, l.main.fused.rope_dim), (4, 64))
+        self.assertFails(grpc.StatusCode.INVALID_ARGUMENT, "fused.rope",
+                         kt.step_fused, rope="sideways")
+        self.assertFails(grpc.StatusCode.INVALID_ARGUMENT,
+                         "fused.cos_sin: 6 bytes", kt.step_fused,
+                         cos_sin=b"123456")
+        self.assertFails(grpc.StatusCode.INVALID_ARGUMENT,
+                         "positions: 1 int64 entries, slot_mapping 2",
+                         kt.step, self.kv, 1, step_id=1,
+                         slot_mapping=[0, 1], seq_lens=[2], query_lens=[2],
+                         positions=[7])
+        # Sent packed: the daemon answers for the registration id only.
+        self.assertFails(grpc.StatusCode.NOT_FOUND, "no registration 777",
+                         kt.step, self.kv, 777, step_id=1,
+                         slot_mapping=[0, 1], seq_lens=[2], query_lens=[2],
+                         compressed_slot_mapping=[-1, 5],
+                         positions=[6, 7])
 
 
 def store_requests(kv) -> int:
