@@ -316,8 +316,11 @@ absl::Status Daemon::Init() {
     if (!companion.ok()) return companion.status();
     companion_ = *std::move(companion);
   }
+  // The health service is a callback service in this gRPC (1.51).
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  if (options_.grpc_reflection) {
+    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  }
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(target_, credentials,

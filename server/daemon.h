@@ -58,6 +58,11 @@ struct DaemonOptions {
   int64_t cuda_memory_reserve_bytes = int64_t{1} << 30;
   bool cuda_blocking_sync = true;  // BackendOptions::cuda_blocking_sync
   int64_t max_message_bytes = int64_t{64} << 20;
+  // gRPC server reflection (grpcurl list/describe). Off by default: in this
+  // gRPC (1.51) it is a sync service, and any sync service makes gRPC poll
+  // sync completion queues next to the callback one (rpc_benchmark's floor
+  // rows measure what that costs).
+  bool grpc_reflection = false;
   // gRPC threads in all (pollers and handlers), and calls in flight on one
   // connection (docs/DAEMON.md "Limits").
   int max_threads = 64;
