@@ -60,11 +60,17 @@ ABSL_FLAG(int, tokens, 256, "Tokens per Store/Load (a decode step).");
 ABSL_FLAG(std::string, json, "", "Also write the results to this JSON file.");
 ABSL_FLAG(std::string, serving_model, "callback",
           "In-process daemon: gRPC serving model (callback | sync).");
-ABSL_FLAG(bool, grpc_reflection, false,
+ABSL_FLAG(bool, grpc_reflection, true,
           "In-process daemon: serve gRPC reflection (a sync service).");
 ABSL_FLAG(bool, grpc_floor, true,
           "Also measure a bare gRPC server (one empty callback method) with "
           "the same clients, alone and next to a sync service.");
+ABSL_FLAG(bool, floor_bdp_probe, true,
+          "Experiment: GRPC_ARG_HTTP2_BDP_PROBE on the floor server and on "
+          "every raw client's channel.");
+ABSL_FLAG(bool, floor_lean_args, false,
+          "Experiment: channelz off on the floor server and the raw "
+          "clients, retries off on the raw clients.");
 ABSL_FLAG(bool, server_process, true,
           "Run the daemon and the gRPC floor in child processes (as deployed) "
           "instead of in this one.");
@@ -169,7 +175,15 @@ std::unique_ptr<FloorServer> StartFloor(const std::string& socket,
                                         bool with_sync) {
   auto f = std::make_unique<FloorServer>();
   grpc::ServerBuilder builder;
+  // The daemon's library links gRPC reflection, which would join this
+  // server as a sync service.
+  builder.SetOption(WithoutReflection());
   builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE,
+                             absl::GetFlag(FLAGS_floor_bdp_probe) ? 1 : 0);
+  if (absl::GetFlag(FLAGS_floor_lean_args)) {
+    builder.AddChannelArgument(GRPC_ARG_ENABLE_CHANNELZ, 0);
+  }
   builder.RegisterService(&f->service);
   if (with_sync) builder.RegisterService(&f->sync_service);
   f->server = builder.BuildAndStart();
@@ -278,6 +292,12 @@ void MeasurePingClients(const std::string& target, const std::string& what,
     grpc::ChannelArguments args;
     args.SetInt("kvdepot.bench.channel", ++channel_number);
     if (minimal) args.SetInt(GRPC_ARG_MINIMAL_STACK, 1);
+    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE,
+                absl::GetFlag(FLAGS_floor_bdp_probe) ? 1 : 0);
+    if (absl::GetFlag(FLAGS_floor_lean_args)) {
+      args.SetInt(GRPC_ARG_ENABLE_CHANNELZ, 0);
+      args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+    }
     return v1::KVCache::NewStub(grpc::CreateCustomChannel(
         target, grpc::InsecureChannelCredentials(), args));
   };
