@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <vector>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -115,6 +116,29 @@ class FirstError : public google::protobuf::io::ErrorCollector {
 }  // namespace
 
 Daemon::Daemon(const DaemonOptions& options) : options_(options) {}
+
+namespace {
+
+class WithoutReflectionOption final : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(
+      std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins)
+      override {
+    plugins->erase(
+        std::remove_if(plugins->begin(), plugins->end(),
+                       [](const std::unique_ptr<grpc::ServerBuilderPlugin>& p) {
+                         return p->name() == "proto_server_reflection";
+                       }),
+        plugins->end());
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<grpc::ServerBuilderOption> WithoutReflection() {
+  return std::make_unique<WithoutReflectionOption>();
+}
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
     const DaemonOptions& options) {
@@ -316,9 +340,11 @@ absl::Status Daemon::Init() {
     if (!companion.ok()) return companion.status();
     companion_ = *std::move(companion);
   }
+  // The health service is a callback service in this gRPC (1.51).
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  if (!options_.grpc_reflection) builder.SetOption(WithoutReflection());
   int port = 0;
   builder.AddListeningPort(target_, credentials,
                            socket_path_.empty() ? &port : nullptr);

@@ -6,6 +6,7 @@
 #define KVDEPOT_SERVER_DAEMON_H_
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/server_builder_option.h>
 
 #include <cstdint>
 #include <memory>
@@ -58,6 +59,13 @@ struct DaemonOptions {
   int64_t cuda_memory_reserve_bytes = int64_t{1} << 30;
   bool cuda_blocking_sync = true;  // BackendOptions::cuda_blocking_sync
   int64_t max_message_bytes = int64_t{64} << 20;
+  // gRPC server reflection (grpcurl list/describe; --grpc_reflection). In
+  // this gRPC (1.51) it is a sync service, so gRPC polls sync completion
+  // queues next to the callback one; rpc_benchmark's floor rows measured
+  // no cost from that (a bare callback server and the same next to a sync
+  // service within noise, dev VM 2026-12-01), and the Step service is sync
+  // anyway, so it stays on by default.
+  bool grpc_reflection = true;
   // gRPC threads in all (pollers and handlers), and calls in flight on one
   // connection (docs/DAEMON.md "Limits").
   int max_threads = 64;
@@ -85,6 +93,10 @@ struct DaemonOptions {
   // The gRPC serving model and its worker pools (server/serving.h).
   ServingOptions serving;
 };
+
+// A ServerBuilder option that drops the reflection plugin: linking
+// grpc++_reflection registers it for every server built in the process.
+std::unique_ptr<grpc::ServerBuilderOption> WithoutReflection();
 
 class Daemon {
  public:

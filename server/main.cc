@@ -72,6 +72,8 @@ ABSL_FLAG(bool, cuda_blocking_sync, true,
           "(cudaDeviceScheduleBlockingSync) instead of spinning a core.");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20,
           "Largest gRPC message received or sent.");
+ABSL_FLAG(bool, grpc_reflection, true,
+          "Serve gRPC server reflection (grpcurl list/describe).");
 ABSL_FLAG(int, max_threads, 64,
           "gRPC threads in all; calls beyond them get RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int, max_streams_per_connection, 32,
@@ -221,6 +223,7 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_cuda_memory_reserve_bytes);
   options.cuda_blocking_sync = absl::GetFlag(FLAGS_cuda_blocking_sync);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.grpc_reflection = absl::GetFlag(FLAGS_grpc_reflection);
   options.max_pool_bytes = absl::GetFlag(FLAGS_max_pool_bytes);
   options.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes);
   options.memory_budget_per_client_bytes =

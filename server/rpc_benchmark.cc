@@ -14,7 +14,17 @@
 // Stats); --address measures an external kvdepot instead. Ping is also
 // measured with a callback-API client and on a channel with gRPC's minimal
 // filter stack, to show what the client side costs.
+//
+// The gRPC floor (--grpc_floor): a bare gRPC server with one empty callback
+// unary method (kvdepot's Ping answered inline, nothing else registered)
+// measured with the same clients, so the report separates what gRPC itself
+// costs from what kvdepot adds; also with one sync service next to it
+// (gRPC then runs sync-CQ pollers), which is what the daemon had before.
+// --server_process runs the servers in child processes, as a deployed
+// daemon is: an in-process client shares gRPC's pollers with the server.
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -50,6 +60,20 @@ ABSL_FLAG(int, tokens, 256, "Tokens per Store/Load (a decode step).");
 ABSL_FLAG(std::string, json, "", "Also write the results to this JSON file.");
 ABSL_FLAG(std::string, serving_model, "callback",
           "In-process daemon: gRPC serving model (callback | sync).");
+ABSL_FLAG(bool, grpc_reflection, true,
+          "In-process daemon: serve gRPC reflection (a sync service).");
+ABSL_FLAG(bool, grpc_floor, true,
+          "Also measure a bare gRPC server (one empty callback method) with "
+          "the same clients, alone and next to a sync service.");
+ABSL_FLAG(bool, floor_bdp_probe, true,
+          "Experiment: GRPC_ARG_HTTP2_BDP_PROBE on the floor server and on "
+          "every raw client's channel.");
+ABSL_FLAG(bool, floor_lean_args, false,
+          "Experiment: channelz off on the floor server and the raw "
+          "clients, retries off on the raw clients.");
+ABSL_FLAG(bool, server_process, true,
+          "Run the daemon and the gRPC floor in child processes (as deployed) "
+          "instead of in this one.");
 #ifdef KVDEPOT_RPC_BENCHMARK_CUDA  // //server:rpc_benchmark_cuda
 #define KVDEPOT_RPC_BENCHMARK_BACKEND "cuda"
 #else
@@ -126,21 +150,259 @@ Result SocketPingPong(int warmup, int iterations) {
   return r;
 }
 
+// The gRPC floor's one method: kvdepot's Ping message types, answered
+// inline with no work at all.
+class FloorService final : public v1::KVCache::CallbackService {
+  grpc::ServerUnaryReactor* Ping(grpc::CallbackServerContext* ctx,
+                                 const v1::PingRequest*,
+                                 v1::PingResponse*) override {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+};
+
+// A bare server on `socket`: FloorService and, with `with_sync`, a sync
+// service (TcpSessions, never called) whose presence makes gRPC poll sync
+// completion queues next to the callback one.
+struct FloorServer {
+  FloorService service;
+  v1::TcpSessions::Service sync_service;
+  std::unique_ptr<grpc::Server> server;
+};
+
+std::unique_ptr<FloorServer> StartFloor(const std::string& socket,
+                                        bool with_sync) {
+  auto f = std::make_unique<FloorServer>();
+  grpc::ServerBuilder builder;
+  // The daemon's library links gRPC reflection, which would join this
+  // server as a sync service.
+  builder.SetOption(WithoutReflection());
+  builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE,
+                             absl::GetFlag(FLAGS_floor_bdp_probe) ? 1 : 0);
+  if (absl::GetFlag(FLAGS_floor_lean_args)) {
+    builder.AddChannelArgument(GRPC_ARG_ENABLE_CHANNELZ, 0);
+  }
+  builder.RegisterService(&f->service);
+  if (with_sync) builder.RegisterService(&f->sync_service);
+  f->server = builder.BuildAndStart();
+  if (f->server == nullptr) return nullptr;
+  return f;
+}
+
+// A server in a child process, forked before this process starts any gRPC
+// thread. It serves until the parent closes `release_fd` (or dies).
+struct ChildServer {
+  pid_t pid = -1;
+  int release_fd = -1;
+  std::string target;
+};
+
+// Write ends of earlier children's release pipes: a later child closes
+// them, so each child sees EOF when the parent goes.
+std::vector<int>& ParentFds() {
+  static std::vector<int> fds;
+  return fds;
+}
+
+// `serve(ready, wait)` runs in the child: it starts a server, calls
+// ready(target), then wait(), then stops it.
+using ServeFn = std::function<absl::Status(
+    const std::function<void(const std::string&)>& ready,
+    const std::function<void()>& wait)>;
+
+absl::StatusOr<ChildServer> ForkServer(const ServeFn& serve) {
+  int ready[2], release[2];
+  if (pipe2(ready, O_CLOEXEC) != 0 || pipe2(release, O_CLOEXEC) != 0) {
+    return absl::InternalError(std::strerror(errno));
+  }
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError(std::strerror(errno));
+  if (pid == 0) {
+    for (int fd : ParentFds()) close(fd);
+    close(ready[0]);
+    close(release[1]);
+    absl::Status s = serve(
+        [&](const std::string& target) {
+          const std::string line = target + "\n";
+          (void)!write(ready[1], line.data(), line.size());
+          close(ready[1]);
+        },
+        [&] {
+          char c;
+          while (read(release[0], &c, 1) > 0) {
+          }
+        });
+    if (!s.ok()) std::fprintf(stderr, "server: %s\n", s.ToString().c_str());
+    _exit(s.ok() ? 0 : 1);
+  }
+  close(ready[1]);
+  close(release[0]);
+  std::string target;
+  char c;
+  while (read(ready[0], &c, 1) == 1 && c != '\n') target.push_back(c);
+  close(ready[0]);
+  if (target.empty()) {
+    close(release[1]);
+    waitpid(pid, nullptr, 0);
+    return absl::UnavailableError("the server process did not start");
+  }
+  ParentFds().push_back(release[1]);
+  return ChildServer{pid, release[1], target};
+}
+
+void Release(const ChildServer& c) {
+  close(c.release_fd);
+  waitpid(c.pid, nullptr, 0);
+}
+
+// Ping over `stub` with the sync API, or with the callback API (the
+// calling thread waits for the callback).
+absl::Status SyncPing(v1::KVCache::Stub* stub) {
+  grpc::ClientContext ctx;
+  v1::PingRequest req;
+  v1::PingResponse resp;
+  grpc::Status s = stub->Ping(&ctx, req, &resp);
+  return s.ok() ? absl::OkStatus() : absl::UnavailableError(s.error_message());
+}
+
+absl::Status CallbackPing(v1::KVCache::Stub* stub) {
+  grpc::ClientContext ctx;
+  v1::PingRequest req;
+  v1::PingResponse resp;
+  grpc::Status status;
+  absl::Notification done;
+  stub->async()->Ping(&ctx, &req, &resp, [&](grpc::Status s) {
+    status = std::move(s);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return status.ok() ? absl::OkStatus()
+                     : absl::UnavailableError(status.error_message());
+}
+
+// Ping on `target` with the raw clients: a sync stub on a default channel,
+// then sync and callback stubs on a minimal-stack channel. Each channel
+// has a connection of its own. Appends three rows named after `what`.
+void MeasurePingClients(const std::string& target, const std::string& what,
+                        int warmup, int iters, std::vector<Result>* out) {
+  static int channel_number = 0;
+  auto stub_on = [&](bool minimal) {
+    grpc::ChannelArguments args;
+    args.SetInt("kvdepot.bench.channel", ++channel_number);
+    if (minimal) args.SetInt(GRPC_ARG_MINIMAL_STACK, 1);
+    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE,
+                absl::GetFlag(FLAGS_floor_bdp_probe) ? 1 : 0);
+    if (absl::GetFlag(FLAGS_floor_lean_args)) {
+      args.SetInt(GRPC_ARG_ENABLE_CHANNELZ, 0);
+      args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+    }
+    return v1::KVCache::NewStub(grpc::CreateCustomChannel(
+        target, grpc::InsecureChannelCredentials(), args));
+  };
+  auto plain = stub_on(false);
+  out->push_back(Measure(absl::StrCat(what, ", sync stub"), warmup, iters,
+                         [&] { return SyncPing(plain.get()); }));
+  auto minimal = stub_on(true);
+  out->push_back(
+      Measure(absl::StrCat(what, ", sync stub, minimal-stack channel"), warmup,
+              iters, [&] { return SyncPing(minimal.get()); }));
+  out->push_back(
+      Measure(absl::StrCat(what, ", callback client, minimal-stack channel"),
+              warmup, iters, [&] { return CallbackPing(minimal.get()); }));
+}
+
+DaemonOptions BenchDaemonOptions(const std::string& dir) {
+  DaemonOptions options;
+  options.listen = dir + "/kv.sock";
+  options.backend = absl::GetFlag(FLAGS_backend);
+  options.serving.model = absl::GetFlag(FLAGS_serving_model);
+  options.grpc_reflection = absl::GetFlag(FLAGS_grpc_reflection);
+  return options;
+}
+
 int Run() {
   spdlog::set_level(spdlog::level::warn);
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  const int iters = absl::GetFlag(FLAGS_iterations);
+  const bool floor = absl::GetFlag(FLAGS_grpc_floor);
+  const bool in_child = absl::GetFlag(FLAGS_server_process);
   std::string address = absl::GetFlag(FLAGS_address);
+  // A private directory: clients refuse sockets in world-writable ones.
+  std::string dir = "/tmp/kvdepot-bench-XXXXXX";
+  if (mkdtemp(dir.data()) == nullptr) {
+    std::perror("mkdtemp");
+    return 1;
+  }
+  // Child processes first: fork copies only this thread, so it must come
+  // before this process starts gRPC's.
+  std::vector<ChildServer> children;
+  std::string floor_targets[2];  // bare, next to a sync service
+  if (floor && in_child) {
+    for (int sync = 0; sync < 2; ++sync) {
+      const std::string socket = absl::StrCat(dir, "/floor", sync, ".sock");
+      absl::StatusOr<ChildServer> c =
+          ForkServer([&](const auto& ready, const auto& wait) {
+            std::unique_ptr<FloorServer> f = StartFloor(socket, sync == 1);
+            if (f == nullptr) return absl::UnavailableError(socket);
+            ready("unix:" + socket);
+            wait();
+            f->server->Shutdown();
+            return absl::OkStatus();
+          });
+      if (!c.ok()) {
+        std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
+        return 1;
+      }
+      floor_targets[sync] = c->target;
+      children.push_back(*std::move(c));
+    }
+  }
   std::unique_ptr<Daemon> daemon;
-  if (address.empty()) {
-    DaemonOptions options;
-    // A private directory: clients refuse sockets in world-writable ones.
-    std::string dir = "/tmp/kvdepot-bench-XXXXXX";
-    if (mkdtemp(dir.data()) == nullptr) {
-      std::perror("mkdtemp");
+  if (address.empty() && in_child) {
+    const DaemonOptions options = BenchDaemonOptions(dir);
+    absl::StatusOr<ChildServer> c =
+        ForkServer([&](const auto& ready, const auto& wait) -> absl::Status {
+          absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(options);
+          if (!d.ok()) return d.status();
+          ready(options.listen);
+          wait();
+          (*d)->Shutdown();
+          return absl::OkStatus();
+        });
+    if (!c.ok()) {
+      std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
       return 1;
     }
-    options.listen = dir + "/kv.sock";
-    options.backend = absl::GetFlag(FLAGS_backend);
-    options.serving.model = absl::GetFlag(FLAGS_serving_model);
+    address = c->target;
+    children.push_back(*std::move(c));
+  }
+  std::vector<Result> results;
+  results.push_back(SocketPingPong(warmup, iters));
+  // The floor rows. In this process they are measured before the daemon
+  // starts: its health service and reflection plugin are process-wide and
+  // would join every later server.
+  const size_t floor_i = results.size();
+  for (int sync = 0; floor && sync < 2; ++sync) {
+    const char* what = sync == 0 ? "gRPC floor (bare callback server)"
+                                 : "gRPC floor + a sync service";
+    if (in_child) {
+      MeasurePingClients(floor_targets[sync], what, warmup, iters, &results);
+      continue;
+    }
+    const std::string socket = absl::StrCat(dir, "/floor", sync, ".sock");
+    std::unique_ptr<FloorServer> f = StartFloor(socket, sync == 1);
+    if (f == nullptr) {
+      std::fprintf(stderr, "cannot start the gRPC floor on %s\n",
+                   socket.c_str());
+      return 1;
+    }
+    MeasurePingClients("unix:" + socket, what, warmup, iters, &results);
+    f->server->Shutdown();
+  }
+  if (address.empty()) {
+    const DaemonOptions options = BenchDaemonOptions(dir);
     absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(options);
     if (!d.ok()) {
       std::fprintf(stderr, "%s\n", d.status().ToString().c_str());
@@ -244,8 +506,6 @@ int Run() {
         out->Slice(0, int64_t{seqs} * kBlockSize * kElements * 2);
   }
 
-  const int warmup = absl::GetFlag(FLAGS_warmup);
-  const int iters = absl::GetFlag(FLAGS_iterations);
   KVCacheClient* client = c->get();
   // In-daemon kernel time per request: the Stats counters of the backend
   // calls, read before and after each measured series.
@@ -259,52 +519,20 @@ int Run() {
     return store ? st->store_kernel_us() : st->load_kernel_us();
   };
   const int calls = warmup + iters;
-  std::vector<Result> results;
-  results.push_back(SocketPingPong(warmup, iters));
-  results.push_back(Measure("Ping (empty RPC)", warmup, iters,
+  const size_t ping_i = results.size();
+  results.push_back(Measure("Ping (empty RPC, client library)", warmup, iters,
                             [&] { return client->Ping(); }));
-  // Client-side variants of the same empty call.
-  {
-    grpc::ChannelArguments args;
-    args.SetInt("kvdepot.bench.channel", 1);  // a connection of its own
-    args.SetInt(GRPC_ARG_MINIMAL_STACK, 1);
-    auto channel = grpc::CreateCustomChannel(
-        client->target(), grpc::InsecureChannelCredentials(), args);
-    auto stub = v1::KVCache::NewStub(channel);
-    results.push_back(Measure("  Ping, sync stub, minimal-stack channel",
-                              warmup, iters, [&]() -> absl::Status {
-                                grpc::ClientContext ctx;
-                                v1::PingRequest req;
-                                v1::PingResponse resp;
-                                grpc::Status s = stub->Ping(&ctx, req, &resp);
-                                return s.ok() ? absl::OkStatus()
-                                              : absl::UnavailableError(
-                                                    s.error_message());
-                              }));
-    results.push_back(Measure(
-        "  Ping, callback client, minimal-stack channel", warmup, iters,
-        [&]() -> absl::Status {
-          grpc::ClientContext ctx;
-          v1::PingRequest req;
-          v1::PingResponse resp;
-          grpc::Status status;
-          absl::Notification done;
-          stub->async()->Ping(&ctx, &req, &resp, [&](grpc::Status s) {
-            status = std::move(s);
-            done.Notify();
-          });
-          done.WaitForNotification();
-          return status.ok() ? absl::OkStatus()
-                             : absl::UnavailableError(status.error_message());
-        }));
-  }
+  // The raw clients of the floor rows, on the daemon.
+  MeasurePingClients(client->target(), "  Ping", warmup, iters, &results);
   int64_t k0 = kernel_us(true);
+  const size_t store_i = results.size();
   results.push_back(
       Measure(absl::StrCat("Store ", tokens, " tokens V41 (shared buffer)"),
               warmup, iters, [&] { return client->Store(store).status(); }));
   const double store_daemon_kernel_us =
       static_cast<double>(kernel_us(true) - k0) / calls;
   k0 = kernel_us(false);
+  const size_t load_i = results.size();
   results.push_back(
       Measure(absl::StrCat("Load ", tokens, " tokens V41 (segments, buffer)"),
               warmup, iters, [&] { return client->Load(load).status(); }));
@@ -351,12 +579,27 @@ int Run() {
       std::fclose(f);
     }
   }
-  constexpr size_t kStore = 4, kLoad = 5;  // after the Ping variants
-  const double ping = results[1].p50_us;
+  const size_t kStore = store_i, kLoad = load_i;
+  const double ping = results[ping_i].p50_us;
+  const double socket = results[0].p50_us;
   std::printf(
       "\nPing p50 over the same run's Unix-socket ping-pong p50: "
       "%.1f us / %.1f us = %.2fx\n",
-      ping, results[0].p50_us, ping / results[0].p50_us);
+      ping, socket, ping / socket);
+  if (floor) {
+    // Like for like: the sync stub on a default channel, on each server.
+    const double bare = results[floor_i].p50_us;
+    const double with_sync = results[floor_i + 3].p50_us;
+    const double raw_ping = results[ping_i + 1].p50_us;
+    std::printf(
+        "gRPC floor p50 (bare callback server, sync stub) over the socket "
+        "ping-pong: %.1f us = %.2fx\n"
+        "  the same next to a sync service: %.1f us = %.2fx the bare floor\n"
+        "  kvdepot's Ping on the same client: %.1f us = %.2fx the bare "
+        "floor\n",
+        bare, bare / socket, with_sync, with_sync / bare, raw_ping,
+        raw_ping / bare);
+  }
   std::printf(
       "\nrequest overhead = p50(RPC) - p50(bare kernel work), ratio to "
       "p50(Ping):\n"
@@ -372,10 +615,13 @@ int Run() {
       "  Store: %.1f us (kernel %.1f us) = %.2fx Ping\n"
       "  Load (segments): %.1f us (kernel %.1f us) = %.2fx Ping\n",
       results[kStore].mean_us - store_daemon_kernel_us, store_daemon_kernel_us,
-      (results[kStore].mean_us - store_daemon_kernel_us) / results[1].mean_us,
+      (results[kStore].mean_us - store_daemon_kernel_us) / results[ping_i].mean_us,
       results[kLoad].mean_us - load_daemon_kernel_us, load_daemon_kernel_us,
-      (results[kLoad].mean_us - load_daemon_kernel_us) / results[1].mean_us);
+      (results[kLoad].mean_us - load_daemon_kernel_us) / results[ping_i].mean_us);
   (void)client->DeletePool(pool);
+  c->reset();
+  daemon.reset();
+  for (const ChildServer& child : children) Release(child);
   return 0;
 }
 

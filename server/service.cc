@@ -147,7 +147,9 @@ grpc::Status KVCacheService::Run(Rpc rpc, Ctx* ctx, absl::string_view pool,
   } else if (IsAdmin(rpc)) {
     spdlog::info("rpc={} pool=\"{}\" status=OK latency_us={}", name,
                  EscapeForLog(pool), latency_us);
-  } else {
+  } else if (spdlog::should_log(spdlog::level::debug)) {
+    // Checked first: the arguments (an escaped copy of the pool name) would
+    // otherwise be built on every successful data-path call and dropped.
     spdlog::debug("rpc={} pool=\"{}\" status=OK latency_us={}", name,
                   EscapeForLog(pool), latency_us);
   }

@@ -155,6 +155,17 @@ TEST(LifecycleTest, ReflectionListsTheService) {
   EXPECT_NE(services->find("grpc.health.v1.Health"), std::string::npos);
 }
 
+// --nogrpc_reflection: no reflection service, health still answers.
+TEST(LifecycleTest, ReflectionCanBeTurnedOff) {
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> d =
+      DaemonProcess::Start({"--nogrpc_reflection"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_FALSE(ListServicesByReflection((*d)->socket_path()).ok());
+  absl::StatusOr<std::string> health = HealthCheck((*d)->socket_path());
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_EQ(*health, std::string("\x08\x01", 2));  // status: SERVING
+}
+
 TEST(LifecycleTest, HealthIsServing) {
   absl::StatusOr<std::unique_ptr<DaemonProcess>> d = DaemonProcess::Start();
   ASSERT_TRUE(d.ok()) << d.status();
