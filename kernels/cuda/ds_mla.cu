@@ -79,7 +79,9 @@ __global__ void __launch_bounds__(kThreads)
       raw.v[1] = in[u].b;
       float x[16];
       ToFloat16(raw, x);
-      const DsMlaChunks c = DsMlaEncodeChunks<kHw>(x);
+      const uint32_t w[8] = {in[u].a.x, in[u].a.y, in[u].a.z, in[u].a.w,
+                             in[u].b.x, in[u].b.y, in[u].b.z, in[u].b.w};
+      const DsMlaChunks c = DsMlaEncodeChunksBf16<kHw>(x, w);
       DsMlaPutRecordChunks<kStreaming>(layer, layout.block_stride, div, slot, c,
                                        in[u].tail, lane);
     }

@@ -196,12 +196,26 @@ struct DsMlaChunks {
   uint32_t sb0, sb1;  // their tiles' scale bits
 };
 
-// Quantizes a lane's two chunks (x[0, 8): chunk l; x[8, 16): chunk 32 + l);
-// every lane of the warp calls it (tiles meet by xor shuffles over 16
-// lanes, both tiles at once).
+// The largest |x| bits (as fp32 bits) of 8 BF16 values packed in 4 words:
+// DsMlaLaneMaxBits on the packed halves (max.u16x2), for values that are
+// BF16 exactly.
+__device__ __forceinline__ uint32_t DsMlaBf16MaxBits(const uint32_t* w) {
+  uint32_t m = w[0] & 0x7FFF7FFFu;
+#pragma unroll
+  for (int i = 1; i < 4; ++i) {
+    const uint32_t a = w[i] & 0x7FFF7FFFu;
+    asm("max.u16x2 %0, %0, %1;" : "+r"(m) : "r"(a));
+  }
+  return max(m & 0xFFFFu, m >> 16) << 16;
+}
+
+// Quantizes a lane's two chunks (x[0, 8): chunk l; x[8, 16): chunk 32 + l)
+// whose own largest magnitude bits are m0, m1; every lane of the warp calls
+// it (tiles meet by xor shuffles over 16 lanes, both tiles at once).
 template <bool kHw>
-__device__ __forceinline__ DsMlaChunks DsMlaEncodeChunks(const float (&x)[16]) {
-  uint32_t m0 = DsMlaLaneMaxBits<8>(x), m1 = DsMlaLaneMaxBits<8>(x + 8);
+__device__ __forceinline__ DsMlaChunks DsMlaEncodeChunks(const float (&x)[16],
+                                                         uint32_t m0,
+                                                         uint32_t m1) {
 #pragma unroll
   for (int off = 1; off < 16; off *= 2) {
     m0 = max(m0, __shfl_xor_sync(kFullMask, m0, off));
@@ -214,6 +228,21 @@ __device__ __forceinline__ DsMlaChunks DsMlaEncodeChunks(const float (&x)[16]) {
   c.q0 = make_uint2(w0[0], w0[1]);
   c.q1 = make_uint2(w1[0], w1[1]);
   return c;
+}
+
+template <bool kHw>
+__device__ __forceinline__ DsMlaChunks DsMlaEncodeChunks(const float (&x)[16]) {
+  return DsMlaEncodeChunks<kHw>(x, DsMlaLaneMaxBits<8>(x),
+                                DsMlaLaneMaxBits<8>(x + 8));
+}
+
+// The same for BF16 values, also given packed (w[0, 4): chunk l, w[4, 8):
+// chunk 32 + l).
+template <bool kHw>
+__device__ __forceinline__ DsMlaChunks
+DsMlaEncodeChunksBf16(const float (&x)[16], const uint32_t (&w)[8]) {
+  return DsMlaEncodeChunks<kHw>(x, DsMlaBf16MaxBits(w),
+                                DsMlaBf16MaxBits(w + 4));
 }
 
 // Writes one lane's part of a record in the chunk layout: its two code

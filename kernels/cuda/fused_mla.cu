@@ -68,29 +68,29 @@ __device__ __forceinline__ void Unpack8(uint4 v, float* x) {
   }
 }
 
-// Rounds n values to BF16 in place (the fp32 of the rounded values) and
-// returns them packed; NaN canonical (0x7FC0), as the record's tail needs.
+// Rounds n values to BF16 by the hardware (RNE like FloatToBf16 for every
+// number), packed; NaN halves canonical (0x7FC0), as FloatToBf16 gives and
+// the record's tail stores.
 template <int kN>
-__device__ __forceinline__ void Round(float* x, uint32_t* w) {
+__device__ __forceinline__ void RoundCanonical(const float* x, uint32_t* w) {
 #pragma unroll
   for (int i = 0; i < kN / 2; ++i) {
-    const uint32_t lo = FloatToBf16(x[2 * i]), hi = FloatToBf16(x[2 * i + 1]);
-    w[i] = lo | (hi << 16);
-    x[2 * i] = BitsToFloat(lo << 16);
-    x[2 * i + 1] = BitsToFloat(hi << 16);
+    uint32_t v = HwBf16x2(x[2 * i], x[2 * i + 1]);
+    if ((v & 0x7FFFu) > 0x7F80u) v = (v & 0xFFFF0000u) | 0x7FC0u;
+    if ((v & 0x7FFF0000u) > 0x7F800000u) v = (v & 0xFFFFu) | 0x7FC00000u;
+    w[i] = v;
   }
 }
 
-// The same rounding by the hardware for values only quantized afterwards:
-// any NaN stays a NaN (its payload is not stored), every number rounds
-// alike (RNE).
-template <int kN>
-__device__ __forceinline__ void RoundHw(float* x) {
+// Rounds 16 values that are only quantized afterwards to BF16 by the
+// hardware, in place, and returns them packed: any NaN stays a NaN (its
+// payload is never stored), every number rounds alike (RNE).
+__device__ __forceinline__ void RoundHw16(float (&x)[16], uint32_t (&w)[8]) {
 #pragma unroll
-  for (int i = 0; i < kN / 2; ++i) {
-    const uint32_t w = HwBf16x2(x[2 * i], x[2 * i + 1]);
-    x[2 * i] = BitsToFloat(w << 16);
-    x[2 * i + 1] = BitsToFloat(w & 0xFFFF0000u);
+  for (int i = 0; i < 8; ++i) {
+    w[i] = HwBf16x2(x[2 * i], x[2 * i + 1]);
+    x[2 * i] = BitsToFloat(w[i] << 16);
+    x[2 * i + 1] = BitsToFloat(w[i] & 0xFFFF0000u);
   }
 }
 
@@ -176,10 +176,11 @@ __device__ __forceinline__ void ProcessMla(const PoolLayout& layout,
                     : __fsub_rn(__fmul_rn(a, c[i]), __fmul_rn(b, s[i]));
     }
   }
-  uint32_t tw[4];
-  if constexpr (kNorm) RoundHw<16>(x);  // else x is BF16 already
-  Round<8>(t, tw);
-  const DsMlaChunks c = DsMlaEncodeChunks<true>(x);
+  uint32_t tw[4],
+      xw[8] = {in.a.x, in.a.y, in.a.z, in.a.w, in.b.x, in.b.y, in.b.z, in.b.w};
+  if constexpr (kNorm) RoundHw16(x, xw);  // else x is the BF16 input
+  RoundCanonical<8>(t, tw);
+  const DsMlaChunks c = DsMlaEncodeChunksBf16<true>(x, xw);
   const uint4 t4 = make_uint4(tw[0], tw[1], tw[2], tw[3]);
   DsMlaPutRecordChunks</*kStreaming=*/false>(layer, layout.block_stride, div,
                                              in.slot, c, t4, lane);
