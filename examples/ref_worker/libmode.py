@@ -461,6 +461,10 @@ class LibraryStepWorker(StepPathWorker, LibraryWorker):
     entry points (the CPU test, against stepsim.py)."""
 
     def __init__(self, kernels_: "LibraryKernels", cfg, w, device, **kw):
+        # Its "Step" is the metadata copied into device tensors at once
+        # (_step_rpc): nothing to overlap, so never sent ahead (the
+        # baseline stays what it was; next_same_batch is accepted).
+        kw["pipeline"] = "sync"
         StepPathWorker.__init__(self, kernels_, cfg, w, device, **kw)
 
     def _buffer(self, size: int) -> LibBuffer:

@@ -375,7 +375,11 @@ def step_path_lockstep(dw, lw, prompts: Sequence[List[int]],
     n = 0
     for step in range(1, steps + 1):
         ids = sorted(dw.seqs)
-        out_d, out_l = dw.decode(ids), lw.decode(ids)
+        # The batch stays the same until the last step: dw sends the next
+        # Step ahead (stepworker.py, pipeline "lookahead").
+        same = step < steps
+        out_d = dw.decode(ids, next_same_batch=same)
+        out_l = lw.decode(ids, next_same_batch=same)
         B, cfg = len(ids), dw.cfg
         regions = [("swa window rows", dw.swa_off, B * cfg.window * 4)]
         for l in range(cfg.layers):

@@ -97,6 +97,8 @@ class LibraryModeTest(unittest.TestCase):
                 lw.close()
         print(r, flush=True)
         self.assertEqual(r["decode_steps"], 12)
+        # The step path sent each next Step ahead, each once (stepsim).
+        self.assertEqual((dw.step_rpcs, dw.begun), (12, 12))
         self.assertGreater(r["compared_io_bytes"], 0)
         self.assertGreater(r["pool_bytes_identical"], 0)
         self.assertGreater(lw.checks["topk_slots"], 0)

@@ -202,13 +202,16 @@ class StepPathPlumbingTest(unittest.TestCase):
         # static: what "graph" captures. ratios (4, 1): a compressed main
         # cache (compressed_slot_mapping) next to a per-token one; the
         # prompts (77, 130, 261) end inside a group of 4, so the first
-        # decode steps complete groups begun in prefill.
-        for mode, ratios in (("eager", (1,)), ("static", (1,)),
-                             ("eager", (4, 1)), ("static", (4, 1))):
-            with self.subTest(mode=mode, ratios=ratios):
-                self.run_mode(mode, ratios)
+        # decode steps complete groups begun in prefill. Steps sent ahead
+        # (lookahead: the next step's Step while this one runs) or each
+        # before its step (async).
+        for mode, ratios, pipeline in (
+                ("eager", (1,), "lookahead"), ("static", (1,), "lookahead"),
+                ("eager", (4, 1), "async"), ("static", (4, 1), "lookahead")):
+            with self.subTest(mode=mode, ratios=ratios, pipeline=pipeline):
+                self.run_mode(mode, ratios, pipeline)
 
-    def run_mode(self, mode: str, ratios):
+    def run_mode(self, mode: str, ratios, pipeline: str):
         import stepsim
         d = Daemon()
         try:
@@ -217,7 +220,8 @@ class StepPathPlumbingTest(unittest.TestCase):
                 w = make_weights(cfg, CPU)
                 h = scenarios.make(kv, cfg, w, CPU,
                                    worker_cls=stepsim.SimulatedStepWorker,
-                                   prefix="s.", mode=mode)
+                                   prefix="s.", mode=mode, pipeline=pipeline)
+                h.lookahead = True
                 self.check_registration(h.worker)
                 scenarios.basic(h, 22, 5)
                 r = h.report()
@@ -226,7 +230,78 @@ class StepPathPlumbingTest(unittest.TestCase):
                 self.assertGreaterEqual(r["compared_steps"], 64)
                 self.assertEqual(r["window_rows"], 66)
                 self.assertEqual(r["topk_slots"], 132)
+                # One Step per decode step, each run once (stepsim checks
+                # the order; close() fails on a step sent and never run).
+                self.assertEqual(h.worker.step_rpcs, 22)
+                self.assertEqual(h.worker.begun, 22)
                 h.worker.close()
+        finally:
+            self.assertEqual(d.stop(), 0, d.log_text())
+
+    def test_steps_sent_ahead_are_run_once(self):
+        """decode(next_same_batch=True) sends the next step's Step right
+        after this one's work: each Step sent once and run, nothing sent
+        for a step the caller did not promise; stepsim fails a step sent
+        twice, begun unsent, or sent and never run."""
+        import stepsim
+        cfg = Config(layers=1, ratios=(1,))
+        w = make_weights(cfg, CPU)
+        rng = random.Random(8)
+        prompts = [scenarios.prompt(rng, cfg, n) for n in (9, 14)]
+        d = Daemon()
+        try:
+            with d.connect(client_name="lookahead") as kv:
+                def worker(name):
+                    wk = stepsim.SimulatedStepWorker(
+                        kv, cfg, w, CPU, prefix=name + ".", mode="static")
+                    for i, p in enumerate(prompts):
+                        s = wk.add(i, list(p), 8)
+                        s.tokens.append(int(wk.prefill(s).argmax()))
+                    return wk
+
+                def step(wk, ids, same):
+                    out = wk.decode(ids, next_same_batch=same)
+                    for i in ids:
+                        wk.seqs[i].tokens.append(int(out[i].argmax()))
+
+                wk = worker("a")
+                step(wk, [0, 1], True)      # sends steps 1 and 2
+                self.assertEqual((wk.step_rpcs, wk.begun), (2, 1))
+                step(wk, [0, 1], True)      # runs 2, sends 3
+                self.assertEqual((wk.step_rpcs, wk.begun), (3, 2))
+                step(wk, [0, 1], False)     # runs 3, sends nothing
+                self.assertEqual((wk.step_rpcs, wk.begun), (3, 3))
+                step(wk, [0, 1], False)     # sends and runs 4
+                self.assertEqual((wk.step_rpcs, wk.begun), (4, 4))
+                # A Step sent again (same id) is refused.
+                with self.assertRaisesRegex(AssertionError, "sent twice"):
+                    wk._step_rpc(wk.step_id, {})
+                wk.close()
+
+                # The caller promised the same batch and changed it.
+                wk = worker("b")
+                step(wk, [0, 1], True)
+                with self.assertRaisesRegex(RuntimeError, "sent ahead"):
+                    wk.decode([0])
+                wk.ahead = None
+                with self.assertRaisesRegex(AssertionError, "never run"):
+                    wk.close()
+
+                # A promised step never decoded: close() says so.
+                wk = worker("c")
+                step(wk, [0, 1], True)
+                with self.assertRaisesRegex(AssertionError, "never run"):
+                    wk.close()
+
+                # A lookahead that forgot it had sent the step (sends it
+                # again under the next id): the extra one is never run.
+                wk = worker("e")
+                step(wk, [0, 1], True)
+                wk.ahead = None
+                step(wk, [0, 1], False)
+                self.assertEqual(wk.step_rpcs, 3)
+                with self.assertRaisesRegex(AssertionError, "never run"):
+                    wk.close()
         finally:
             self.assertEqual(d.stop(), 0, d.log_text())
 

@@ -112,7 +112,11 @@ def step_vs_library(args: argparse.Namespace, address: str,
     step_path_lockstep), then each timed alone on the scenario (its decode
     calls only). Overhead = (step-path decode time - library decode time)
     per decode step, divided by the layers and by the phases (1 + 2 per
-    layer: S, A_l, B_l). Prints one table.
+    layer: S, A_l, B_l). The step path sends its Steps as --step_pipeline
+    says (default lookahead: step s + 1's Step sent while step s runs;
+    stepworker.py); "Step host us" is the host time per decode step spent
+    in Step sends and reply waits (library mode: its in-process metadata
+    copies). Prints one table.
 
     On the CPU (no step path, no graphs) the same code runs as a smoke test:
     static shapes, the daemon's side stood in for by regular RPCs
@@ -129,17 +133,19 @@ def step_vs_library(args: argparse.Namespace, address: str,
     cfg = step_config(args)
     w = make_weights(cfg, device)
     mode = "graph" if cuda else "static"
+    pipeline = getattr(args, "step_pipeline", "lookahead")
     step_cls = stepworker.StepPathWorker
     if not cuda:
         import stepsim
         step_cls = stepsim.SimulatedStepWorker
     res: Dict[str, object] = {
-        "mode": mode, "batch": 3, "steps": args.steps, "layers": cfg.layers,
+        "mode": mode, "pipeline": pipeline, "batch": 3,
+        "steps": args.steps, "layers": cfg.layers,
         "ratios": list(cfg.ratios[:cfg.layers]), "format": cfg.main_format,
         "context_tokens": f"77/130/261 prompts + {args.steps} steps"}
     with kvdepot.connect(address, client_name="refworker-speed-step") as kv:
         # 1. Bit-identical, stepped together.
-        dw = step_cls(kv, cfg, w, device, mode=mode,
+        dw = step_cls(kv, cfg, w, device, mode=mode, pipeline=pipeline,
                       prefix=args.prefix + "spc.")
         lw = libmode.LibraryStepWorker(
             libmode.LibraryKernels(lib, K, device), cfg, w, device,
@@ -163,20 +169,27 @@ def step_vs_library(args: argparse.Namespace, address: str,
                 h = scenarios.make(kv, cfg, w, device,
                                    worker_cls=step_cls,
                                    prefix=args.prefix + "sps.", mode=mode,
-                                   check=False)
+                                   pipeline=pipeline, check=False)
             else:
                 h = scenarios.make(libmode.LibraryKernels(lib, K, device),
                                    cfg, w, device,
                                    worker_cls=libmode.LibraryStepWorker,
                                    prefix=args.prefix + "spl.", mode=mode,
                                    check=False)
+            h.lookahead = True   # the batch changes only at the end
             scenarios.basic(h, args.steps, args.seed)
             r = h.report()
+            wk = h.worker
             times[side] = {"decode_s": r["decode_s"],
                            "decode_steps": r["decode_steps"],
                            "tokens_per_s": r["tokens_per_s"],
-                           "graph_replays": h.worker.replays,
-                           "agreement_ok": r["agreement_ok"]}
+                           "graph_replays": wk.replays,
+                           "agreement_ok": r["agreement_ok"],
+                           "step_rpcs": wk.step_rpcs,
+                           "step_retries": wk.step_retries,
+                           "step_host_us_per_step": round(
+                               1e6 * wk.step_rpc_s
+                               / max(int(r["decode_steps"]), 1), 1)}
             h.worker.close()
         res.update(times)
     sp, lb = times["step path"], times["library"]
@@ -194,16 +207,19 @@ def step_vs_library(args: argparse.Namespace, address: str,
     print(f"speed, {mode} mode: batch 3, context 77/130/261 + {args.steps} "
           f"steps, {cfg.layers} layers, ratios "
           f"{list(cfg.ratios[:cfg.layers])}, {cfg.main_format}\n"
+          f"step path pipeline: {pipeline}\n"
           f"{'path':<10} {'tokens/s':>10} {'ms/step':>9} "
-          f"{'ovh us/layer':>13} {'ovh us/phase':>13}\n"
+          f"{'ovh us/layer':>13} {'ovh us/phase':>13} "
+          f"{'Step host us/step':>18} {'retries':>8}\n"
           f"{'library':<10} {lb['tokens_per_s']:>10} "
           f"{1000 * float(lb['decode_s']) / steps:>9.3f} {'-':>13} "
-          f"{'-':>13}\n"
+          f"{'-':>13} {lb['step_host_us_per_step']:>18} {'-':>8}\n"
           f"{'step path':<10} {sp['tokens_per_s']:>10} "
           f"{1000 * float(sp['decode_s']) / steps:>9.3f} "
           f"{res['overhead_us_per_layer']:>13} "
-          f"{res['overhead_us_per_phase']:>13}", file=sys.stderr,
-          flush=True)
+          f"{res['overhead_us_per_phase']:>13} "
+          f"{sp['step_host_us_per_step']:>18} "
+          f"{sp['step_retries']:>8}", file=sys.stderr, flush=True)
     return res
 
 
@@ -276,13 +292,21 @@ def run_one(name: str, args: argparse.Namespace, address: str,
             h = scenarios.make(kv, cfg, w, device,
                                worker_cls=stepworker.StepPathWorker,
                                prefix=args.prefix + "step.",
-                               mode=args.step_mode)
+                               mode=args.step_mode,
+                               pipeline=args.step_pipeline)
+            h.lookahead = True   # the batch changes only at the end
             t = time.perf_counter()
             scenarios.basic(h, args.steps, args.seed)
             out["wall_s"] = round(time.perf_counter() - t, 2)
             out.update(h.report())
             out["doorbell"] = h.worker.status()
             out["graph_replays"] = h.worker.replays
+            out["step_pipeline"] = args.step_pipeline
+            out["step_rpcs"] = h.worker.step_rpcs
+            out["step_retries"] = h.worker.step_retries
+            out["step_host_us_per_step"] = round(
+                1e6 * h.worker.step_rpc_s
+                / max(int(out["decode_steps"]), 1), 1)
             out["ms_per_layer_step"] = round(1000 * float(out["decode_s"]) / max(
                 int(out["decode_steps"]) * cfg.layers, 1), 3)
             h.worker.close()
@@ -430,6 +454,12 @@ def main() -> int:
                     choices=("eager", "static", "graph"),
                     help="scenario step: eager, static shapes, or static "
                     "captured in a CUDA graph (default)")
+    ap.add_argument("--step_pipeline", default="lookahead",
+                    choices=("lookahead", "async", "sync"),
+                    help="how the step path sends Steps (stepworker.py): "
+                    "step s + 1's sent while step s runs (default), each "
+                    "sent without waiting before its step, or each waited "
+                    "for before its step")
     ap.add_argument("--step_ratios", default="4,1",
                     help="the layers' ratios in the step scenarios (step, "
                     "speed's step-vs-library part): 1 or one R > 1, "

@@ -76,6 +76,11 @@ class Harness:
     decode_steps: int = 0
     decode_tokens: int = 0
     decode_s: float = 0.0
+    # Tell the worker (decode(..., next_same_batch=)) whether the next
+    # decode step has the same batch: true unless a sequence finishes at
+    # this step. Only where no sequence joins between steps (basic; not
+    # churn's arrivals): a step path worker sends the next Step ahead.
+    lookahead: bool = False
 
     def start(self, seq_id: int, prompt: List[int], max_new: int) -> None:
         s = self.worker.add(seq_id, prompt, max_new)
@@ -88,7 +93,13 @@ class Harness:
     def step(self, hook: Optional[Callable[[int], None]] = None) -> None:
         ids = sorted(self.worker.seqs)
         t = time.perf_counter()
-        out = self.worker.decode(ids)
+        if self.lookahead:
+            assert hook is None, "lookahead: no sequences join mid-decode"
+            same = all(self.worker.seqs[i].generated + 1 <
+                       self.worker.seqs[i].max_new for i in ids)
+            out = self.worker.decode(ids, next_same_batch=same)
+        else:
+            out = self.worker.decode(ids)
         self.decode_s += time.perf_counter() - t
         self.decode_steps += 1
         self.decode_tokens += len(ids)

@@ -6,9 +6,17 @@ A_l = the fused stores into main (slot_mapping at ratio 1,
 compressed_slot_mapping at ratio R > 1) and the SWA ring with the fused
 parameters the worker registers, and the plain index store, B_l =
 convert_topk over seq_len / R compressed rows). It says nothing about the
-real step path's kernels or handshake."""
+real step path's kernels or handshake.
 
-from typing import Any, Dict
+It does check the Steps as the daemon and the doorbell would see them:
+step ids one apart (a step sent twice fails), at most two sent and not
+yet finished (the daemon's RESOURCE_EXHAUSTED), each step begun on the
+worker's stream only after its Step was sent (here the phases need its
+arguments; on the GPU the stream would wait), and at close() none sent
+and never run (the daemon's deadline would cancel it: a sticky error).
+AssertionError otherwise."""
+
+from typing import Any, Dict, List, Tuple
 
 import torch
 
@@ -19,23 +27,52 @@ from stepworker import StepPathWorker
 class SimulatedStepWorker(StepPathWorker):
     def _register(self) -> None:
         self.args: Dict[str, Any] = {}
+        # Steps sent and not yet begun, in order; the last id sent and
+        # the steps begun.
+        self.sent: List[Tuple[int, Dict[str, Any]]] = []
+        self.last_sent = 0
+        self.begun = 0
 
     def _step_rpc(self, step_id: int, args: Dict[str, Any]) -> None:
-        """What kvt.step would send, kept for the simulated phases."""
-        if step_id != self.step_id:
-            raise AssertionError(f"step id {step_id} != {self.step_id}")
-        self.args = args
+        """What kvt.step would send, queued for the simulated phases (a
+        synchronous stand-in: no future to collect)."""
+        if step_id != self.step_id or step_id != self.last_sent + 1:
+            raise AssertionError(
+                f"Step {step_id} sent after Step {self.last_sent} "
+                f"(worker step id {self.step_id}): sent twice or skipped")
+        if len(self.sent) >= 2:
+            raise AssertionError(
+                f"Step {step_id}: a third step in flight (steps "
+                f"{[i for i, _ in self.sent]} sent, not run)")
+        self.sent.append((step_id, args))
+        self.last_sent = step_id
 
     def status(self) -> Dict[str, int]:
         return {"status_bits": 0, "out_of_range": 0, "step_counter":
                 self.step_id, "daemon_done": self.step_id}
 
     def close(self) -> None:
-        self.io.release()
-        super(StepPathWorker, self).close()
+        try:
+            self._collect()
+            if self.sent or self.ahead is not None:
+                raise AssertionError(
+                    f"steps {[i for i, _ in self.sent]} were sent and "
+                    "never run")
+        finally:
+            self.ahead = None
+            self.io.release()
+            super(StepPathWorker, self).close()
 
     def _db(self, op: str, phase: int = 0) -> None:
         if op == "begin":
+            if not self.sent:
+                raise AssertionError(
+                    f"step {self.begun + 1} begun before its Step was sent")
+            step_id, self.args = self.sent.pop(0)
+            self.begun += 1
+            if step_id != self.begun:
+                raise AssertionError(f"step {self.begun} begun with the "
+                                     f"arguments of Step {step_id}")
             return
         r = self.args
         cfg = self.cfg

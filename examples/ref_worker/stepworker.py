@@ -26,9 +26,27 @@ the layers' ratios are 1 or one R > 1 (e.g. Config(ratios=(4, 1))).
 Prefill stays on PrefillLoad / PrefillIndex (KVWorker); a prompt's
 incomplete last group is handed to the device rows at its first decode.
 
+Sending Steps (pipeline=): "lookahead" (default) sends each Step without
+waiting for its reply (kvt.step_async), before the step's GPU work is
+enqueued, and collects the reply before the next Step is sent; when the
+caller says the next decode step has the same batch (decode(...,
+next_same_batch=True)) it sends step s + 1's Step (blocks ensured,
+positions + 1) right after enqueueing step s, so the daemon enqueues
+s + 1's phases while the GPU runs s, and the next decode call does not
+send it again. The doorbell makes the order irrelevant (the worker's stream
+writes flag = 1 and waits done; the daemon's waits flag == 1 whenever it
+is enqueued). A step is sent ahead only when the caller promised the next
+decode step (an unrun step would be cancelled by the daemon's deadline,
+a sticky error). "async": no lookahead; "sync": every Step waited for
+before the step runs (the old way). step_rpc_s / step_rpcs /
+step_retries: host time in Step sends and reply waits, Steps sent, sends
+again after RESOURCE_EXHAUSTED.
+
 WRITTEN WITHOUT A GPU: first run on the GPU host is its first test."""
 
-from typing import Any, Dict, List, Optional
+import time
+import warnings
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -66,14 +84,27 @@ class StepPathWorker(KVWorker):
 
     def __init__(self, client: kvdepot.Client, cfg: Config, w: Weights,
                  device: torch.device, *, max_tokens: int = 8,
-                 watchdog_ms: int = 10000, mode: str = "eager", **kw):
+                 watchdog_ms: int = 10000, mode: str = "eager",
+                 pipeline: str = "lookahead", **kw):
         """mode: "eager" (per-sequence indexer, host reads between phases),
         "static" (fixed shapes, no host reads inside a step: what a graph
         needs), "graph" (static, captured in a CUDA graph at the second
-        step and replayed while the batch stays the same)."""
+        step and replayed while the batch stays the same). pipeline:
+        "lookahead", "async" or "sync" (the module's docstring)."""
         if mode not in ("eager", "static", "graph"):
             raise ValueError(f"mode {mode}")
+        if pipeline not in ("sync", "async", "lookahead"):
+            raise ValueError(f"pipeline {pipeline}")
         self.mode = mode
+        self.pipeline = pipeline
+        # The last Step sent whose reply was not collected (a StepFuture;
+        # None once collected or where _step_rpc is synchronous), and the
+        # (seq_ids, positions) of a step sent ahead, not yet run.
+        self.pending: Any = None
+        self.ahead: Optional[Tuple[List[int], List[int]]] = None
+        self.step_rpcs = 0
+        self.step_rpc_s = 0.0
+        self.step_retries = 0
         self.graph: Any = None
         self.graph_batch: List[int] = []
         self.replays = 0
@@ -218,8 +249,11 @@ class StepPathWorker(KVWorker):
         self.stream = (torch.cuda.Stream(device=self.device)
                        if self.device.type == "cuda" else None)
 
-    def _step_rpc(self, step_id: int, args: Dict[str, Any]) -> None:
-        kvt.step(self.kv, self.reg.registration_id, step_id=step_id, **args)
+    def _step_rpc(self, step_id: int, args: Dict[str, Any]) -> Any:
+        """Sends the Step without waiting: its StepFuture (a stand-in
+        that does the step's work at once returns None)."""
+        return kvt.step_async(self.kv, self.reg.registration_id,
+                              step_id=step_id, **args)
 
     def _db(self, op: str, phase: int = 0) -> None:
         """The doorbell on the current stream: "begin" (step_begin), "mark"
@@ -240,31 +274,50 @@ class StepPathWorker(KVWorker):
                 st.out_of_range, "step_counter": st.step_counter,
                 "daemon_done": st.daemon_done}
 
+    def _unrun_warning(self) -> None:
+        """Closing with a step sent ahead and never run: the caller passed
+        next_same_batch=True and did not decode that step."""
+        if self.ahead is not None:
+            warnings.warn(f"step {self.step_id} was sent ahead (sequences "
+                          f"{self.ahead[0]}) and never run")
+            self.ahead = None
+
     def close(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
+        self._unrun_warning()
         try:
-            kvt.unregister(self.kv, self.reg.registration_id)
+            self._collect()
         finally:
-            self.sw.close()
-            self.io.release()
-            self.doorbell.release()
-            super().close()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            try:
+                kvt.unregister(self.kv, self.reg.registration_id)
+            finally:
+                self.sw.close()
+                self.io.release()
+                self.doorbell.release()
+                super().close()
 
     @torch.no_grad()
-    def decode(self, seq_ids: List[int]) -> Dict[int, torch.Tensor]:
+    def decode(self, seq_ids: List[int],
+               next_same_batch: bool = False) -> Dict[int, torch.Tensor]:
+        """One decode step of seq_ids. next_same_batch: the caller's
+        promise that the next decode call is for the same seq_ids (none
+        finishes or joins); pipeline "lookahead" then sends that step's
+        Step now."""
         if self.stream is None:
-            return self._decode_on_stream(seq_ids)
+            return self._decode_on_stream(seq_ids, next_same_batch)
         caller = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(caller)
         with torch.cuda.stream(self.stream):
-            out = self._decode_on_stream(seq_ids)
+            out = self._decode_on_stream(seq_ids, next_same_batch)
         caller.wait_stream(self.stream)
         return out
 
-    def _decode_on_stream(self, seq_ids: List[int]) -> Dict[int, torch.Tensor]:
+    def _decode_on_stream(self, seq_ids: List[int],
+                          next_same_batch: bool = False
+                          ) -> Dict[int, torch.Tensor]:
         if self.mode != "eager":
-            return self._decode_static(seq_ids)
+            return self._decode_static(seq_ids, next_same_batch)
         cfg, w, dev = self.cfg, self.w, self.device
         seqs = [self.seqs[i] for i in seq_ids]
         B, W, K, D = len(seqs), cfg.window, cfg.topk, cfg.kv_dim
@@ -276,7 +329,7 @@ class StepPathWorker(KVWorker):
         pos = torch.tensor(P, device=dev)
         states = torch.tensor([s.state_id for s in seqs], device=dev)
         self._flush_pending(seqs)
-        self._send_step(seqs, P)
+        self._step_for(seq_ids, seqs, P)
         self._db("begin")
         self._db("wait", 0)
         win = self._io(self.swa_off, B * W * 4).view(torch.int32).view(
@@ -315,6 +368,7 @@ class StepPathWorker(KVWorker):
             valid = torch.cat([win >= 0, slots >= 0], dim=1)
             x = x + attend(cfg, pr.q, keys, valid) @ lw.w_o
             x = x + mlp(cfg, lw, x)
+        self._after_launch(seq_ids, seqs, P, next_same_batch)
         for s in seqs:
             s.cached += 1
         st = self.status()
@@ -343,8 +397,57 @@ class StepPathWorker(KVWorker):
 
     # ------------------------------------------------------------ static
 
+    def _step_for(self, seq_ids: List[int], seqs, P: List[int]) -> None:
+        """Before the step's GPU work: its Step, unless it was sent ahead
+        (then checked to be this step)."""
+        if self.ahead is None:
+            self._send_step(seqs, P)
+            return
+        want, self.ahead = self.ahead, None
+        if want != (list(seq_ids), list(P)):
+            raise RuntimeError(
+                f"step {self.step_id} was sent ahead for sequences "
+                f"{want[0]} at positions {want[1]}, but the decode call is "
+                f"for {list(seq_ids)} at {list(P)}: pass next_same_batch="
+                "True only when the next decode step has the same batch")
+
+    def _after_launch(self, seq_ids: List[int], seqs, P: List[int],
+                      next_same_batch: bool) -> None:
+        """After the step's GPU work is enqueued: with next_same_batch
+        (pipeline "lookahead") the next step's Step is sent now (its blocks
+        ensured, positions P + 1; this step's reply collected first), so
+        the daemon enqueues it while the GPU runs this one; else this
+        step's reply is collected (its error raised before the host waits
+        for the step's results)."""
+        if next_same_batch and self.pipeline == "lookahead":
+            for s in seqs:
+                self._ensure_blocks(s, s.cached + 2)
+            P1 = [p + 1 for p in P]
+            self._send_step(seqs, P1)
+            self.ahead = (list(seq_ids), P1)
+        else:
+            self._collect()
+
+    def _collect(self) -> None:
+        """Waits for the reply of the last Step sent, if not yet collected
+        (a RESOURCE_EXHAUSTED is sent again meanwhile: StepFuture), raising
+        its error."""
+        f, self.pending = self.pending, None
+        if f is None:
+            return
+        t = time.perf_counter()
+        try:
+            f.result()
+        finally:
+            self.step_rpc_s += time.perf_counter() - t
+            self.step_retries += f.retries
+
     def _send_step(self, seqs, P) -> None:
-        """One Step (the scheduler's side, kvt.step) for this decode step."""
+        """One Step (the scheduler's side, kvt.step_async) for the decode
+        step of seqs at positions P, after collecting the previous one's
+        reply; pipeline "sync" waits for its reply too."""
+        self._collect()
+        t = time.perf_counter()
         self.step_id += 1
         args = dict(
             slot_mapping=[self._slot(s, p) for s, p in zip(seqs, P)],
@@ -357,7 +460,11 @@ class StepPathWorker(KVWorker):
             args["compressed_slot_mapping"] = [
                 compressed_row_slot(s.blocks, p, self.R, self.cfg.block_size)
                 for s, p in zip(seqs, P)]
-        self._step_rpc(self.step_id, args)
+        self.pending = self._step_rpc(self.step_id, args)
+        self.step_rpcs += 1
+        self.step_rpc_s += time.perf_counter() - t
+        if self.pipeline == "sync":
+            self._collect()
 
     def _static_inputs(self, B: int) -> None:
         dev, C = self.device, self.num_blocks
@@ -413,7 +520,9 @@ class StepPathWorker(KVWorker):
             x = x + mlp(cfg, lw, x)
         self.st_logits.copy_(logits(cfg, w, x))
 
-    def _decode_static(self, seq_ids: List[int]) -> Dict[int, torch.Tensor]:
+    def _decode_static(self, seq_ids: List[int],
+                       next_same_batch: bool = False
+                       ) -> Dict[int, torch.Tensor]:
         seqs = [self.seqs[i] for i in seq_ids]
         B = len(seqs)
         assert B <= self.max_tokens
@@ -435,7 +544,7 @@ class StepPathWorker(KVWorker):
         for b, s in enumerate(seqs):
             tab[b, :len(s.blocks)] = torch.tensor(s.blocks)
         self.st_table.copy_(tab)
-        self._send_step(seqs, P)
+        self._step_for(seq_ids, seqs, P)
         if self.mode == "graph" and not fresh and self.graph is None:
             # Captured at the second step of a batch (the first ran eagerly:
             # the warm-up); capturing runs nothing, the replay below does.
@@ -451,6 +560,7 @@ class StepPathWorker(KVWorker):
             self.replays += 1
         else:
             self._static_body()
+        self._after_launch(seq_ids, seqs, P, next_same_batch)
         # After the step: the checks and the records, on the host.
         W = self.cfg.window
         win = self._io(self.swa_off, B * W * 4).view(torch.int32).view(

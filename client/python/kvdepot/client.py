@@ -506,12 +506,31 @@ class Client:
             return getattr(stub or self._stub, method)(
                 request, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as e:
-            error = from_rpc_error(e)
+            raise self._rpc_error(e, session) from None
+
+    def _call_future(self, method: str, request: Any,
+                     stub: Any = None) -> Tuple[Any, str]:
+        """_call without waiting: (the gRPC future, the session it was sent
+        in) for _future_result."""
+        self._check()
+        return getattr(stub or self._stub, method).future(
+            request, timeout=self.timeout,
+            metadata=self._metadata), self.session_id
+
+    def _future_result(self, future: Any, session: str) -> Any:
+        """The reply of a _call_future, or its error as _call raises it."""
+        try:
+            return future.result()
+        except grpc.RpcError as e:
+            raise self._rpc_error(e, session) from None
+
+    def _rpc_error(self, e: grpc.RpcError, session: str) -> KVCacheError:
+        error = from_rpc_error(e)
         if error.code == grpc.StatusCode.UNAUTHENTICATED and session and \
                 session == self.session_id:
-            raise self._lose(f"the daemon no longer knows the session "
-                             f"({error.message})")
-        raise error
+            return self._lose(f"the daemon no longer knows the session "
+                              f"({error.message})")
+        return error
 
     def _companion_call(self, what: str, request: "pb.CompanionRequest",
                         fd: int = -1) -> Any:

@@ -9,18 +9,23 @@ kvdepot.torch.StepWorker. No torch needed here.
               window=128)], max_tokens=256, max_seqs=64)
     step(kv, reg.registration_id, step_id=1, slot_mapping=[...],
          seq_lens=[...], query_lens=[...])
+    f = step_async(kv, reg.registration_id, step_id=2, ...)  # no wait
+    ...; f.result()   # before the next step is sent
 """
 
 import struct
+import time
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
+
+import grpc
 
 from kvdepot.v1 import step_pb2 as spb
 from kvdepot.v1 import step_pb2_grpc as spb_grpc
 
 from ._arrays import pack_int32, pack_int32_2d
 from ._buffers import Buffer
-from ._errors import invalid_argument
+from ._errors import KVCacheError, invalid_argument
 
 
 @dataclass
@@ -173,19 +178,15 @@ def register_worker(client: Any, *, doorbell: Buffer,
                         doorbell=doorbell)
 
 
-def step(client: Any, registration_id: int, *, step_id: int,
-         slot_mapping: Any, seq_lens: Any, query_lens: Any,
-         compressed_slot_mapping: Any = None, swa_state_ids: Any = None,
-         swa_valid_starts: Any = None, block_tables: Any = None,
-         top_k: int = 0, deadline_ms: int = 0,
-         positions: Any = None) -> "spb.StepResponse":
-    """One Step request (the scheduler's side): step_id is the previous
-    one + 1 (the first is 1). Arrays are int32 (lists, NumPy, array('i'),
-    bytes); block_tables is [num_seqs][cols]. compressed_slot_mapping
-    (main and index caches of ratio > 1): per token the slot of the
-    compressed row it completes, -1 where it completes none. positions:
-    int64 per token (ints, or their little-endian bytes), needed when a
-    cache was registered with fused RoPE. Replies at once."""
+def step_request(client: Any, registration_id: int, *, step_id: int,
+                 slot_mapping: Any, seq_lens: Any, query_lens: Any,
+                 compressed_slot_mapping: Any = None,
+                 swa_state_ids: Any = None, swa_valid_starts: Any = None,
+                 block_tables: Any = None, top_k: int = 0,
+                 deadline_ms: int = 0,
+                 positions: Any = None) -> "spb.StepRequest":
+    """The StepRequest step() and step_async() send (arguments as
+    step()'s), checked and packed; nothing is sent."""
     slots, num_tokens, _ = pack_int32(slot_mapping, "slot_mapping")
     lens, num_seqs, _ = pack_int32(seq_lens, "seq_lens")
     req = spb.StepRequest(
@@ -216,7 +217,133 @@ def step(client: Any, registration_id: int, *, step_id: int,
         table, _, cols = pack_int32_2d(block_tables, "block_tables",
                                        rows=num_seqs)
         req.block_tables, req.block_table_cols = table, cols
+    return req
+
+
+def step(client: Any, registration_id: int, *, step_id: int,
+         slot_mapping: Any, seq_lens: Any, query_lens: Any,
+         compressed_slot_mapping: Any = None, swa_state_ids: Any = None,
+         swa_valid_starts: Any = None, block_tables: Any = None,
+         top_k: int = 0, deadline_ms: int = 0,
+         positions: Any = None) -> "spb.StepResponse":
+    """One Step request (the scheduler's side): step_id is the previous
+    one + 1 (the first is 1). Arrays are int32 (lists, NumPy, array('i'),
+    bytes); block_tables is [num_seqs][cols]. compressed_slot_mapping
+    (main and index caches of ratio > 1): per token the slot of the
+    compressed row it completes, -1 where it completes none. positions:
+    int64 per token (ints, or their little-endian bytes), needed when a
+    cache was registered with fused RoPE. Replies at once (a third step in
+    flight: RESOURCE_EXHAUSTED, raised; step_async() sends it again)."""
+    req = step_request(
+        client, registration_id, step_id=step_id, slot_mapping=slot_mapping,
+        seq_lens=seq_lens, query_lens=query_lens,
+        compressed_slot_mapping=compressed_slot_mapping,
+        swa_state_ids=swa_state_ids, swa_valid_starts=swa_valid_starts,
+        block_tables=block_tables, top_k=top_k, deadline_ms=deadline_ms,
+        positions=positions)
     return client._call("Step", req, _stub(client))
+
+
+# tests/gpu/step_send_retry.h's InFlightRetry: the first backoff after a
+# RESOURCE_EXHAUSTED (doubled per retry) and its cap, in seconds.
+IN_FLIGHT_FIRST_BACKOFF_S = 20e-6
+IN_FLIGHT_MAX_BACKOFF_S = 1e-3
+
+
+class StepFuture:
+    """A Step sent without waiting for its reply (step_async). The daemon
+    enqueues the step's phases as soon as it accepts it, whether or not
+    result() was called; result() waits for the reply and raises its error
+    as step() would. A RESOURCE_EXHAUSTED reply (two steps of the
+    registration in flight: the daemon's completion report of an earlier
+    step can come after the worker's stream finished it,
+    docs/STEP_PATH.md) is sent again, the same request, with a short
+    backoff (20 us doubling to 1 ms) for up to in_flight_retry_s from the
+    first refusal, inside result(); `retries` counts those sends."""
+
+    def __init__(self, client: Any, request: "spb.StepRequest",
+                 in_flight_retry_s: float = 10.0):
+        self._client = client
+        self.request = request
+        self.in_flight_retry_s = in_flight_retry_s
+        self.retries = 0
+        self._reply: Optional["spb.StepResponse"] = None
+        self._error: Optional[KVCacheError] = None
+        self._future, self._session = client._call_future(
+            "Step", request, _stub(client))
+
+    @property
+    def step_id(self) -> int:
+        return int(self.request.step_id)
+
+    def done(self) -> bool:
+        """True once result() would not wait (it may still send again
+        after a refusal)."""
+        return (self._reply is not None or self._error is not None
+                or self._future.done())
+
+    def result(self) -> "spb.StepResponse":
+        """The StepResponse; KVCacheError as step() raises it (also on a
+        later call)."""
+        if self._reply is not None:
+            return self._reply
+        if self._error is not None:
+            raise self._error
+        try:
+            self._reply = self._wait()
+        except KVCacheError as e:
+            self._error = e
+            raise
+        return self._reply
+
+    def _wait(self) -> "spb.StepResponse":
+        give_up: Optional[float] = None
+        backoff = IN_FLIGHT_FIRST_BACKOFF_S
+        while True:
+            try:
+                return self._client._future_result(self._future,
+                                                   self._session)
+            except KVCacheError as e:
+                if e.code != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise
+                now = time.monotonic()
+                if give_up is None:
+                    give_up = now + self.in_flight_retry_s
+                if now >= give_up:
+                    raise KVCacheError(
+                        e.code, f"{e.message} (still refused after "
+                        f"{self.retries} retries over "
+                        f"{self.in_flight_retry_s:g} s)") from None
+                time.sleep(min(backoff, give_up - now))
+            backoff = min(2 * backoff, IN_FLIGHT_MAX_BACKOFF_S)
+            self.retries += 1
+            self._future, self._session = self._client._call_future(
+                "Step", self.request, _stub(self._client))
+
+
+def step_async(client: Any, registration_id: int, *, step_id: int,
+               slot_mapping: Any, seq_lens: Any, query_lens: Any,
+               compressed_slot_mapping: Any = None,
+               swa_state_ids: Any = None, swa_valid_starts: Any = None,
+               block_tables: Any = None, top_k: int = 0,
+               deadline_ms: int = 0, positions: Any = None,
+               in_flight_retry_s: float = 10.0) -> StepFuture:
+    """step() without waiting for the reply: checks and packs the request
+    (errors in the arguments raise here), sends it and returns a
+    StepFuture at once. What an engine's scheduler does to send step s + 1
+    while the GPU runs step s (the worker's stream and the daemon's
+    phases meet at the doorbell whichever comes first). Call result()
+    before sending the next step: it raises the step's error, and sends
+    it again while the daemon answers RESOURCE_EXHAUSTED (up to
+    in_flight_retry_s; 0 = raise at once)."""
+    req = step_request(
+        client, registration_id, step_id=step_id, slot_mapping=slot_mapping,
+        seq_lens=seq_lens, query_lens=query_lens,
+        compressed_slot_mapping=compressed_slot_mapping,
+        swa_state_ids=swa_state_ids, swa_valid_starts=swa_valid_starts,
+        block_tables=block_tables, top_k=top_k, deadline_ms=deadline_ms,
+        positions=positions)
+    return StepFuture(client, req, in_flight_retry_s)
 
 
 def step_status(client: Any, registration_id: int) -> Any:

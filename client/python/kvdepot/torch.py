@@ -29,7 +29,8 @@ are copied to the host on the current stream (synchronously).
 
 The step path (decode, GPU only): StepWorker, over libkvdepot_worker.so,
 enqueues its marks and waits on the current torch stream (capturable in
-torch.cuda.graph); register_worker and step are kvdepot.step's.
+torch.cuda.graph); register_worker, step and step_async (send step s + 1
+while the GPU runs step s) are kvdepot.step's.
 
 Every input is checked (dtype, device, contiguity, size, owning session)
 before anything is sent; failures raise kvdepot.KVCacheError with
@@ -51,18 +52,19 @@ from ._worker_lib import (STATUS_CANCELLED, STATUS_DAEMON_ERROR,
                           STATUS_OUT_OF_RANGE, STATUS_STEP_MISMATCH,
                           STATUS_WORKER_WATCHDOG, WorkerReleased)
 from .client import Client, FusedStore
-from .step import (Registration, buffer_ref, cache, doorbell_bytes,
-                   grant_registration, layer, list_registrations,
-                   register_worker, step, step_fused, step_status,
-                   unregister)
+from .step import (Registration, StepFuture, buffer_ref, cache,
+                   doorbell_bytes, grant_registration, layer,
+                   list_registrations, register_worker, step, step_async,
+                   step_fused, step_request, step_status, unregister)
 
 __all__ = [
-    "PoolLayerView", "PoolTensors", "Registration", "StepStatus",
-    "StepWorker", "WorkerReleased", "buffer_ref", "buffer_tensor", "cache",
+    "PoolLayerView", "PoolTensors", "Registration", "StepFuture",
+    "StepStatus", "StepWorker", "WorkerReleased", "buffer_ref", "buffer_tensor", "cache",
     "convert_topk", "doorbell_bytes", "grant_registration", "layer",
     "list_registrations", "load", "map_pool_tensors", "phase_a", "phase_b",
     "pool_layer_tensor", "prefill_index", "prefill_load", "register_tensor",
-    "register_worker", "step", "step_fused", "step_status", "store", "swa_decode_index",
+    "register_worker", "step", "step_async", "step_fused", "step_request",
+    "step_status", "store", "swa_decode_index",
     "unregister", "STATUS_CANCELLED", "STATUS_DAEMON_ERROR",
     "STATUS_OUT_OF_RANGE", "STATUS_STEP_MISMATCH", "STATUS_WORKER_WATCHDOG",
 ]

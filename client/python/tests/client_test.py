@@ -4,14 +4,18 @@ import array
 import ctypes
 import os
 import random
+import threading
 import time
 import unittest
+from concurrent import futures
 
 import grpc
 
 import kvdepot
+import kvdepot.step
 from kvdepot import INLINE, KVCacheError
 from kvdepot.v1 import kvdepot_pb2 as pb
+from kvdepot.v1 import step_pb2, step_pb2_grpc
 from daemon import (Daemon, ctl_decode, ctl_encode, random_bf16,
                     record_bytes, segments_for)
 
@@ -461,6 +465,124 @@ class LifecycleTest(unittest.TestCase):
         pkg = os.path.dirname(kvdepot.__file__)
         self.assertTrue(os.path.isfile(os.path.join(pkg, "py.typed")),
                         f"no py.typed in {pkg}")
+
+
+class FakeStep(step_pb2_grpc.StepServicer):
+    """A Step service answering from a script: each Step takes the next
+    code (OK when the script is empty), after `gate` is set."""
+
+    def __init__(self):
+        self.codes = []
+        self.requests = []
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def Step(self, request, context):
+        self.requests.append(request.SerializeToString())
+        self.gate.wait(10)
+        code = self.codes.pop(0) if self.codes else grpc.StatusCode.OK
+        if code != grpc.StatusCode.OK:
+            context.abort(code, f"scripted {code.name}")
+        return step_pb2.StepResponse(queued=len(self.requests))
+
+
+class StepAsyncTest(unittest.TestCase):
+    """kvdepot.step.step_async against a fake Step service (what the CPU
+    daemon cannot do: accept steps) and the real CPU daemon (its refusal
+    comes back through the future)."""
+
+    def setUp(self):
+        self.fake = FakeStep()
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        step_pb2_grpc.add_StepServicer_to_server(self.fake, self.server)
+        port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+        self.addCleanup(self.server.stop, None)
+        self.kv = kvdepot.Client(f"127.0.0.1:{port}", open_session=False)
+        self.addCleanup(self.kv.close)
+
+    def send(self, step_id=1, **kw):
+        return kvdepot.step.step_async(
+            self.kv, 7, step_id=step_id, slot_mapping=[3, -1],
+            seq_lens=[2], query_lens=[2], positions=[5, 6], **kw)
+
+    def test_returns_before_the_reply(self):
+        self.fake.gate.clear()
+        t = time.monotonic()
+        f = self.send()
+        self.assertLess(time.monotonic() - t, 5.0)
+        self.assertFalse(f.done())
+        self.assertEqual(f.step_id, 1)
+        self.fake.gate.set()
+        self.assertEqual(f.result().queued, 1)
+        self.assertTrue(f.done())
+        self.assertEqual(f.result().queued, 1)   # kept
+        self.assertEqual(f.retries, 0)
+        sent = step_pb2.StepRequest.FromString(self.fake.requests[0])
+        self.assertEqual((sent.registration_id, sent.step_id,
+                          sent.num_tokens, sent.num_seqs), (7, 1, 2, 1))
+        self.assertEqual(sent, kvdepot.step.step_request(
+            self.kv, 7, step_id=1, slot_mapping=[3, -1], seq_lens=[2],
+            query_lens=[2], positions=[5, 6]))
+
+    def test_resource_exhausted_is_sent_again(self):
+        """A third step in flight: the same request again, with backoff,
+        inside result()."""
+        R = grpc.StatusCode.RESOURCE_EXHAUSTED
+        self.fake.codes = [R, R, R]
+        f = self.send(step_id=4)
+        self.assertEqual(f.result().queued, 4)
+        self.assertEqual(f.retries, 3)
+        self.assertEqual(len(set(self.fake.requests)), 1)   # identical
+        self.assertEqual(len(self.fake.requests), 4)
+
+    def test_other_errors_are_raised_not_retried(self):
+        self.fake.codes = [grpc.StatusCode.FAILED_PRECONDITION]
+        f = self.send()
+        for _ in range(2):   # and again on a second result()
+            with self.assertRaises(KVCacheError) as cm:
+                f.result()
+            self.assertEqual(cm.exception.code,
+                             grpc.StatusCode.FAILED_PRECONDITION)
+            self.assertIn("scripted", cm.exception.message)
+        self.assertEqual((f.retries, len(self.fake.requests)), (0, 1))
+
+    def test_retry_budget(self):
+        self.fake.codes = [grpc.StatusCode.RESOURCE_EXHAUSTED] * 1000
+        f = self.send(in_flight_retry_s=0.05)
+        with self.assertRaises(KVCacheError) as cm:
+            f.result()
+        self.assertEqual(cm.exception.code,
+                         grpc.StatusCode.RESOURCE_EXHAUSTED)
+        self.assertIn("still refused after", cm.exception.message)
+        self.assertGreater(f.retries, 0)
+        self.fake.codes = [grpc.StatusCode.RESOURCE_EXHAUSTED]
+        f = self.send(step_id=2, in_flight_retry_s=0)   # 0: at once
+        self.assertRaises(KVCacheError, f.result)
+        self.assertEqual(f.retries, 0)
+
+    def test_bad_arguments_raise_before_sending(self):
+        with self.assertRaises(KVCacheError) as cm:
+            kvdepot.step.step_async(self.kv, 7, step_id=1,
+                                    slot_mapping=[2**31], seq_lens=[1],
+                                    query_lens=[1])
+        self.assertIn("slot_mapping[0] = 2147483648", cm.exception.message)
+        self.assertEqual(self.fake.requests, [])
+
+    def test_cpu_daemon_refusal_through_the_future(self):
+        d = Daemon()
+        try:
+            with d.connect(client_name="step_async") as kv:
+                f = kvdepot.step.step_async(
+                    kv, 12345, step_id=1, slot_mapping=[0], seq_lens=[1],
+                    query_lens=[1])
+                with self.assertRaises(KVCacheError) as cm:
+                    f.result()
+                self.assertEqual(cm.exception.code,
+                                 grpc.StatusCode.NOT_FOUND)
+                self.assertIn("no registration 12345", cm.exception.message)
+        finally:
+            d.stop()
 
 
 if __name__ == "__main__":
