@@ -227,8 +227,7 @@ class CudaStepEngine : public StepEngine {
                   (cancelled_ && !finished.empty() && gpu_in_flight_ > 0);
         release_needed_ = false;
       }
-      if (release) Release();
-      for (const StepOutcome& o : finished) done_(o);
+      if (release) Release();  // `finished` were reported by OnHostDone
       for (StepPlan& plan : plans) {
         absl::Status s =
             cancelled ? absl::CancelledError("cancelled") : EnqueueOnGpu(plan);
@@ -286,8 +285,14 @@ class CudaStepEngine : public StepEngine {
     o.status_bits = header[db::kStatusWord];
     o.out_of_range = header[db::kOutOfRange];
     o.step_us = absl::ToDoubleMicroseconds(absl::Now() - h->started);
+    // The outcome reaches the registry from here (no CUDA call in it), not
+    // through the enqueue thread: that one may spend milliseconds in the
+    // launches of the next step (a stream parked on a flag fills the launch
+    // queue), and meanwhile a scheduler's step s + 2, sent once the worker
+    // passed step s, was refused as a third step in flight.
+    e->done_(o);
     absl::MutexLock lock(&e->mu_);
-    e->finished_.push_back(o);
+    e->finished_.push_back(o);  // counted off gpu_in_flight_ by Loop
   }
 
   absl::Status Phase(int64_t phase) {

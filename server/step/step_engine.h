@@ -36,8 +36,10 @@ class StepEngine {
   virtual ~StepEngine() = default;
   // Queues the step and returns without waiting for the GPU. REQUIRES:
   // fewer than kMaxInFlight steps of this engine unfinished. The
-  // completion function runs (on an engine thread, holding no engine lock)
-  // once per enqueued step, in order, cancelled steps included.
+  // completion function runs once per enqueued step, cancelled steps
+  // included, holding no engine lock: on the engine's thread, or (CUDA) on
+  // the driver's host-function thread as soon as the GPU finished the step;
+  // it must not call CUDA.
   virtual absl::Status Enqueue(StepPlan plan) = 0;
   // Writes the cancel word, then releases every phase of the unfinished
   // steps (memory writes from a control stream only). Idempotent; the
