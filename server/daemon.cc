@@ -10,11 +10,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <vector>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -122,9 +122,8 @@ namespace {
 class WithoutReflectionOption final : public grpc::ServerBuilderOption {
  public:
   void UpdateArguments(grpc::ChannelArguments*) override {}
-  void UpdatePlugins(
-      std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins)
-      override {
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>*
+                         plugins) override {
     plugins->erase(
         std::remove_if(plugins->begin(), plugins->end(),
                        [](const std::unique_ptr<grpc::ServerBuilderPlugin>& p) {
@@ -287,7 +286,8 @@ absl::Status Daemon::Init() {
     sessions_->set_admin_policy(std::move(admin));
   }
   RETURN_IF_ERROR(ApplyConfig());
-  step_ = step::MakeStepServer(*backend_, pools_.get(), sessions_.get());
+  step_ = step::MakeStepServer(*backend_, pools_.get(), sessions_.get(),
+                               options_.step_graphs);
   if (!options_.metrics_address.empty()) {
     KVCacheService* service = service_.get();
     step::StepRegistry* steps = step_->registry();

@@ -99,8 +99,12 @@ absl::StatusOr<int> DeviceIndex(absl::string_view device) {
 class CudaStepEngine : public StepEngine {
  public:
   CudaStepEngine(const RegistrationConfig& config, CompletionFn done,
-                 const gpu::DriverApi* api, int device)
-      : config_(config), done_(std::move(done)), api_(api), device_(device) {}
+                 const gpu::DriverApi* api, int device, bool graphs)
+      : config_(config),
+        done_(std::move(done)),
+        api_(api),
+        device_(device),
+        graphs_(graphs) {}
 
   ~CudaStepEngine() override {
     {
@@ -122,6 +126,9 @@ class CudaStepEngine : public StepEngine {
       }
       for (const FusedArray& a : fused_arrays_) {
         StagingRecycler::Give(device_, a.bytes, false, a.ptr);
+      }
+      for (cudaGraphExec_t& e : graph_exec_) {
+        if (e != nullptr) cudaGraphExecDestroy(e);
       }
       if (work_ != nullptr) cudaStreamDestroy(work_);
       if (control_ != nullptr) cudaStreamDestroy(control_);
@@ -367,9 +374,76 @@ class CudaStepEngine : public StepEngine {
                       slots, n, o);
   }
 
+  // One step on the work stream: directly, or (graphs_) captured into a
+  // graph, which updates the slot's executable graph when only parameters
+  // changed (the same batch shape: every step of a steady decode) and is
+  // launched as one operation. Launching ~12 operations per layer into a
+  // stream parked on a flag fills its launch queue, and the launches then
+  // spin in the driver until the GPU drains it: milliseconds of CPU per
+  // step (docs/BENCHMARKS.md).
   absl::Status EnqueueOnGpu(StepPlan& plan) {
     const int slot = next_slot_;
     next_slot_ = (next_slot_ + 1) % kSlots;
+    HostDone& h = host_done_[slot];
+    h.engine = this;
+    h.slot = slot;
+    h.step_id = plan.step_id;
+    h.started = absl::Now();
+    if (!graphs_) {
+      {
+        absl::MutexLock lock(&mu_);
+        ++gpu_in_flight_;  // before the host function can run
+      }
+      absl::Status s = EnqueueStep(plan, slot);
+      if (!s.ok()) {  // the host function (the last operation) is not queued
+        absl::MutexLock lock(&mu_);
+        --gpu_in_flight_;
+      }
+      return s;
+    }
+    RETURN_IF_CUDA_ERROR(
+        cudaStreamBeginCapture(work_, cudaStreamCaptureModeThreadLocal),
+        "capturing the step");
+    const absl::Status captured = EnqueueStep(plan, slot);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(work_, &graph);
+    if (!captured.ok() || end != cudaSuccess) {
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      return captured.ok() ? gpu::ToStatus(end, "capturing the step")
+                           : captured;
+    }
+    cudaGraphExec_t& exec = graph_exec_[slot];
+    if (exec != nullptr) {
+      cudaGraphExecUpdateResultInfo info;
+      if (cudaGraphExecUpdate(exec, graph, &info) != cudaSuccess) {
+        cudaGetLastError();          // a different shape: instantiate anew
+        cudaGraphExecDestroy(exec);  // freed when its launch completes
+        exec = nullptr;
+      }
+    }
+    cudaError_t e = cudaSuccess;
+    if (exec == nullptr) e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (e != cudaSuccess) {
+      exec = nullptr;
+      return gpu::ToStatus(e, "instantiating the step's graph");
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      ++gpu_in_flight_;
+    }
+    e = cudaGraphLaunch(exec, work_);
+    if (e != cudaSuccess) {
+      absl::MutexLock lock(&mu_);
+      --gpu_in_flight_;
+      return gpu::ToStatus(e, "launching the step's graph");
+    }
+    return absl::OkStatus();
+  }
+
+  // The step's operations on the work stream (or into its capture), the
+  // completion host function last.
+  absl::Status EnqueueStep(StepPlan& plan, int slot) {
     const StepSections& sec = plan.sections;
     plan.blob[sec.gate] = 1;
     const int64_t bytes = 4 * static_cast<int64_t>(plan.blob.size());
@@ -421,8 +495,7 @@ class CudaStepEngine : public StepEngine {
         RETURN_IF_ERROR(Store(i, 0, l.main, main_slots, n, positions));
       if (l.swa.set()) RETURN_IF_ERROR(Store(i, 1, l.swa, swa, n, positions));
       if (l.index.set()) {
-        RETURN_IF_ERROR(
-            Store(i, 2, l.index, main_slots, n, positions));
+        RETURN_IF_ERROR(Store(i, 2, l.index, main_slots, n, positions));
       }
       RETURN_IF_ERROR(Done(a));
       const int64_t b = db::PhaseB(static_cast<int64_t>(i));
@@ -454,21 +527,9 @@ class CudaStepEngine : public StepEngine {
             static_cast<uint8_t*>(host_staging_[slot]) + blob_bytes_, doorbell_,
             8 * kHeaderWords, cudaMemcpyDeviceToHost, work_),
         "reading the doorbell's status");
-    HostDone& h = host_done_[slot];
-    h.engine = this;
-    h.slot = slot;
-    h.step_id = plan.step_id;
-    h.started = absl::Now();
-    {
-      absl::MutexLock lock(&mu_);
-      ++gpu_in_flight_;
-    }
-    const cudaError_t e = cudaLaunchHostFunc(work_, &OnHostDone, &h);
-    if (e != cudaSuccess) {
-      absl::MutexLock lock(&mu_);
-      --gpu_in_flight_;
-      return gpu::ToStatus(e, "cudaLaunchHostFunc");
-    }
+    RETURN_IF_CUDA_ERROR(
+        cudaLaunchHostFunc(work_, &OnHostDone, &host_done_[slot]),
+        "cudaLaunchHostFunc");
     return absl::OkStatus();
   }
 
@@ -476,6 +537,7 @@ class CudaStepEngine : public StepEngine {
   const CompletionFn done_;
   const gpu::DriverApi* const api_;
   const int device_;
+  const bool graphs_;
   cudaStream_t work_ = nullptr;
   cudaStream_t control_ = nullptr;
   uint64_t* doorbell_ = nullptr;
@@ -483,6 +545,7 @@ class CudaStepEngine : public StepEngine {
   std::array<void*, kSlots> device_staging_{};
   std::array<void*, kSlots> host_staging_{};  // + the header readback
   std::array<HostDone, kSlots> host_done_{};
+  std::array<cudaGraphExec_t, kSlots> graph_exec_{};  // graphs_: per slot
   struct FusedArray {
     void* ptr;
     size_t bytes;
@@ -504,6 +567,8 @@ class CudaStepEngine : public StepEngine {
 
 class CudaFactory : public StepEngineFactory {
  public:
+  explicit CudaFactory(const CudaEngineOptions& options) : options_(options) {}
+
   absl::StatusOr<std::unique_ptr<StepEngine>> Create(
       const RegistrationConfig& config, CompletionFn done) override {
     const std::string env = doorbell::CheckStepEnvironment();
@@ -513,17 +578,21 @@ class CudaFactory : public StepEngineFactory {
     }
     ASSIGN_OR_RETURN(const gpu::DriverApi* api, gpu::Driver());
     ASSIGN_OR_RETURN(int device, DeviceIndex(config.device));
-    auto engine =
-        std::make_unique<CudaStepEngine>(config, std::move(done), api, device);
+    auto engine = std::make_unique<CudaStepEngine>(config, std::move(done), api,
+                                                   device, options_.graphs);
     RETURN_IF_ERROR(engine->Init());
     return engine;
   }
+
+ private:
+  const CudaEngineOptions options_;
 };
 
 }  // namespace
 
-std::unique_ptr<StepEngineFactory> MakeCudaEngineFactory() {
-  return std::make_unique<CudaFactory>();
+std::unique_ptr<StepEngineFactory> MakeCudaEngineFactory(
+    const CudaEngineOptions& options) {
+  return std::make_unique<CudaFactory>(options);
 }
 
 }  // namespace kvdepot::step

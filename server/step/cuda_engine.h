@@ -4,7 +4,8 @@
 // enqueue thread. A step's metadata goes up with one copy; then every
 // phase waits on its doorbell flag (cuStreamWaitValue64), resets it, runs
 // the gate kernel and the phase's kernels, and writes done. Completion is
-// reported by a host function at the end of the step; cancellation writes
+// reported by a host function at the end of the step (by default the whole
+// step is one CUDA graph launch: CudaEngineOptions); cancellation writes
 // the cancel word and releases the flags from the control stream (memory
 // writes only, never a kernel).
 #ifndef KVDEPOT_SERVER_STEP_CUDA_ENGINE_H_
@@ -16,9 +17,17 @@
 
 namespace kvdepot::step {
 
+struct CudaEngineOptions {
+  // Each step captured into a CUDA graph and launched as one operation (the
+  // slot's executable graph updated when only parameters changed), instead
+  // of ~12 stream operations per layer.
+  bool graphs = true;
+};
+
 // FAILED_PRECONDITION from Create unless the daemon's environment passes
 // doorbell::CheckStepEnvironment() and the driver entry points load.
-std::unique_ptr<StepEngineFactory> MakeCudaEngineFactory();
+std::unique_ptr<StepEngineFactory> MakeCudaEngineFactory(
+    const CudaEngineOptions& options = {});
 
 }  // namespace kvdepot::step
 

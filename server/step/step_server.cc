@@ -18,10 +18,17 @@ StepServer::StepServer(std::unique_ptr<StepEngineFactory> factory,
 
 std::unique_ptr<StepServer> MakeStepServer(const Backend& backend,
                                            const PoolRegistry* pools,
-                                           SessionManager* sessions) {
+                                           SessionManager* sessions,
+                                           bool step_graphs) {
   std::unique_ptr<StepEngineFactory> factory;
 #ifdef KVDEPOT_HAVE_CUDA
-  if (backend.name() == "cuda") factory = MakeCudaEngineFactory();
+  if (backend.name() == "cuda") {
+    CudaEngineOptions options;
+    options.graphs = step_graphs;
+    factory = MakeCudaEngineFactory(options);
+  }
+#else
+  (void)step_graphs;
 #endif
   if (factory == nullptr) {
     factory = MakeUnavailableEngineFactory(std::string(backend.name()));

@@ -35,11 +35,13 @@ class StepServer {
 };
 
 // The step path for `backend`: the CUDA engine on the CUDA backend, else
-// one that refuses every registration. The caller registers service()
-// with its ServerBuilder; the result must outlive the server.
+// one that refuses every registration (step_graphs: the CUDA engine's
+// CudaEngineOptions::graphs). The caller registers service() with its
+// ServerBuilder; the result must outlive the server.
 std::unique_ptr<StepServer> MakeStepServer(const Backend& backend,
                                            const PoolRegistry* pools,
-                                           SessionManager* sessions);
+                                           SessionManager* sessions,
+                                           bool step_graphs = true);
 
 }  // namespace kvdepot::step
 

@@ -69,6 +69,8 @@ ABSL_FLAG(std::string, external_schedulers, "cpp_sync,cpp_callback,python",
           "schedulers in their own process measured on (c): cpp_sync, "
           "cpp_callback (step_scheduler), python (step_scheduler.py)");
 ABSL_FLAG(std::string, python, "python3", "the interpreter of python");
+ABSL_FLAG(std::vector<std::string>, daemon_flags, {},
+          "extra kvdepotd flags, comma-separated (e.g. --step_graphs=false)");
 
 namespace kvdepot::testing {
 namespace {
@@ -573,8 +575,12 @@ int Run(int argc, char** argv) {
     std::fprintf(stderr, "step_benchmark: no CUDA device\n");
     return 1;
   }
-  absl::StatusOr<std::unique_ptr<DaemonProcess>> daemon = DaemonProcess::Start(
-      {"--backend=cuda", "--log_level=warn"}, DaemonBinary());
+  std::vector<std::string> daemon_args = {"--backend=cuda", "--log_level=warn"};
+  for (const std::string& f : absl::GetFlag(FLAGS_daemon_flags)) {
+    daemon_args.push_back(f);
+  }
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> daemon =
+      DaemonProcess::Start(daemon_args, DaemonBinary());
   if (!daemon.ok()) {
     std::fprintf(stderr, "starting kvdepotd: %s\n",
                  daemon.status().ToString().c_str());
