@@ -230,14 +230,9 @@ __device__ __forceinline__ DsMlaChunks DsMlaEncodeChunks(const float (&x)[16],
   return c;
 }
 
-template <bool kHw>
-__device__ __forceinline__ DsMlaChunks DsMlaEncodeChunks(const float (&x)[16]) {
-  return DsMlaEncodeChunks<kHw>(x, DsMlaLaneMaxBits<8>(x),
-                                DsMlaLaneMaxBits<8>(x + 8));
-}
-
-// The same for BF16 values, also given packed (w[0, 4): chunk l, w[4, 8):
-// chunk 32 + l).
+// The same for BF16 values x, also given packed (w[0, 4): chunk l,
+// w[4, 8): chunk 32 + l): the store's input and the fused store's rounded
+// values are BF16 exactly.
 template <bool kHw>
 __device__ __forceinline__ DsMlaChunks
 DsMlaEncodeChunksBf16(const float (&x)[16], const uint32_t (&w)[8]) {
