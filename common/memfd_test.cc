@@ -38,8 +38,12 @@ UniqueFd RawMemfd(int64_t size, int seals, bool allocate) {
   UniqueFd fd(memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   EXPECT_TRUE(fd.valid());
   EXPECT_EQ(ftruncate(fd.get(), size), 0);
-  if (allocate) EXPECT_EQ(fallocate(fd.get(), 0, 0, size), 0);
-  if (seals != 0) EXPECT_EQ(fcntl(fd.get(), F_ADD_SEALS, seals), 0);
+  if (allocate) {
+    EXPECT_EQ(fallocate(fd.get(), 0, 0, size), 0);
+  }
+  if (seals != 0) {
+    EXPECT_EQ(fcntl(fd.get(), F_ADD_SEALS, seals), 0);
+  }
   return fd;
 }
 

@@ -214,8 +214,12 @@ TEST(AccessTest, DescriptorsThatAreNotSealedMemfdsAreRefusedWithoutLeaks) {
   auto memfd = [&](int seals, bool allocate, int64_t sz) {
     UniqueFd fd(memfd_create("atk", MFD_CLOEXEC | MFD_ALLOW_SEALING));
     EXPECT_EQ(ftruncate(fd.get(), sz), 0);
-    if (allocate) EXPECT_EQ(fallocate(fd.get(), 0, 0, sz), 0);
-    if (seals) EXPECT_EQ(fcntl(fd.get(), F_ADD_SEALS, seals), 0);
+    if (allocate) {
+      EXPECT_EQ(fallocate(fd.get(), 0, 0, sz), 0);
+    }
+    if (seals) {
+      EXPECT_EQ(fcntl(fd.get(), F_ADD_SEALS, seals), 0);
+    }
     return fd;
   };
   const int before = OpenFds(d.pid());

@@ -61,15 +61,6 @@ std::vector<std::string> ReadUntilReady(int fd, absl::Duration timeout) {
   return absl::StrSplit(text, '\n', absl::SkipEmpty());
 }
 
-int64_t Calls(KVCacheClient& c, const std::string& rpc) {
-  absl::StatusOr<v1::StatsResponse> s = c.Stats();
-  if (!s.ok()) return -1;
-  for (const v1::RpcStats& r : s->rpcs()) {
-    if (r.rpc() == rpc) return r.calls();
-  }
-  return -1;
-}
-
 // grpc.health.v1.Health/Check with an empty request (service ""): the reply
 // is HealthCheckResponse, field 1 = status (1 = SERVING, 2 = NOT_SERVING).
 absl::StatusOr<std::string> HealthCheck(const std::string& socket) {

@@ -15,29 +15,24 @@
 //
 //   registers:  lane l, chunk k: elements [8c, 8c + 8), c = l + 32k (16 B)
 //   shared:     the token as fp32 [D] per warp (RoPE pairs and the
-//               Hadamard butterflies cross lanes)
-//   Hadamard L: lane l holds [begin + l L/32, +L/32): in-register stages
-//               h < L/32, then xor shuffles for h = L/32 ... L/2
+//               Hadamard butterflies cross lanes), XOR-swizzled in 16-byte
+//               units (Swz: conflict-free for every access pattern below)
+//   Hadamard L: two passes through shared memory (pass A: lane l holds
+//               [begin + l L/32, +L/32), stages h < L/32 in registers;
+//               pass B: lane holds the element bits log2(L/32)..2 log2(L/32)
+//               in registers, the rest by xor shuffles: 16 shuffles per
+//               value instead of 80 for a one-pass L = 512)
 //   quantize:   lane l holds elements [16l, 16l + 16) as the store kernels
 //               (index formats: lanes 0-7; DS_MLA_FP8 tail: lanes 0-7 with
 //               8 elements each; BF16(N): 8 elements per chunk, lane-strided)
 //
-// Two kernel shapes, same bytes (Launch::legacy_fused picks the first; its
-// kernels are built from this file by fused_legacy.cu, KVDEPOT_FUSED_LEGACY):
-//   legacy: the layout above, shared memory unswizzled (the Hadamard's
-//           lane-contiguous reads are 16-way bank conflicts), one token
-//           prefetched, the norm weights and cos/sin loaded per token.
-//   current: the warp's token buffer XOR-swizzled in 16-byte units
-//           (Swz: conflict-free for every access pattern below), the
-//           Hadamard in two passes through shared memory (pass A: lane l
-//           holds [begin + l L/32, +L/32), stages h < L/32 in registers;
-//           pass B: lane holds the element bits log2(L/32)..2 log2(L/32) in
-//           registers, the rest by xor shuffles: 16 shuffles per value
-//           instead of 80 for L = 512), two tokens in flight per warp with
-//           their first cos/sin pair, and the norm weights kept in
-//           registers for the whole grid-stride loop.
+// Two tokens in flight per warp with their first cos/sin pair, the norm
+// weights kept in registers for the whole grid-stride loop; the 128-element
+// index formats take four tokens per warp (FusedStoreKernelQuad). (The
+// round-1 shape, an unswizzled buffer with a one-pass Hadamard, one token
+// prefetched, was deleted once this one had replaced it.)
 // The order of the Hadamard stages h = 1, 2, 4, ... and each a + b / a - b
-// is the reference's in both (a data layout only changes who holds what).
+// is the reference's (a data layout only changes who holds what).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -109,18 +104,13 @@ constexpr int MaxChunks() {  // 8-element chunks per lane
 
 constexpr int Log2(int x) { return x <= 1 ? 0 : 1 + Log2(x / 2); }
 
-// The float index of element e in a warp's token buffer: identity (legacy)
-// or e with its 16-byte unit within the 128-byte row XORed with the row
-// (and bit 8 of e), a bijection inside each 32-float row that keeps every
-// aligned float4 contiguous.
-template <bool kSwz>
+// The float index of element e in a warp's token buffer: e with its
+// 16-byte unit within the 128-byte row XORed with the row (and bit 8 of e),
+// a bijection inside each 32-float row that keeps every aligned float4
+// contiguous.
 __device__ __forceinline__ int Swz(int e) {
-  if constexpr (kSwz) {
-    const int r = (e >> 5) ^ ((e >> 8) << 2);
-    return e ^ ((r & 7) << 2);
-  } else {
-    return e;
-  }
+  const int r = (e >> 5) ^ ((e >> 8) << 2);
+  return e ^ ((r & 7) << 2);
 }
 
 // One token's input as loaded (raw BF16), its slot and position.
@@ -129,10 +119,10 @@ struct TokenIn {
   uint4 v[kChunks];
   int32_t slot = -1;
   int64_t pos = 0;
-  float cos0 = 0.0f, sin0 = 0.0f;  // current kernel: cos_sin[pos][lane], ...
+  float cos0 = 0.0f, sin0 = 0.0f;  // cos_sin[pos][lane], [pos][half + lane]
 };
 
-template <int kChunks, bool kCurrent = false>
+template <int kChunks>
 __device__ __forceinline__ void LoadToken(const uint16_t* kv, int64_t token,
                                           int32_t d, const int32_t* slots,
                                           const FusedParams& p, int lane,
@@ -145,13 +135,11 @@ __device__ __forceinline__ void LoadToken(const uint16_t* kv, int64_t token,
   }
   in.slot = __ldg(slots + token);
   in.pos = p.rope != RopeStyle::kNone ? __ldg(p.positions + token) : 0;
-  if constexpr (kCurrent) {
-    const int half = p.rope_dim / 2;
-    if (p.rope != RopeStyle::kNone && lane < half) {
-      const float* cs = p.cos_sin + in.pos * p.rope_dim;
-      in.cos0 = __ldg(cs + lane);
-      in.sin0 = __ldg(cs + half + lane);
-    }
+  const int half = p.rope_dim / 2;
+  if (p.rope != RopeStyle::kNone && lane < half) {
+    const float* cs = p.cos_sin + in.pos * p.rope_dim;
+    in.cos0 = __ldg(cs + lane);
+    in.sin0 = __ldg(cs + half + lane);
   }
 }
 
@@ -178,7 +166,7 @@ __device__ __forceinline__ float SumSquares8(const float (&x)[8]) {
 }
 
 // Step 1 in registers, then the token to shared memory.
-template <int kChunks, bool kCurrent>
+template <int kChunks>
 __device__ __forceinline__ void NormToShared(const TokenIn<kChunks>& in,
                                              int32_t d, const FusedParams& p,
                                              const uint4 (&wpre)[kChunks],
@@ -213,13 +201,7 @@ __device__ __forceinline__ void NormToShared(const TokenIn<kChunks>& in,
     for (int k = 0; k < kChunks; ++k) {
       const int c = lane + kWarp * k;
       if (c < c0 || c >= c1) continue;
-      uint4 wv;
-      if constexpr (kCurrent) {
-        wv = wpre[k];
-      } else {
-        wv = __ldg(reinterpret_cast<const uint4*>(p.norm_weight +
-                                                  (8 * c - p.norm_begin)));
-      }
+      const uint4 wv = wpre[k];
       const uint32_t w[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -235,16 +217,15 @@ __device__ __forceinline__ void NormToShared(const TokenIn<kChunks>& in,
   for (int k = 0; k < kChunks; ++k) {
     const int c = lane + kWarp * k;
     if (c >= d / 8) continue;
-    *reinterpret_cast<float4*>(y + Swz<kCurrent>(8 * c)) =
+    *reinterpret_cast<float4*>(y + Swz(8 * c)) =
         make_float4(x[k][0], x[k][1], x[k][2], x[k][3]);
-    *reinterpret_cast<float4*>(y + Swz<kCurrent>(8 * c + 4)) =
+    *reinterpret_cast<float4*>(y + Swz(8 * c + 4)) =
         make_float4(x[k][4], x[k][5], x[k][6], x[k][7]);
   }
   __syncwarp();
 }
 
 // Step 2 on shared memory.
-template <bool kCurrent>
 __device__ __forceinline__ void Rope(const FusedParams& p, int64_t pos,
                                      float cos0, float sin0, int lane,
                                      float* y) {
@@ -253,11 +234,11 @@ __device__ __forceinline__ void Rope(const FusedParams& p, int64_t pos,
   const float* cs = p.cos_sin + pos * p.rope_dim;
   const int r = p.rope_offset;
   for (int k = lane; k < half; k += kWarp) {
-    const int ia = Swz<kCurrent>(r + (neox ? k : 2 * k));
-    const int ib = Swz<kCurrent>(r + (neox ? k + half : 2 * k + 1));
+    const int ia = Swz(r + (neox ? k : 2 * k));
+    const int ib = Swz(r + (neox ? k + half : 2 * k + 1));
     const float a = y[ia], b = y[ib];
     float c, s;
-    if (kCurrent && k == lane) {  // prefetched with the token
+    if (k == lane) {  // prefetched with the token
       c = cos0;
       s = sin0;
     } else {
@@ -270,49 +251,14 @@ __device__ __forceinline__ void Rope(const FusedParams& p, int64_t pos,
   __syncwarp();
 }
 
-// Step 3 on shared memory: stages h = 1, 2, 4, ... in order.
-template <int kLen>
-__device__ __forceinline__ void Hadamard(int32_t begin, int lane, float* y) {
-  constexpr int kPer = kLen / kWarp;  // contiguous elements per lane
-  static_assert(kPer >= 2 && kLen % kWarp == 0);
-  float* h = y + begin + lane * kPer;
-  float v[kPer];
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) v[i] = h[i];
-#pragma unroll
-  for (int s = 1; s < kPer; s *= 2) {
-#pragma unroll
-    for (int i = 0; i < kPer; i += 2 * s) {
-#pragma unroll
-      for (int j = i; j < i + s; ++j) {
-        const float a = v[j], b = v[j + s];
-        v[j] = __fadd_rn(a, b);
-        v[j + s] = __fsub_rn(a, b);
-      }
-    }
-  }
-#pragma unroll
-  for (int m = 1; m < kWarp; m *= 2) {  // h = kPer * m: partner lane ^ m
-    const bool upper = (lane & m) != 0;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const float o = __shfl_xor_sync(kFullMask, v[i], m);
-      v[i] = upper ? __fsub_rn(o, v[i]) : __fadd_rn(v[i], o);
-    }
-  }
-  const float scale = BitsToFloat(kHadamardScaleBits[Log2(kLen)]);
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) h[i] = __fmul_rn(v[i], scale);
-  __syncwarp();
-}
-
-// Step 3, current kernel: the same stages in two passes over the swizzled
-// buffer. Pass A: lane l holds elements begin + [l kPer, l kPer + kPer),
-// stages h = 1 ... kPer / 2 in registers. Pass B: lane l, register i holds
-// element begin + (l mod kPer) + kPer i + kPer^2 (l / kPer), stages h =
-// kPer ... kPer^2 / 2 in registers, then h = kPer^2 ... L / 2 by xor
-// shuffles (lane bit log2(h / kPer)). Each stage pairs the same (a, b) as
-// the reference and writes a + b to the lower element, a - b to the upper.
+// Step 3 on shared memory: stages h = 1, 2, 4, ... in order, in two passes
+// over the swizzled buffer. Pass A: lane l holds elements begin + [l kPer,
+// l kPer + kPer), stages h = 1 ... kPer / 2 in registers. Pass B: lane l,
+// register i holds element begin + (l mod kPer) + kPer i + kPer^2 (l /
+// kPer), stages h = kPer ... kPer^2 / 2 in registers, then h = kPer^2 ...
+// L / 2 by xor shuffles (lane bit log2(h / kPer)). Each stage pairs the
+// same (a, b) as the reference and writes a + b to the lower element,
+// a - b to the upper.
 template <int kLen>
 __device__ __forceinline__ void HadamardTwoPass(int32_t begin, int lane,
                                                 float* y) {
@@ -326,7 +272,7 @@ __device__ __forceinline__ void HadamardTwoPass(int32_t begin, int lane,
 #pragma unroll
     for (int q = 0; q < kPer / 4; ++q) {
       const float4 f =
-          *reinterpret_cast<const float4*>(y + Swz<true>(a0 + 4 * q));
+          *reinterpret_cast<const float4*>(y + Swz(a0 + 4 * q));
       v[4 * q] = f.x;
       v[4 * q + 1] = f.y;
       v[4 * q + 2] = f.z;
@@ -334,7 +280,7 @@ __device__ __forceinline__ void HadamardTwoPass(int32_t begin, int lane,
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) v[i] = y[Swz<true>(a0 + i)];
+    for (int i = 0; i < kPer; ++i) v[i] = y[Swz(a0 + i)];
   }
 #pragma unroll
   for (int s = 1; s < kPer; s *= 2) {
@@ -353,17 +299,17 @@ __device__ __forceinline__ void HadamardTwoPass(int32_t begin, int lane,
   if (vec) {
 #pragma unroll
     for (int q = 0; q < kPer / 4; ++q) {
-      *reinterpret_cast<float4*>(y + Swz<true>(a0 + 4 * q)) =
+      *reinterpret_cast<float4*>(y + Swz(a0 + 4 * q)) =
           make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) y[Swz<true>(a0 + i)] = v[i];
+    for (int i = 0; i < kPer; ++i) y[Swz(a0 + i)] = v[i];
   }
   __syncwarp();
   const int b0 = begin + (lane & (kPer - 1)) + kPer * kPer * (lane >> kP);
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) v[i] = y[Swz<true>(b0 + kPer * i)];
+  for (int i = 0; i < kPer; ++i) v[i] = y[Swz(b0 + kPer * i)];
 #pragma unroll
   for (int s = 1; s < kPer; s *= 2) {  // h = kPer * s
 #pragma unroll
@@ -388,21 +334,21 @@ __device__ __forceinline__ void HadamardTwoPass(int32_t begin, int lane,
   const float scale = BitsToFloat(kHadamardScaleBits[Log2(kLen)]);
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
-    y[Swz<true>(b0 + kPer * i)] = __fmul_rn(v[i], scale);
+    y[Swz(b0 + kPer * i)] = __fmul_rn(v[i], scale);
   }
   __syncwarp();
 }
 
 // Step 4: 16 (or 8) values of shared memory, elements [e0, e0 + kN) (e0 a
 // multiple of 4), rounded to BF16, as fp32 and as packed BF16 words.
-template <int kN, bool kSwz>
+template <int kN>
 __device__ __forceinline__ void RoundBf16(const float* y, int e0,
                                           float (&x)[kN],
                                           uint32_t (&w)[kN / 2]) {
 #pragma unroll
   for (int i = 0; i < kN / 4; ++i) {
     const float4 f =
-        *reinterpret_cast<const float4*>(y + Swz<kSwz>(e0 + 4 * i));
+        *reinterpret_cast<const float4*>(y + Swz(e0 + 4 * i));
     const uint32_t b0 = FloatToBf16(f.x), b1 = FloatToBf16(f.y);
     const uint32_t b2 = FloatToBf16(f.z), b3 = FloatToBf16(f.w);
     w[2 * i] = b0 | (b1 << 16);
@@ -427,7 +373,7 @@ __device__ __forceinline__ float ScaleValue(uint32_t stored) {
 
 // Steps 5-6 for the §3 formats: the store kernels' lane math (store.cu) on
 // the rounded values, then the decode of the lane's codes.
-template <class Q, bool kSwz>
+template <class Q>
 __device__ __forceinline__ void QuantizeLane(const PoolLayout& layout,
                                              const FastDiv& div, uint8_t* layer,
                                              const float* y, int32_t slot,
@@ -439,7 +385,7 @@ __device__ __forceinline__ void QuantizeLane(const PoolLayout& layout,
   const int sub = lane % kLpt;
   float x[16];
   uint32_t bf[8];
-  RoundBf16<16, kSwz>(y, 16 * sub, x, bf);
+  RoundBf16<16>(y, 16 * sub, x, bf);
   float amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(x[i]));  // no NaN
@@ -500,7 +446,6 @@ __device__ __forceinline__ void QuantizeLane(const PoolLayout& layout,
 }
 
 // Steps 5-6 for DS_MLA_FP8 (SPEC §2.1): the 656-byte record of ds_mla.cu.
-template <bool kSwz>
 __device__ __forceinline__ void QuantizeDsMla(const PoolLayout& layout,
                                               const FastDiv& div,
                                               uint8_t* layer, const float* y,
@@ -508,10 +453,10 @@ __device__ __forceinline__ void QuantizeDsMla(const PoolLayout& layout,
                                               uint16_t* cast_row) {
   float x[16];
   uint32_t bf[8];
-  RoundBf16<16, kSwz>(y, 16 * lane, x, bf);
+  RoundBf16<16>(y, 16 * lane, x, bf);
   float xt[8];
   uint32_t tail[4] = {0, 0, 0, 0};
-  if (lane < 8) RoundBf16<8, kSwz>(y, 512 + 8 * lane, xt, tail);
+  if (lane < 8) RoundBf16<8>(y, 512 + 8 * lane, xt, tail);
   uint32_t sb;
   const uint4 q = DsMlaEncode16<true>(x, &sb);
   const uint4 t4 = make_uint4(tail[0], tail[1], tail[2], tail[3]);
@@ -520,7 +465,6 @@ __device__ __forceinline__ void QuantizeDsMla(const PoolLayout& layout,
 }
 
 // Steps 5-6 for BF16(N): the rounded values are the record and the load.
-template <bool kSwz>
 __device__ __forceinline__ void StoreBf16Row(const PoolLayout& layout,
                                              const FastDiv& div, uint8_t* layer,
                                              const float* y, int32_t d,
@@ -534,7 +478,7 @@ __device__ __forceinline__ void StoreBf16Row(const PoolLayout& layout,
   for (int c = lane; c < d / 8; c += kWarp) {
     float x[8];
     uint32_t w[4];
-    RoundBf16<8, kSwz>(y, 8 * c, x, w);
+    RoundBf16<8>(y, 8 * c, x, w);
     const uint4 v = make_uint4(w[0], w[1], w[2], w[3]);
     if (row != nullptr) StoreStream16(row + 16 * c, v);
     if (cast_row != nullptr) StoreStream16(cast_row + 8 * c, v);
@@ -542,7 +486,7 @@ __device__ __forceinline__ void StoreBf16Row(const PoolLayout& layout,
 }
 
 // Steps 1-6 of one token whose input is `in`, through the warp's buffer y.
-template <FormatId kId, int kHad, bool kCurrent, int kChunks>
+template <FormatId kId, int kHad, int kChunks>
 __device__ __forceinline__ void ProcessToken(const PoolLayout& layout,
                                              const FastDiv& div, uint8_t* layer,
                                              const FusedParams& p,
@@ -550,65 +494,23 @@ __device__ __forceinline__ void ProcessToken(const PoolLayout& layout,
                                              const uint4 (&weights)[kChunks],
                                              int32_t d, int lane, float* y,
                                              uint16_t* cast_row) {
-  NormToShared<kChunks, kCurrent>(in, d, p, weights, lane, y);
+  NormToShared<kChunks>(in, d, p, weights, lane, y);
   if (p.rope != RopeStyle::kNone) {
-    Rope<kCurrent>(p, in.pos, in.cos0, in.sin0, lane, y);
+    Rope(p, in.pos, in.cos0, in.sin0, lane, y);
   }
-  if constexpr (kHad > 0) {
-    if constexpr (kCurrent) {
-      HadamardTwoPass<kHad>(p.hadamard_begin, lane, y);
-    } else {
-      Hadamard<kHad>(p.hadamard_begin, lane, y);
-    }
-  }
+  if constexpr (kHad > 0) HadamardTwoPass<kHad>(p.hadamard_begin, lane, y);
   if constexpr (kId == FormatId::kDsMlaFp8) {
-    QuantizeDsMla<kCurrent>(layout, div, layer, y, in.slot, lane, cast_row);
+    QuantizeDsMla(layout, div, layer, y, in.slot, lane, cast_row);
   } else if constexpr (kId == FormatId::kBf16) {
-    StoreBf16Row<kCurrent>(layout, div, layer, y, d, in.slot, lane, cast_row);
+    StoreBf16Row(layout, div, layer, y, d, in.slot, lane, cast_row);
   } else {
     using Q = typename FusedTraits<kId>::Q;
-    QuantizeLane<Q, kCurrent>(layout, div, layer, y, in.slot, lane,
-                              lane < Q::kLanesPerToken, cast_row);
+    QuantizeLane<Q>(layout, div, layer, y, in.slot, lane,
+                    lane < Q::kLanesPerToken, cast_row);
   }
 }
 
-// The legacy kernel: one token prefetched per warp.
-template <FormatId kId, int kHad>
-__global__ void __launch_bounds__(kThreads)
-    FusedStoreKernel(PoolLayout layout, FastDiv div,  // by block_size
-                     uint8_t* layer,
-                     const uint16_t* kv,    // [n][D] BF16
-                     FusedParams p,         // arrays in device memory
-                     const int32_t* slots,  // [n]; -1 = skip (cast_back kept)
-                     int64_t n,
-                     uint16_t* cast_back) {  // [n][D] BF16 or null
-  constexpr int kChunks = MaxChunks<kId>();
-  __shared__ __align__(16) float tokens[kWarpsPerCta][MaxElems<kId>()];
-  PdlWait();
-  PdlLaunchDependents();
-  const int32_t d = FusedTraits<kId>::kD > 0 ? FusedTraits<kId>::kD
-                                             : layout.format.elements();
-  const int lane = threadIdx.x % kWarp;
-  float* y = tokens[threadIdx.x / kWarp];
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerCta;
-  int64_t token =
-      static_cast<int64_t>(blockIdx.x) * kWarpsPerCta + threadIdx.x / kWarp;
-  const uint4 unused[kChunks] = {};
-  TokenIn<kChunks> cur;
-  if (token < n) LoadToken(kv, token, d, slots, p, lane, cur);
-  for (; token < n; token += warps) {
-    TokenIn<kChunks> next;
-    if (token + warps < n) {
-      LoadToken(kv, token + warps, d, slots, p, lane, next);
-    }
-    uint16_t* cast_row = cast_back == nullptr ? nullptr : cast_back + token * d;
-    ProcessToken<kId, kHad, false>(layout, div, layer, p, cur, unused, d, lane,
-                                   y, cast_row);
-    cur = next;
-  }
-}
-
-// The current kernel: tokens t + W and t + 2 W (W = the grid's warps) in
+// The general kernel: tokens t + W and t + 2 W (W = the grid's warps) in
 // flight while t is processed, their first cos/sin pair with them; the norm
 // weights loaded once. At least kMinCtas CTAs per SM (registers <= 128).
 constexpr int kMinCtas = 4;
@@ -632,26 +534,26 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
       static_cast<int64_t>(blockIdx.x) * kWarpsPerCta + threadIdx.x / kWarp;
   if (token >= n) return;  // warp-uniform
   TokenIn<kChunks> cur, next;
-  LoadToken<kChunks, true>(kv, token, d, slots, p, lane, cur);
+  LoadToken<kChunks>(kv, token, d, slots, p, lane, cur);
   if (token + warps < n) {
-    LoadToken<kChunks, true>(kv, token + warps, d, slots, p, lane, next);
+    LoadToken<kChunks>(kv, token + warps, d, slots, p, lane, next);
   }
   uint4 weights[kChunks];
   LoadWeights(p, lane, weights);
   for (; token < n; token += warps) {
     TokenIn<kChunks> after;
     if (token + 2 * warps < n) {
-      LoadToken<kChunks, true>(kv, token + 2 * warps, d, slots, p, lane, after);
+      LoadToken<kChunks>(kv, token + 2 * warps, d, slots, p, lane, after);
     }
     uint16_t* cast_row = cast_back == nullptr ? nullptr : cast_back + token * d;
-    ProcessToken<kId, kHad, true>(layout, div, layer, p, cur, weights, d, lane,
-                                  y, cast_row);
+    ProcessToken<kId, kHad>(layout, div, layer, p, cur, weights, d, lane, y,
+                            cast_row);
     cur = next;
     next = after;
   }
 }
 
-// The current kernel for the 128-element index formats: four tokens per
+// The kernel for the 128-element index formats: four tokens per
 // warp iteration (1 KB of input, contiguous). Loads: lane l holds chunk
 // l mod 16 of tokens l / 16 and 2 + l / 16. Token q's fp32 buffer is
 // y + kQuadStride q (swizzled within the token; the 8-float pad puts the
@@ -699,7 +601,7 @@ __device__ __forceinline__ void HadamardQuad(int32_t begin, int lane,
 #pragma unroll
     for (int q = 0; q < kPer / 4; ++q) {
       const float4 f =
-          *reinterpret_cast<const float4*>(t + Swz<true>(a0 + 4 * q));
+          *reinterpret_cast<const float4*>(t + Swz(a0 + 4 * q));
       v[4 * q] = f.x;
       v[4 * q + 1] = f.y;
       v[4 * q + 2] = f.z;
@@ -707,7 +609,7 @@ __device__ __forceinline__ void HadamardQuad(int32_t begin, int lane,
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) v[i] = t[Swz<true>(a0 + i)];
+    for (int i = 0; i < kPer; ++i) v[i] = t[Swz(a0 + i)];
   }
 #pragma unroll
   for (int s = 1; s < kPer; s *= 2) {
@@ -724,17 +626,17 @@ __device__ __forceinline__ void HadamardQuad(int32_t begin, int lane,
   if (vec) {
 #pragma unroll
     for (int q = 0; q < kPer / 4; ++q) {
-      *reinterpret_cast<float4*>(t + Swz<true>(a0 + 4 * q)) =
+      *reinterpret_cast<float4*>(t + Swz(a0 + 4 * q)) =
           make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) t[Swz<true>(a0 + i)] = v[i];
+    for (int i = 0; i < kPer; ++i) t[Swz(a0 + i)] = v[i];
   }
   __syncwarp();
   const int b0 = begin + m;
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) v[i] = t[Swz<true>(b0 + 8 * i)];
+  for (int i = 0; i < kPer; ++i) v[i] = t[Swz(b0 + 8 * i)];
 #pragma unroll
   for (int s = kPer / 8; s < kPer; s *= 2) {  // h = 8 s
 #pragma unroll
@@ -750,7 +652,7 @@ __device__ __forceinline__ void HadamardQuad(int32_t begin, int lane,
   const float scale = BitsToFloat(kHadamardScaleBits[Log2(kLen)]);
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
-    t[Swz<true>(b0 + 8 * i)] = __fmul_rn(v[i], scale);
+    t[Swz(b0 + 8 * i)] = __fmul_rn(v[i], scale);
   }
   __syncwarp();
 }
@@ -810,9 +712,9 @@ __device__ __forceinline__ void ProcessQuad(const PoolLayout& layout,
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
     float* t = y + kQuadStride * (2 * k + lane / 16);
-    *reinterpret_cast<float4*>(t + Swz<true>(8 * c)) =
+    *reinterpret_cast<float4*>(t + Swz(8 * c)) =
         make_float4(x[k][0], x[k][1], x[k][2], x[k][3]);
-    *reinterpret_cast<float4*>(t + Swz<true>(8 * c + 4)) =
+    *reinterpret_cast<float4*>(t + Swz(8 * c + 4)) =
         make_float4(x[k][4], x[k][5], x[k][6], x[k][7]);
   }
   __syncwarp();
@@ -825,7 +727,7 @@ __device__ __forceinline__ void ProcessQuad(const PoolLayout& layout,
       const float* cs = p.cos_sin + pos * p.rope_dim;
       const float c0 = lane < half ? __ldg(cs + lane) : 0.0f;
       const float s0 = lane < half ? __ldg(cs + half + lane) : 0.0f;
-      Rope<true>(p, pos, c0, s0, lane, y + kQuadStride * q);
+      Rope(p, pos, c0, s0, lane, y + kQuadStride * q);
     }
   }
   if constexpr (kHad > 0) HadamardQuad<kHad>(p.hadamard_begin, lane, y);
@@ -833,7 +735,7 @@ __device__ __forceinline__ void ProcessQuad(const PoolLayout& layout,
   const bool active = t < n;
   uint16_t* cast_row =
       cast_back != nullptr && active ? cast_back + t * kQuadD : nullptr;
-  QuantizeLane<typename FusedTraits<kId>::Q, true>(
+  QuantizeLane<typename FusedTraits<kId>::Q>(
       layout, div, layer, y + kQuadStride * (lane / 8), in.slot, lane, active,
       cast_row);
 }
@@ -872,26 +774,12 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
   }
 }
 
-// This file builds either shape's kernels (fused_legacy.cu defines
-// KVDEPOT_FUSED_LEGACY): the daemon's binaries carry only the current ones.
-#ifdef KVDEPOT_FUSED_LEGACY
-constexpr bool kLegacyBuild = true;
-#else
-constexpr bool kLegacyBuild = false;
-#endif
-
 template <FormatId kId, int kHad>
 cudaError_t Go(const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
                const FusedParams& p, const int32_t* slots, int64_t n,
                uint16_t* cast_back, const Launch& launch) {
   const FastDiv div = FastDiv::Of(static_cast<int32_t>(layout.block_size));
-  if constexpr (kLegacyBuild) {
-    constexpr auto kKernel = FusedStoreKernel<kId, kHad>;
-    const dim3 grid(
-        PersistentGrid(n, kWarpsPerCta, ResidentCtas<kKernel, kThreads>()));
-    return LaunchKernel(kKernel, grid, dim3(kThreads), launch, layout, div,
-                        layer, kv, p, slots, n, cast_back);
-  } else if constexpr (FusedTraits<kId>::kD == kQuadD) {
+  if constexpr (FusedTraits<kId>::kD == kQuadD) {
     constexpr auto kKernel = FusedStoreKernelQuad<kId, kHad>;
     const dim3 grid(
         PersistentGrid(n, 4 * kWarpsPerCta, ResidentCtas<kKernel, kThreads>()));
@@ -934,14 +822,11 @@ cudaError_t ByHadamard(const PoolLayout& layout, uint8_t* layer,
 
 }  // namespace
 
-#ifdef KVDEPOT_FUSED_LEGACY
-cudaError_t LaunchFusedStoreLegacy(
-#else
-cudaError_t LaunchFusedStore(
-#endif
-    FormatId id, const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
-    const FusedParams& p, const int32_t* slots, int64_t n, uint16_t* cast_back,
-    const Launch& launch) {
+cudaError_t LaunchFusedStore(FormatId id, const PoolLayout& layout,
+                             uint8_t* layer, const uint16_t* kv,
+                             const FusedParams& p, const int32_t* slots,
+                             int64_t n, uint16_t* cast_back,
+                             const Launch& launch) {
   switch (id) {
     case FormatId::kV41:
       return ByHadamard<FormatId::kV41>(layout, layer, kv, p, slots, n,
@@ -962,11 +847,9 @@ cudaError_t LaunchFusedStore(
       return ByHadamard<FormatId::kBf16>(layout, layer, kv, p, slots, n,
                                          cast_back, launch);
     case FormatId::kDsMlaFp8:
-      if constexpr (!kLegacyBuild) {
-        if (FusedMlaApplies(p)) {  // the register-only kernel, fused_mla.cu
-          return LaunchFusedMla(layout, layer, kv, p, slots, n, cast_back,
-                                launch);
-        }
+      if (FusedMlaApplies(p)) {  // the register-only kernel, fused_mla.cu
+        return LaunchFusedMla(layout, layer, kv, p, slots, n, cast_back,
+                              launch);
       }
       return ByHadamard<FormatId::kDsMlaFp8>(layout, layer, kv, p, slots, n,
                                              cast_back, launch);

@@ -1,8 +1,6 @@
 // The fused store (SPEC §8) on the GPU host, against the same stages as
 // separate kernels (fused_stages.h: RMSNorm, RoPE, Hadamard, each writing
-// BF16, then the plain store), against the plain store alone and against
-// the fused store's first kernel shape ("legacy",
-// LaunchOptions::legacy_fused), as ratios
+// BF16, then the plain store) and against the plain store alone, as ratios
 // of the same run's device-to-device copy bandwidth:
 //  1. bandwidth at 64K and 1M tokens, L2 flushed before every timed launch;
 //  2. GPU time at 1..1024 tokens in CUDA-graph replay (goal: <= 3 us).
@@ -213,11 +211,10 @@ Workload Make(const Config& c, int64_t n) {
   return w;
 }
 
-Launcher FusedOf(Workload& w, bool legacy = false) {
-  return [&w, legacy](cudaStream_t s) {
+Launcher FusedOf(Workload& w) {
+  return [&w](cudaStream_t s) {
     LaunchOptions o;
     o.stream = s;
-    o.legacy_fused = legacy;
     return FusedStore(
         w.layout, w.pool.get(), w.kv.as<uint16_t>(), w.p, w.slots.as<int32_t>(),
         w.n, w.cast.get() != nullptr ? w.cast.as<uint16_t>() : nullptr, o);
@@ -330,7 +327,6 @@ int Main() {
       Workload w = Make(c, n);
       const std::pair<const char*, Launcher> ks[] = {
           {"fused", FusedOf(w)},
-          {"legacy", FusedOf(w, true)},
           {"stages", StagesOf(w)},
           {"store", PlainStoreOf(w)}};
       for (const auto& [kernel, f] : ks) {
@@ -361,7 +357,6 @@ int Main() {
       Workload w = Make(c, n);
       for (const auto& [kernel, f] :
            {std::pair<const char*, Launcher>{"fused", FusedOf(w)},
-            {"legacy", FusedOf(w, true)},
             {"stages", StagesOf(w)}}) {
         const double t = GraphSeconds(f, launches);
         std::printf("%-14s %-8s %7lld %9.2f\n", c.name.c_str(), kernel,

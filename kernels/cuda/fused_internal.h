@@ -35,14 +35,6 @@ cudaError_t LaunchFusedMla(const PoolLayout& layout, uint8_t* layer,
                            const int32_t* slots, int64_t n, uint16_t* cast_back,
                            const Launch& launch);
 
-// The same with the round-1 kernel shape (Launch::legacy_fused), defined
-// only where //kernels/cuda:fused_legacy_device is linked (weak: null
-// elsewhere).
-__attribute__((weak)) cudaError_t LaunchFusedStoreLegacy(
-    FormatId id, const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
-    const FusedParams& params, const int32_t* slots, int64_t n,
-    uint16_t* cast_back, const Launch& launch);
-
 }  // namespace kvdepot::gpu::internal
 
 #endif  // KVDEPOT_KERNELS_CUDA_FUSED_INTERNAL_H_

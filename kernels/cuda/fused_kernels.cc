@@ -65,17 +65,12 @@ absl::Status FusedStore(const PoolLayout& layout, void* layer,
     RETURN_IF_ERROR(CheckPointer(params.positions, "positions", 8));
     RETURN_IF_ERROR(CheckPointer(params.cos_sin, "cos_sin", 4));
   }
-  const auto launch_fn = options.legacy_fused ? internal::LaunchFusedStoreLegacy
-                                              : internal::LaunchFusedStore;
-  if (launch_fn == nullptr) {
-    return absl::FailedPreconditionError(
-        "legacy_fused: //kernels/cuda:fused_legacy_device is not linked");
-  }
   RETURN_IF_CUDA_ERROR(
-      launch_fn(*id, layout, static_cast<uint8_t*>(layer), kv, params,
-                slot_mapping, num_tokens, cast_back,
-                {static_cast<cudaStream_t>(options.stream), options.pdl,
-                 options.ds_mla_round2, options.legacy_fused}),
+      internal::LaunchFusedStore(
+          *id, layout, static_cast<uint8_t*>(layer), kv, params, slot_mapping,
+          num_tokens, cast_back,
+          {static_cast<cudaStream_t>(options.stream), options.pdl,
+           options.ds_mla_round2}),
       "launching the fused store kernel");
   return absl::OkStatus();
 }

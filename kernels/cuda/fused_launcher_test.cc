@@ -132,16 +132,6 @@ TEST(FusedLauncherTest, Pointers) {
               HasSubstr("cast_back is not 16-byte"));
 }
 
-// This binary does not link //kernels/cuda:fused_legacy_device.
-TEST(FusedLauncherTest, LegacyKernelNotLinked) {
-  LaunchOptions o;
-  o.legacy_fused = true;
-  const absl::Status s =
-      FusedStore(Layout(kFormatV41), kLayer, kKv, {}, kSlots, 3, nullptr, o);
-  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_THAT(s.message(), HasSubstr("fused_legacy_device is not linked"));
-}
-
 TEST(FusedLauncherTest, NoTokensIsANoOp) {
   EXPECT_TRUE(
       FusedStore(Layout(kFormatV41), nullptr, nullptr, {}, nullptr, 0, nullptr)

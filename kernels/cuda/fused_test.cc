@@ -3,7 +3,6 @@
 // all or part of the token, NeoX and interleaved RoPE, every Hadamard
 // length that fits), DeepSeek MLA's ranges, -1 slots, NaN / +-Inf inputs,
 // and the cast_back output compared with a later GPU load of the slots.
-// Both kernel shapes (the current one and LaunchOptions::legacy_fused).
 #include "kernels/reference/fused.h"
 
 #include <cuda_runtime_api.h>
@@ -206,7 +205,7 @@ PoolLayout Layout(const std::string& name, int64_t block_size,
 void CheckKernel(const PoolLayout& layout, int64_t n, const Inputs& in,
                  const std::vector<uint8_t>& initial,
                  const std::vector<uint8_t>& want,
-                 const std::vector<uint16_t>& want_cast, bool legacy);
+                 const std::vector<uint16_t>& want_cast);
 
 // Runs the reference and the kernel on identical random pools; compares the
 // whole layer and cast_back, then loads the stored slots on the GPU and
@@ -231,18 +230,14 @@ void CheckFused(const PoolLayout& layout, int64_t n, Stages stages,
     ASSERT_NE(want, initial) << "the reference wrote nothing";
   }
 
-  for (const bool legacy : {false, true}) {
-    SCOPED_TRACE(legacy ? "legacy kernel" : "current kernel");
-    CheckKernel(layout, n, in, initial, want, want_cast, legacy);
-    if (testing::Test::HasFatalFailure()) return;
-  }
+  CheckKernel(layout, n, in, initial, want, want_cast);
 }
 
-// One kernel shape against the reference's layer and cast_back.
+// The kernel against the reference's layer and cast_back.
 void CheckKernel(const PoolLayout& layout, int64_t n, const Inputs& in,
                  const std::vector<uint8_t>& initial,
                  const std::vector<uint8_t>& want,
-                 const std::vector<uint16_t>& want_cast, bool legacy) {
+                 const std::vector<uint16_t>& want_cast) {
   const int32_t d = layout.format.elements();
   DeviceBuffer pool = Upload(initial);
   DeviceBuffer kv = Upload(in.kv);
@@ -261,11 +256,9 @@ void CheckKernel(const PoolLayout& layout, int64_t n, const Inputs& in,
     p.positions = positions.as<int64_t>();
   }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  LaunchOptions options;
-  options.legacy_fused = legacy;
   const absl::Status s =
       gpu::FusedStore(layout, pool.get(), kv.as<uint16_t>(), p,
-                      slots.as<int32_t>(), n, cast.as<uint16_t>(), options);
+                      slots.as<int32_t>(), n, cast.as<uint16_t>());
   ASSERT_TRUE(s.ok()) << s;
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 

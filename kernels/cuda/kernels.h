@@ -36,11 +36,6 @@ struct LaunchOptions {
   // tokens in flight per warp instead of 1) kernel shapes. Both give the
   // same bytes.
   bool ds_mla_round2 = false;
-  // FusedStore only: the first (round-1) fused kernel shape instead of the
-  // current one, for the benchmark's side by side. Both give the same
-  // bytes. Needs //kernels/cuda:fused_legacy_device linked (the test and
-  // the benchmark); FailedPrecondition elsewhere.
-  bool legacy_fused = false;
 };
 
 // Host-side validation, the contract's checks (store_load_host.h).

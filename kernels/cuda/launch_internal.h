@@ -19,7 +19,6 @@ struct Launch {
   cudaStream_t stream = nullptr;
   bool pdl = false;            // Programmatic Dependent Launch attribute
   bool ds_mla_round2 = false;  // LaunchOptions::ds_mla_round2
-  bool legacy_fused = false;   // LaunchOptions::legacy_fused
 };
 
 // kv: [n][elements] BF16 bits (fp32_input false) or float; slots: [n],

@@ -54,7 +54,9 @@ class VmmDaemon : public ::testing::Environment {
     if (daemon_ == nullptr) return;
     absl::StatusOr<int> code = daemon_->Signal(SIGTERM, absl::Seconds(60));
     EXPECT_TRUE(code.ok()) << "stopping the daemon: " << code.status();
-    if (code.ok()) EXPECT_EQ(*code, 0) << "the daemon's exit code";
+    if (code.ok()) {
+      EXPECT_EQ(*code, 0) << "the daemon's exit code";
+    }
     daemon_.reset();
   }
   DaemonProcess* daemon() const { return daemon_.get(); }

@@ -11,11 +11,15 @@
 
 namespace kvdepot::testing {
 
+absl::StatusOr<std::unique_ptr<DaemonProcess>> StartStepDaemon() {
+  return DaemonProcess::Start({"--backend=cuda", "--log_level=warn"},
+                              DaemonBinary());
+}
+
 void StepDaemonEnv::SetUp() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return;
-  absl::StatusOr<std::unique_ptr<DaemonProcess>> d = DaemonProcess::Start(
-      {"--backend=cuda", "--log_level=warn"}, DaemonBinary());
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> d = StartStepDaemon();
   if (!d.ok()) {
     ADD_FAILURE() << "starting kvdepotd --backend=cuda: " << d.status();
     return;

@@ -1,15 +1,20 @@
 // The kvdepotd (CUDA backend) that a step-path test binary shares: started
 // once before the tests when a GPU is present, stopped with SIGTERM after
-// them (its exit code must be 0).
+// them (its exit code must be 0). StartStepDaemon starts one the same way
+// for tests that need their own (step_fault_test kills daemons).
 #ifndef KVDEPOT_TESTS_GPU_STEP_DAEMON_ENV_H_
 #define KVDEPOT_TESTS_GPU_STEP_DAEMON_ENV_H_
 
 #include <memory>
 
+#include "absl/status/statusor.h"
 #include "gtest/gtest.h"
 #include "tests/daemon_process.h"
 
 namespace kvdepot::testing {
+
+// kvdepotd --backend=cuda --log_level=warn (DaemonBinary()).
+absl::StatusOr<std::unique_ptr<DaemonProcess>> StartStepDaemon();
 
 class StepDaemonEnv : public ::testing::Environment {
  public:

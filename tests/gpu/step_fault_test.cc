@@ -35,6 +35,7 @@
 #include "proto/step_doorbell.h"
 #include "tests/daemon_process.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/step_daemon_env.h"
 #include "tests/gpu/step_harness.h"
 
 extern char** environ;
@@ -143,9 +144,11 @@ absl::StatusOr<pid_t> SpawnWithStdin(const std::vector<std::string>& argv,
   return pid;
 }
 
+// A daemon of its own per test (not StepDaemonEnv's shared one): tests here
+// SIGKILL the daemon or check its exit code, and look for other
+// registrations than their own.
 std::unique_ptr<DaemonProcess> StartDaemon() {
-  absl::StatusOr<std::unique_ptr<DaemonProcess>> d = DaemonProcess::Start(
-      {"--backend=cuda", "--log_level=warn"}, DaemonBinary());
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> d = StartStepDaemon();
   EXPECT_TRUE(d.ok()) << d.status();
   return d.ok() ? *std::move(d) : nullptr;
 }
