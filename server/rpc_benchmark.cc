@@ -615,9 +615,11 @@ int Run() {
       "  Store: %.1f us (kernel %.1f us) = %.2fx Ping\n"
       "  Load (segments): %.1f us (kernel %.1f us) = %.2fx Ping\n",
       results[kStore].mean_us - store_daemon_kernel_us, store_daemon_kernel_us,
-      (results[kStore].mean_us - store_daemon_kernel_us) / results[ping_i].mean_us,
+      (results[kStore].mean_us - store_daemon_kernel_us) /
+          results[ping_i].mean_us,
       results[kLoad].mean_us - load_daemon_kernel_us, load_daemon_kernel_us,
-      (results[kLoad].mean_us - load_daemon_kernel_us) / results[ping_i].mean_us);
+      (results[kLoad].mean_us - load_daemon_kernel_us) /
+          results[ping_i].mean_us);
   (void)client->DeletePool(pool);
   c->reset();
   daemon.reset();

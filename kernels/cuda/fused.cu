@@ -271,8 +271,7 @@ __device__ __forceinline__ void HadamardTwoPass(int32_t begin, int lane,
   if (vec) {
 #pragma unroll
     for (int q = 0; q < kPer / 4; ++q) {
-      const float4 f =
-          *reinterpret_cast<const float4*>(y + Swz(a0 + 4 * q));
+      const float4 f = *reinterpret_cast<const float4*>(y + Swz(a0 + 4 * q));
       v[4 * q] = f.x;
       v[4 * q + 1] = f.y;
       v[4 * q + 2] = f.z;
@@ -347,8 +346,7 @@ __device__ __forceinline__ void RoundBf16(const float* y, int e0,
                                           uint32_t (&w)[kN / 2]) {
 #pragma unroll
   for (int i = 0; i < kN / 4; ++i) {
-    const float4 f =
-        *reinterpret_cast<const float4*>(y + Swz(e0 + 4 * i));
+    const float4 f = *reinterpret_cast<const float4*>(y + Swz(e0 + 4 * i));
     const uint32_t b0 = FloatToBf16(f.x), b1 = FloatToBf16(f.y);
     const uint32_t b2 = FloatToBf16(f.z), b3 = FloatToBf16(f.w);
     w[2 * i] = b0 | (b1 << 16);
@@ -600,8 +598,7 @@ __device__ __forceinline__ void HadamardQuad(int32_t begin, int lane,
   if (vec) {
 #pragma unroll
     for (int q = 0; q < kPer / 4; ++q) {
-      const float4 f =
-          *reinterpret_cast<const float4*>(t + Swz(a0 + 4 * q));
+      const float4 f = *reinterpret_cast<const float4*>(t + Swz(a0 + 4 * q));
       v[4 * q] = f.x;
       v[4 * q + 1] = f.y;
       v[4 * q + 2] = f.z;
@@ -735,9 +732,9 @@ __device__ __forceinline__ void ProcessQuad(const PoolLayout& layout,
   const bool active = t < n;
   uint16_t* cast_row =
       cast_back != nullptr && active ? cast_back + t * kQuadD : nullptr;
-  QuantizeLane<typename FusedTraits<kId>::Q>(
-      layout, div, layer, y + kQuadStride * (lane / 8), in.slot, lane, active,
-      cast_row);
+  QuantizeLane<typename FusedTraits<kId>::Q>(layout, div, layer,
+                                             y + kQuadStride * (lane / 8),
+                                             in.slot, lane, active, cast_row);
 }
 
 template <FormatId kId, int kHad>

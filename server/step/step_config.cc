@@ -305,8 +305,7 @@ absl::StatusOr<RegistrationConfig> ResolveRegistration(
           config.compressed_ratio != layer.ratio) {
         return Invalid(
             absl::StrCat(f, ".ratio"),
-            absl::StrCat(layer.ratio, " differs from ",
-                         config.compressed_ratio,
+            absl::StrCat(layer.ratio, " differs from ", config.compressed_ratio,
                          " of an earlier layer with a compressed main or "
                          "index cache (one compressed_slot_mapping per step "
                          "serves one ratio > 1)"));

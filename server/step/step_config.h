@@ -92,14 +92,14 @@ struct RegistrationConfig {
   int32_t max_top_k = 0;
   int32_t max_blocks_per_seq = 0;
   // Derived: what a step must carry.
-  bool needs_swa_states = false;        // SWA caches or the SWA index
+  bool needs_swa_states = false;  // SWA caches or the SWA index
   // A main or index cache of ratio > 1: stored from the step's
   // compressed_slot_mapping (one per step, so one such ratio).
   bool needs_compressed_slots = false;
-  int32_t compressed_ratio = 0;  // that ratio (0 = none)
-  bool needs_block_tables = false;      // a layer with phase B
-  int32_t swa_ring_size = 0;            // shared by every SWA cache
-  int32_t swa_num_states = 0;           // the smallest SWA pool's blocks
+  int32_t compressed_ratio = 0;     // that ratio (0 = none)
+  bool needs_block_tables = false;  // a layer with phase B
+  int32_t swa_ring_size = 0;        // shared by every SWA cache
+  int32_t swa_num_states = 0;       // the smallest SWA pool's blocks
   // The smallest max_position of the fused caches with RoPE; 0 = none (a
   // step then carries no positions).
   int64_t max_position = 0;

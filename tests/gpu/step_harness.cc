@@ -460,10 +460,9 @@ absl::Status StepRig::EnqueueWorker(cudaStream_t s, bool copy_inputs,
   return absl::OkStatus();
 }
 
-const std::vector<int32_t>& LayerSlots(const RigOptions& o,
-                                       const StepInput& in, int layer) {
-  return o.ratio > 1 && layer == o.ratio_layer ? in.compressed_slots
-                                               : in.slots;
+const std::vector<int32_t>& LayerSlots(const RigOptions& o, const StepInput& in,
+                                       int layer) {
+  return o.ratio > 1 && layer == o.ratio_layer ? in.compressed_slots : in.slots;
 }
 
 absl::Status StepRig::ApplyReference(const StepInput& in) {
@@ -521,10 +520,9 @@ absl::Status StepRig::ApplyReference(const StepInput& in) {
     std::vector<int32_t> topk = in.topk[l];
     ASSIGN_OR_RETURN(
         int64_t invalid,
-        ConvertTopk(absl::MakeSpan(topk), o.top_k,
-                    compressed ? valid_r : valid,
-                    compressed ? num_tokens_r : num_tokens, table,
-                    o.block_size, o.num_blocks));
+        ConvertTopk(absl::MakeSpan(topk), o.top_k, compressed ? valid_r : valid,
+                    compressed ? num_tokens_r : num_tokens, table, o.block_size,
+                    o.num_blocks));
     expected_out_of_range_ += static_cast<uint64_t>(invalid);
     expected_out_.insert(expected_out_.end(), topk.begin(), topk.end());
   }
