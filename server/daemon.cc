@@ -286,8 +286,12 @@ absl::Status Daemon::Init() {
     sessions_->set_admin_policy(std::move(admin));
   }
   RETURN_IF_ERROR(ApplyConfig());
+  step::StepEngineSettings step_settings;
+  step_settings.graphs = options_.step_graphs;
+  step_settings.pdl = options_.step_pdl;
+  step_settings.timing_every = options_.step_timing_every;
   step_ = step::MakeStepServer(*backend_, pools_.get(), sessions_.get(),
-                               options_.step_graphs);
+                               step_settings);
   if (!options_.metrics_address.empty()) {
     KVCacheService* service = service_.get();
     step::StepRegistry* steps = step_->registry();

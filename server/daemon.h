@@ -59,6 +59,8 @@ struct DaemonOptions {
   int64_t cuda_memory_reserve_bytes = int64_t{1} << 30;
   bool cuda_blocking_sync = true;  // BackendOptions::cuda_blocking_sync
   bool step_graphs = true;         // step::CudaEngineOptions::graphs
+  bool step_pdl = true;            // step::CudaEngineOptions::pdl
+  int step_timing_every = 16;      // step::CudaEngineOptions::timing_every
   int64_t max_message_bytes = int64_t{64} << 20;
   // gRPC server reflection (grpcurl list/describe; --grpc_reflection). In
   // this gRPC (1.51) it is a sync service, so gRPC polls sync completion

@@ -72,6 +72,15 @@ ABSL_FLAG(bool, step_graphs, true,
           "(captured, and updated in place while the batch shape stays the "
           "same) instead of ~12 stream operations per layer, which spin in "
           "the driver once the work stream's launch queue is full.");
+ABSL_FLAG(bool, step_pdl, true,
+          "CUDA backend, step path: launch a phase's kernels after its first "
+          "with Programmatic Dependent Launch (each launched while the "
+          "previous one drains, waiting for it on the GPU).");
+ABSL_FLAG(int32_t, step_timing_every, 16,
+          "CUDA backend, step path: every Nth step records CUDA events around "
+          "each phase (flag seen to done written) for the "
+          "kvdepot_step_phase_us histograms and StepStatus' handoff_p50_us; "
+          "0 = never. Timed steps have their own CUDA graph.");
 ABSL_FLAG(bool, cuda_blocking_sync, true,
           "CUDA backend: host threads waiting for the GPU sleep "
           "(cudaDeviceScheduleBlockingSync) instead of spinning a core.");
@@ -228,6 +237,11 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_cuda_memory_reserve_bytes);
   options.cuda_blocking_sync = absl::GetFlag(FLAGS_cuda_blocking_sync);
   options.step_graphs = absl::GetFlag(FLAGS_step_graphs);
+  options.step_pdl = absl::GetFlag(FLAGS_step_pdl);
+  if (absl::GetFlag(FLAGS_step_timing_every) < 0) {
+    return UsageError("--step_timing_every must be >= 0 (0 = never)");
+  }
+  options.step_timing_every = absl::GetFlag(FLAGS_step_timing_every);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.grpc_reflection = absl::GetFlag(FLAGS_grpc_reflection);
   options.max_pool_bytes = absl::GetFlag(FLAGS_max_pool_bytes);

@@ -2,6 +2,7 @@
 // caller may see (owned, granted; all for an admin), from the Step
 // service's ListRegistrations.
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "client/kvcachectl/commands.h"
 #include "client/kvcachectl/daemon_cmd.h"
 #include "client/kvcachectl/step_status.h"
@@ -17,7 +18,9 @@ const CommandSpec kRegistrationsSpec{
     "own, those granted to it; all for an admin): layers, last accepted and\n"
     "finished step, steps in flight, sticky status bits (1 step-id\n"
     "mismatch, 2 cancelled, 4 out-of-range entries, 16 daemon error),\n"
-    "out-of-range count, watchdog expiries and the cancel reason.",
+    "out-of-range count, watchdog expiries, the median GPU time of a\n"
+    "layer's phase (timed steps: kvdepotd --step_timing_every; - before\n"
+    "the first) and the cancel reason.",
     DaemonFlags({})};
 
 }  // namespace
@@ -50,7 +53,7 @@ int RunRegistrationsCommand(const Args& args, std::ostream& out,
   }
   std::vector<std::vector<std::string>> rows = {
       {"ID", "NAME", "SESSION", "UID", "LAYERS", "LAST", "DONE", "IN FLIGHT",
-       "STATUS", "OUT OF RANGE", "WATCHDOG", "CANCELLED"}};
+       "STATUS", "OUT OF RANGE", "WATCHDOG", "PHASE P50 US", "CANCELLED"}};
   for (const v1::RegistrationInfo& i : r.registrations()) {
     rows.push_back(
         {absl::StrCat(i.registration_id()), TerminalSafe(i.name()),
@@ -59,6 +62,8 @@ int RunRegistrationsCommand(const Args& args, std::ostream& out,
          absl::StrCat(i.completed_step_id()), absl::StrCat(i.in_flight()),
          StepStatusNames(i.status_bits()), absl::StrCat(i.out_of_range()),
          absl::StrCat(i.watchdog_expiries()),
+         i.handoff_p50_us() > 0 ? absl::StrFormat("%.1f", i.handoff_p50_us())
+                                : std::string("-"),
          i.cancelled() ? TerminalSafe(i.cancel_reason()) : "-"});
   }
   PrintTable(rows, out);

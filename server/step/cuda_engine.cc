@@ -99,12 +99,17 @@ absl::StatusOr<int> DeviceIndex(absl::string_view device) {
 class CudaStepEngine : public StepEngine {
  public:
   CudaStepEngine(const RegistrationConfig& config, CompletionFn done,
-                 const gpu::DriverApi* api, int device, bool graphs)
+                 const gpu::DriverApi* api, int device,
+                 const CudaEngineOptions& options)
       : config_(config),
         done_(std::move(done)),
         api_(api),
         device_(device),
-        graphs_(graphs) {}
+        graphs_(options.graphs),
+        pdl_(options.pdl),
+        timing_every_(options.timing_every),
+        num_phases_(static_cast<int>(
+            db::NumPhases(static_cast<int64_t>(config.layers.size())))) {}
 
   ~CudaStepEngine() override {
     {
@@ -120,15 +125,18 @@ class CudaStepEngine : public StepEngine {
     }
     if (in_flight == 0) {
       for (int s = 0; s < kSlots; ++s) {
-        StagingRecycler::Give(device_, blob_bytes_, false, device_staging_[s]);
-        StagingRecycler::Give(device_, blob_bytes_ + 8 * kHeaderWords, true,
+        StagingRecycler::Give(device_, DeviceStagingBytes(), false,
+                              device_staging_[s]);
+        StagingRecycler::Give(device_, HostStagingBytes(), true,
                               host_staging_[s]);
       }
       for (const FusedArray& a : fused_arrays_) {
         StagingRecycler::Give(device_, a.bytes, false, a.ptr);
       }
-      for (cudaGraphExec_t& e : graph_exec_) {
-        if (e != nullptr) cudaGraphExecDestroy(e);
+      for (auto& slot : graph_exec_) {
+        for (cudaGraphExec_t e : slot) {
+          if (e != nullptr) cudaGraphExecDestroy(e);
+        }
       }
       if (work_ != nullptr) cudaStreamDestroy(work_);
       if (control_ != nullptr) cudaStreamDestroy(control_);
@@ -150,11 +158,12 @@ class CudaStepEngine : public StepEngine {
         "creating the control stream");
     blob_bytes_ = 4 * MaxBlobElements(config_);
     for (int s = 0; s < kSlots; ++s) {
-      ASSIGN_OR_RETURN(device_staging_[s],
-                       StagingRecycler::Take(device_, blob_bytes_, false));
+      ASSIGN_OR_RETURN(
+          device_staging_[s],
+          StagingRecycler::Take(device_, DeviceStagingBytes(), false));
       ASSIGN_OR_RETURN(
           host_staging_[s],
-          StagingRecycler::Take(device_, blob_bytes_ + 8 * kHeaderWords, true));
+          StagingRecycler::Take(device_, HostStagingBytes(), true));
     }
     RETURN_IF_ERROR(UploadFused());
     // The doorbell starts zeroed: no flag, no done, no cancel.
@@ -193,7 +202,43 @@ class CudaStepEngine : public StepEngine {
     int slot = 0;
     uint64_t step_id = 0;
     absl::Time started;
+    bool timed = false;         // the step stamps its phases
+    bool instantiated = false;  // its graph was instantiated, not updated
   };
+
+  // A slot's staging: the blob (blob_bytes_, a multiple of 16), then (a
+  // timed step's) per phase the GPU timer at its start and end. Its host
+  // twin: the blob, the doorbell header read back, the stamps read back.
+  int64_t StampBytes() const { return 16 * int64_t{num_phases_}; }
+  size_t DeviceStagingBytes() const {
+    return static_cast<size_t>(blob_bytes_ + StampBytes());
+  }
+  size_t HostStagingBytes() const {
+    return static_cast<size_t>(blob_bytes_ + 8 * kHeaderWords + StampBytes());
+  }
+  uint64_t* DeviceStamps(int slot) const {
+    return reinterpret_cast<uint64_t*>(
+        static_cast<uint8_t*>(device_staging_[slot]) + blob_bytes_);
+  }
+  const uint64_t* HostStamps(int slot) const {
+    return reinterpret_cast<const uint64_t*>(
+        static_cast<uint8_t*>(host_staging_[slot]) + blob_bytes_ +
+        8 * kHeaderWords);
+  }
+
+  // The GPU time of each phase of a timed step from its stamps (end - start
+  // of the global timer); empty when one is not plausible (0 or over 10 s).
+  static std::vector<float> PhaseTimes(const uint64_t* stamps, int phases) {
+    std::vector<float> us(phases);
+    for (int p = 0; p < phases; ++p) {
+      const uint64_t start = stamps[2 * p], end = stamps[2 * p + 1];
+      if (start == 0 || end < start || end - start > 10'000'000'000ull) {
+        return {};
+      }
+      us[p] = static_cast<float>(end - start) / 1000.0f;
+    }
+    return us;
+  }
 
   uint64_t* Word(int64_t index) const { return doorbell_ + index; }
   CUdeviceptr Addr(int64_t index) const {
@@ -292,6 +337,16 @@ class CudaStepEngine : public StepEngine {
     o.status_bits = header[db::kStatusWord];
     o.out_of_range = header[db::kOutOfRange];
     o.step_us = absl::ToDoubleMicroseconds(absl::Now() - h->started);
+    // A step cut short (cancelled, another step's id, released by a
+    // watchdog, a failed launch) is left out; out-of-range entries are a
+    // normal step's.
+    constexpr uint64_t kCutShort =
+        db::kStatusStepMismatch | db::kStatusCancelled |
+        db::kStatusWorkerWatchdog | db::kStatusDaemonError;
+    if (h->timed && (o.status_bits & kCutShort) == 0) {
+      o.phase_us = PhaseTimes(e->HostStamps(h->slot), e->num_phases_);
+    }
+    o.graph_instantiated = h->instantiated;
     // The outcome reaches the registry from here (no CUDA call in it), not
     // through the enqueue thread: that one may spend milliseconds in the
     // launches of the next step (a stream parked on a flag fills the launch
@@ -313,6 +368,11 @@ class CudaStepEngine : public StepEngine {
     return absl::OkStatus();
   }
   absl::Status Done(int64_t phase) {
+    if (timed_now_) {
+      RETURN_IF_ERROR(KernelStatus(
+          device::LaunchStamp(DeviceStamps(slot_now_) + 2 * phase + 1, work_),
+          "launching the phase stamp"));
+    }
     RETURN_IF_CU_ERROR(
         api_->cuStreamWriteValue64(Cu(work_), Addr(db::DoneWord(phase)), 1, 0),
         "cuStreamWriteValue64(done = 1)");
@@ -358,11 +418,15 @@ class CudaStepEngine : public StepEngine {
   // Phase A's store of cache `kind` (0 main, 1 SWA, 2 index) of layer
   // `l`: the fused kernel when the cache was registered fused (positions
   // from the step's blob), else the plain store.
+  // Every store follows a kernel on the work stream (the gate, or the
+  // previous store): with PDL it is launched while that one drains and
+  // waits for it on the GPU (griddepcontrol.wait) before reading anything.
   absl::Status Store(size_t l, int kind, const CacheConfig& c,
                      const int32_t* slots, int32_t n,
                      const int64_t* positions) {
     gpu::LaunchOptions o;
     o.stream = work_;
+    o.pdl = pdl_;
     if (l < has_fused_.size() && has_fused_[l][kind]) {
       FusedParams p = fused_[l][kind];
       p.positions = positions;
@@ -389,6 +453,10 @@ class CudaStepEngine : public StepEngine {
     h.slot = slot;
     h.step_id = plan.step_id;
     h.started = absl::Now();
+    h.timed = timing_every_ > 0 && plan.step_id % timing_every_ == 0;
+    h.instantiated = false;
+    slot_now_ = slot;
+    timed_now_ = h.timed;
     if (!graphs_) {
       {
         absl::MutexLock lock(&mu_);
@@ -412,7 +480,9 @@ class CudaStepEngine : public StepEngine {
       return captured.ok() ? gpu::ToStatus(end, "capturing the step")
                            : captured;
     }
-    cudaGraphExec_t& exec = graph_exec_[slot];
+    // Timed steps have two more operations per phase: their own
+    // executable graph, so neither kind's updates fail on the other's.
+    cudaGraphExec_t& exec = graph_exec_[slot][h.timed ? 1 : 0];
     if (exec != nullptr) {
       cudaGraphExecUpdateResultInfo info;
       if (cudaGraphExecUpdate(exec, graph, &info) != cudaSuccess) {
@@ -422,7 +492,10 @@ class CudaStepEngine : public StepEngine {
       }
     }
     cudaError_t e = cudaSuccess;
-    if (exec == nullptr) e = cudaGraphInstantiate(&exec, graph, 0);
+    if (exec == nullptr) {
+      e = cudaGraphInstantiate(&exec, graph, 0);
+      h.instantiated = true;
+    }
     cudaGraphDestroy(graph);
     if (e != cudaSuccess) {
       exec = nullptr;
@@ -461,15 +534,19 @@ class CudaStepEngine : public StepEngine {
     int32_t* slots = at(sec.slots);
     int32_t* comp = at(sec.compressed_slots);
     int32_t* swa = at(sec.swa_slots);
-    auto run_gate = [&]() {
-      return KernelStatus(device::LaunchGate(doorbell_, plan.step_id, gate,
-                                             slots, comp, swa, n, work_),
-                          "launching the gate kernel");
+    // A timed step's gate stamps its phase's start.
+    uint64_t* const stamps = timed_now_ ? DeviceStamps(slot) : nullptr;
+    auto run_gate = [&](int64_t phase) {
+      return KernelStatus(
+          device::LaunchGate(doorbell_, plan.step_id, gate, slots, comp, swa, n,
+                             stamps == nullptr ? nullptr : stamps + 2 * phase,
+                             work_),
+          "launching the gate kernel");
     };
 
     // Phase S: the step begins; the SWA decode index.
     RETURN_IF_ERROR(Phase(db::BeginPhase()));
-    RETURN_IF_ERROR(run_gate());
+    RETURN_IF_ERROR(run_gate(db::BeginPhase()));
     if (config_.swa_index.set()) {
       const SwaIndexConfig& s = config_.swa_index;
       RETURN_IF_ERROR(KernelStatus(
@@ -485,7 +562,7 @@ class CudaStepEngine : public StepEngine {
       const LayerConfig& l = config_.layers[i];
       const int64_t a = db::PhaseA(static_cast<int64_t>(i));
       RETURN_IF_ERROR(Phase(a));
-      RETURN_IF_ERROR(run_gate());
+      RETURN_IF_ERROR(run_gate(a));
       const int64_t* positions =
           reinterpret_cast<const int64_t*>(at(sec.positions));
       // Main and index caches of ratio > 1: compressed rows, stored from
@@ -502,7 +579,7 @@ class CudaStepEngine : public StepEngine {
       RETURN_IF_ERROR(Phase(b));
       // Every phase runs the gate (the same handshake cost everywhere, and
       // a mismatch is reported by the first phase that sees it).
-      RETURN_IF_ERROR(run_gate());
+      RETURN_IF_ERROR(run_gate(b));
       if (l.has_phase_b()) {
         RETURN_IF_ERROR(KernelStatus(
             device::LaunchConvertTopk(
@@ -527,6 +604,13 @@ class CudaStepEngine : public StepEngine {
             static_cast<uint8_t*>(host_staging_[slot]) + blob_bytes_, doorbell_,
             8 * kHeaderWords, cudaMemcpyDeviceToHost, work_),
         "reading the doorbell's status");
+    if (timed_now_) {
+      RETURN_IF_CUDA_ERROR(
+          cudaMemcpyAsync(const_cast<uint64_t*>(HostStamps(slot)),
+                          DeviceStamps(slot), StampBytes(),
+                          cudaMemcpyDeviceToHost, work_),
+          "reading the phase stamps");
+    }
     RETURN_IF_CUDA_ERROR(
         cudaLaunchHostFunc(work_, &OnHostDone, &host_done_[slot]),
         "cudaLaunchHostFunc");
@@ -545,7 +629,13 @@ class CudaStepEngine : public StepEngine {
   std::array<void*, kSlots> device_staging_{};
   std::array<void*, kSlots> host_staging_{};  // + the header readback
   std::array<HostDone, kSlots> host_done_{};
-  std::array<cudaGraphExec_t, kSlots> graph_exec_{};  // graphs_: per slot
+  // graphs_: per slot, untimed [0] and timed [1].
+  std::array<std::array<cudaGraphExec_t, 2>, kSlots> graph_exec_{};
+  const bool pdl_;
+  const int timing_every_;
+  const int num_phases_;
+  int slot_now_ = 0;        // the enqueue thread's: the step being enqueued
+  bool timed_now_ = false;  // ... and whether it stamps its phases
   struct FusedArray {
     void* ptr;
     size_t bytes;
@@ -579,7 +669,7 @@ class CudaFactory : public StepEngineFactory {
     ASSIGN_OR_RETURN(const gpu::DriverApi* api, gpu::Driver());
     ASSIGN_OR_RETURN(int device, DeviceIndex(config.device));
     auto engine = std::make_unique<CudaStepEngine>(config, std::move(done), api,
-                                                   device, options_.graphs);
+                                                   device, options_);
     RETURN_IF_ERROR(engine->Init());
     return engine;
   }

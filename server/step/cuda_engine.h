@@ -22,6 +22,15 @@ struct CudaEngineOptions {
   // slot's executable graph updated when only parameters changed), instead
   // of ~12 stream operations per layer.
   bool graphs = true;
+  // Phase kernels after the first (the stores after the gate, one after
+  // another) launched with Programmatic Dependent Launch: each is launched
+  // while the previous one drains and waits for it on the GPU.
+  bool pdl = true;
+  // Every Nth step (step_id % N == 0) stamps each phase with the GPU's
+  // global timer (the gate at its start, a one-thread kernel after its
+  // kernels) and reads the stamps back with the step's header; the phase
+  // times reach the registry's histograms with its outcome. 0 = never.
+  int timing_every = 16;
 };
 
 // FAILED_PRECONDITION from Create unless the daemon's environment passes

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "server/step/step_config.h"
@@ -27,6 +28,14 @@ struct StepOutcome {
   // Host-side wall time from the first phase wait being enqueued to the
   // step's completion callback (0 when the engine cannot tell).
   double step_us = 0;
+  // A timed step's GPU time of every phase (doorbell::NumPhases, in phase
+  // order), from the gate's start (just after the daemon's stream passed
+  // the worker's flag) to the end of the phase's kernels; empty when the
+  // step was not timed or was cut short.
+  std::vector<float> phase_us;
+  // The step's CUDA graph was instantiated anew (first of its shape, or
+  // the update failed), not updated in place.
+  bool graph_instantiated = false;
 };
 
 using CompletionFn = std::function<void(const StepOutcome&)>;

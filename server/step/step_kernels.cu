@@ -12,10 +12,18 @@ namespace {
 
 namespace db = ::kvdepot::doorbell;
 
+__device__ __forceinline__ uint64_t GlobalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 __global__ void GateKernel(uint64_t* doorbell, uint64_t expected, int32_t* gate,
-                           int32_t* s0, int32_t* s1, int32_t* s2, int32_t n) {
+                           int32_t* s0, int32_t* s1, int32_t* s2, int32_t n,
+                           uint64_t* stamp) {
   __shared__ int open;
   if (threadIdx.x == 0) {
+    if (stamp != nullptr) *stamp = GlobalTimerNs();
     const volatile uint64_t* words = doorbell;
     const uint64_t step = words[db::kStepIdWord];
     const uint64_t cancel = words[db::kCancelWord];
@@ -82,6 +90,8 @@ __global__ void ConvertTopkKernel(
   }
 }
 
+__global__ void StampKernel(uint64_t* at) { *at = GlobalTimerNs(); }
+
 __global__ void SwaIndexKernel(const int32_t* gate, const int32_t* state,
                                const int32_t* start, const int32_t* valid,
                                int32_t rows, int32_t window, int32_t ring,
@@ -101,9 +111,14 @@ __global__ void SwaIndexKernel(const int32_t* gate, const int32_t* state,
 
 int LaunchGate(uint64_t* doorbell, uint64_t expected_step, int32_t* gate,
                int32_t* slots0, int32_t* slots1, int32_t* slots2, int32_t n,
-               void* stream) {
+               uint64_t* stamp, void* stream) {
   GateKernel<<<1, 256, 0, static_cast<cudaStream_t>(stream)>>>(
-      doorbell, expected_step, gate, slots0, slots1, slots2, n);
+      doorbell, expected_step, gate, slots0, slots1, slots2, n, stamp);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int LaunchStamp(uint64_t* at, void* stream) {
+  StampKernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(at);
   return static_cast<int>(cudaGetLastError());
 }
 

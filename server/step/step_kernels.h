@@ -15,10 +15,16 @@ namespace kvdepot::step::device {
 // kStatusCancelled and the step's slot arrays (each [n], null = none) are
 // filled with -1 so the stores that follow write nothing.
 //   doorbell: the region's base (proto/step_doorbell.h words)
+//   stamp:    null, or where the GPU's global timer (ns) is written as the
+//             gate starts (a timed step's phase start)
 // Returns the launch's cudaError_t as int.
 int LaunchGate(uint64_t* doorbell, uint64_t expected_step, int32_t* gate,
                int32_t* slots0, int32_t* slots1, int32_t* slots2, int32_t n,
-               void* stream);
+               uint64_t* stamp, void* stream);
+
+// One thread writes the GPU's global timer (ns) to *at once the work
+// before it on the stream finished (a timed step's phase end).
+int LaunchStamp(uint64_t* at, void* stream);
 
 // convert_topk of one layer (SPEC §7, planner ConvertTopk semantics) from
 // the worker's top-k rows into its index rows, when gate[0] is 1:

@@ -198,16 +198,16 @@ void StepRegistry::OnComplete(Registration* reg, const StepOutcome& o) {
                                : 0;
   reg->out_of_range = std::max(reg->out_of_range, o.out_of_range);
   ++reg->steps_completed;
-  size_t bucket = 0;
-  while (bucket < kStepLatencyBoundsUs.size() &&
-         o.step_us > kStepLatencyBoundsUs[bucket]) {
-    ++bucket;
+  reg->latency.Add(kStepLatencyBoundsUs, o.step_us);
+  for (size_t p = 0; p < o.phase_us.size(); ++p) {
+    // Phase 0 begins the step, then A (odd) and B (even) per layer.
+    const size_t kind = p == 0 ? 0 : (p % 2 == 1 ? 1 : 2);
+    reg->phase[kind].Add(kPhaseBoundsUs, o.phase_us[p]);
   }
-  ++reg->latency[bucket];
-  reg->latency_sum_us += o.step_us;
   absl::MutexLock c(&counters_mu_);
   ++counters_.steps_completed;
   if (o.status_bits != 0) ++counters_.steps_with_status;
+  if (o.graph_instantiated) ++counters_.graph_instantiations;
   counters_.out_of_range += static_cast<int64_t>(new_oor);
 }
 
@@ -286,6 +286,9 @@ v1::RegistrationInfo StepRegistry::InfoOf(const Registration& reg) {
   info.set_cancel_reason(reg.cancel_reason);
   info.set_steps_completed(reg.steps_completed);
   info.set_watchdog_expiries(reg.watchdog_expiries);
+  Histogram layer_phases = reg.phase[1];
+  layer_phases.Merge(reg.phase[2]);
+  info.set_handoff_p50_us(layer_phases.Quantile(kPhaseBoundsUs, 0.5));
   return info;
 }
 
@@ -390,14 +393,18 @@ std::string StepRegistry::RenderPrometheus() const {
   counter("kvdepot_step_out_of_range_total",
           "Device-resident entries the kernels turned into -1.",
           c.out_of_range);
+  counter("kvdepot_step_graph_instantiations_total",
+          "Steps whose CUDA graph was instantiated anew (a new batch shape) "
+          "instead of updated in place.",
+          c.graph_instantiations);
   // Per registration: a snapshot of each under its own lock, then one group
   // of lines per metric family (the text format wants families whole).
   struct Row {
     std::string label;  // registration="<id>",name="<escaped>"
     uint64_t in_flight, status_bits, out_of_range, steps_completed,
         last_step_id, completed_step_id, watchdog_expiries, cancelled;
-    std::array<uint64_t, 12> latency;
-    double latency_sum_us;
+    Histogram latency;
+    std::array<Histogram, 3> phase;
   };
   std::vector<Row> rows;
   {
@@ -410,7 +417,7 @@ std::string StepRegistry::RenderPrometheus() const {
                       reg->out_of_range, reg->steps_completed,
                       reg->last_step_id, reg->completed_step_id,
                       reg->watchdog_expiries, reg->cancelled ? 1u : 0u,
-                      reg->latency, reg->latency_sum_us});
+                      reg->latency, reg->phase});
     }
   }
   if (rows.empty()) return out;
@@ -447,18 +454,22 @@ std::string StepRegistry::RenderPrometheus() const {
                   "# HELP kvdepot_step_latency_us Host-seen step time.\n"
                   "# TYPE kvdepot_step_latency_us histogram\n");
   for (const Row& row : rows) {
-    uint64_t cumulative = 0;
-    for (size_t b = 0; b < row.latency.size(); ++b) {
-      cumulative += row.latency[b];
-      const std::string le = b < kStepLatencyBoundsUs.size()
-                                 ? absl::StrCat(kStepLatencyBoundsUs[b])
-                                 : "+Inf";
-      absl::StrAppend(&out, "kvdepot_step_latency_us_bucket{", row.label,
-                      ",le=\"", le, "\"} ", cumulative, "\n");
+    AppendHistogram(&out, "kvdepot_step_latency_us", row.label,
+                    kStepLatencyBoundsUs, row.latency);
+  }
+  absl::StrAppend(&out,
+                  "# HELP kvdepot_step_phase_us GPU time of a phase of the "
+                  "timed steps (--step_timing_every), from the daemon's "
+                  "stream passing the worker's flag to the end of the "
+                  "phase's kernels.\n"
+                  "# TYPE kvdepot_step_phase_us histogram\n");
+  constexpr const char* kKinds[3] = {"begin", "A", "B"};
+  for (const Row& row : rows) {
+    for (int k = 0; k < 3; ++k) {
+      AppendHistogram(&out, "kvdepot_step_phase_us",
+                      absl::StrCat(row.label, ",phase=\"", kKinds[k], "\""),
+                      kPhaseBoundsUs, row.phase[k]);
     }
-    absl::StrAppend(&out, "kvdepot_step_latency_us_sum{", row.label, "} ",
-                    row.latency_sum_us, "\n", "kvdepot_step_latency_us_count{",
-                    row.label, "} ", cumulative, "\n");
   }
   return out;
 }

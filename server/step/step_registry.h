@@ -26,12 +26,9 @@
 #include "server/sessions.h"
 #include "server/step/step_config.h"
 #include "server/step/step_engine.h"
+#include "server/step/step_histogram.h"
 
 namespace kvdepot::step {
-
-// Upper bounds (us) of the step-time histogram's buckets.
-inline constexpr std::array<double, 11> kStepLatencyBoundsUs = {
-    50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000};
 
 struct RegistryOptions {
   int max_registrations = 64;
@@ -55,6 +52,9 @@ struct StepCounters {
   int64_t cancels = 0;
   int64_t watchdog_expiries = 0;
   int64_t out_of_range = 0;
+  // Steps whose CUDA graph was instantiated anew instead of updated in
+  // place (a new batch shape; each costs the daemon milliseconds of CPU).
+  int64_t graph_instantiations = 0;
 };
 
 class StepRegistry {
@@ -91,9 +91,11 @@ class StepRegistry {
 
   // The Prometheus text (format 0.0.4) of the counters, and per
   // registration: in flight, finished steps, status bits, out-of-range
-  // count, cancelled, and a histogram of the host-seen step time (from
+  // count, cancelled, a histogram of the host-seen step time (from
   // enqueue to the completion report, which includes waiting for the
-  // worker). Appended to the daemon's /metrics.
+  // worker) and histograms of the GPU phase time of the timed steps (from
+  // the daemon's stream passing the worker's flag to its done write, by
+  // phase kind). Appended to the daemon's /metrics.
   std::string RenderPrometheus() const;
 
  private:
@@ -114,9 +116,11 @@ class StepRegistry {
     absl::Time cancelled_at ABSL_GUARDED_BY(mu);
     uint64_t steps_completed ABSL_GUARDED_BY(mu) = 0;
     uint64_t watchdog_expiries ABSL_GUARDED_BY(mu) = 0;
-    // Host-seen step time, buckets of kStepLatencyBoundsUs (+Inf last).
-    std::array<uint64_t, 12> latency ABSL_GUARDED_BY(mu) = {};
-    double latency_sum_us ABSL_GUARDED_BY(mu) = 0;
+    // Host-seen step time (kStepLatencyBoundsUs).
+    Histogram latency ABSL_GUARDED_BY(mu);
+    // GPU phase time of the timed steps (kPhaseBoundsUs), by kind: the
+    // begin phase, phases A (stores), phases B (convert_topk).
+    std::array<Histogram, 3> phase ABSL_GUARDED_BY(mu);
   };
 
   absl::StatusOr<std::shared_ptr<Registration>> Find(const Caller& caller,

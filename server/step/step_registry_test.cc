@@ -45,11 +45,14 @@ class FakeEngine : public StepEngine {
     return absl::OkStatus();
   }
   void Cancel() override { ++cancels; }
-  void Finish(uint64_t status_bits = 0, uint64_t oor = 0) {
+  void Finish(uint64_t status_bits = 0, uint64_t oor = 0,
+              std::vector<float> phase_us = {}, bool instantiated = false) {
     StepOutcome o;
     o.step_id = plans.front().step_id;
     o.status_bits = status_bits;
     o.out_of_range = oor;
+    o.phase_us = std::move(phase_us);
+    o.graph_instantiated = instantiated;
     plans.pop_front();
     done_(o);
   }
@@ -622,6 +625,34 @@ TEST_F(StepRegistryTest, OutOfRangeAndStatusAreReported) {
                                            id, "\",name=\"rank0\"} 1\n")));
 }
 
+// The phase times an engine reports land in the registration's phase
+// histograms by kind (phase 0 begins the step, then A and B per layer) and
+// their median in StepStatus' handoff_p50_us.
+TEST_F(StepRegistryTest, PhaseTimesFillTheHistogramsAndTheMedian) {
+  const uint64_t id = Register();
+  ASSERT_TRUE(registry_->Step(owner_, Step(id, 1)).ok());
+  EXPECT_EQ(registry_->Status(owner_, id)->handoff_p50_us(), 0);
+  // begin 3 us; A: 15, 15; B: 15, 700. The median of A and B is rank 2
+  // of 4, the second of the three values in (10, 20]: 10 + 10 * 2 / 3.
+  factory_.last->Finish(0, 0, {3, 15, 15, 15, 700}, /*instantiated=*/true);
+  EXPECT_DOUBLE_EQ(registry_->Status(owner_, id)->handoff_p50_us(),
+                   10 + 10 * 2.0 / 3);
+  const std::string text = registry_->RenderPrometheus();
+  const std::string label =
+      absl::StrCat("registration=\"", id, "\",name=\"rank0\"");
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("kvdepot_step_phase_us_count{",
+                                           label, ",phase=\"begin\"} 1\n")));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("kvdepot_step_phase_us_count{",
+                                           label, ",phase=\"A\"} 2\n")));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("kvdepot_step_phase_us_bucket{",
+                                           label,
+                                           ",phase=\"B\",le=\"500\"} 1\n")));
+  EXPECT_THAT(text,
+              HasSubstr("kvdepot_step_graph_instantiations_total 1\n"));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("kvdepot_step_phase_us_sum{", label,
+                                           ",phase=\"B\"} 715\n")));
+}
+
 // Every metric family is one group of lines (HELP, TYPE, then all its
 // samples), as the text format requires, with two registrations.
 TEST_F(StepRegistryTest, MetricFamiliesAreNotInterleaved) {
@@ -634,9 +665,9 @@ TEST_F(StepRegistryTest, MetricFamiliesAreNotInterleaved) {
     if (line.empty() || line[0] == '#') continue;
     std::string family(line.substr(0, line.find_first_of("{ ")));
     for (const char* suffix : {"_bucket", "_sum", "_count"}) {
-      if (absl::EndsWith(family, suffix) &&
-          absl::StartsWith(family, "kvdepot_step_latency_us")) {
-        family = "kvdepot_step_latency_us";
+      for (const char* histogram :
+           {"kvdepot_step_latency_us", "kvdepot_step_phase_us"}) {
+        if (family == absl::StrCat(histogram, suffix)) family = histogram;
       }
     }
     if (order.empty() || order.back() != family) order.push_back(family);

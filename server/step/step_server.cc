@@ -19,16 +19,18 @@ StepServer::StepServer(std::unique_ptr<StepEngineFactory> factory,
 std::unique_ptr<StepServer> MakeStepServer(const Backend& backend,
                                            const PoolRegistry* pools,
                                            SessionManager* sessions,
-                                           bool step_graphs) {
+                                           const StepEngineSettings& settings) {
   std::unique_ptr<StepEngineFactory> factory;
 #ifdef KVDEPOT_HAVE_CUDA
   if (backend.name() == "cuda") {
     CudaEngineOptions options;
-    options.graphs = step_graphs;
+    options.graphs = settings.graphs;
+    options.pdl = settings.pdl;
+    options.timing_every = settings.timing_every;
     factory = MakeCudaEngineFactory(options);
   }
 #else
-  (void)step_graphs;
+  (void)settings;
 #endif
   if (factory == nullptr) {
     factory = MakeUnavailableEngineFactory(std::string(backend.name()));

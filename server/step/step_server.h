@@ -34,14 +34,20 @@ class StepServer {
   StepService service_;
 };
 
+// The CUDA engine's settings (cuda_engine.h CudaEngineOptions, which this
+// header cannot name in a build without CUDA).
+struct StepEngineSettings {
+  bool graphs = true;
+  bool pdl = true;
+  int timing_every = 16;
+};
+
 // The step path for `backend`: the CUDA engine on the CUDA backend, else
-// one that refuses every registration (step_graphs: the CUDA engine's
-// CudaEngineOptions::graphs). The caller registers service() with its
-// ServerBuilder; the result must outlive the server.
-std::unique_ptr<StepServer> MakeStepServer(const Backend& backend,
-                                           const PoolRegistry* pools,
-                                           SessionManager* sessions,
-                                           bool step_graphs = true);
+// one that refuses every registration. The caller registers service() with
+// its ServerBuilder; the result must outlive the server.
+std::unique_ptr<StepServer> MakeStepServer(
+    const Backend& backend, const PoolRegistry* pools, SessionManager* sessions,
+    const StepEngineSettings& settings = {});
 
 }  // namespace kvdepot::step
 

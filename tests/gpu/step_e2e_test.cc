@@ -87,6 +87,14 @@ TEST_F(StepE2eTest, RandomStepsMatchTheReference) {
   EXPECT_GT(rig->expected_out_of_range(), 0u) << "the test must exercise -1";
   EXPECT_EQ(oor, rig->expected_out_of_range());
   EXPECT_EQ(bits, doorbell::kStatusOutOfRange);
+  // Every 16th step was timed (kvdepotd's default --step_timing_every);
+  // its phase times arrived with a later step: the median phase is a
+  // real GPU time (events), at least a few microseconds, under 100 ms.
+  absl::StatusOr<v1::RegistrationInfo> info = rig->Status();
+  ASSERT_OK(info.status());
+  EXPECT_EQ(info->steps_completed(), 100u);
+  EXPECT_GT(info->handoff_p50_us(), 1.0);
+  EXPECT_LT(info->handoff_p50_us(), 100000.0);
 }
 
 TEST_F(StepE2eTest, WorkerSideReplaysFromACudaGraph) {

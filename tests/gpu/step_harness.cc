@@ -372,6 +372,21 @@ absl::StatusOr<v1::StepResponse> StepRig::SendStep(const StepInput& in) {
   return reply_;
 }
 
+absl::StatusOr<v1::RegistrationInfo> StepRig::Status() {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::StepStatusRequest r;
+  r.set_session_id(client_->session_id());
+  r.set_registration_id(registration_id_);
+  v1::StepStatusResponse out;
+  grpc::Status s = stub_->StepStatus(&ctx, r, &out);
+  if (!s.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                        absl::StrCat("StepStatus: ", s.error_message()));
+  }
+  return out.registration();
+}
+
 void StepRig::StageInputs(const StepInput& in) {
   const int n = in.num_tokens();
   staged_step_ = in.step_id;

@@ -137,6 +137,8 @@ class StepRig {
   void FillRequest(const StepInput& in, v1::StepRequest* r) const;
   // The scheduler's call.
   absl::StatusOr<v1::StepResponse> SendStep(const StepInput& in);
+  // StepStatus of this registration.
+  absl::StatusOr<v1::RegistrationInfo> Status();
   // Copies the step's rows into pinned staging (host; before EnqueueWorker).
   void StageInputs(const StepInput& in);
   // The worker's side of one step on `stream`: step_begin, begin wait, and

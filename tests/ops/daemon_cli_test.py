@@ -145,6 +145,8 @@ class BadFlagsTest(unittest.TestCase):
         self.assert_refused(["--bogus=1"], 'unknown flag "--bogus=1"')
         self.assert_refused(["--lease_ms=ten"], '--lease_ms = "ten"')
         self.assert_refused(["serve"], 'unexpected argument "serve"')
+        self.assert_refused(["--step_timing_every=-1"],
+                            "--step_timing_every must be >= 0")
 
     def test_config_errors_carry_line_and_column(self):
         d = tempfile.mkdtemp(prefix="kvcfg", dir="/tmp")
