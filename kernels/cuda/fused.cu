@@ -251,6 +251,25 @@ __device__ __forceinline__ void Rope(const FusedParams& p, int64_t pos,
   __syncwarp();
 }
 
+// The Hadamard stages s = kS, 2 kS, ... < kN on a lane's registers: each
+// pairs (j, j + s) for every j with bit s clear, a + b low, a - b high.
+// Recursion on the stage, a fixed trip count inside: every index is a
+// constant, so v stays in registers (loops stepping by s *= 2 were left
+// rolled for kN = 16 and put v in local memory).
+template <int kS, int kN>
+__device__ __forceinline__ void RegisterButterflies(float (&v)[kN]) {
+  if constexpr (kS < kN) {
+#pragma unroll
+    for (int p = 0; p < kN / 2; ++p) {
+      const int j = (p / kS) * 2 * kS + p % kS;
+      const float a = v[j], b = v[j + kS];
+      v[j] = __fadd_rn(a, b);
+      v[j + kS] = __fsub_rn(a, b);
+    }
+    RegisterButterflies<2 * kS, kN>(v);
+  }
+}
+
 // Step 3 on shared memory: stages h = 1, 2, 4, ... in order, in two passes
 // over the swizzled buffer. Pass A: lane l holds elements begin + [l kPer,
 // l kPer + kPer), stages h = 1 ... kPer / 2 in registers. Pass B: lane l,
@@ -281,18 +300,7 @@ __device__ __forceinline__ void HadamardTwoPass(int32_t begin, int lane,
 #pragma unroll
     for (int i = 0; i < kPer; ++i) v[i] = y[Swz(a0 + i)];
   }
-#pragma unroll
-  for (int s = 1; s < kPer; s *= 2) {
-#pragma unroll
-    for (int i = 0; i < kPer; i += 2 * s) {
-#pragma unroll
-      for (int j = i; j < i + s; ++j) {
-        const float a = v[j], b = v[j + s];
-        v[j] = __fadd_rn(a, b);
-        v[j + s] = __fsub_rn(a, b);
-      }
-    }
-  }
+  RegisterButterflies<1, kPer>(v);
   // Each lane rewrites only what it read: no other lane touched it since
   // the last __syncwarp.
   if (vec) {
@@ -309,18 +317,7 @@ __device__ __forceinline__ void HadamardTwoPass(int32_t begin, int lane,
   const int b0 = begin + (lane & (kPer - 1)) + kPer * kPer * (lane >> kP);
 #pragma unroll
   for (int i = 0; i < kPer; ++i) v[i] = y[Swz(b0 + kPer * i)];
-#pragma unroll
-  for (int s = 1; s < kPer; s *= 2) {  // h = kPer * s
-#pragma unroll
-    for (int i = 0; i < kPer; i += 2 * s) {
-#pragma unroll
-      for (int j = i; j < i + s; ++j) {
-        const float a = v[j], b = v[j + s];
-        v[j] = __fadd_rn(a, b);
-        v[j + s] = __fsub_rn(a, b);
-      }
-    }
-  }
+  RegisterButterflies<1, kPer>(v);  // h = kPer * s
 #pragma unroll
   for (int m = kPer; m < kWarp; m *= 2) {  // h = kPer * m: partner lane ^ m
     const bool upper = (lane & m) != 0;
@@ -510,11 +507,15 @@ __device__ __forceinline__ void ProcessToken(const PoolLayout& layout,
 
 // The general kernel: tokens t + W and t + 2 W (W = the grid's warps) in
 // flight while t is processed, their first cos/sin pair with them; the norm
-// weights loaded once. At least kMinCtas CTAs per SM (registers <= 128).
+// weights loaded once. At least kMinCtas CTAs per SM (registers <= 128);
+// BF16(N) with its run-time width needs more registers (it spilled 40-44
+// bytes at 128): three.
 constexpr int kMinCtas = 4;
+template <FormatId kId>
+inline constexpr int kMinCtasOf = kId == FormatId::kBf16 ? 3 : kMinCtas;
 
 template <FormatId kId, int kHad>
-__global__ void __launch_bounds__(kThreads, kMinCtas)
+__global__ void __launch_bounds__(kThreads, kMinCtasOf<kId>)
     FusedStoreKernelCurrent(PoolLayout layout, FastDiv div, uint8_t* layer,
                             const uint16_t* kv, FusedParams p,
                             const int32_t* slots, int64_t n,
@@ -608,18 +609,7 @@ __device__ __forceinline__ void HadamardQuad(int32_t begin, int lane,
 #pragma unroll
     for (int i = 0; i < kPer; ++i) v[i] = t[Swz(a0 + i)];
   }
-#pragma unroll
-  for (int s = 1; s < kPer; s *= 2) {
-#pragma unroll
-    for (int i = 0; i < kPer; i += 2 * s) {
-#pragma unroll
-      for (int j = i; j < i + s; ++j) {
-        const float a = v[j], b = v[j + s];
-        v[j] = __fadd_rn(a, b);
-        v[j + s] = __fsub_rn(a, b);
-      }
-    }
-  }
+  RegisterButterflies<1, kPer>(v);
   if (vec) {
 #pragma unroll
     for (int q = 0; q < kPer / 4; ++q) {
@@ -634,18 +624,7 @@ __device__ __forceinline__ void HadamardQuad(int32_t begin, int lane,
   const int b0 = begin + m;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) v[i] = t[Swz(b0 + 8 * i)];
-#pragma unroll
-  for (int s = kPer / 8; s < kPer; s *= 2) {  // h = 8 s
-#pragma unroll
-    for (int i = 0; i < kPer; i += 2 * s) {
-#pragma unroll
-      for (int j = i; j < i + s; ++j) {
-        const float a = v[j], b = v[j + s];
-        v[j] = __fadd_rn(a, b);
-        v[j + s] = __fsub_rn(a, b);
-      }
-    }
-  }
+  RegisterButterflies<kPer / 8, kPer>(v);  // h = 8 s
   const float scale = BitsToFloat(kHadamardScaleBits[Log2(kLen)]);
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
