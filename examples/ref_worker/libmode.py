@@ -452,7 +452,8 @@ class LibraryStepWorker(StepPathWorker, LibraryWorker):
            parameters the step path registers; kvdk_store of the index
            keys at main's slots
       B_l  the top-k rows copied to the index rows, kvdk_convert_topk there
-           over seq_len / R compressed rows
+           over seq_len / R compressed rows (block tables: the io buffer's
+           rows when device-resident, as the daemon reads them)
     The step's metadata (what the Step RPC carries) is copied into device
     tensors before the step, outside a graph; the calls only enqueue on
     torch's current stream with preallocated workspaces, so "graph" mode
@@ -527,8 +528,9 @@ class LibraryStepWorker(StepPathWorker, LibraryWorker):
             nt[:n].copy_(torch.tensor(rows, dtype=torch.int32))
             vc[:n].copy_(torch.tensor([min(self.cfg.topk, x) for x in rows],
                                       dtype=torch.int32))
-        self.m_table[:n].copy_(torch.tensor(args["block_tables"],
-                                            dtype=torch.int32))
+        if "block_tables" in args:  # else the io buffer's rows
+            self.m_table[:n].copy_(torch.tensor(args["block_tables"],
+                                                dtype=torch.int32))
         self.n = n
 
     def _tail(self, op: int) -> list:
@@ -585,8 +587,14 @@ class LibraryStepWorker(StepPathWorker, LibraryWorker):
         out.copy_(self._io(o["topk"], n * k * 4))
         vc, nt = self.m_count[R]
         cols = self.num_blocks
+        # The step path's tables: device-resident in the io buffer (rows
+        # bt_stride bytes apart, written by the worker's stream) or the
+        # Step's, copied into m_table.
+        table, stride = ((self.io.tensor.data_ptr() + self.bt_off,
+                          self.bt_stride // 4) if self.device_tables
+                         else (self.m_table.data_ptr(), cols))
         args = [pools[self.idx].handle, out.data_ptr(), n, k, vc.data_ptr(),
-                nt.data_ptr(), self.m_table.data_ptr(), cols, cols]
+                nt.data_ptr(), table, cols, stride]
         if self.cuda:
             self.kv._ok(lib.kvdk_convert_topk_cuda(
                 *args, self.kv.invalid.data_ptr(),

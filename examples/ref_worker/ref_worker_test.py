@@ -204,14 +204,19 @@ class StepPathPlumbingTest(unittest.TestCase):
         # prompts (77, 130, 261) end inside a group of 4, so the first
         # decode steps complete groups begun in prefill. Steps sent ahead
         # (lookahead: the next step's Step while this one runs) or each
-        # before its step (async).
-        for mode, ratios, pipeline in (
-                ("eager", (1,), "lookahead"), ("static", (1,), "lookahead"),
-                ("eager", (4, 1), "async"), ("static", (4, 1), "lookahead")):
-            with self.subTest(mode=mode, ratios=ratios, pipeline=pipeline):
-                self.run_mode(mode, ratios, pipeline)
+        # before its step (async). Block tables device-resident (the
+        # default: stepsim reads the io buffer's rows the worker wrote) or
+        # inline in the Step.
+        for mode, ratios, pipeline, tables in (
+                ("eager", (1,), "lookahead", "device"),
+                ("static", (1,), "lookahead", "inline"),
+                ("eager", (4, 1), "async", "inline"),
+                ("static", (4, 1), "lookahead", "device")):
+            with self.subTest(mode=mode, ratios=ratios, pipeline=pipeline,
+                              tables=tables):
+                self.run_mode(mode, ratios, pipeline, tables)
 
-    def run_mode(self, mode: str, ratios, pipeline: str):
+    def run_mode(self, mode: str, ratios, pipeline: str, tables: str):
         import stepsim
         d = Daemon()
         try:
@@ -220,9 +225,14 @@ class StepPathPlumbingTest(unittest.TestCase):
                 w = make_weights(cfg, CPU)
                 h = scenarios.make(kv, cfg, w, CPU,
                                    worker_cls=stepsim.SimulatedStepWorker,
-                                   prefix="s.", mode=mode, pipeline=pipeline)
+                                   prefix="s.", mode=mode, pipeline=pipeline,
+                                   block_tables=tables)
                 h.lookahead = True
                 self.check_registration(h.worker)
+                wk = h.worker
+                sent = []
+                send = wk._step_rpc
+                wk._step_rpc = lambda i, a: (sent.append(a), send(i, a))[1]
                 scenarios.basic(h, 22, 5)
                 r = h.report()
                 print(r, flush=True)
@@ -234,6 +244,19 @@ class StepPathPlumbingTest(unittest.TestCase):
                 # the order; close() fails on a step sent and never run).
                 self.assertEqual(h.worker.step_rpcs, 22)
                 self.assertEqual(h.worker.begun, 22)
+                # What each Step carried: the flag and the columns, or the
+                # tables themselves.
+                self.assertEqual(len(sent), 22)
+                for a in sent:
+                    if tables == "device":
+                        self.assertNotIn("block_tables", a)
+                        self.assertEqual(
+                            (a["block_tables_in_buffer"],
+                             a["block_table_cols"]), (True, wk.num_blocks))
+                    else:
+                        self.assertNotIn("block_tables_in_buffer", a)
+                        self.assertEqual(len(a["block_tables"]),
+                                         len(a["seq_lens"]))
                 h.worker.close()
         finally:
             self.assertEqual(d.stop(), 0, d.log_text())
@@ -344,6 +367,21 @@ class StepPathPlumbingTest(unittest.TestCase):
         self.assertEqual(ends[0][0], 0)
         self.assertLessEqual(wk.layer_offsets(cfg.layers - 1)["out"]
                              + wk.tk_bytes, wk.swa_off)
+        # The block-table rows after the SWA window rows, inside the io
+        # buffer, registered with their stride only when device-resident.
+        args = wk.registration_args(4242)
+        self.assertEqual(args["max_blocks_per_seq"], wk.num_blocks)
+        self.assertLessEqual(wk.swa_off + wk.max_tokens * cfg.window * 4,
+                             wk.bt_off)
+        self.assertEqual(wk.bt_stride, 4 * wk.num_blocks)
+        self.assertLessEqual(wk.bt_off + args["max_seqs"] * wk.bt_stride,
+                             wk.io.tensor.numel())
+        if wk.device_tables:
+            bt = args["block_tables"]
+            self.assertEqual((bt.buffer_id, bt.offset, bt.row_stride),
+                             (4242, wk.bt_off, wk.bt_stride))
+        else:
+            self.assertNotIn("block_tables", args)
 
     def test_compressed_row_slot_against_brute_force(self):
         """worker.compressed_row_slot (the step path's compressed_slot_

@@ -145,11 +145,12 @@ def step_vs_library(args: argparse.Namespace, address: str,
         "context_tokens": f"77/130/261 prompts + {args.steps} steps"}
     with kvdepot.connect(address, client_name="refworker-speed-step") as kv:
         # 1. Bit-identical, stepped together.
+        tables = getattr(args, "step_block_tables", "device")
         dw = step_cls(kv, cfg, w, device, mode=mode, pipeline=pipeline,
-                      prefix=args.prefix + "spc.")
+                      prefix=args.prefix + "spc.", block_tables=tables)
         lw = libmode.LibraryStepWorker(
             libmode.LibraryKernels(lib, K, device), cfg, w, device,
-            mode=mode, prefix=args.prefix + "spc.")
+            mode=mode, prefix=args.prefix + "spc.", block_tables=tables)
         rng = random.Random(args.seed)
         prompts = [scenarios.prompt(rng, cfg, n) for n in (77, 130, 261)]
         try:
@@ -293,7 +294,8 @@ def run_one(name: str, args: argparse.Namespace, address: str,
                                worker_cls=stepworker.StepPathWorker,
                                prefix=args.prefix + "step.",
                                mode=args.step_mode,
-                               pipeline=args.step_pipeline)
+                               pipeline=args.step_pipeline,
+                               block_tables=args.step_block_tables)
             h.lookahead = True   # the batch changes only at the end
             t = time.perf_counter()
             scenarios.basic(h, args.steps, args.seed)
@@ -302,6 +304,7 @@ def run_one(name: str, args: argparse.Namespace, address: str,
             out["doorbell"] = h.worker.status()
             out["graph_replays"] = h.worker.replays
             out["step_pipeline"] = args.step_pipeline
+            out["step_block_tables"] = args.step_block_tables
             out["step_rpcs"] = h.worker.step_rpcs
             out["step_retries"] = h.worker.step_retries
             out["step_host_us_per_step"] = round(
@@ -460,6 +463,12 @@ def main() -> int:
                     "step s + 1's sent while step s runs (default), each "
                     "sent without waiting before its step, or each waited "
                     "for before its step")
+    ap.add_argument("--step_block_tables", default="device",
+                    choices=("device", "inline"),
+                    help="the step path's block tables (stepworker.py): "
+                    "in the worker's io buffer on the GPU, registered once, "
+                    "written by its stream each step (default), or carried "
+                    "by every Step")
     ap.add_argument("--step_ratios", default="4,1",
                     help="the layers' ratios in the step scenarios (step, "
                     "speed's step-vs-library part): 1 or one R > 1, "

@@ -5,7 +5,8 @@ regular RPCs that do the same work (STEP_PATH.md: S = SWA decode index,
 A_l = the fused stores into main (slot_mapping at ratio 1,
 compressed_slot_mapping at ratio R > 1) and the SWA ring with the fused
 parameters the worker registers, and the plain index store, B_l =
-convert_topk over seq_len / R compressed rows). It says nothing about the
+convert_topk over seq_len / R compressed rows, with the block tables of
+the Step or, device-resident, of the io buffer's rows). It says nothing about the
 real step path's kernels or handshake.
 
 It does check the Steps as the daemon and the doorbell would see them:
@@ -108,10 +109,25 @@ class SimulatedStepWorker(StepPathWorker):
         rows_c = [n // R for n in lens]
         res = self.kv.convert_topk(
             self.main, topk.tolist(), [min(K, n) for n in rows_c], rows_c,
-            r["block_tables"])
+            self._tables(r, B))
         self._io(tk_off + self.tk_bytes, B * K * 4).view(torch.int32).copy_(
             torch.tensor(list(res.slots), dtype=torch.int32))
 
+
+    def _tables(self, r: Dict[str, Any], B: int) -> List[List[int]]:
+        """The step's block tables as the daemon's convert_topk reads them:
+        inline from the Step, or (block_tables_in_buffer) rows [0, B),
+        columns [0, block_table_cols) of the io buffer's table rows, as the
+        worker's stream wrote them before this phase."""
+        if not r.get("block_tables_in_buffer"):
+            return r["block_tables"]
+        if "block_tables" in r:
+            raise AssertionError("block_tables sent with "
+                                 "block_tables_in_buffer")
+        cols = r["block_table_cols"]
+        rows = self._io(self.bt_off, B * self.bt_stride).view(
+            torch.int32).view(B, self.bt_stride // 4)
+        return rows[:, :cols].tolist()
 
     def _rows(self, offset: int, n: int, d: int) -> torch.Tensor:
         """BF16 rows [n, d] of the io buffer (as fp32 values)."""

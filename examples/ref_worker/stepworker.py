@@ -42,6 +42,15 @@ before the step runs (the old way). step_rpc_s / step_rpcs /
 step_retries: host time in Step sends and reply waits, Steps sent, sends
 again after RESOURCE_EXHAUSTED.
 
+Block tables (block_tables=): "device" (default) keeps them in the io
+buffer, int32 [max_tokens][num_blocks] rows (registered as the
+registration's block-table buffer, SPEC §10 "in device memory when
+large"); the worker's stream writes the step's rows before step_begin,
+so before mark(phase_b(0)), and the next step's only after this one's
+last wait (the ordering contract, docs/STEP_PATH.md); each Step then
+carries block_tables_in_buffer and the column count, no tables. "inline":
+each Step carries them.
+
 WRITTEN WITHOUT A GPU: first run on the GPU host is its first test."""
 
 import time
@@ -85,18 +94,23 @@ class StepPathWorker(KVWorker):
     def __init__(self, client: kvdepot.Client, cfg: Config, w: Weights,
                  device: torch.device, *, max_tokens: int = 8,
                  watchdog_ms: int = 10000, mode: str = "eager",
-                 pipeline: str = "lookahead", **kw):
+                 pipeline: str = "lookahead", block_tables: str = "device",
+                 **kw):
         """mode: "eager" (per-sequence indexer, host reads between phases),
         "static" (fixed shapes, no host reads inside a step: what a graph
         needs), "graph" (static, captured in a CUDA graph at the second
         step and replayed while the batch stays the same). pipeline:
-        "lookahead", "async" or "sync" (the module's docstring)."""
+        "lookahead", "async" or "sync" (the module's docstring).
+        block_tables: "device" or "inline" (the module's docstring)."""
         if mode not in ("eager", "static", "graph"):
             raise ValueError(f"mode {mode}")
         if pipeline not in ("sync", "async", "lookahead"):
             raise ValueError(f"pipeline {pipeline}")
         self.mode = mode
         self.pipeline = pipeline
+        if block_tables not in ("device", "inline"):
+            raise ValueError(f"block_tables {block_tables}")
+        self.device_tables = block_tables == "device"
         # The last Step sent whose reply was not collected (a StepFuture;
         # None once collected or where _step_rpc is synchronous), and the
         # (seq_ids, positions) of a step sent ahead, not yet run.
@@ -127,9 +141,13 @@ class StepPathWorker(KVWorker):
         self.tk_bytes = _up(T * K * 4)
         self.layer_bytes = (2 * self.kv_bytes + self.ik_bytes
                             + 2 * self.tk_bytes)
-        size = cfg.layers * self.layer_bytes + _up(T * W * 4)
-        self.io = self._buffer(size)
+        # Then the block tables (block_tables="device"): int32 rows of
+        # num_blocks entries, row r = sequence r of the step.
         self.swa_off = cfg.layers * self.layer_bytes
+        self.bt_off = self.swa_off + _up(T * W * 4)
+        self.bt_stride = 4 * self.num_blocks
+        size = self.bt_off + _up(T * self.bt_stride)
+        self.io = self._buffer(size)
         # The last R raw K / indexer-key rows per SWA state and layer of
         # ratio R > 1 (fp32 holding BF16 values), row p mod R.
         self.acc: Dict[int, Any] = {}
@@ -188,6 +206,35 @@ class StepPathWorker(KVWorker):
                 index_out=kvt.buffer_ref(io, o["out"], K * 4)))
         return layers
 
+    def registration_args(self, io: Any) -> Dict[str, Any]:
+        """register_worker's arguments over io buffer `io` (a Buffer or
+        its id), but the doorbell: the layers, the SWA decode index, the
+        bounds and, with device-resident tables, the block-table rows."""
+        cfg, T, K, W = self.cfg, self.max_tokens, self.cfg.topk, self.cfg.window
+        args = dict(
+            layers=self.registration_layers(io),
+            swa_index=step_pb2.StepSwaIndex(
+                pool=self.swa, window=W,
+                out=kvt.buffer_ref(io, self.swa_off, W * 4)),
+            max_tokens=T, max_seqs=T, max_top_k=K,
+            max_blocks_per_seq=self.num_blocks, name=self.prefix + "step")
+        if self.device_tables:
+            args["block_tables"] = kvt.buffer_ref(io, self.bt_off,
+                                                  self.bt_stride)
+        return args
+
+    def _write_tables(self, table: torch.Tensor) -> None:
+        """The step's block tables ([B, num_blocks] int64 on the device,
+        -1 past each sequence's blocks) into the io buffer's rows, on the
+        current stream (capturable), before step_begin: the daemon's
+        convert_topk reads them after mark(phase_b(0)). Inline tables:
+        nothing."""
+        if not self.device_tables:
+            return
+        B = table.shape[0]
+        self._io(self.bt_off, B * self.bt_stride).view(torch.int32).copy_(
+            table.reshape(-1).to(torch.int32))
+
     def _flush_pending(self, seqs) -> None:
         """Hands a prompt's incomplete last group (KVWorker keeps it in
         s.raw / s.ik_raw after prefill) to the device rows, before the
@@ -229,17 +276,10 @@ class StepPathWorker(KVWorker):
         """RegisterWorker (kvt.register_worker) over the io buffer, then the
         worker's side of the doorbell (kvt.StepWorker, on
         libkvdepot_worker.so)."""
-        cfg, T, K, W = self.cfg, self.max_tokens, self.cfg.topk, self.cfg.window
-        io = self.io.buf
+        cfg, io = self.cfg, self.io.buf
         self.doorbell = self.kv.allocate_buffer(kvt.doorbell_bytes(cfg.layers))
-        layers = self.registration_layers(io)
         self.reg = kvt.register_worker(
-            self.kv, doorbell=self.doorbell, layers=layers,
-            swa_index=step_pb2.StepSwaIndex(
-                pool=self.swa, window=W,
-                out=kvt.buffer_ref(io, self.swa_off, W * 4)),
-            max_tokens=T, max_seqs=T, max_top_k=K,
-            max_blocks_per_seq=self.num_blocks, name=self.prefix + "step")
+            self.kv, doorbell=self.doorbell, **self.registration_args(io))
         self.sw = kvt.StepWorker.open(self.kv, self.reg,
                                       device=self.device.index or 0,
                                       watchdog_ms=self.watchdog_ms)
@@ -330,6 +370,11 @@ class StepPathWorker(KVWorker):
         states = torch.tensor([s.state_id for s in seqs], device=dev)
         self._flush_pending(seqs)
         self._step_for(seq_ids, seqs, P)
+        if self.device_tables:
+            tab = torch.full((B, self.num_blocks), -1, dtype=torch.int64)
+            for b, s in enumerate(seqs):
+                tab[b, :len(s.blocks)] = torch.tensor(s.blocks)
+            self._write_tables(tab.to(dev))
         self._db("begin")
         self._db("wait", 0)
         win = self._io(self.swa_off, B * W * 4).view(torch.int32).view(
@@ -453,9 +498,15 @@ class StepPathWorker(KVWorker):
             slot_mapping=[self._slot(s, p) for s, p in zip(seqs, P)],
             seq_lens=[p + 1 for p in P], query_lens=[1] * len(seqs),
             swa_state_ids=[s.state_id for s in seqs],
-            block_tables=[s.blocks + [-1] * (self.num_blocks - len(s.blocks))
-                          for s in seqs],
             top_k=self.cfg.topk, positions=list(P))
+        if self.device_tables:
+            # The worker's stream writes them (_write_tables).
+            args.update(block_tables_in_buffer=True,
+                        block_table_cols=self.num_blocks)
+        else:
+            args["block_tables"] = [
+                s.blocks + [-1] * (self.num_blocks - len(s.blocks))
+                for s in seqs]
         if self.R > 1:
             args["compressed_slot_mapping"] = [
                 compressed_row_slot(s.blocks, p, self.R, self.cfg.block_size)
@@ -485,6 +536,7 @@ class StepPathWorker(KVWorker):
         B, W, K, D = self.st_batch, cfg.window, cfg.topk, cfg.kv_dim
         bs = cfg.block_size
         pos = self.st_pos
+        self._write_tables(self.st_table)
         self._db("begin")
         self._db("wait", 0)
         win = self._io(self.swa_off, B * W * 4).view(torch.int32).view(

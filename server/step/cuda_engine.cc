@@ -581,13 +581,23 @@ class CudaStepEngine : public StepEngine {
       // a mismatch is reported by the first phase that sees it).
       RETURN_IF_ERROR(run_gate(b));
       if (l.has_phase_b()) {
+        // The step's tables: the blob's section (cols per row), or the
+        // worker's registered device buffer (its row stride; the pointer is
+        // fixed per registration, so the graph update keeps succeeding).
+        const int32_t* tables =
+            plan.block_tables_in_buffer
+                ? reinterpret_cast<const int32_t*>(config_.block_tables.data())
+                : at(sec.block_tables);
+        const int64_t table_stride = plan.block_tables_in_buffer
+                                         ? config_.block_tables.row_stride / 4
+                                         : plan.block_table_cols;
         RETURN_IF_ERROR(KernelStatus(
             device::LaunchConvertTopk(
                 gate, reinterpret_cast<const int32_t*>(l.topk.data()),
                 l.topk.row_stride / 4,
                 reinterpret_cast<int32_t*>(l.index_out.data()),
                 l.index_out.row_stride / 4, n, plan.top_k, at(sec.row_seq),
-                at(sec.seq_lens), l.ratio, at(sec.block_tables),
+                at(sec.seq_lens), l.ratio, tables, table_stride,
                 plan.block_table_cols,
                 static_cast<int32_t>(l.index.layout.block_size),
                 static_cast<int32_t>(l.index.layout.num_blocks), doorbell_,

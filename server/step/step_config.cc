@@ -348,6 +348,22 @@ absl::StatusOr<RegistrationConfig> ResolveRegistration(
     config.layers.push_back(std::move(layer));
   }
 
+  if (r.has_block_tables()) {
+    // Device-resident block tables: the kernel reads rows [0, num_seqs),
+    // columns [0, block_table_cols) of them, so max_seqs rows of
+    // max_blocks_per_seq entries must lie inside the buffer.
+    if (!config.needs_block_tables) {
+      return Invalid("block_tables",
+                     "set, but no layer of this registration has phase B "
+                     "(topk), the only reader of block tables");
+    }
+    ASSIGN_OR_RETURN(
+        config.block_tables,
+        ResolveSpan("block_tables", r.block_tables(), config.max_seqs,
+                    int64_t{4} * config.max_blocks_per_seq, 4,
+                    /*packed_only=*/false, caller, sessions, config.device));
+  }
+
   if (r.has_swa_index()) {
     const v1::StepSwaIndex& s = r.swa_index();
     SwaIndexConfig& out = config.swa_index;

@@ -98,8 +98,12 @@ struct RegistrationConfig {
   bool needs_compressed_slots = false;
   int32_t compressed_ratio = 0;     // that ratio (0 = none)
   bool needs_block_tables = false;  // a layer with phase B
-  int32_t swa_ring_size = 0;        // shared by every SWA cache
-  int32_t swa_num_states = 0;       // the smallest SWA pool's blocks
+  // Optional: the worker's int32 block tables in device memory, max_seqs
+  // rows of >= max_blocks_per_seq entries, row_stride bytes apart (a
+  // multiple of 4). Steps with block_tables_in_buffer read them there.
+  BufferSpan block_tables;
+  int32_t swa_ring_size = 0;   // shared by every SWA cache
+  int32_t swa_num_states = 0;  // the smallest SWA pool's blocks
   // The smallest max_position of the fused caches with RoPE; 0 = none (a
   // step then carries no positions).
   int64_t max_position = 0;
@@ -113,9 +117,11 @@ inline constexpr int64_t kMaxCosSinEntries = int64_t{1} << 24;
 // of the caller's own session, large enough; every pool usable by the
 // caller, every buffer owned or granted; layers in range; inputs packed
 // BF16 rows of the pool's element count, 16-byte aligned; every buffer
-// range inside its buffer for the registration's bounds; everything on one
-// device. INVALID_ARGUMENT naming the field and index; NOT_FOUND /
-// PERMISSION_DENIED from the pool and buffer lookups.
+// range inside its buffer for the registration's bounds (the block-table
+// buffer: max_seqs rows of max_blocks_per_seq int32, 4-byte aligned, only
+// with a phase-B layer); everything on one device. INVALID_ARGUMENT naming the
+// field and index; NOT_FOUND / PERMISSION_DENIED from the pool and buffer
+// lookups.
 absl::StatusOr<RegistrationConfig> ResolveRegistration(
     const v1::RegisterWorkerRequest& request, const Caller& caller,
     const PoolRegistry& pools, const SessionManager& sessions);

@@ -47,11 +47,14 @@ __global__ void GateKernel(uint64_t* doorbell, uint64_t expected, int32_t* gate,
   }
 }
 
-__global__ void ConvertTopkKernel(
-    const int32_t* gate, const int32_t* topk, int64_t topk_stride, int32_t* out,
-    int64_t out_stride, int32_t rows, int32_t k, const int32_t* row_seq,
-    const int32_t* seq_lens, int32_t ratio, const int32_t* tables, int32_t cols,
-    int32_t block_size, int32_t num_blocks, uint64_t* doorbell) {
+__global__ void ConvertTopkKernel(const int32_t* gate, const int32_t* topk,
+                                  int64_t topk_stride, int32_t* out,
+                                  int64_t out_stride, int32_t rows, int32_t k,
+                                  const int32_t* row_seq,
+                                  const int32_t* seq_lens, int32_t ratio,
+                                  const int32_t* tables, int64_t table_stride,
+                                  int32_t cols, int32_t block_size,
+                                  int32_t num_blocks, uint64_t* doorbell) {
   if (gate[0] != 1) return;
   __shared__ unsigned long long bad_total;
   if (threadIdx.x == 0) bad_total = 0;
@@ -64,7 +67,7 @@ __global__ void ConvertTopkKernel(
     const int32_t valid = n < k ? n : k;
     const int32_t* in = topk + row * topk_stride;
     int32_t* o = out + row * out_stride;
-    const int32_t* table = tables + static_cast<int64_t>(seq) * cols;
+    const int32_t* table = tables + static_cast<int64_t>(seq) * table_stride;
     for (int32_t c = threadIdx.x; c < k; c += blockDim.x) {
       int32_t slot = -1;
       if (c < valid) {
@@ -126,14 +129,15 @@ int LaunchConvertTopk(const int32_t* gate, const int32_t* topk,
                       int64_t topk_stride, int32_t* out, int64_t out_stride,
                       int32_t rows, int32_t k, const int32_t* row_seq,
                       const int32_t* seq_lens, int32_t ratio,
-                      const int32_t* block_tables, int32_t cols,
-                      int32_t block_size, int32_t num_blocks,
+                      const int32_t* block_tables, int64_t table_stride,
+                      int32_t cols, int32_t block_size, int32_t num_blocks,
                       uint64_t* doorbell, void* stream) {
   if (rows <= 0 || k <= 0) return 0;
   const int threads = k >= 256 ? 256 : 32 * ((k + 31) / 32);
   ConvertTopkKernel<<<rows, threads, 0, static_cast<cudaStream_t>(stream)>>>(
       gate, topk, topk_stride, out, out_stride, rows, k, row_seq, seq_lens,
-      ratio, block_tables, cols, block_size, num_blocks, doorbell);
+      ratio, block_tables, table_stride, cols, block_size, num_blocks,
+      doorbell);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -31,7 +31,10 @@ int LaunchStamp(uint64_t* at, void* stream);
 //   topk:       [rows] rows of k int32 logical indices, topk_stride apart
 //   out:        [rows] rows of k int32 slots, out_stride apart (int32s)
 //   row_seq:    [rows] sequence of each row; seq_lens: [seqs] seqlen_k
-//   block_tables: [seqs][cols]
+//   block_tables: [seqs] rows of >= cols int32 block ids, table_stride
+//               int32s apart (the step's blob: cols; the worker's
+//               device-resident tables: its registered row stride); only
+//               columns [0, cols) are read. Untrusted when the worker's.
 // Per row: n = seq_lens[seq] / ratio, valid = min(k, n); column c >= valid
 // is -1; an entry x < 0, x >= n, x / block_size >= cols or a table entry
 // outside [0, num_blocks) is -1 and counted into the doorbell's
@@ -40,8 +43,8 @@ int LaunchConvertTopk(const int32_t* gate, const int32_t* topk,
                       int64_t topk_stride, int32_t* out, int64_t out_stride,
                       int32_t rows, int32_t k, const int32_t* row_seq,
                       const int32_t* seq_lens, int32_t ratio,
-                      const int32_t* block_tables, int32_t cols,
-                      int32_t block_size, int32_t num_blocks,
+                      const int32_t* block_tables, int64_t table_stride,
+                      int32_t cols, int32_t block_size, int32_t num_blocks,
                       uint64_t* doorbell, void* stream);
 
 // SWA decode index (SPEC §7) when gate[0] is 1: row r of out (out_stride

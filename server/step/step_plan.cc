@@ -65,6 +65,35 @@ absl::Status CheckSlots(absl::string_view prefix, int64_t num_slots,
   return absl::InvalidArgumentError(absl::StrCat(prefix, s.message()));
 }
 
+// The request's inline block tables [num_seqs][block_table_cols], every
+// entry in [-1, num_blocks) of every phase-B index pool, into the blob.
+// REQUIRES: num_seqs and block_table_cols checked against the bounds.
+absl::Status AddInlineTables(const RegistrationConfig& config,
+                             const v1::StepRequest& r,
+                             std::vector<int32_t>* values,
+                             std::vector<int32_t>* blob, StepSections* sec) {
+  const int64_t cells = int64_t{r.num_seqs()} * r.block_table_cols();
+  RETURN_IF_ERROR(DecodeInt32s(
+      "block_tables", r.block_tables(), "num_seqs * block_table_cols", cells,
+      int64_t{config.max_seqs} * config.max_blocks_per_seq, values));
+  int64_t blocks = std::numeric_limits<int64_t>::max();
+  for (const LayerConfig& l : config.layers) {
+    if (l.has_phase_b()) blocks = std::min(blocks, l.index.layout.num_blocks);
+  }
+  for (int64_t i = 0; i < cells; ++i) {
+    if ((*values)[i] < -1 || (*values)[i] >= blocks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "block_tables[", i / r.block_table_cols(), "][",
+          i % r.block_table_cols(), "] = ", (*values)[i], " is outside [-1, ",
+          blocks, ") (the index pools' blocks)"));
+    }
+  }
+  sec->block_tables = Reserve(blob, cells);
+  std::memcpy(blob->data() + sec->block_tables, values->data(),
+              4 * values->size());
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int64_t MaxBlobElements(const RegistrationConfig& c) {
@@ -237,29 +266,32 @@ absl::StatusOr<StepPlan> BuildStepPlan(const RegistrationConfig& config,
     }
     plan.top_k = r.top_k();
     plan.block_table_cols = r.block_table_cols();
-    const int64_t cells = int64_t{seqs} * r.block_table_cols();
-    RETURN_IF_ERROR(DecodeInt32s(
-        "block_tables", r.block_tables(), "num_seqs * block_table_cols", cells,
-        int64_t{config.max_seqs} * config.max_blocks_per_seq, &values));
-    int64_t blocks = std::numeric_limits<int64_t>::max();
-    for (const LayerConfig& l : config.layers) {
-      if (l.has_phase_b()) blocks = std::min(blocks, l.index.layout.num_blocks);
-    }
-    for (int64_t i = 0; i < cells; ++i) {
-      if (values[i] < -1 || values[i] >= blocks) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "block_tables[", i / r.block_table_cols(), "][",
-            i % r.block_table_cols(), "] = ", values[i], " is outside [-1, ",
-            blocks, ") (the index pools' blocks)"));
+    if (r.block_tables_in_buffer()) {
+      // Rows [0, num_seqs) of the registered buffer, written by the
+      // worker's stream; each entry is checked by the kernel that reads it.
+      if (!config.block_tables.set()) {
+        return Invalid("block_tables_in_buffer",
+                       "set, but the registration has no block-table buffer "
+                       "(RegisterWorkerRequest.block_tables)");
       }
+      if (!r.block_tables().empty()) {
+        return Invalid(
+            "block_tables",
+            absl::StrCat(r.block_tables().size(),
+                         " bytes, but block_tables_in_buffer is set (the "
+                         "tables are the registered buffer's rows): send "
+                         "them empty"));
+      }
+      plan.block_tables_in_buffer = true;
+    } else {
+      RETURN_IF_ERROR(AddInlineTables(config, r, &values, &blob, &sec));
     }
-    sec.block_tables = Reserve(&blob, cells);
-    std::memcpy(blob.data() + sec.block_tables, values.data(),
-                4 * values.size());
-  } else if (!r.block_tables().empty() || r.top_k() != 0) {
-    return Invalid("block_tables",
-                   "set, but no layer of this registration has phase B "
-                   "(topk)");
+  } else if (!r.block_tables().empty() || r.top_k() != 0 ||
+             r.block_tables_in_buffer()) {
+    return Invalid(
+        r.block_tables_in_buffer() ? "block_tables_in_buffer" : "block_tables",
+        "set, but no layer of this registration has phase B "
+        "(topk)");
   }
   sec.gate = Reserve(&blob, 4);
   return plan;

@@ -26,7 +26,7 @@ struct StepSections {
   int64_t swa_valid = -1;         // [tokens]
   int64_t row_seq = -1;           // [tokens] sequence of each query row
   int64_t seq_lens = -1;          // [seqs] seqlen_k
-  int64_t block_tables = -1;      // [seqs][cols]
+  int64_t block_tables = -1;      // [seqs][cols]; -1 when in the buffer
   int64_t gate = -1;              // [4] the phase gate (device-written)
   int64_t positions = -1;         // int64 [tokens] for fused RoPE caches
 };
@@ -37,6 +37,9 @@ struct StepPlan {
   int32_t num_seqs = 0;
   int32_t top_k = 0;
   int32_t block_table_cols = 0;
+  // The tables are the registration's block-table buffer (no blob
+  // section; RegistrationConfig.block_tables).
+  bool block_tables_in_buffer = false;
   absl::Duration deadline;  // the watchdog's, from enqueue
   StepSections sections;
   std::vector<int32_t> blob;  // the single upload
@@ -51,8 +54,10 @@ int64_t MaxBlobElements(const RegistrationConfig& config);
 // arrays of the right sizes, every slot inside every pool it is stored
 // into and no slot twice, lengths consistent (sum of query_lens =
 // num_tokens), SWA state ids inside the rings, block tables inside the
-// index pools (-1 allowed). INVALID_ARGUMENT naming the field and index;
-// the step id is not checked here (StepRegistry does).
+// index pools (-1 allowed) -- inline tables only: device-resident ones
+// (block_tables_in_buffer) are checked entry by entry in the kernel.
+// INVALID_ARGUMENT naming the field and index; the step id is not checked
+// here (StepRegistry does).
 absl::StatusOr<StepPlan> BuildStepPlan(const RegistrationConfig& config,
                                        const v1::StepRequest& request,
                                        absl::Duration default_deadline);

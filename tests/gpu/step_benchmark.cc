@@ -275,7 +275,7 @@ class LibraryMode {
               o.top_k,
               reinterpret_cast<int32_t*>(rig_->io() + rig_->out_off(l)),
               o.top_k, n_, o.top_k, d + off_row_, d + off_lens_, 1,
-              d + off_tables_, o.max_blocks_per_seq,
+              d + off_tables_, o.max_blocks_per_seq, o.max_blocks_per_seq,
               static_cast<int32_t>(rig_->index_layout().block_size),
               static_cast<int32_t>(rig_->index_layout().num_blocks),
               reinterpret_cast<uint64_t*>(d + off_scratch_), s)),

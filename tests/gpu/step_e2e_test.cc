@@ -4,15 +4,19 @@
 // stream, rows written by its stream, mark/wait per phase). Every step's
 // index rows equal the planner's; the pools stay byte-identical to the CPU
 // reference; the worker's side replays from a CUDA graph; a third step in
-// flight is refused.
+// flight is refused; block tables in device memory, entries out of range
+// turned into -1 and counted as the planner counts them.
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
 
+#include <algorithm>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/step_doorbell.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -95,6 +99,139 @@ TEST_F(StepE2eTest, RandomStepsMatchTheReference) {
   EXPECT_EQ(info->steps_completed(), 100u);
   EXPECT_GT(info->handoff_p50_us(), 1.0);
   EXPECT_LT(info->handoff_p50_us(), 100000.0);
+}
+
+// Block tables in device memory (RegisterWorkerRequest.block_tables, rows
+// 13 int32 apart, offset 256): the worker's stream writes each step's rows
+// before mark(B_0); the Step carries block_tables_in_buffer and a random
+// block_table_cols in [1, 8]. About one entry in eight is replaced by one
+// the host would refuse (< -1 or >= num_blocks): each the kernel reads
+// becomes -1 and is counted, exactly as the planner counts it. Every
+// fourth step sends its tables inline instead (the buffer then holds
+// poison), on the same registration and graph slots. Layer 1 at ratio 4.
+TEST_F(StepE2eTest, DeviceResidentBlockTablesMatchThePlanner) {
+  RigOptions o;
+  o.prefix = "devbt";
+  o.layers = 3;
+  o.ratio_layer = 1;
+  o.ratio = 4;
+  o.device_block_tables = true;
+  o.table_stride = o.max_blocks_per_seq + 5;
+  std::unique_ptr<StepRig> rig = MakeRig(o);
+  ASSERT_NE(rig, nullptr);
+  std::mt19937 rng(1305);
+  const int32_t bad[] = {-2,
+                         -1000,
+                         std::numeric_limits<int32_t>::min(),
+                         o.num_blocks,
+                         o.num_blocks + 7,
+                         std::numeric_limits<int32_t>::max()};
+  uint64_t injected_reads = 0;  // layer 0 reads of an injected entry
+  int device_steps = 0;
+  for (uint64_t step = 1; step <= 80; ++step) {
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    StepInput in = rig->RandomStep(step, rng);
+    in.inline_tables = step % 4 == 0;
+    const int cols = in.inline_tables ? o.max_blocks_per_seq
+                                      : std::uniform_int_distribution<int>(
+                                            1, o.max_blocks_per_seq)(rng);
+    std::vector<int32_t> table;
+    std::vector<bool> injected;
+    for (int b = 0; b < in.num_seqs(); ++b) {
+      for (int c = 0; c < cols; ++c) {
+        int32_t v = in.block_tables[b * o.max_blocks_per_seq + c];
+        const bool inject = !in.inline_tables &&
+                            std::uniform_int_distribution<int>(0, 7)(rng) == 0;
+        if (inject) v = bad[std::uniform_int_distribution<int>(0, 5)(rng)];
+        table.push_back(v);
+        injected.push_back(inject);
+      }
+    }
+    in.block_tables = table;
+    in.block_table_cols = cols;
+    device_steps += in.inline_tables ? 0 : 1;
+    // Layer 0 (ratio 1): which valid top-k entries land on injected ones.
+    int row = 0;
+    for (int b = 0; b < in.num_seqs(); ++b) {
+      const int n = in.seq_lens[b];
+      for (int j = 0; j < in.query_lens[b]; ++j, ++row) {
+        for (int c = 0; c < std::min(o.top_k, n); ++c) {
+          const int x = in.topk[0][row * o.top_k + c];
+          if (x >= 0 && x < n && x / o.block_size < cols &&
+              injected[b * cols + x / o.block_size]) {
+            ++injected_reads;
+          }
+        }
+      }
+    }
+    rig->StageInputs(in);
+    absl::StatusOr<v1::StepResponse> r = rig->SendStep(in);
+    ASSERT_OK(r.status());
+    ASSERT_OK(rig->EnqueueWorker(stream_->get()));
+    ASSERT_OK(SyncWithin(stream_->get(), absl::Seconds(30)));
+    ASSERT_OK(rig->ApplyReference(in));
+    ASSERT_OK(rig->CheckIndexRows(in));
+    if (step % 10 == 0) ASSERT_OK(rig->CheckPools());
+  }
+  EXPECT_EQ(device_steps, 60);
+  EXPECT_GT(injected_reads, 20u) << "the kernel must meet injected entries";
+  uint64_t bits = 0, oor = 0, counter = 0, done = 0;
+  ASSERT_EQ(kvd_status(rig->worker(), &bits, &oor, &counter, &done), KVD_OK);
+  EXPECT_EQ(counter, 80u);
+  EXPECT_EQ(done, 80u);
+  EXPECT_GT(rig->expected_out_of_range(), injected_reads);
+  EXPECT_EQ(oor, rig->expected_out_of_range());
+  EXPECT_EQ(bits, doorbell::kStatusOutOfRange);
+  // The daemon's view agrees, once its completion report of the last step
+  // ran (a host function, after the worker's stream passed the step).
+  v1::StepStatusResponse st;
+  for (int i = 0; i < 500; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(10));
+    v1::StepStatusRequest q;
+    q.set_session_id(rig->client()->session_id());
+    q.set_registration_id(rig->registration_id());
+    ASSERT_TRUE(rig->stub()->StepStatus(&ctx, q, &st).ok());
+    if (st.registration().completed_step_id() == 80u) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(st.registration().completed_step_id(), 80u);
+  EXPECT_EQ(st.registration().out_of_range(), rig->expected_out_of_range());
+}
+
+// A Step with block_tables_in_buffer on a registration without a
+// block-table buffer, or with inline bytes too, is refused on the CUDA
+// daemon as on the CPU one (//server/step:step_block_tables_test).
+TEST_F(StepE2eTest, DeviceResidentBlockTablesNeedTheirBuffer) {
+  RigOptions o;
+  o.prefix = "devbt_refused";
+  o.layers = 1;
+  o.edit_step = [](const StepInput& in, v1::StepRequest* r) {
+    if (in.step_id == 1) r->set_block_tables_in_buffer(true);
+  };
+  std::unique_ptr<StepRig> rig = MakeRig(o);
+  ASSERT_NE(rig, nullptr);
+  std::mt19937 rng(1306);
+  StepInput in = rig->RandomStep(1, rng);
+  absl::Status s = rig->SendStep(in).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()),
+              ::testing::HasSubstr("block_tables_in_buffer"));
+  RigOptions d;
+  d.prefix = "devbt_bytes";
+  d.layers = 1;
+  d.device_block_tables = true;
+  d.edit_step = [](const StepInput&, v1::StepRequest* r) {
+    r->set_block_tables(std::string(4 * 8, '\0'));
+  };
+  std::unique_ptr<StepRig> both = MakeRig(d);
+  ASSERT_NE(both, nullptr);
+  in = both->RandomStep(1, rng);
+  s = both->SendStep(in).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()),
+              ::testing::HasSubstr("block_tables_in_buffer is set"));
 }
 
 TEST_F(StepE2eTest, WorkerSideReplaysFromACudaGraph) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <utility>
 
@@ -49,6 +50,15 @@ uint64_t InputSeed(uint64_t kv_seed, uint64_t step, int layer, RowKind kind) {
 // Top-k entries reach a little past the longest sequence a step can have.
 int32_t TopkLimit(const RigOptions& o) {
   return o.block_size * o.max_blocks_per_seq;
+}
+
+// What the block-table buffer holds where no step reads: entries outside
+// [-1, num_blocks) of every kind, so a read there changes the index rows.
+void PoisonTables(int32_t num_blocks, int32_t* p, int64_t n) {
+  const int32_t poison[] = {
+      std::numeric_limits<int32_t>::min(), -2,    num_blocks,
+      std::numeric_limits<int32_t>::max(), -1000, num_blocks + 17};
+  for (int64_t i = 0; i < n; ++i) p[i] = poison[i % 6];
 }
 
 uint16_t RandomBf16(std::mt19937& rng) {
@@ -169,6 +179,28 @@ absl::Status StepRig::Init(const std::string& socket) {
   ASSIGN_OR_RETURN(Pinned pinned, Pinned::Create(io_bytes_));
   staging_ = std::make_unique<Pinned>(std::move(pinned));
 
+  if (o.device_block_tables && !o.bare) {
+    // The worker's block tables in device memory: max_seqs rows of
+    // table_stride() int32 from kTableOffset, poisoned until a step's rows
+    // are staged.
+    tables_bytes_ = kTableOffset + int64_t{o.max_seqs} * table_stride() * 4;
+    v1::CompanionRequest req;
+    req.mutable_allocate_buffer()->set_size(tables_bytes_);
+    UniqueFd fd;
+    ASSIGN_OR_RETURN(v1::CompanionReply r, CallForFd(client_.get(), req, &fd));
+    tables_id_ = r.buffer().buffer_id();
+    ASSIGN_OR_RETURN(tables_,
+                     gpu::VmmAllocation::Import(fd.get(), r.fd_size(), 0));
+    ASSIGN_OR_RETURN(Pinned t, Pinned::Create(tables_bytes_));
+    table_staging_ = std::make_unique<Pinned>(std::move(t));
+    PoisonTables(o.num_blocks,
+                 reinterpret_cast<int32_t*>(table_staging_->data()),
+                 tables_bytes_ / 4);
+    RETURN_IF_ERROR(Cuda(cudaMemcpy(tables_.data(), table_staging_->data(),
+                                    tables_bytes_, cudaMemcpyHostToDevice),
+                         "poisoning the block-table buffer"));
+  }
+
   UniqueFd doorbell_fd;
   v1::CompanionReply doorbell;
   {
@@ -211,6 +243,11 @@ absl::Status StepRig::Init(const std::string& socket) {
     r.mutable_swa_index()->set_pool(swa_.name);
     r.mutable_swa_index()->set_window(o.window);
     ref(r.mutable_swa_index()->mutable_out(), swa_out());
+  }
+  if (tables_id_ != 0) {
+    r.mutable_block_tables()->set_buffer_id(tables_id_);
+    r.mutable_block_tables()->set_offset(kTableOffset);
+    r.mutable_block_tables()->set_row_stride(int64_t{4} * table_stride());
   }
   if (o.edit_registration) o.edit_registration(&r);
   grpc::ClientContext ctx;
@@ -344,13 +381,20 @@ void StepRig::FillRequest(const StepInput& in, v1::StepRequest* r) const {
   if (options_.bare) {
     r->clear_swa_state_ids();
     r->clear_block_tables();
+    r->set_block_tables_in_buffer(false);
     r->set_block_table_cols(0);
     r->set_top_k(0);
     return;
   }
   EncodeInt32s(in.states, r->mutable_swa_state_ids());
-  EncodeInt32s(in.block_tables, r->mutable_block_tables());
-  r->set_block_table_cols(options_.max_blocks_per_seq);
+  if (tables_in_buffer(in)) {
+    r->clear_block_tables();  // the worker's stream writes them (staged)
+    r->set_block_tables_in_buffer(true);
+  } else {
+    EncodeInt32s(in.block_tables, r->mutable_block_tables());
+    r->set_block_tables_in_buffer(false);
+  }
+  r->set_block_table_cols(table_cols(in));
   r->set_top_k(options_.top_k);
   if (options_.ratio > 1) {
     EncodeInt32s(in.compressed_slots, r->mutable_compressed_slot_mapping());
@@ -391,6 +435,20 @@ void StepRig::StageInputs(const StepInput& in) {
   const int n = in.num_tokens();
   staged_step_ = in.step_id;
   staged_tokens_ = n;
+  if (table_staging_ != nullptr) {
+    // Poison everywhere, then the step's rows [0, seqs) x [0, cols) (none
+    // for an inline step: the kernel must not read the buffer then).
+    int32_t* t = reinterpret_cast<int32_t*>(table_staging_->data());
+    PoisonTables(options_.num_blocks, t, tables_bytes_ / 4);
+    if (tables_in_buffer(in)) {
+      const int cols = table_cols(in);
+      int32_t* rows = t + kTableOffset / 4;
+      for (int b = 0; b < in.num_seqs(); ++b) {
+        std::memcpy(rows + int64_t{b} * table_stride(),
+                    in.block_tables.data() + int64_t{b} * cols, 4 * cols);
+      }
+    }
+  }
   if (options_.kv_seed != 0) return;  // the worker's kernels produce them
   uint8_t* p = staging_->data();
   for (int l = 0; l < options_.layers; ++l) {
@@ -465,6 +523,15 @@ absl::Status StepRig::EnqueueWorker(cudaStream_t s, bool copy_inputs,
     }
     RETURN_IF_ERROR(phase(kvd_phase_a(l)));
     if (hooks.after_stores) RETURN_IF_ERROR(hooks.after_stores(s, l));
+    if (l == 0 && copy_inputs && table_staging_ != nullptr) {
+      // The ordering contract at its edge: the step's tables written on
+      // the worker's stream before mark(B_0), the first phase that reads
+      // them; the previous step's B_{L-1} done was waited for above.
+      RETURN_IF_ERROR(
+          Cuda(cudaMemcpyAsync(tables_.data(), table_staging_->data(),
+                               tables_bytes_, cudaMemcpyHostToDevice, s),
+               "writing the block tables"));
+    }
     if (copy_inputs && !o.bare && o.kv_seed != 0) {
       RETURN_IF_ERROR(produce(l, kTopkRows));
     } else if (copy_inputs && !o.bare) {
@@ -497,11 +564,16 @@ absl::Status StepRig::ApplyReference(const StepInput& in) {
   // Per query row: its sequence's table row, length and valid count.
   // num_tokens / valid at ratio 1 and at o.ratio (seq_len / ratio rows).
   std::vector<int32_t> rows_table, num_tokens, valid, num_tokens_r, valid_r;
+  const int cols = table_cols(in);
+  if (in.block_tables.size() != static_cast<size_t>(in.num_seqs()) * cols) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block_tables has ", in.block_tables.size(),
+                     " entries, not ", in.num_seqs(), " x ", cols));
+  }
   for (size_t b = 0; b < in.query_lens.size(); ++b) {
     for (int j = 0; j < in.query_lens[b]; ++j) {
-      rows_table.insert(
-          rows_table.end(), in.block_tables.begin() + b * o.max_blocks_per_seq,
-          in.block_tables.begin() + (b + 1) * o.max_blocks_per_seq);
+      rows_table.insert(rows_table.end(), in.block_tables.begin() + b * cols,
+                        in.block_tables.begin() + (b + 1) * cols);
       num_tokens.push_back(in.seq_lens[b]);
       valid.push_back(std::min(o.top_k, in.seq_lens[b]));
       const int32_t rows = in.seq_lens[b] / std::max(o.ratio, 1);
@@ -512,8 +584,8 @@ absl::Status StepRig::ApplyReference(const StepInput& in) {
   BlockTableView table;
   table.data = rows_table;
   table.num_rows = n;
-  table.num_cols = o.max_blocks_per_seq;
-  table.row_stride = o.max_blocks_per_seq;
+  table.num_cols = cols;
+  table.row_stride = cols;
   expected_out_.clear();
   for (int l = 0; l < o.layers; ++l) {
     uint8_t* main_layer = main_.reference.data() + main_.layout.layer_offset(l);

@@ -37,7 +37,15 @@ absl::Status SyncWithin(cudaStream_t s, absl::Duration limit);
 // One step's inputs (host copies).
 struct StepInput {
   uint64_t step_id = 0;
-  std::vector<int32_t> query_lens, seq_lens, states, slots, block_tables;
+  std::vector<int32_t> query_lens, seq_lens, states, slots;
+  // [seqs][table_cols()]; entries past a sequence's blocks may be -1. With
+  // device-resident tables (RigOptions.device_block_tables) any value: the
+  // kernel turns a read outside [0, num_blocks) into -1 and counts it.
+  std::vector<int32_t> block_tables;
+  int32_t block_table_cols = 0;  // 0 = RigOptions.max_blocks_per_seq
+  // A rig with device-resident tables sends this step's inline (the
+  // buffer's rows then hold poison the kernel must not read).
+  bool inline_tables = false;
   // RigOptions.ratio > 1: compressed_slot_mapping (distinct main-pool
   // slots, most -1: tokens that complete no compressed row).
   std::vector<int32_t> compressed_slots;
@@ -45,6 +53,7 @@ struct StepInput {
   std::vector<std::vector<uint16_t>> kv_main, kv_swa, kv_index;
   std::vector<std::vector<int32_t>> topk;  // [n][top_k]
   int num_tokens() const { return static_cast<int>(slots.size()); }
+  int num_seqs() const { return static_cast<int>(query_lens.size()); }
 };
 
 struct RigOptions {
@@ -66,6 +75,14 @@ struct RigOptions {
   int top_k = 24;
   int max_blocks_per_seq = 8;
   std::string index_format = "FP4_INDEX";
+  // Block tables in device memory (RegisterWorkerRequest.block_tables,
+  // StepRequest.block_tables_in_buffer): a buffer of the rig's session,
+  // max_seqs rows of table_stride int32 (0 = max_blocks_per_seq) from
+  // kTableOffset, written by the worker's stream after wait(A_0) and before
+  // mark(B_0) (EnqueueWorker, from StageInputs' staging); every entry no
+  // step reads (rows >= num_seqs, columns >= cols) holds poison.
+  bool device_block_tables = false;
+  int table_stride = 0;
   int64_t watchdog_ms = 20000;
   // StepRequest.deadline_ms of every step (0 = the daemon's default).
   uint32_t deadline_ms = 0;
@@ -156,6 +173,19 @@ class StepRig {
   int64_t swa_out() const {
     return region_[0] + options_.layers * layer_stride_;
   }
+  // The block-table buffer's layout (device_block_tables).
+  static constexpr int64_t kTableOffset = 256;
+  int table_stride() const {
+    return options_.table_stride > 0 ? options_.table_stride
+                                     : options_.max_blocks_per_seq;
+  }
+  int table_cols(const StepInput& in) const {
+    return in.block_table_cols > 0 ? in.block_table_cols
+                                   : options_.max_blocks_per_seq;
+  }
+  bool tables_in_buffer(const StepInput& in) const {
+    return options_.device_block_tables && !in.inline_tables;
+  }
   const PoolLayout& main_layout() const { return main_.layout; }
   const PoolLayout& swa_layout() const { return swa_.layout; }
   const PoolLayout& index_layout() const { return index_.layout; }
@@ -201,6 +231,10 @@ class StepRig {
   int64_t region_[1] = {0};
   int64_t io_bytes_ = 0;
   std::unique_ptr<Pinned> staging_;
+  gpu::VmmAllocation tables_;  // device_block_tables: the worker's tables
+  uint64_t tables_id_ = 0;
+  int64_t tables_bytes_ = 0;               // kTableOffset + rows
+  std::unique_ptr<Pinned> table_staging_;  // its next contents
   int staged_tokens_ = 0;
   uint64_t staged_step_ = 0;
   v1::StepRequest request_;  // SendStep's, reused

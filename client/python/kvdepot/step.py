@@ -9,6 +9,10 @@ kvdepot.torch.StepWorker. No torch needed here.
               window=128)], max_tokens=256, max_seqs=64)
     step(kv, reg.registration_id, step_id=1, slot_mapping=[...],
          seq_lens=[...], query_lens=[...])
+    # Block tables in device memory (register_worker(block_tables=
+    # buffer_ref(tables, 0, row_stride))): each step names the columns.
+    step(kv, reg.registration_id, step_id=2, ..., top_k=64,
+         block_tables_in_buffer=True, block_table_cols=cols)
     f = step_async(kv, reg.registration_id, step_id=2, ...)  # no wait
     ...; f.result()   # before the next step is sent
 """
@@ -149,11 +153,23 @@ def register_worker(client: Any, *, doorbell: Buffer,
                     swa_index: Optional["spb.StepSwaIndex"] = None,
                     max_tokens: int, max_seqs: int, max_top_k: int = 0,
                     max_blocks_per_seq: int = 1,
-                    name: str = "") -> Registration:
+                    name: str = "",
+                    block_tables: Optional["spb.StepBufferRef"] = None
+                    ) -> Registration:
     """RegisterWorker: `doorbell` a buffer of this client's session of at
     least doorbell_bytes(len(layers)) bytes (on the CUDA backend a VMM
     export; the daemon zeroes it). The CPU backend has no step path
-    (FAILED_PRECONDITION)."""
+    (FAILED_PRECONDITION).
+
+    block_tables (buffer_ref(buffer, offset, row_stride)): the worker's
+    block tables in device memory, int32, row r (sequence r of a step) at
+    offset + r * row_stride bytes (row_stride >= 4 * max_blocks_per_seq, 0
+    = that; offset and row_stride multiples of 4), max_seqs rows inside the
+    buffer; needs a layer with top-k. Steps sent with
+    block_tables_in_buffer=True read rows [0, num_seqs) of it. The worker
+    writes step s's tables on its stream before mark(phase_b(0)) and
+    leaves them until it has waited for phase_b(layers - 1) of step s
+    (docs/STEP_PATH.md)."""
     if not isinstance(doorbell, Buffer):
         raise invalid_argument("doorbell: pass the Buffer from "
                                "allocate_buffer(doorbell_bytes(layers))")
@@ -171,6 +187,11 @@ def register_worker(client: Any, *, doorbell: Buffer,
         name=name)
     if swa_index is not None:
         req.swa_index.CopyFrom(swa_index)
+    if block_tables is not None:
+        if not isinstance(block_tables, spb.StepBufferRef):
+            raise invalid_argument(
+                "block_tables: pass buffer_ref(buffer, offset, row_stride)")
+        req.block_tables.CopyFrom(block_tables)
     r = client._call("RegisterWorker", req, _stub(client))
     return Registration(registration_id=r.registration_id,
                         doorbell_bytes=r.doorbell_bytes,
@@ -184,7 +205,9 @@ def step_request(client: Any, registration_id: int, *, step_id: int,
                  swa_state_ids: Any = None, swa_valid_starts: Any = None,
                  block_tables: Any = None, top_k: int = 0,
                  deadline_ms: int = 0,
-                 positions: Any = None) -> "spb.StepRequest":
+                 positions: Any = None,
+                 block_tables_in_buffer: bool = False,
+                 block_table_cols: int = 0) -> "spb.StepRequest":
     """The StepRequest step() and step_async() send (arguments as
     step()'s), checked and packed; nothing is sent."""
     slots, num_tokens, _ = pack_int32(slot_mapping, "slot_mapping")
@@ -213,6 +236,21 @@ def step_request(client: Any, registration_id: int, *, step_id: int,
     if swa_valid_starts is not None:
         req.swa_valid_starts = pack_int32(swa_valid_starts,
                                           "swa_valid_starts")[0]
+    if block_tables_in_buffer:
+        if block_tables is not None:
+            raise invalid_argument(
+                "block_tables: pass the tables or block_tables_in_buffer="
+                "True (they are the registered buffer's rows), not both")
+        if block_table_cols < 1:
+            raise invalid_argument(
+                f"block_table_cols = {block_table_cols}: with "
+                "block_tables_in_buffer the step names its columns (>= 1)")
+        req.block_tables_in_buffer = True
+        req.block_table_cols = block_table_cols
+    elif block_table_cols:
+        raise invalid_argument(
+            "block_table_cols: only with block_tables_in_buffer=True (inline "
+            "block_tables give their own)")
     if block_tables is not None:
         table, _, cols = pack_int32_2d(block_tables, "block_tables",
                                        rows=num_seqs)
@@ -225,22 +263,30 @@ def step(client: Any, registration_id: int, *, step_id: int,
          compressed_slot_mapping: Any = None, swa_state_ids: Any = None,
          swa_valid_starts: Any = None, block_tables: Any = None,
          top_k: int = 0, deadline_ms: int = 0,
-         positions: Any = None) -> "spb.StepResponse":
+         positions: Any = None, block_tables_in_buffer: bool = False,
+         block_table_cols: int = 0) -> "spb.StepResponse":
     """One Step request (the scheduler's side): step_id is the previous
     one + 1 (the first is 1). Arrays are int32 (lists, NumPy, array('i'),
     bytes); block_tables is [num_seqs][cols]. compressed_slot_mapping
     (main and index caches of ratio > 1): per token the slot of the
     compressed row it completes, -1 where it completes none. positions:
     int64 per token (ints, or their little-endian bytes), needed when a
-    cache was registered with fused RoPE. Replies at once (a third step in
-    flight: RESOURCE_EXHAUSTED, raised; step_async() sends it again)."""
+    cache was registered with fused RoPE. block_tables_in_buffer=True
+    (with block_table_cols, no block_tables): the tables are rows [0,
+    num_seqs), columns [0, block_table_cols) of the registration's
+    block-table buffer, as the worker's stream writes them before
+    phase_b(0); the kernel turns every entry it reads outside the index
+    pool into -1 and counts it (StepWorker.status().out_of_range). Replies
+    at once (a third step in flight: RESOURCE_EXHAUSTED, raised;
+    step_async() sends it again)."""
     req = step_request(
         client, registration_id, step_id=step_id, slot_mapping=slot_mapping,
         seq_lens=seq_lens, query_lens=query_lens,
         compressed_slot_mapping=compressed_slot_mapping,
         swa_state_ids=swa_state_ids, swa_valid_starts=swa_valid_starts,
         block_tables=block_tables, top_k=top_k, deadline_ms=deadline_ms,
-        positions=positions)
+        positions=positions, block_tables_in_buffer=block_tables_in_buffer,
+        block_table_cols=block_table_cols)
     return client._call("Step", req, _stub(client))
 
 
@@ -327,6 +373,8 @@ def step_async(client: Any, registration_id: int, *, step_id: int,
                swa_state_ids: Any = None, swa_valid_starts: Any = None,
                block_tables: Any = None, top_k: int = 0,
                deadline_ms: int = 0, positions: Any = None,
+               block_tables_in_buffer: bool = False,
+               block_table_cols: int = 0,
                in_flight_retry_s: float = 10.0) -> StepFuture:
     """step() without waiting for the reply: checks and packs the request
     (errors in the arguments raise here), sends it and returns a
@@ -342,7 +390,8 @@ def step_async(client: Any, registration_id: int, *, step_id: int,
         compressed_slot_mapping=compressed_slot_mapping,
         swa_state_ids=swa_state_ids, swa_valid_starts=swa_valid_starts,
         block_tables=block_tables, top_k=top_k, deadline_ms=deadline_ms,
-        positions=positions)
+        positions=positions, block_tables_in_buffer=block_tables_in_buffer,
+        block_table_cols=block_table_cols)
     return StepFuture(client, req, in_flight_retry_s)
 
 

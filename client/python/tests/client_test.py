@@ -569,6 +569,75 @@ class StepAsyncTest(unittest.TestCase):
         self.assertIn("slot_mapping[0] = 2147483648", cm.exception.message)
         self.assertEqual(self.fake.requests, [])
 
+    def test_block_tables_in_buffer(self):
+        """Device-resident block tables: the flag and the step's columns
+        are sent, no tables; the argument rules raise before sending."""
+        f = self.send(top_k=8, block_tables_in_buffer=True,
+                      block_table_cols=3)
+        f.result()
+        sent = step_pb2.StepRequest.FromString(self.fake.requests[0])
+        self.assertTrue(sent.block_tables_in_buffer)
+        self.assertEqual((sent.block_table_cols, sent.block_tables,
+                          sent.top_k), (3, b"", 8))
+        # Inline tables: no flag, the columns from the rows.
+        f = self.send(step_id=2, block_tables=[[4, -1]], top_k=8)
+        f.result()
+        sent = step_pb2.StepRequest.FromString(self.fake.requests[1])
+        self.assertFalse(sent.block_tables_in_buffer)
+        self.assertEqual(sent.block_table_cols, 2)
+        self.assertEqual(len(sent.block_tables), 8)
+        for kw, message in (
+                (dict(block_tables_in_buffer=True, block_table_cols=2,
+                      block_tables=[[4, -1]]), "not both"),
+                (dict(block_tables_in_buffer=True), "block_table_cols = 0"),
+                (dict(block_table_cols=2), "only with block_tables_in_"
+                 "buffer=True")):
+            with self.subTest(kw=kw):
+                with self.assertRaises(KVCacheError) as cm:
+                    self.send(step_id=3, **kw)
+                self.assertEqual(cm.exception.code,
+                                 grpc.StatusCode.INVALID_ARGUMENT)
+                self.assertIn(message, cm.exception.message)
+        self.assertEqual(len(self.fake.requests), 2)
+
+    def test_block_table_buffer_reaches_the_daemon(self):
+        """register_worker(block_tables=...) is sent: the CPU daemon checks
+        it before it refuses the step path (a misaligned offset named)."""
+        d = Daemon()
+        try:
+            with d.connect(client_name="block_tables") as kv:
+                kv.create_or_get_pool("btidx", "FP4_INDEX", block_size=4,
+                                      num_blocks=2, num_layers=1)
+                with kv.allocate_buffer(kvdepot.step.doorbell_bytes(1)) as db, \
+                        kv.allocate_buffer(64 * 1024) as io:
+                    layer = kvdepot.step.layer(
+                        index=kvdepot.step.cache("btidx", 0, io,
+                                                 row_stride=256),
+                        topk=kvdepot.step.buffer_ref(io, 8192, 16),
+                        index_out=kvdepot.step.buffer_ref(io, 16384, 16))
+                    kw = dict(doorbell=db, layers=[layer], max_tokens=8,
+                              max_seqs=2, max_top_k=4, max_blocks_per_seq=2)
+                    with self.assertRaises(KVCacheError) as cm:
+                        kvdepot.step.register_worker(
+                            kv, **kw, block_tables=kvdepot.step.buffer_ref(
+                                io, 32768 + 2, 8))
+                    self.assertEqual(cm.exception.code,
+                                     grpc.StatusCode.INVALID_ARGUMENT)
+                    self.assertIn("block_tables.offset: 32770 is not a "
+                                  "multiple of 4", cm.exception.message)
+                    with self.assertRaises(KVCacheError) as cm:
+                        kvdepot.step.register_worker(
+                            kv, **kw, block_tables=kvdepot.step.buffer_ref(
+                                io, 32768, 8))
+                    self.assertEqual(cm.exception.code,
+                                     grpc.StatusCode.FAILED_PRECONDITION)
+                    with self.assertRaises(KVCacheError) as cm:
+                        kvdepot.step.register_worker(kv, **kw,
+                                                     block_tables=io)
+                    self.assertIn("buffer_ref", cm.exception.message)
+        finally:
+            d.stop()
+
     def test_cpu_daemon_refusal_through_the_future(self):
         d = Daemon()
         try:
