@@ -553,7 +553,7 @@ class CudaStepEngine : public StepEngine {
           device::LaunchSwaIndex(gate, at(sec.swa_state), at(sec.swa_start),
                                  at(sec.swa_valid), n, s.window, s.ring_size,
                                  reinterpret_cast<int32_t*>(s.out.data()),
-                                 s.out.row_stride / 4, work_),
+                                 s.out.row_stride / 4, work_, pdl_),
           "launching the SWA decode index"));
     }
     RETURN_IF_ERROR(Done(db::BeginPhase()));
@@ -601,7 +601,7 @@ class CudaStepEngine : public StepEngine {
                 plan.block_table_cols,
                 static_cast<int32_t>(l.index.layout.block_size),
                 static_cast<int32_t>(l.index.layout.num_blocks), doorbell_,
-                work_),
+                work_, pdl_),
             "launching convert_topk"));
       }
       RETURN_IF_ERROR(Done(b));

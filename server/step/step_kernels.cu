@@ -12,6 +12,27 @@ namespace {
 
 namespace db = ::kvdepot::doorbell;
 
+// Waits for the grids this one depends on under PDL to finish and their
+// writes to be visible; a no-op without the launch attribute.
+__device__ __forceinline__ void PdlWait() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
+template <typename... Params, typename... Args>
+int Launch(void (*kernel)(Params...), dim3 grid, dim3 block, void* stream,
+           bool pdl, Args... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.stream = static_cast<cudaStream_t>(stream);
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = pdl ? 1 : 0;
+  return static_cast<int>(cudaLaunchKernelEx(&config, kernel, args...));
+}
+
 __device__ __forceinline__ uint64_t GlobalTimerNs() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -55,6 +76,7 @@ __global__ void ConvertTopkKernel(const int32_t* gate, const int32_t* topk,
                                   const int32_t* tables, int64_t table_stride,
                                   int32_t cols, int32_t block_size,
                                   int32_t num_blocks, uint64_t* doorbell) {
+  PdlWait();
   if (gate[0] != 1) return;
   __shared__ unsigned long long bad_total;
   if (threadIdx.x == 0) bad_total = 0;
@@ -99,6 +121,7 @@ __global__ void SwaIndexKernel(const int32_t* gate, const int32_t* state,
                                const int32_t* start, const int32_t* valid,
                                int32_t rows, int32_t window, int32_t ring,
                                int32_t* out, int64_t out_stride) {
+  PdlWait();
   if (gate[0] != 1) return;
   const int32_t row = blockIdx.x;
   if (row >= rows) return;
@@ -131,25 +154,23 @@ int LaunchConvertTopk(const int32_t* gate, const int32_t* topk,
                       const int32_t* seq_lens, int32_t ratio,
                       const int32_t* block_tables, int64_t table_stride,
                       int32_t cols, int32_t block_size, int32_t num_blocks,
-                      uint64_t* doorbell, void* stream) {
+                      uint64_t* doorbell, void* stream, bool pdl) {
   if (rows <= 0 || k <= 0) return 0;
   const int threads = k >= 256 ? 256 : 32 * ((k + 31) / 32);
-  ConvertTopkKernel<<<rows, threads, 0, static_cast<cudaStream_t>(stream)>>>(
-      gate, topk, topk_stride, out, out_stride, rows, k, row_seq, seq_lens,
-      ratio, block_tables, table_stride, cols, block_size, num_blocks,
-      doorbell);
-  return static_cast<int>(cudaGetLastError());
+  return Launch(ConvertTopkKernel, dim3(rows), dim3(threads), stream, pdl, gate,
+                topk, topk_stride, out, out_stride, rows, k, row_seq, seq_lens,
+                ratio, block_tables, table_stride, cols, block_size, num_blocks,
+                doorbell);
 }
 
 int LaunchSwaIndex(const int32_t* gate, const int32_t* state,
                    const int32_t* start, const int32_t* valid, int32_t rows,
                    int32_t window, int32_t ring, int32_t* out,
-                   int64_t out_stride, void* stream) {
+                   int64_t out_stride, void* stream, bool pdl) {
   if (rows <= 0 || window <= 0) return 0;
   const int threads = window >= 256 ? 256 : 32 * ((window + 31) / 32);
-  SwaIndexKernel<<<rows, threads, 0, static_cast<cudaStream_t>(stream)>>>(
-      gate, state, start, valid, rows, window, ring, out, out_stride);
-  return static_cast<int>(cudaGetLastError());
+  return Launch(SwaIndexKernel, dim3(rows), dim3(threads), stream, pdl, gate,
+                state, start, valid, rows, window, ring, out, out_stride);
 }
 
 }  // namespace kvdepot::step::device

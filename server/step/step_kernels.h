@@ -45,7 +45,11 @@ int LaunchConvertTopk(const int32_t* gate, const int32_t* topk,
                       const int32_t* seq_lens, int32_t ratio,
                       const int32_t* block_tables, int64_t table_stride,
                       int32_t cols, int32_t block_size, int32_t num_blocks,
-                      uint64_t* doorbell, void* stream);
+                      uint64_t* doorbell, void* stream, bool pdl = false);
+
+// With pdl (both kernels below follow the gate kernel on the stream) the
+// launch carries Programmatic Dependent Launch: the kernel may start while
+// the gate drains and waits for it (griddepcontrol.wait) before reading.
 
 // SWA decode index (SPEC §7) when gate[0] is 1: row r of out (out_stride
 // int32s apart) = state[r] * ring + (start[r] + i) % ring for i <
@@ -53,7 +57,7 @@ int LaunchConvertTopk(const int32_t* gate, const int32_t* topk,
 int LaunchSwaIndex(const int32_t* gate, const int32_t* state,
                    const int32_t* start, const int32_t* valid, int32_t rows,
                    int32_t window, int32_t ring, int32_t* out,
-                   int64_t out_stride, void* stream);
+                   int64_t out_stride, void* stream, bool pdl = false);
 
 }  // namespace kvdepot::step::device
 
