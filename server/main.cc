@@ -72,6 +72,13 @@ ABSL_FLAG(bool, step_graphs, true,
           "(captured, and updated in place while the batch shape stays the "
           "same) instead of ~12 stream operations per layer, which spin in "
           "the driver once the work stream's launch queue is full.");
+ABSL_FLAG(int, max_step_streams, 64,
+          "Step path: StepStream calls open at once in the daemon, all "
+          "sessions together; one more ends at once with "
+          "RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int, max_step_streams_per_session, 4,
+          "Step path: StepStream calls one session may have open at once; "
+          "one more ends at once with RESOURCE_EXHAUSTED.");
 ABSL_FLAG(bool, cuda_blocking_sync, true,
           "CUDA backend: host threads waiting for the GPU sleep "
           "(cudaDeviceScheduleBlockingSync) instead of spinning a core.");
@@ -228,6 +235,14 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_cuda_memory_reserve_bytes);
   options.cuda_blocking_sync = absl::GetFlag(FLAGS_cuda_blocking_sync);
   options.step_graphs = absl::GetFlag(FLAGS_step_graphs);
+  options.max_step_streams = absl::GetFlag(FLAGS_max_step_streams);
+  options.max_step_streams_per_session =
+      absl::GetFlag(FLAGS_max_step_streams_per_session);
+  if (options.max_step_streams < 1 ||
+      options.max_step_streams_per_session < 1) {
+    return UsageError(
+        "--max_step_streams and --max_step_streams_per_session must be >= 1");
+  }
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.grpc_reflection = absl::GetFlag(FLAGS_grpc_reflection);
   options.max_pool_bytes = absl::GetFlag(FLAGS_max_pool_bytes);
