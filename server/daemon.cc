@@ -286,12 +286,18 @@ absl::Status Daemon::Init() {
     sessions_->set_admin_policy(std::move(admin));
   }
   RETURN_IF_ERROR(ApplyConfig());
-  step::StepEngineSettings step_settings;
-  step_settings.graphs = options_.step_graphs;
-  step_settings.pdl = options_.step_pdl;
-  step_settings.timing_every = options_.step_timing_every;
-  step_ = step::MakeStepServer(*backend_, pools_.get(), sessions_.get(),
-                               step_settings);
+  {
+    step::StepServerOptions so;
+    so.graphs = options_.step_graphs;
+    so.pdl = options_.step_pdl;
+    so.timing_every = options_.step_timing_every;
+    so.service.max_streams = options_.max_step_streams;
+    so.service.max_streams_per_session = options_.max_step_streams_per_session;
+    so.worker_threads = options_.serving.worker_threads;
+    so.max_queued_calls = options_.serving.max_queued_calls;
+    ASSIGN_OR_RETURN(step_, step::MakeStepServer(*backend_, pools_.get(),
+                                                 sessions_.get(), so));
+  }
   if (!options_.metrics_address.empty()) {
     KVCacheService* service = service_.get();
     step::StepRegistry* steps = step_->registry();
@@ -452,6 +458,8 @@ void Daemon::Shutdown() {
   // TCP session streams end now (UNAVAILABLE): open, they would hold the
   // server's shutdown until its deadline.
   if (tcp_sessions_ != nullptr) tcp_sessions_->EndAll();
+  // So do step streams (an idle one would hold the shutdown the same way).
+  if (step_ != nullptr) step_->EndStreams();
   if (server_ != nullptr) {
     server_->GetHealthCheckService()->SetServingStatus(false);
     const absl::Time deadline = absl::Now() + options_.drain_timeout;
@@ -463,6 +471,7 @@ void Daemon::Shutdown() {
     server_->Wait();
   }
   if (serving_ != nullptr) serving_->Shutdown();
+  if (step_ != nullptr) step_->Shutdown();
   if (reaper_.joinable()) reaper_.join();
   if (companion_ != nullptr) companion_->Shutdown();
   metrics_server_.reset();

@@ -61,13 +61,17 @@ struct DaemonOptions {
   bool step_graphs = true;         // step::CudaEngineOptions::graphs
   bool step_pdl = true;            // step::CudaEngineOptions::pdl
   int step_timing_every = 16;      // step::CudaEngineOptions::timing_every
+  // Open StepStreams in the daemon and per session (--max_step_streams,
+  // --max_step_streams_per_session; docs/DAEMON.md "Limits").
+  int max_step_streams = 64;
+  int max_step_streams_per_session = 4;
   int64_t max_message_bytes = int64_t{64} << 20;
   // gRPC server reflection (grpcurl list/describe; --grpc_reflection). In
   // this gRPC (1.51) it is a sync service, so gRPC polls sync completion
   // queues next to the callback one; rpc_benchmark's floor rows measured
   // no cost from that (a bare callback server and the same next to a sync
-  // service within noise, dev VM 2026-12-01), and the Step service is sync
-  // anyway, so it stays on by default.
+  // service within noise, dev VM 2026-12-01), so it stays on by default.
+  // (The Step service is on the callback API too since StepStream.)
   bool grpc_reflection = true;
   // gRPC threads in all (pollers and handlers), and calls in flight on one
   // connection (docs/DAEMON.md "Limits").

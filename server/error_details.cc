@@ -58,6 +58,21 @@ void AttachFieldViolation(absl::string_view field, absl::Status* status) {
   status->SetPayload(kBadRequestTypeUrl, absl::Cord(bad.SerializeAsString()));
 }
 
+std::string ViolatedField(const absl::Status& status) {
+  if (status.code() != absl::StatusCode::kInvalidArgument &&
+      status.code() != absl::StatusCode::kOutOfRange) {
+    return "";
+  }
+  if (auto p = status.GetPayload(kBadRequestTypeUrl)) {
+    google::rpc::BadRequest bad;
+    if (bad.ParseFromString(std::string(*p)) &&
+        bad.field_violations_size() > 0) {
+      return bad.field_violations(0).field();
+    }
+  }
+  return LeadingFieldPath(status.message());
+}
+
 grpc::Status ToGrpcStatusWithDetails(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   const auto code = static_cast<grpc::StatusCode>(status.code());

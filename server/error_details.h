@@ -30,6 +30,12 @@ std::string LeadingFieldPath(absl::string_view message);
 // Adds a violation of `field` (description = the message) to `status`.
 void AttachFieldViolation(absl::string_view field, absl::Status* status);
 
+// The field a refused request got wrong, as ToGrpcStatusWithDetails puts
+// it into the BadRequest detail (its first violation): for
+// INVALID_ARGUMENT and OUT_OF_RANGE only, "" when none is known. A
+// StepStream reply carries it (StepResponse.error_field).
+std::string ViolatedField(const absl::Status& status);
+
 // The grpc::Status for `status`; INVALID_ARGUMENT and OUT_OF_RANGE carry
 // a google.rpc.Status with a BadRequest detail when a field is known.
 grpc::Status ToGrpcStatusWithDetails(const absl::Status& status);

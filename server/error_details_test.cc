@@ -63,5 +63,20 @@ TEST(ToGrpcStatusWithDetailsTest, OtherCodesAndUnknownFieldsHaveNoDetails) {
             "");
 }
 
+TEST(ViolatedFieldTest, IsTheFieldTheDetailWouldCarry) {
+  EXPECT_EQ(ViolatedField(absl::InvalidArgumentError(
+                "slot_mapping[2] = 9 duplicates slot_mapping[0]")),
+            "slot_mapping[2]");
+  EXPECT_EQ(ViolatedField(absl::OutOfRangeError("step_id: 5 is not next")),
+            "step_id");
+  absl::Status attached = absl::InvalidArgumentError("both are wrong");
+  AttachFieldViolation("seq_lens[1]", &attached);
+  EXPECT_EQ(ViolatedField(attached), "seq_lens[1]");
+  // Only for the codes that carry a BadRequest.
+  EXPECT_EQ(ViolatedField(absl::NotFoundError("registration_id: no such")), "");
+  EXPECT_EQ(ViolatedField(absl::InvalidArgumentError("no field here")), "");
+  EXPECT_EQ(ViolatedField(absl::OkStatus()), "");
+}
+
 }  // namespace
 }  // namespace kvdepot

@@ -77,10 +77,17 @@ ABSL_FLAG(bool, step_pdl, true,
           "with Programmatic Dependent Launch (each launched while the "
           "previous one drains, waiting for it on the GPU).");
 ABSL_FLAG(int32_t, step_timing_every, 16,
-          "CUDA backend, step path: every Nth step records CUDA events around "
-          "each phase (flag seen to done written) for the "
+          "CUDA backend, step path: every Nth step stamps each phase with "
+          "the GPU timer (flag passed to the phase's kernels done) for the "
           "kvdepot_step_phase_us histograms and StepStatus' handoff_p50_us; "
           "0 = never. Timed steps have their own CUDA graph.");
+ABSL_FLAG(int, max_step_streams, 64,
+          "Step path: StepStream calls open at once in the daemon, all "
+          "sessions together; one more ends at once with "
+          "RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int, max_step_streams_per_session, 4,
+          "Step path: StepStream calls one session may have open at once; "
+          "one more ends at once with RESOURCE_EXHAUSTED.");
 ABSL_FLAG(bool, cuda_blocking_sync, true,
           "CUDA backend: host threads waiting for the GPU sleep "
           "(cudaDeviceScheduleBlockingSync) instead of spinning a core.");
@@ -242,6 +249,14 @@ int main(int argc, char** argv) {
     return UsageError("--step_timing_every must be >= 0 (0 = never)");
   }
   options.step_timing_every = absl::GetFlag(FLAGS_step_timing_every);
+  options.max_step_streams = absl::GetFlag(FLAGS_max_step_streams);
+  options.max_step_streams_per_session =
+      absl::GetFlag(FLAGS_max_step_streams_per_session);
+  if (options.max_step_streams < 1 ||
+      options.max_step_streams_per_session < 1) {
+    return UsageError(
+        "--max_step_streams and --max_step_streams_per_session must be >= 1");
+  }
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.grpc_reflection = absl::GetFlag(FLAGS_grpc_reflection);
   options.max_pool_bytes = absl::GetFlag(FLAGS_max_pool_bytes);

@@ -1,7 +1,8 @@
 // The step path inside the daemon (the one hook server/daemon.cc calls):
 // picks the engine for the backend (CUDA, or one that refuses every
-// registration), owns the registry and the gRPC service, and registers the
-// service with the daemon's ServerBuilder.
+// registration), owns the registry, the gRPC service and the worker pool
+// its long calls run on, and registers the service with the daemon's
+// ServerBuilder.
 #ifndef KVDEPOT_SERVER_STEP_STEP_SERVER_H_
 #define KVDEPOT_SERVER_STEP_STEP_SERVER_H_
 
@@ -16,38 +17,58 @@
 #include "server/step/step_engine.h"
 #include "server/step/step_registry.h"
 #include "server/step/step_service.h"
+#include "server/worker_pool.h"
 
 namespace kvdepot::step {
 
-class StepServer {
- public:
-  StepServer(std::unique_ptr<StepEngineFactory> factory,
-             const PoolRegistry* pools, SessionManager* sessions,
-             RegistryOptions options);
-
-  StepRegistry* registry() { return &registry_; }
-  StepService* service() { return &service_; }
-
- private:
-  std::unique_ptr<StepEngineFactory> factory_;
-  StepRegistry registry_;
-  StepService service_;
-};
-
-// The CUDA engine's settings (cuda_engine.h CudaEngineOptions, which this
-// header cannot name in a build without CUDA).
-struct StepEngineSettings {
+struct StepServerOptions {
+  RegistryOptions registry;
+  StepServiceOptions service;
+  // The pool RegisterWorker and Unregister run on (the daemon's
+  // --worker_threads and --max_queued_calls).
+  int worker_threads = 4;
+  int max_queued_calls = 1024;
+  // The CUDA engine's CudaEngineOptions (cuda_engine.h, which this header
+  // cannot name in a build without CUDA).
   bool graphs = true;
   bool pdl = true;
   int timing_every = 16;
 };
 
+class StepServer {
+ public:
+  StepServer(std::unique_ptr<StepEngineFactory> factory,
+             const PoolRegistry* pools, SessionManager* sessions,
+             const StepServerOptions& options);
+
+  StepRegistry* registry() { return &registry_; }
+  StepService* service() { return &service_; }
+
+  // Before the gRPC server's Shutdown: ends the open StepStreams.
+  void EndStreams() { service_.EndAllStreams(); }
+  // After the gRPC server's Wait: runs the queued calls and joins the
+  // pool's threads.
+  void Shutdown() { pool_.Shutdown(); }
+
+ private:
+  std::unique_ptr<StepEngineFactory> factory_;
+  StepRegistry registry_;
+  WorkerPool pool_;
+  StepService service_;
+};
+
 // The step path for `backend`: the CUDA engine on the CUDA backend, else
 // one that refuses every registration. The caller registers service() with
-// its ServerBuilder; the result must outlive the server.
-std::unique_ptr<StepServer> MakeStepServer(
+// its ServerBuilder; the result must outlive the server. INVALID_ARGUMENT
+// for limits or pool sizes below 1.
+absl::StatusOr<std::unique_ptr<StepServer>> MakeStepServer(
     const Backend& backend, const PoolRegistry* pools, SessionManager* sessions,
-    const StepEngineSettings& settings = {});
+    const StepServerOptions& options);
+
+// The same with `factory` (tests: an engine without a GPU).
+absl::StatusOr<std::unique_ptr<StepServer>> MakeStepServer(
+    std::unique_ptr<StepEngineFactory> factory, const PoolRegistry* pools,
+    SessionManager* sessions, const StepServerOptions& options);
 
 }  // namespace kvdepot::step
 

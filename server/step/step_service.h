@@ -1,44 +1,93 @@
 // The kvdepot.v1.Step gRPC service (proto/kvdepot/v1/step.proto): the
-// service edge of the step path. Each handler authenticates the call's
-// session, runs the registry (host work only: checks, plan, enqueue) and
-// replies at once; no handler waits for the GPU.
+// service edge of the step path, on gRPC's callback API like the KVCache
+// service (server/serving.h). Each handler authenticates the call's
+// session and runs the registry. Step, StepStatus, GrantRegistration and
+// ListRegistrations are host work only (checks, plan, enqueue) and run on
+// the gRPC thread that read them; RegisterWorker (device allocations,
+// uploads, engine creation) and Unregister (it cancels through the
+// engine) run on a bounded WorkerPool, and a full pool answers
+// RESOURCE_EXHAUSTED at once. No handler waits for the GPU.
+//
+// StepStream (step_stream.h) is a bidirectional stream of Steps: read,
+// the same registry Step as the unary call, write, read; an idle stream
+// holds no thread.
 #ifndef KVDEPOT_SERVER_STEP_STEP_SERVICE_H_
 #define KVDEPOT_SERVER_STEP_STEP_SERVICE_H_
 
-#include <memory>
+#include <grpcpp/grpcpp.h>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
 #include "kvdepot/v1/step.grpc.pb.h"
 #include "server/sessions.h"
 #include "server/step/step_registry.h"
+#include "server/step/stream_slots.h"
+#include "server/worker_pool.h"
 
 namespace kvdepot::step {
 
-class StepService final : public v1::Step::Service {
- public:
-  StepService(StepRegistry* registry, SessionManager* sessions)
-      : registry_(registry), sessions_(sessions) {}
+class StepStreamReactor;
 
-  grpc::Status RegisterWorker(grpc::ServerContext* ctx,
-                              const v1::RegisterWorkerRequest* request,
-                              v1::RegisterWorkerResponse* response) override;
-  grpc::Status Step(grpc::ServerContext* ctx, const v1::StepRequest* request,
-                    v1::StepResponse* response) override;
-  grpc::Status StepStatus(grpc::ServerContext* ctx,
-                          const v1::StepStatusRequest* request,
-                          v1::StepStatusResponse* response) override;
-  grpc::Status Unregister(grpc::ServerContext* ctx,
-                          const v1::UnregisterRequest* request,
-                          v1::UnregisterResponse* response) override;
-  grpc::Status GrantRegistration(
-      grpc::ServerContext* ctx, const v1::GrantRegistrationRequest* request,
+struct StepServiceOptions {
+  // Open StepStreams in the daemon and per session (docs/DAEMON.md,
+  // --max_step_streams, --max_step_streams_per_session); each >= 1.
+  int max_streams = 64;
+  int max_streams_per_session = 4;
+};
+
+class StepService final : public v1::Step::CallbackService {
+ public:
+  // `pool` runs RegisterWorker and Unregister; everything must outlive
+  // the gRPC server.
+  StepService(StepRegistry* registry, SessionManager* sessions,
+              WorkerPool* pool, StepServiceOptions options);
+
+  using Ctx = grpc::CallbackServerContext;
+  grpc::ServerUnaryReactor* RegisterWorker(
+      Ctx* ctx, const v1::RegisterWorkerRequest* request,
+      v1::RegisterWorkerResponse* response) override;
+  grpc::ServerUnaryReactor* Step(Ctx* ctx, const v1::StepRequest* request,
+                                 v1::StepResponse* response) override;
+  grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>* StepStream(
+      Ctx* ctx) override;
+  grpc::ServerUnaryReactor* StepStatus(
+      Ctx* ctx, const v1::StepStatusRequest* request,
+      v1::StepStatusResponse* response) override;
+  grpc::ServerUnaryReactor* Unregister(
+      Ctx* ctx, const v1::UnregisterRequest* request,
+      v1::UnregisterResponse* response) override;
+  grpc::ServerUnaryReactor* GrantRegistration(
+      Ctx* ctx, const v1::GrantRegistrationRequest* request,
       v1::GrantRegistrationResponse* response) override;
-  grpc::Status ListRegistrations(
-      grpc::ServerContext* ctx, const v1::ListRegistrationsRequest* request,
+  grpc::ServerUnaryReactor* ListRegistrations(
+      Ctx* ctx, const v1::ListRegistrationsRequest* request,
       v1::ListRegistrationsResponse* response) override;
 
+  // Ends every open StepStream with UNAVAILABLE and refuses new ones (the
+  // daemon's drain: an open stream would hold the server's shutdown until
+  // its deadline). Idempotent.
+  void EndAllStreams();
+  // StepStreams open now (bound or not).
+  int open_streams() const { return slots_.open(); }
+
  private:
+  friend class StepStreamReactor;
+  // Runs `call` on the pool (or answers RESOURCE_EXHAUSTED when it is
+  // full); its status finishes the call.
+  template <typename Call>
+  grpc::ServerUnaryReactor* Offload(Ctx* ctx, Call call);
+  // A StepStream reactor starts (false: draining) and ends.
+  bool AddStream(StepStreamReactor* s);
+  void RemoveStream(StepStreamReactor* s);
+
   StepRegistry* const registry_;
   SessionManager* const sessions_;
+  WorkerPool* const pool_;
+  StreamSlots slots_;
+  absl::Mutex mu_;
+  absl::flat_hash_set<StepStreamReactor*> streams_ ABSL_GUARDED_BY(mu_);
+  bool ending_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace kvdepot::step

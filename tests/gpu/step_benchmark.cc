@@ -17,7 +17,8 @@
 //       events per layer, ConvertTopk and SwaDecodeIndex inline, fewer
 //       steps (--steps_b: it is slow);
 // and for (c) the process CPU of schedulers in their own process
-// (step_scheduler.cc with the sync and the callback API, step_scheduler.py)
+// (step_scheduler.cc with the sync and the callback API and a StepStream,
+// step_scheduler.py)
 // sending the same StepRequests. Subsets: --modes, --batches, --work_us,
 // --index_formats, --external_schedulers.
 #include <cuda_runtime_api.h>
@@ -65,9 +66,11 @@ ABSL_FLAG(std::string, json, "", "also write the rows as JSON here");
 ABSL_FLAG(std::string, modes, "a,b,c",
           "modes to run: a = library, b = per-layer RPCs, c = step path");
 ABSL_FLAG(int, steps_b, 5, "measured steps of mode (b) per configuration");
-ABSL_FLAG(std::string, external_schedulers, "cpp_sync,cpp_callback,python",
+ABSL_FLAG(std::string, external_schedulers,
+          "cpp_sync,cpp_callback,cpp_stream,python",
           "schedulers in their own process measured on (c): cpp_sync, "
-          "cpp_callback (step_scheduler), python (step_scheduler.py)");
+          "cpp_callback, cpp_stream (step_scheduler --api=sync, callback, "
+          "stream), python (step_scheduler.py)");
 ABSL_FLAG(std::string, python, "python3", "the interpreter of python");
 ABSL_FLAG(std::vector<std::string>, daemon_flags, {},
           "extra kvdepotd flags, comma-separated (e.g. --step_graphs=false)");
@@ -472,9 +475,8 @@ std::vector<std::string> SchedulerArgv(const std::string& name,
   const std::vector<std::string> common = {"--socket=" + socket,
                                            "--request=" + request};
   std::vector<std::string> argv;
-  if (name == "cpp_sync" || name == "cpp_callback") {
-    argv = {BesideSelf("step_scheduler"),
-            name == "cpp_sync" ? "--api=sync" : "--api=callback"};
+  if (name == "cpp_sync" || name == "cpp_callback" || name == "cpp_stream") {
+    argv = {BesideSelf("step_scheduler"), "--api=" + name.substr(4)};
   } else if (name == "python") {
     argv = {absl::GetFlag(FLAGS_python), BesideSelf("step_scheduler.py")};
   } else {

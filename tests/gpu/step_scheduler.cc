@@ -19,9 +19,12 @@
 //
 // What it does per step, and nothing else: the StepRequest, its arena of
 // bytes fields and the reply are reused (their capacity stays; filling a
-// field is one memcpy), one ClientContext per call (gRPC requires it), and
-// the call is the sync unary API (--api=sync) or the callback API waited on
-// a notification (--api=callback).
+// field is one memcpy), and either one ClientContext per call (gRPC
+// requires it) with the sync unary API (--api=sync) or the callback API
+// waited on a notification (--api=callback), or one StepStream for the
+// whole run (--api=stream): one Write and one Read per step, a refusal in
+// the reply's error_code (the stream stays open; a stream that ended is
+// opened again at the next step).
 #include <sys/resource.h>
 #include <time.h>
 
@@ -45,7 +48,7 @@
 
 ABSL_FLAG(std::string, socket, "", "kvdepotd's Unix socket");
 ABSL_FLAG(std::string, request, "", "a serialized kvdepot.v1.StepRequest");
-ABSL_FLAG(std::string, api, "sync", "sync or callback");
+ABSL_FLAG(std::string, api, "sync", "sync, callback or stream");
 ABSL_FLAG(int, in_flight_retry_ms, 10000,
           "how long a Step refused with RESOURCE_EXHAUSTED (two steps in "
           "flight) is sent again");
@@ -89,7 +92,15 @@ int Run(int argc, char** argv) {
     std::fprintf(stderr, "step_scheduler: cannot parse --request\n");
     return 2;
   }
-  const bool callback = absl::GetFlag(FLAGS_api) == "callback";
+  const std::string api = absl::GetFlag(FLAGS_api);
+  if (api != "sync" && api != "callback" && api != "stream") {
+    std::fprintf(stderr,
+                 "step_scheduler: --api=%s: use sync, callback or "
+                 "stream\n",
+                 api.c_str());
+    return 2;
+  }
+  const bool callback = api == "callback";
   std::vector<Array> arrays = {
       {&v1::StepRequest::mutable_slot_mapping, Ints(request.slot_mapping())},
       {&v1::StepRequest::mutable_compressed_slot_mapping,
@@ -109,6 +120,26 @@ int Run(int argc, char** argv) {
                                 grpc::InsecureChannelCredentials(), args);
   std::unique_ptr<v1::Step::Stub> stub = v1::Step::NewStub(channel);
   v1::StepResponse reply;
+  // --api=stream: the run's stream (opened at the first step, and again
+  // after one ended).
+  std::unique_ptr<grpc::ClientContext> stream_ctx;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>>
+      stream;
+  auto stream_send = [&]() -> absl::Status {
+    if (stream == nullptr) {
+      stream_ctx = std::make_unique<grpc::ClientContext>();
+      stream = stub->StepStream(stream_ctx.get());
+    }
+    if (stream->Write(request) && stream->Read(&reply)) {
+      return absl::Status(static_cast<absl::StatusCode>(reply.error_code()),
+                          reply.error_message());
+    }
+    const grpc::Status s = stream->Finish();
+    stream.reset();
+    return absl::Status(s.ok() ? absl::StatusCode::kUnavailable
+                               : static_cast<absl::StatusCode>(s.error_code()),
+                        s.ok() ? "the step stream ended" : s.error_message());
+  };
   InFlightRetry retry_policy;
   retry_policy.budget =
       absl::Milliseconds(absl::GetFlag(FLAGS_in_flight_retry_ms));
@@ -128,6 +159,7 @@ int Run(int argc, char** argv) {
     // One call; a refusal consumes no step id, so a retry sends the same
     // request again (with a fresh ClientContext, as gRPC requires).
     auto send = [&]() -> absl::Status {
+      if (api == "stream") return stream_send();
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::seconds(10));
@@ -161,6 +193,10 @@ int Run(int argc, char** argv) {
                   std::string(s.message()).c_str());
     }
     std::fflush(stdout);
+  }
+  if (stream != nullptr) {
+    stream->WritesDone();
+    stream->Finish();
   }
   std::printf("cpu_us %.1f steps %d retries %d\n",
               cpu0 < 0 ? 0.0 : ProcessCpuUs() - cpu0, steps, retries);

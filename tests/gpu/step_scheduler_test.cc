@@ -1,6 +1,8 @@
 // step_scheduler (step_benchmark's scheduler process) against a CPU
-// kvdepotd, no GPU: the pipe protocol, the session travelling in the
-// request, the daemon's status codes coming back, the CPU report. The CPU
+// kvdepotd, no GPU, with each API (sync, callback, stream): the pipe
+// protocol, the session travelling in the request, the daemon's status
+// codes coming back (on a stream, as each message's reply while the stream
+// stays open), the CPU report. The CPU
 // backend has no step path, so a fake Step service stands in for a daemon
 // whose registration has two steps in flight: the refused step is sent
 // again (step_send_retry.h), within the budget, and nothing else is.
@@ -83,7 +85,8 @@ TEST_P(StepSchedulerTest, ARealSessionReachesTheStepService) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Apis, StepSchedulerTest,
-                         ::testing::Values("--api=sync", "--api=callback"));
+                         ::testing::Values("--api=sync", "--api=callback",
+                                           "--api=stream"));
 
 // Answers the first `refusals` calls with the daemon's "two steps in flight"
 // refusal (or `code`), every later one OK; records the step ids it saw.
@@ -103,6 +106,23 @@ class FakeStepService final : public v1::Step::Service {
     }
     reply->set_step_id(request->step_id());
     reply->set_queued(2);
+    return grpc::Status::OK;
+  }
+  // The same answers as a stream: each refusal is its message's reply.
+  grpc::Status StepStream(
+      grpc::ServerContext* ctx,
+      grpc::ServerReaderWriter<v1::StepResponse, v1::StepRequest>* stream)
+      override {
+    v1::StepRequest request;
+    while (stream->Read(&request)) {
+      v1::StepResponse reply;
+      const grpc::Status s = Step(ctx, &request, &reply);
+      if (!s.ok()) {
+        reply.set_error_code(s.error_code());
+        reply.set_error_message(s.error_message());
+      }
+      if (!stream->Write(reply)) break;
+    }
     return grpc::Status::OK;
   }
   std::vector<uint64_t> seen() {
@@ -190,7 +210,8 @@ TEST_P(StepSchedulerRetryTest, OtherCodesAreNotSentAgain) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Apis, StepSchedulerRetryTest,
-                         ::testing::Values("--api=sync", "--api=callback"));
+                         ::testing::Values("--api=sync", "--api=callback",
+                                           "--api=stream"));
 
 }  // namespace
 }  // namespace kvdepot::testing

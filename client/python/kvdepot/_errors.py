@@ -11,10 +11,14 @@ class KVCacheError(Exception):
     message naming the field and index, like the daemon's.
     """
 
-    def __init__(self, code: grpc.StatusCode, message: str):
+    def __init__(self, code: grpc.StatusCode, message: str,
+                 field: str = ""):
         super().__init__(f"{code.name}: {message}")
         self.code = code
         self.message = message
+        # The field the daemon named as wrong ("slot_mapping[17]"), where
+        # it says (a StepStream reply's error_field); "" otherwise.
+        self.field = field
 
 
 class ClientClosed(KVCacheError):

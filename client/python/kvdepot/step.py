@@ -15,9 +15,13 @@ kvdepot.torch.StepWorker. No torch needed here.
          block_tables_in_buffer=True, block_table_cols=cols)
     f = step_async(kv, reg.registration_id, step_id=2, ...)  # no wait
     ...; f.result()   # before the next step is sent
+    with StepStream(kv) as s:   # one call for every step: cheaper
+        s.send(reg.registration_id, step_id=3, slot_mapping=[...], ...)
 """
 
+import queue
 import struct
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
@@ -29,7 +33,7 @@ from kvdepot.v1 import step_pb2_grpc as spb_grpc
 
 from ._arrays import pack_int32, pack_int32_2d
 from ._buffers import Buffer
-from ._errors import KVCacheError, invalid_argument
+from ._errors import ClientClosed, KVCacheError, invalid_argument
 
 
 @dataclass
@@ -422,3 +426,109 @@ def list_registrations(client: Any) -> list:
                              spb.ListRegistrationsRequest(
                                  session_id=client.session_id),
                              _stub(client)).registrations)
+
+
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+_END = object()   # ends a StepStream's request iterator
+
+
+class StepStream:
+    """The scheduler's steps on one StepStream call (docs/STEP_PATH.md,
+    "StepStream"): step(request) sends one StepRequest (step_request()'s)
+    and waits for its reply; send() builds it from step()'s arguments.
+    Cheaper than a unary call per step (no per-call setup). Errors raise
+    KVCacheError as step() raises them (with .field, the field the daemon
+    named), and the stream stays open for the next step: a refusal is
+    that message's reply. RESOURCE_EXHAUSTED (two steps of the
+    registration in flight) is sent again on the same stream, with
+    step_async()'s backoff, for up to in_flight_retry_s (0 = raise at
+    once); `retries` counts those sends.
+
+    The stream is bound to the client's session (its kvdepot-session-id
+    metadata): a request naming another session is refused
+    (PERMISSION_DENIED). The daemon caps open streams per session and in
+    all (--max_step_streams_per_session, --max_step_streams): beyond them
+    the first step() raises RESOURCE_EXHAUSTED and the stream is closed.
+    close() (or the with block's end) ends the call and gives its slot
+    back. One thread at a time."""
+
+    def __init__(self, client: Any, in_flight_retry_s: float = 10.0):
+        client._check()
+        self._client = client
+        self._session = client.session_id
+        self.in_flight_retry_s = in_flight_retry_s
+        self.retries = 0
+        self._requests: "queue.Queue[Any]" = queue.Queue()
+        self._closed = False
+        self._lock = threading.Lock()
+        self._call = _stub(client).StepStream(
+            iter(self._requests.get, _END), metadata=client._metadata)
+
+    def __enter__(self) -> "StepStream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Ends the call (idempotent); later step()s raise ClientClosed."""
+        if self._closed:
+            return
+        self._closed = True
+        self._requests.put(_END)
+        self._call.cancel()
+
+    def send(self, registration_id: int, **step_args: Any
+             ) -> "spb.StepResponse":
+        """step(step_request(client, registration_id, **step_args))."""
+        return self.step(step_request(self._client, registration_id,
+                                      **step_args))
+
+    def step(self, request: "spb.StepRequest") -> "spb.StepResponse":
+        """Sends `request`, returns its StepResponse (accepted), or raises
+        the refusal as KVCacheError."""
+        with self._lock:
+            give_up: Optional[float] = None
+            backoff = IN_FLIGHT_FIRST_BACKOFF_S
+            while True:
+                reply = self._round_trip(request)
+                if reply.error_code == 0:
+                    return reply
+                code = _CODES.get(reply.error_code, grpc.StatusCode.UNKNOWN)
+                error = KVCacheError(code, reply.error_message,
+                                     reply.error_field)
+                if code == grpc.StatusCode.UNAUTHENTICATED and \
+                        self._session and \
+                        self._session == self._client.session_id:
+                    raise self._client._lose(
+                        "the daemon no longer knows the session "
+                        f"({reply.error_message})")
+                if code != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise error
+                now = time.monotonic()
+                if give_up is None:
+                    give_up = now + self.in_flight_retry_s
+                if now >= give_up:
+                    raise KVCacheError(
+                        code, f"{reply.error_message} (still refused after "
+                        f"{self.retries} retries over "
+                        f"{self.in_flight_retry_s:g} s)") from None
+                time.sleep(min(backoff, give_up - now))
+                backoff = min(2 * backoff, IN_FLIGHT_MAX_BACKOFF_S)
+                self.retries += 1
+
+    def _round_trip(self, request: "spb.StepRequest") -> "spb.StepResponse":
+        if self._closed:
+            raise ClientClosed("the step stream is closed (close() was "
+                               "called, or the call ended)")
+        self._client._check()
+        self._requests.put(request)
+        try:
+            return next(self._call)
+        except grpc.RpcError as e:
+            self.close()
+            raise self._client._rpc_error(e, self._session) from None
+        except StopIteration:
+            self.close()
+            raise KVCacheError(grpc.StatusCode.UNAVAILABLE,
+                               "the step stream ended") from None

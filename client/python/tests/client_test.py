@@ -485,6 +485,21 @@ class FakeStep(step_pb2_grpc.StepServicer):
             context.abort(code, f"scripted {code.name}")
         return step_pb2.StepResponse(queued=len(self.requests))
 
+    def StepStream(self, request_iterator, context):
+        """The same script as replies: a refusal is the message's answer
+        (error_field = "field_of_<code>") and the stream goes on."""
+        for request in request_iterator:
+            self.requests.append(request.SerializeToString())
+            code = self.codes.pop(0) if self.codes else grpc.StatusCode.OK
+            if code == grpc.StatusCode.OK:
+                yield step_pb2.StepResponse(step_id=request.step_id,
+                                            queued=len(self.requests))
+            else:
+                yield step_pb2.StepResponse(
+                    step_id=request.step_id, error_code=code.value[0],
+                    error_message=f"scripted {code.name}",
+                    error_field=f"field_of_{code.name}")
+
 
 class StepAsyncTest(unittest.TestCase):
     """kvdepot.step.step_async against a fake Step service (what the CPU
@@ -650,6 +665,102 @@ class StepAsyncTest(unittest.TestCase):
                 self.assertEqual(cm.exception.code,
                                  grpc.StatusCode.NOT_FOUND)
                 self.assertIn("no registration 12345", cm.exception.message)
+        finally:
+            d.stop()
+
+
+class StepStreamTest(unittest.TestCase):
+    """kvdepot.step.StepStream against the fake Step service (accepted
+    steps, retries) and the CPU daemon (refusals per message, the stream
+    staying open, the binding to the client's session, the per-session
+    limit and the slot given back by close())."""
+
+    def setUp(self):
+        self.fake = FakeStep()
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        step_pb2_grpc.add_StepServicer_to_server(self.fake, self.server)
+        port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+        self.addCleanup(self.server.stop, None)
+        self.kv = kvdepot.Client(f"127.0.0.1:{port}", open_session=False)
+        self.addCleanup(self.kv.close)
+
+    def send(self, s, step_id):
+        return s.send(7, step_id=step_id, slot_mapping=[3, -1],
+                      seq_lens=[2], query_lens=[2])
+
+    def test_refusals_raise_and_the_stream_goes_on(self):
+        I = grpc.StatusCode.INVALID_ARGUMENT
+        R = grpc.StatusCode.RESOURCE_EXHAUSTED
+        self.fake.codes = [I, R, R, grpc.StatusCode.OK,
+                           grpc.StatusCode.FAILED_PRECONDITION]
+        with kvdepot.step.StepStream(self.kv) as s:
+            with self.assertRaises(KVCacheError) as cm:
+                self.send(s, 1)
+            self.assertEqual(cm.exception.code, I)
+            self.assertEqual(cm.exception.field, "field_of_INVALID_ARGUMENT")
+            # Two refusals for depth: sent again on the same stream.
+            self.assertEqual(self.send(s, 1).step_id, 1)
+            self.assertEqual(s.retries, 2)
+            self.assertRaises(KVCacheError, self.send, s, 2)
+            self.assertEqual(self.send(s, 2).step_id, 2)
+            self.assertEqual(len(self.fake.requests), 6)
+        self.assertRaises(kvdepot.ClientClosed, self.send, s, 3)
+
+    def test_cpu_daemon_refuses_per_message_and_caps_streams(self):
+        d = Daemon("--max_step_streams_per_session=1")
+        try:
+            kv = d.connect(client_name="step_stream")
+            other = d.connect(client_name="other")
+            s = kvdepot.step.StepStream(kv)
+            for _ in range(2):   # refused, and the stream stays open
+                with self.assertRaises(KVCacheError) as cm:
+                    s.send(12345, step_id=1, slot_mapping=[0],
+                           seq_lens=[1], query_lens=[1])
+                self.assertEqual(cm.exception.code,
+                                 grpc.StatusCode.NOT_FOUND)
+                self.assertIn("no registration 12345", cm.exception.message)
+            # A request of another session on this client's stream.
+            with self.assertRaises(KVCacheError) as cm:
+                s.step(kvdepot.step.step_request(
+                    other, 12345, step_id=1, slot_mapping=[0],
+                    seq_lens=[1], query_lens=[1]))
+            self.assertEqual(cm.exception.code,
+                             grpc.StatusCode.PERMISSION_DENIED)
+            self.assertIn("bound to session", cm.exception.message)
+            # A second stream of the session: over its limit.
+            extra = kvdepot.step.StepStream(kv)
+            with self.assertRaises(KVCacheError) as cm:
+                extra.send(12345, step_id=1, slot_mapping=[0],
+                           seq_lens=[1], query_lens=[1])
+            self.assertEqual(cm.exception.code,
+                             grpc.StatusCode.RESOURCE_EXHAUSTED)
+            self.assertIn("--max_step_streams_per_session = 1",
+                          cm.exception.message)
+            # Another session is not limited by it.
+            with kvdepot.step.StepStream(other) as o:
+                self.assertRaises(KVCacheError, o.send, 1, step_id=1,
+                                  slot_mapping=[0], seq_lens=[1],
+                                  query_lens=[1])
+            # close() gives the slot back (the daemon sees the cancel
+            # shortly after).
+            s.close()
+            deadline = time.monotonic() + 10
+            while True:
+                again = kvdepot.step.StepStream(kv)
+                try:
+                    again.send(12345, step_id=1, slot_mapping=[0],
+                               seq_lens=[1], query_lens=[1])
+                except KVCacheError as e:
+                    again.close()
+                    if e.code == grpc.StatusCode.NOT_FOUND:
+                        break
+                    self.assertEqual(e.code,
+                                     grpc.StatusCode.RESOURCE_EXHAUSTED)
+                    self.assertLess(time.monotonic(), deadline)
+                    time.sleep(0.01)
+            kv.close()
+            other.close()
         finally:
             d.stop()
 

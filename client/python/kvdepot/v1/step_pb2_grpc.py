@@ -24,6 +24,11 @@ class StepStub(object):
                 request_serializer=kvdepot_dot_v1_dot_step__pb2.StepRequest.SerializeToString,
                 response_deserializer=kvdepot_dot_v1_dot_step__pb2.StepResponse.FromString,
                 )
+        self.StepStream = channel.stream_stream(
+                '/kvdepot.v1.Step/StepStream',
+                request_serializer=kvdepot_dot_v1_dot_step__pb2.StepRequest.SerializeToString,
+                response_deserializer=kvdepot_dot_v1_dot_step__pb2.StepResponse.FromString,
+                )
         self.StepStatus = channel.unary_unary(
                 '/kvdepot.v1.Step/StepStatus',
                 request_serializer=kvdepot_dot_v1_dot_step__pb2.StepStatusRequest.SerializeToString,
@@ -57,6 +62,21 @@ class StepServicer(object):
 
     def Step(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StepStream(self, request_iterator, context):
+        """The scheduler's steps on one long-lived call (docs/STEP_PATH.md,
+        "StepStream"): one StepResponse per StepRequest, in order, each
+        checked and enqueued as a unary Step is. A refused step is answered
+        with error_code != 0 and the stream stays open. The stream is bound to
+        one session: the call's kvdepot-session-id metadata, else the first
+        message whose session_id authenticates; a message naming another
+        session is refused (PERMISSION_DENIED). Streams per session and per
+        daemon are capped (--max_step_streams_per_session, --max_step_streams):
+        beyond them the call ends with RESOURCE_EXHAUSTED.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -95,6 +115,11 @@ def add_StepServicer_to_server(servicer, server):
             ),
             'Step': grpc.unary_unary_rpc_method_handler(
                     servicer.Step,
+                    request_deserializer=kvdepot_dot_v1_dot_step__pb2.StepRequest.FromString,
+                    response_serializer=kvdepot_dot_v1_dot_step__pb2.StepResponse.SerializeToString,
+            ),
+            'StepStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.StepStream,
                     request_deserializer=kvdepot_dot_v1_dot_step__pb2.StepRequest.FromString,
                     response_serializer=kvdepot_dot_v1_dot_step__pb2.StepResponse.SerializeToString,
             ),
@@ -157,6 +182,23 @@ class Step(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/kvdepot.v1.Step/Step',
+            kvdepot_dot_v1_dot_step__pb2.StepRequest.SerializeToString,
+            kvdepot_dot_v1_dot_step__pb2.StepResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def StepStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(request_iterator, target, '/kvdepot.v1.Step/StepStream',
             kvdepot_dot_v1_dot_step__pb2.StepRequest.SerializeToString,
             kvdepot_dot_v1_dot_step__pb2.StepResponse.FromString,
             options, channel_credentials,
