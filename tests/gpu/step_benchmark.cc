@@ -72,6 +72,9 @@ ABSL_FLAG(std::string, external_schedulers,
           "cpp_callback, cpp_stream (step_scheduler --api=sync, callback, "
           "stream), python (step_scheduler.py)");
 ABSL_FLAG(std::string, python, "python3", "the interpreter of python");
+ABSL_FLAG(std::string, scheduler_api, "stream",
+          "how this process's scheduler (sch_c) sends Steps on (c): stream "
+          "(one StepStream) or unary (a sync Step call each)");
 ABSL_FLAG(std::vector<std::string>, daemon_flags, {},
           "extra kvdepotd flags, comma-separated (e.g. --step_graphs=false)");
 
@@ -509,8 +512,13 @@ absl::StatusOr<Row> Measure(StepRig* rig, LibraryMode* lib,
     Sender inproc = [&](StepInput& step) {
       const double t0 = ThreadCpuUs();
       int retries = 0;
+      const bool stream = absl::GetFlag(FLAGS_scheduler_api) == "stream";
       absl::Status st = SendRespectingDepth(
-          [&] { return rig->SendStep(step).status(); }, {}, &retries);
+          [&] {
+            return (stream ? rig->SendStepOnStream(step) : rig->SendStep(step))
+                .status();
+          },
+          {}, &retries);
       row.path_retries += retries;
       sched_cpu += ThreadCpuUs() - t0;
       return st;
@@ -570,6 +578,14 @@ absl::StatusOr<Row> Measure(StepRig* rig, LibraryMode* lib,
 int Run(int argc, char** argv) {
   SetStepEnvironment();
   absl::ParseCommandLine(argc, argv);
+  if (const std::string api = absl::GetFlag(FLAGS_scheduler_api);
+      api != "stream" && api != "unary") {
+    std::fprintf(stderr,
+                 "step_benchmark: --scheduler_api = \"%s\": stream "
+                 "or unary\n",
+                 api.c_str());
+    return 2;
+  }
   // The scheduler's host waits (mode (b)) sleep instead of spinning, as
   // the daemon's do: its CPU figure is then what it works, not what it waits.
   if (cudaSetDevice(0) != cudaSuccess ||
@@ -752,7 +768,8 @@ int Run(int argc, char** argv) {
       "handoff = phase_us - kern_us; /bare = handoff over the bare round "
       "trip (goal <= 1.1); rpc_hand = the same handoff for (b); dmn_c, sch_c "
       "= daemon process and scheduler thread CPU us per step on (c) (goal "
-      "sch_c <= 150 at B=256), dmn_b, sch_b the same on (b); the scheduler "
+      "sch_c <= 150 at B=256; --scheduler_api: this thread's Steps on a "
+      "StepStream or unary), dmn_b, sch_b the same on (b); the scheduler "
       "process CPU lines are (c) driven by step_scheduler / "
       "step_scheduler.py in their own process (every thread counted)\n");
   json += "]}\n";

@@ -88,6 +88,10 @@ absl::Status SyncWithin(cudaStream_t s, absl::Duration limit) {
 }
 
 StepRig::~StepRig() {
+  if (stream_ != nullptr) {
+    stream_->WritesDone();
+    stream_->Finish().IgnoreError();
+  }
   if (worker_ != nullptr) kvd_worker_close(worker_);
   if (options_.delete_pools && options_.create_pools && client_ != nullptr) {
     for (const PoolRef* p : {&main_, &swa_, &index_}) {
@@ -414,6 +418,26 @@ absl::StatusOr<v1::StepResponse> StepRig::SendStep(const StepInput& in) {
                         absl::StrCat("Step: ", s.error_message()));
   }
   return reply_;
+}
+
+absl::StatusOr<v1::StepResponse> StepRig::SendStepOnStream(
+    const StepInput& in) {
+  if (stream_ == nullptr) {
+    stream_ctx_ = std::make_unique<grpc::ClientContext>();
+    stream_ = stub_->StepStream(stream_ctx_.get());
+  }
+  FillRequest(in, &request_);
+  if (stream_->Write(request_) && stream_->Read(&reply_)) {
+    if (reply_.error_code() != 0) {
+      return absl::Status(static_cast<absl::StatusCode>(reply_.error_code()),
+                          absl::StrCat("Step: ", reply_.error_message()));
+    }
+    return reply_;
+  }
+  const grpc::Status s = stream_->Finish();
+  stream_.reset();
+  return absl::UnavailableError(
+      absl::StrCat("the step stream ended: ", s.error_message()));
 }
 
 absl::StatusOr<v1::RegistrationInfo> StepRig::Status() {

@@ -154,6 +154,10 @@ class StepRig {
   void FillRequest(const StepInput& in, v1::StepRequest* r) const;
   // The scheduler's call.
   absl::StatusOr<v1::StepResponse> SendStep(const StepInput& in);
+  // The same on the rig's StepStream (opened at its first step, and again
+  // after one ended): one Write and one Read; a refusal is the reply's
+  // error_code / error_message.
+  absl::StatusOr<v1::StepResponse> SendStepOnStream(const StepInput& in);
   // StepStatus of this registration.
   absl::StatusOr<v1::RegistrationInfo> Status();
   // Copies the step's rows into pinned staging (host; before EnqueueWorker).
@@ -239,6 +243,9 @@ class StepRig {
   uint64_t staged_step_ = 0;
   v1::StepRequest request_;  // SendStep's, reused
   v1::StepResponse reply_;
+  std::unique_ptr<grpc::ClientContext> stream_ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>>
+      stream_;
   std::vector<int32_t> expected_out_;  // [layers][n][top_k]
   std::vector<int32_t> expected_swa_;  // [n][window]
   uint64_t expected_out_of_range_ = 0;
