@@ -300,7 +300,7 @@ absl::Status Daemon::Init() {
   }
   if (!options_.metrics_address.empty()) {
     KVCacheService* service = service_.get();
-    step::StepRegistry* steps = step_->registry();
+    const step::StepServer* steps = step_.get();
     absl::StatusOr<std::unique_ptr<MetricsServer>> m = MetricsServer::Start(
         options_.metrics_address,
         [service, steps] {

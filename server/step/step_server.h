@@ -9,6 +9,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "server/backend/backend.h"
@@ -43,6 +44,10 @@ class StepServer {
 
   StepRegistry* registry() { return &registry_; }
   StepService* service() { return &service_; }
+  // The step path's /metrics text: the registry's and the streams'.
+  std::string RenderPrometheus() const {
+    return registry_.RenderPrometheus() + service_.RenderStreamMetrics();
+  }
 
   // Before the gRPC server's Shutdown: ends the open StepStreams.
   void EndStreams() { service_.EndAllStreams(); }

@@ -16,6 +16,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <string>
+
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
@@ -70,6 +72,8 @@ class StepService final : public v1::Step::CallbackService {
   void EndAllStreams();
   // StepStreams open now (bound or not).
   int open_streams() const { return slots_.open(); }
+  // The streams' gauge and refusal counter (StreamSlots::RenderPrometheus).
+  std::string RenderStreamMetrics() const { return slots_.RenderPrometheus(); }
 
  private:
   friend class StepStreamReactor;

@@ -7,6 +7,7 @@ namespace kvdepot::step {
 absl::Status StreamSlots::Open() {
   absl::MutexLock lock(&mu_);
   if (open_ >= max_streams_) {
+    ++refused_;
     return absl::ResourceExhaustedError(absl::StrCat(
         "StepStream: the daemon has ", open_,
         " step streams open, its limit (--max_step_streams = ", max_streams_,
@@ -21,6 +22,7 @@ absl::Status StreamSlots::Bind(uint64_t session) {
   int& n = per_session_[session];
   if (n >= max_per_session_) {
     if (n == 0) per_session_.erase(session);
+    ++refused_;
     return absl::ResourceExhaustedError(
         absl::StrCat("StepStream: session ", session, " has ", n,
                      " step streams open, the most one session may have "
@@ -48,6 +50,25 @@ int StreamSlots::open_of(uint64_t session) const {
   absl::MutexLock lock(&mu_);
   auto it = per_session_.find(session);
   return it == per_session_.end() ? 0 : it->second;
+}
+
+int64_t StreamSlots::refused() const {
+  absl::MutexLock lock(&mu_);
+  return refused_;
+}
+
+std::string StreamSlots::RenderPrometheus() const {
+  absl::MutexLock lock(&mu_);
+  return absl::StrCat(
+      "# HELP kvdepot_step_streams_open StepStream calls open.\n"
+      "# TYPE kvdepot_step_streams_open gauge\n"
+      "kvdepot_step_streams_open ",
+      open_,
+      "\n# HELP kvdepot_step_streams_refused_total StepStream calls refused "
+      "by --max_step_streams or --max_step_streams_per_session.\n"
+      "# TYPE kvdepot_step_streams_refused_total counter\n"
+      "kvdepot_step_streams_refused_total ",
+      refused_, "\n");
 }
 
 }  // namespace kvdepot::step

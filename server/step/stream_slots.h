@@ -6,6 +6,7 @@
 #define KVDEPOT_SERVER_STEP_STREAM_SLOTS_H_
 
 #include <cstdint>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -33,12 +34,18 @@ class StreamSlots {
 
   int open() const;
   int open_of(uint64_t session) const;
+  // Streams refused by either limit since start.
+  int64_t refused() const;
+  // The Prometheus text of open() (gauge kvdepot_step_streams_open) and
+  // refused() (counter kvdepot_step_streams_refused_total).
+  std::string RenderPrometheus() const;
 
  private:
   const int max_streams_;
   const int max_per_session_;
   mutable absl::Mutex mu_;
   int open_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t refused_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, int> per_session_ ABSL_GUARDED_BY(mu_);
 };
 

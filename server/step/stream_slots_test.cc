@@ -37,6 +37,15 @@ TEST(StreamSlotsTest, BoundsTheDaemonAndEachSessionAndGivesBack) {
   EXPECT_EQ(slots.open(), 0);
   EXPECT_EQ(slots.open_of(7), 0);
   EXPECT_EQ(slots.open_of(8), 0);
+  // The two refusals above are counted, and both figures reach /metrics.
+  EXPECT_EQ(slots.refused(), 2);
+  ASSERT_TRUE(slots.Open().ok());
+  const std::string text = slots.RenderPrometheus();
+  EXPECT_TRUE(absl::StrContains(text, "\nkvdepot_step_streams_open 1\n"))
+      << text;
+  EXPECT_TRUE(
+      absl::StrContains(text, "\nkvdepot_step_streams_refused_total 2\n"))
+      << text;
 }
 
 }  // namespace

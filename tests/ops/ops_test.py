@@ -456,6 +456,10 @@ class OpsTest(unittest.TestCase):
                   r'le="\+Inf"\} [1-9]')
         self.assertRegex(last, r'kvdepot_rejections_total\{reason="invalid_argument"\} [1-9]')
         self.assertRegex(last, r'kvdepot_kernel_seconds_total\{op="store"\} ')
+        # The step path's families are there on the CPU backend too.
+        self.assertRegex(last, r"kvdepot_step_registrations 0\n")
+        self.assertRegex(last, r"kvdepot_step_streams_open 0\n")
+        self.assertRegex(last, r"kvdepot_step_streams_refused_total 0\n")
 
     def check_stats(self):
         out = self.ctl_ok("stats")
