@@ -14,12 +14,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proto/wire.h"
-#include "server/cpu/cpu_backend.h"
-#include "server/pools.h"
-#include "server/sessions.h"
-#include "server/step/step_engine.h"
-#include "server/step/step_registry.h"
+#include "server/step/registry_fixture.h"
 
 namespace kvdepot::step {
 namespace {
@@ -33,90 +28,22 @@ constexpr int64_t kTableStride = 32;    // bytes: 8 int32, 4 of them used
 constexpr int64_t kTableOffset = 4096;  // into tables_
 constexpr int64_t kTablesBytes = 8192;
 
-std::string Pack(std::vector<int32_t> v) {
-  std::string out;
-  EncodeInt32s(v, &out);
-  return out;
-}
-
-// Records plans; finishes nothing (these tests never complete a step).
-class FakeEngine : public StepEngine {
- public:
-  absl::Status Enqueue(StepPlan plan) override {
-    plans.push_back(std::move(plan));
-    return absl::OkStatus();
-  }
-  void Cancel() override {}
-  std::deque<StepPlan> plans;
-};
-
-class FakeFactory : public StepEngineFactory {
- public:
-  absl::StatusOr<std::unique_ptr<StepEngine>> Create(
-      const RegistrationConfig& config, CompletionFn) override {
-    auto e = std::make_unique<FakeEngine>();
-    last = e.get();
-    last_config = config;
-    return e;
-  }
-  FakeEngine* last = nullptr;
-  RegistrationConfig last_config;
-};
-
-class StepBlockTablesTest : public ::testing::Test {
+class StepBlockTablesTest : public RegistryFixture {
  protected:
   void SetUp() override {
-    backend_ = MakeCpuBackend({});
-    pools_ = std::make_unique<PoolRegistry>(backend_.get(), int64_t{1} << 30);
-    sessions_ = std::make_unique<SessionManager>(SessionLimits());
-    RegistryOptions o;
-    o.watch_interval = absl::ZeroDuration();
-    registry_ = std::make_unique<StepRegistry>(&factory_, pools_.get(),
-                                               sessions_.get(), o);
+    RegistryFixture::SetUp();
     owner_ = Open("worker", 1000);
     // Another session of the same uid: it may use the pools, but buffers
     // belong to sessions (a grant names the session).
     other_ = Open("intruder", 1000);
-    for (auto [name, format, bs, blocks] :
-         {std::tuple{"main", "V41", 16, 64},
-          std::tuple{"index", "FP4_INDEX", 16, 64}}) {
-      v1::CreatePoolRequest r;
-      r.set_name(name);
-      r.set_format(format);
-      r.set_block_size(bs);
-      r.set_num_blocks(blocks);
-      r.set_num_layers(kLayers);
-      ASSERT_TRUE(pools_->Create(r, 1000).ok()) << name;
-    }
+    CreatePool("main", "V41", 16, 64, kLayers);
+    CreatePool("index", "FP4_INDEX", 16, 64, kLayers);
     doorbell_ = AddBuffer(owner_, 4096);
     io_ = AddBuffer(owner_, 1 << 20);
     tables_ = AddBuffer(owner_, kTablesBytes);
   }
-
-  Caller Open(const std::string& name, uid_t uid) {
-    PeerCredentials p;
-    p.uid = uid;
-    p.gid = uid;
-    p.pid = 1;
-    absl::StatusOr<OpenedSession> s = sessions_->OpenPeer(name, p);
-    EXPECT_TRUE(s.ok()) << s.status();
-    absl::StatusOr<Caller> c = sessions_->Authenticate(s->id, absl::Now());
-    EXPECT_TRUE(c.ok()) << c.status();
-    return *c;
-  }
-  uint64_t AddBuffer(const Caller& c, int64_t size) {
-    absl::StatusOr<std::unique_ptr<Memory>> m = backend_->Allocate(size, "cpu");
-    EXPECT_TRUE(m.ok());
-    absl::StatusOr<std::shared_ptr<Buffer>> b =
-        sessions_->AddBuffer(c, *std::move(m));
-    EXPECT_TRUE(b.ok()) << b.status();
-    return (*b)->id;
-  }
   uint8_t* BufferBase(uint64_t id) {
-    absl::StatusOr<std::shared_ptr<Buffer>> b =
-        sessions_->GetBuffer(owner_, "test", id);
-    EXPECT_TRUE(b.ok()) << b.status();
-    return b.ok() ? (*b)->memory->data() : nullptr;
+    return RegistryFixture::BufferBase(owner_, id);
   }
 
   // Two layers with main and index caches and phase B; the block tables
@@ -164,21 +91,16 @@ class StepBlockTablesTest : public ::testing::Test {
     r.set_registration_id(reg);
     r.set_step_id(step);
     r.set_num_tokens(3);
-    r.set_slot_mapping(Pack({5, -1, 700}));
+    r.set_slot_mapping(PackInt32s({5, -1, 700}));
     r.set_num_seqs(2);
-    r.set_seq_lens(Pack({10, 40}));
-    r.set_query_lens(Pack({1, 2}));
+    r.set_seq_lens(PackInt32s({10, 40}));
+    r.set_query_lens(PackInt32s({1, 2}));
     r.set_block_tables_in_buffer(true);
     r.set_block_table_cols(3);
     r.set_top_k(16);
     return r;
   }
 
-  FakeFactory factory_;
-  std::unique_ptr<Backend> backend_;
-  std::unique_ptr<PoolRegistry> pools_;
-  std::unique_ptr<SessionManager> sessions_;
-  std::unique_ptr<StepRegistry> registry_;
   Caller owner_, other_;
   uint64_t doorbell_ = 0, io_ = 0, tables_ = 0;
 };
@@ -333,7 +255,7 @@ TEST_F(StepBlockTablesTest, PlanHasNoTablesSectionWhenTheyAreInTheBuffer) {
   // (rounded to 4) more.
   v1::StepRequest inline_step = Step(id, 2);
   inline_step.set_block_tables_in_buffer(false);
-  inline_step.set_block_tables(Pack({1, 2, -1, 4, 5, 6}));
+  inline_step.set_block_tables(PackInt32s({1, 2, -1, 4, 5, 6}));
   r = registry_->Step(owner_, inline_step);
   ASSERT_TRUE(r.ok()) << r.status();
   const StepPlan& q = factory_.last->plans.back();
@@ -347,7 +269,7 @@ TEST_F(StepBlockTablesTest, EveryStepRuleRefusesAndEnqueuesNothing) {
   v1::RegisterWorkerRequest without = Registration();
   without.clear_block_tables();
   const uint64_t plain = Register(without);
-  FakeEngine* plain_engine = factory_.last;
+  RecordingEngine* plain_engine = factory_.last;
   v1::RegisterWorkerRequest no_b = Registration();
   no_b.clear_block_tables();
   for (v1::StepLayer& l : *no_b.mutable_layers()) {
@@ -355,9 +277,9 @@ TEST_F(StepBlockTablesTest, EveryStepRuleRefusesAndEnqueuesNothing) {
     l.clear_index_out();
   }
   const uint64_t no_phase_b = Register(no_b);
-  FakeEngine* no_b_engine = factory_.last;
+  RecordingEngine* no_b_engine = factory_.last;
   const uint64_t id = Register(Registration());
-  FakeEngine* engine = factory_.last;
+  RecordingEngine* engine = factory_.last;
   ASSERT_NE(plain, 0u);
   ASSERT_NE(no_phase_b, 0u);
   ASSERT_NE(id, 0u);
@@ -373,7 +295,7 @@ TEST_F(StepBlockTablesTest, EveryStepRuleRefusesAndEnqueuesNothing) {
        "block-table buffer"},
       {"flag with inline tables", id,
        [](v1::StepRequest* r) {
-         r->set_block_tables(Pack({1, 2, -1, 4, 5, 6}));
+         r->set_block_tables(PackInt32s({1, 2, -1, 4, 5, 6}));
        },
        "block_tables: 24 bytes, but block_tables_in_buffer is set"},
       {"cols zero", id, [](v1::StepRequest* r) { r->set_block_table_cols(0); },
@@ -400,7 +322,7 @@ TEST_F(StepBlockTablesTest, EveryStepRuleRefusesAndEnqueuesNothing) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr(c.message));
   }
-  for (FakeEngine* e : {plain_engine, no_b_engine, engine}) {
+  for (RecordingEngine* e : {plain_engine, no_b_engine, engine}) {
     EXPECT_TRUE(e->plans.empty());
   }
   for (uint64_t reg : {plain, no_phase_b, id}) {
@@ -412,7 +334,7 @@ TEST_F(StepBlockTablesTest, EveryStepRuleRefusesAndEnqueuesNothing) {
   EXPECT_TRUE(registry_->Step(owner_, Step(id, 1)).ok());
   v1::StepRequest inline_step = Step(plain, 1);
   inline_step.set_block_tables_in_buffer(false);
-  inline_step.set_block_tables(Pack({1, 2, -1, 4, 5, 6}));
+  inline_step.set_block_tables(PackInt32s({1, 2, -1, 4, 5, 6}));
   EXPECT_TRUE(registry_->Step(owner_, inline_step).ok());
   v1::StepRequest no_b_step = Step(no_phase_b, 1);
   no_b_step.set_block_tables_in_buffer(false);
