@@ -480,8 +480,9 @@ class CudaStepEngine : public StepEngine {
       return captured.ok() ? gpu::ToStatus(end, "capturing the step")
                            : captured;
     }
-    // Timed steps have two more operations per phase: their own
-    // executable graph, so neither kind's updates fail on the other's.
+    // Timed steps have one more kernel per phase (and the stamps' copy):
+    // their own executable graph, so neither kind's updates fail on the
+    // other's.
     cudaGraphExec_t& exec = graph_exec_[slot][h.timed ? 1 : 0];
     if (exec != nullptr) {
       cudaGraphExecUpdateResultInfo info;
