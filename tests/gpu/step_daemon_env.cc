@@ -6,7 +6,9 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/status_macros.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace kvdepot::testing {
@@ -35,6 +37,23 @@ void StepDaemonEnv::TearDown() {
     EXPECT_EQ(*code, 0) << "the daemon's exit code";
   }
   daemon_.reset();
+}
+
+absl::Status PrepareStepTest(const StepDaemonEnv* env,
+                             std::optional<Stream>* stream) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this test needs a CUDA device (", cudaGetErrorString(e), ")"));
+  }
+  if (env->daemon() == nullptr) {
+    return absl::FailedPreconditionError("the daemon did not start");
+  }
+  RETURN_IF_ERROR(Cuda(cudaSetDevice(0), "cudaSetDevice(0)"));
+  ASSIGN_OR_RETURN(Stream s, Stream::Create());
+  stream->emplace(std::move(s));
+  return absl::OkStatus();
 }
 
 StepDaemonEnv* AddStepDaemonEnv() {

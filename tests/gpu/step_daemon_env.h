@@ -6,10 +6,19 @@
 #define KVDEPOT_TESTS_GPU_STEP_DAEMON_ENV_H_
 
 #include <memory>
+#include <optional>
 
 #include "absl/status/statusor.h"
 #include "gtest/gtest.h"
 #include "tests/daemon_process.h"
+#include "tests/gpu/gpu_test_util.h"
+
+// The step tests' assertion on an absl::Status expression.
+#define ASSERT_OK(expr)                          \
+  do {                                           \
+    const absl::Status s_ = (expr);              \
+    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_; \
+  } while (false)
 
 namespace kvdepot::testing {
 
@@ -29,6 +38,11 @@ class StepDaemonEnv : public ::testing::Environment {
 
 // Registers a StepDaemonEnv with gtest (owned by gtest) and returns it.
 StepDaemonEnv* AddStepDaemonEnv();
+
+// What a test on the shared daemon checks first: a CUDA device, `env`'s
+// daemon up, device 0 current; then a fresh stream in *stream.
+absl::Status PrepareStepTest(const StepDaemonEnv* env,
+                             std::optional<Stream>* stream);
 
 }  // namespace kvdepot::testing
 

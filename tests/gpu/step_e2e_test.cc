@@ -26,12 +26,6 @@
 namespace kvdepot::testing {
 namespace {
 
-#define ASSERT_OK(expr)                          \
-  do {                                           \
-    const absl::Status s_ = (expr);              \
-    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_; \
-  } while (false)
-
 // More than 8 registrations: 32 hardware connections (GPU_HOST.md), set
 // before CUDA starts here and inherited by the daemon.
 const bool kEnvironment =
@@ -44,15 +38,7 @@ class StepE2eTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_TRUE(kEnvironment);
-    int count = 0;
-    const cudaError_t e = cudaGetDeviceCount(&count);
-    ASSERT_TRUE(e == cudaSuccess && count > 0)
-        << "this test needs a CUDA device (" << cudaGetErrorString(e) << ")";
-    ASSERT_NE(env->daemon(), nullptr) << "the daemon did not start";
-    ASSERT_OK(Cuda(cudaSetDevice(0), "cudaSetDevice(0)"));
-    absl::StatusOr<Stream> s = Stream::Create();
-    ASSERT_OK(s.status());
-    stream_.emplace(*std::move(s));
+    ASSERT_OK(PrepareStepTest(env, &stream_));
   }
 
   std::unique_ptr<StepRig> MakeRig(RigOptions o) {

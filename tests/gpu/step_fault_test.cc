@@ -43,12 +43,6 @@ extern char** environ;
 namespace kvdepot::testing {
 namespace {
 
-#define ASSERT_OK(expr)                          \
-  do {                                           \
-    const absl::Status s_ = (expr);              \
-    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_; \
-  } while (false)
-
 constexpr int kVictimLayers = 3;
 constexpr uint32_t kStopDeadlineMs = 8000;
 
@@ -175,8 +169,30 @@ class StepFaultTest : public ::testing::Test {
     ASSERT_OK(rig->ApplyReference(in));
     ASSERT_OK(rig->CheckIndexRows(in));
   }
+  // A rig of `daemon` with prefix, layers, pool layers (0 = layers) and
+  // worker watchdog (0 = the default).
+  std::unique_ptr<StepRig> MakeRig(const DaemonProcess& daemon,
+                                   const std::string& prefix, int layers,
+                                   int pool_layers = 0, int watchdog_ms = 0) {
+    RigOptions o;
+    o.prefix = prefix;
+    o.layers = layers;
+    o.pool_layers = pool_layers;
+    if (watchdog_ms > 0) o.watchdog_ms = watchdog_ms;
+    absl::StatusOr<std::unique_ptr<StepRig>> rig =
+        StepRig::Create(daemon.socket_path(), o);
+    EXPECT_TRUE(rig.ok()) << rig.status();
+    return rig.ok() ? *std::move(rig) : nullptr;
+  }
   std::optional<Stream> stream_;
 };
+
+// This test binary's path (the victim workers are this binary again).
+std::string SelfExe() {
+  char self[4096];
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  return len > 0 ? std::string(self, static_cast<size_t>(len)) : std::string();
+}
 
 bool AllZero(const uint8_t* device, int64_t bytes) {
   std::vector<uint8_t> host(bytes);
@@ -194,20 +210,14 @@ TEST_F(StepFaultTest, KilledWorkerIsReleasedAndTheOtherNeverStalls) {
   std::unique_ptr<DaemonProcess> daemon = StartDaemon();
   ASSERT_NE(daemon, nullptr);
   // The survivor owns the shared pools (3 layers) and drives layer 0 only.
-  RigOptions o;
-  o.prefix = "shared";
-  o.layers = 1;
-  o.pool_layers = kVictimLayers;
-  absl::StatusOr<std::unique_ptr<StepRig>> rig =
-      StepRig::Create(daemon->socket_path(), o);
-  ASSERT_OK(rig.status());
+  std::unique_ptr<StepRig> rig =
+      MakeRig(*daemon, "shared", /*layers=*/1, kVictimLayers);
+  ASSERT_NE(rig, nullptr);
   std::mt19937 rng(1305);
-  RunStep(rig->get(), 1, rng);
+  RunStep(rig.get(), 1, rng);
 
-  char self[4096];
-  const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  ASSERT_GT(len, 0);
-  self[len] = '\0';
+  const std::string self = SelfExe();
+  ASSERT_FALSE(self.empty());
   int out = -1;
   absl::StatusOr<pid_t> victim =
       Spawn({self, "--step_fault_child=" + daemon->socket_path()}, &out);
@@ -218,11 +228,11 @@ TEST_F(StepFaultTest, KilledWorkerIsReleasedAndTheOtherNeverStalls) {
   ASSERT_STREQ(line, "parked\n");
 
   // The victim's daemon stream is parked on its B_0 flag: ours goes on.
-  for (uint64_t step = 2; step <= 11; ++step) RunStep(rig->get(), step, rng);
+  for (uint64_t step = 2; step <= 11; ++step) RunStep(rig.get(), step, rng);
   // Pool layers 1 and 2 belong to the victim's phases that never ran.
-  const PoolLayout& ml = (*rig)->main_layout();
+  const PoolLayout& ml = rig->main_layout();
   ASSERT_TRUE(
-      AllZero((*rig)->main_pool() + ml.layer_offset(1), 2 * ml.layer_stride));
+      AllZero(rig->main_pool() + ml.layer_offset(1), 2 * ml.layer_stride));
 
   ASSERT_EQ(kill(*victim, SIGKILL), 0);
   ASSERT_OK(WaitForExit(*victim, absl::Seconds(30)).status());
@@ -235,11 +245,11 @@ TEST_F(StepFaultTest, KilledWorkerIsReleasedAndTheOtherNeverStalls) {
   for (int i = 0; i < 500 && !seen; ++i) {
     grpc::ClientContext ctx;
     v1::ListRegistrationsRequest r;
-    r.set_session_id((*rig)->client()->session_id());
+    r.set_session_id(rig->client()->session_id());
     v1::ListRegistrationsResponse list;
-    ASSERT_TRUE((*rig)->stub()->ListRegistrations(&ctx, r, &list).ok());
+    ASSERT_TRUE(rig->stub()->ListRegistrations(&ctx, r, &list).ok());
     for (const v1::RegistrationInfo& info : list.registrations()) {
-      if (info.registration_id() != (*rig)->registration_id() &&
+      if (info.registration_id() != rig->registration_id() &&
           info.cancelled() && info.completed_step_id() == 1) {
         victim_info = info;
         seen = true;
@@ -254,12 +264,12 @@ TEST_F(StepFaultTest, KilledWorkerIsReleasedAndTheOtherNeverStalls) {
       << victim_info.cancel_reason();
   EXPECT_NE(victim_info.status_bits() & doorbell::kStatusCancelled, 0u);
   EXPECT_TRUE(
-      AllZero((*rig)->main_pool() + ml.layer_offset(1), 2 * ml.layer_stride));
-  const PoolLayout& il = (*rig)->index_layout();
+      AllZero(rig->main_pool() + ml.layer_offset(1), 2 * ml.layer_stride));
+  const PoolLayout& il = rig->index_layout();
   EXPECT_TRUE(
-      AllZero((*rig)->index_pool() + il.layer_offset(1), 2 * il.layer_stride));
-  for (uint64_t step = 12; step <= 21; ++step) RunStep(rig->get(), step, rng);
-  rig->reset();
+      AllZero(rig->index_pool() + il.layer_offset(1), 2 * il.layer_stride));
+  for (uint64_t step = 12; step <= 21; ++step) RunStep(rig.get(), step, rng);
+  rig.reset();
   absl::StatusOr<int> code = daemon->Signal(SIGTERM, absl::Seconds(60));
   ASSERT_OK(code.status());
   EXPECT_EQ(*code, 0);
@@ -292,20 +302,14 @@ bool AwaitVictim(StepRig* rig,
 TEST_F(StepFaultTest, StoppedWorkerIsCancelledByTheWatchdogAndSeesItAfter) {
   std::unique_ptr<DaemonProcess> daemon = StartDaemon();
   ASSERT_NE(daemon, nullptr);
-  RigOptions o;
-  o.prefix = "shared";
-  o.layers = 1;
-  o.pool_layers = kVictimLayers;
-  absl::StatusOr<std::unique_ptr<StepRig>> rig =
-      StepRig::Create(daemon->socket_path(), o);
-  ASSERT_OK(rig.status());
+  std::unique_ptr<StepRig> rig =
+      MakeRig(*daemon, "shared", /*layers=*/1, kVictimLayers);
+  ASSERT_NE(rig, nullptr);
   std::mt19937 rng(1308);
-  RunStep(rig->get(), 1, rng);
+  RunStep(rig.get(), 1, rng);
 
-  char self[4096];
-  const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  ASSERT_GT(len, 0);
-  self[len] = '\0';
+  const std::string self = SelfExe();
+  ASSERT_FALSE(self.empty());
   int out = -1, in = -1;
   absl::StatusOr<pid_t> victim = SpawnWithStdin(
       {self, "--step_stop_child=" + daemon->socket_path()}, &out, &in);
@@ -335,18 +339,18 @@ TEST_F(StepFaultTest, StoppedWorkerIsCancelledByTheWatchdogAndSeesItAfter) {
   }
   v1::RegistrationInfo info;
   ASSERT_TRUE(AwaitVictim(
-      rig->get(), [](const v1::RegistrationInfo&) { return true; }, &info));
+      rig.get(), [](const v1::RegistrationInfo&) { return true; }, &info));
   EXPECT_FALSE(info.cancelled())
       << "C took longer than the victim's deadline: " << info.cancel_reason();
 
   // Ours goes on while the victim is stopped.
-  for (uint64_t step = 2; step <= 11; ++step) RunStep(rig->get(), step, rng);
-  const PoolLayout& ml = (*rig)->main_layout();
-  const PoolLayout& il = (*rig)->index_layout();
+  for (uint64_t step = 2; step <= 11; ++step) RunStep(rig.get(), step, rng);
+  const PoolLayout& ml = rig->main_layout();
+  const PoolLayout& il = rig->index_layout();
 
   // The deadline passes: the watchdog cancels and releases.
   ASSERT_TRUE(AwaitVictim(
-      rig->get(),
+      rig.get(),
       [](const v1::RegistrationInfo& i) {
         return i.cancelled() && i.completed_step_id() == 1;
       },
@@ -357,10 +361,10 @@ TEST_F(StepFaultTest, StoppedWorkerIsCancelledByTheWatchdogAndSeesItAfter) {
   EXPECT_GE(info.watchdog_expiries(), 1u);
   EXPECT_NE(info.status_bits() & doorbell::kStatusCancelled, 0u);
   EXPECT_TRUE(
-      AllZero((*rig)->main_pool() + ml.layer_offset(1), 2 * ml.layer_stride));
+      AllZero(rig->main_pool() + ml.layer_offset(1), 2 * ml.layer_stride));
   EXPECT_TRUE(
-      AllZero((*rig)->index_pool() + il.layer_offset(1), 2 * il.layer_stride));
-  for (uint64_t step = 12; step <= 21; ++step) RunStep(rig->get(), step, rng);
+      AllZero(rig->index_pool() + il.layer_offset(1), 2 * il.layer_stride));
+  for (uint64_t step = 12; step <= 21; ++step) RunStep(rig.get(), step, rng);
 
   // SIGCONT: the victim finishes its (cancelled) step and sees the status.
   ASSERT_EQ(kill(*victim, SIGCONT), 0);
@@ -379,8 +383,8 @@ TEST_F(StepFaultTest, StoppedWorkerIsCancelledByTheWatchdogAndSeesItAfter) {
   fclose(from);
   fclose(to);
   EXPECT_TRUE(
-      AllZero((*rig)->main_pool() + ml.layer_offset(1), 2 * ml.layer_stride));
-  rig->reset();
+      AllZero(rig->main_pool() + ml.layer_offset(1), 2 * ml.layer_stride));
+  rig.reset();
   absl::StatusOr<int> code = daemon->Signal(SIGTERM, absl::Seconds(60));
   ASSERT_OK(code.status());
   EXPECT_EQ(*code, 0);
@@ -389,26 +393,23 @@ TEST_F(StepFaultTest, StoppedWorkerIsCancelledByTheWatchdogAndSeesItAfter) {
 TEST_F(StepFaultTest, AStepThatNeverComesIsReleasedByTheWorkerWatchdog) {
   std::unique_ptr<DaemonProcess> daemon = StartDaemon();
   ASSERT_NE(daemon, nullptr);
-  RigOptions o;
-  o.prefix = "orphan";
-  o.layers = 2;
-  o.watchdog_ms = 300;
-  absl::StatusOr<std::unique_ptr<StepRig>> rig =
-      StepRig::Create(daemon->socket_path(), o);
-  ASSERT_OK(rig.status());
+  std::unique_ptr<StepRig> rig =
+      MakeRig(*daemon, "orphan", /*layers=*/2,
+              /*pool_layers=*/0, /*watchdog_ms=*/300);
+  ASSERT_NE(rig, nullptr);
   std::mt19937 rng(1306);
-  StepInput in = (*rig)->RandomStep(1, rng);
-  (*rig)->StageInputs(in);
+  StepInput in = rig->RandomStep(1, rng);
+  rig->StageInputs(in);
   // No Step request: the worker's stream parks on the begin phase.
-  ASSERT_OK((*rig)->EnqueueWorker(stream_->get()));
+  ASSERT_OK(rig->EnqueueWorker(stream_->get()));
   ASSERT_OK(SyncWithin(stream_->get(), absl::Seconds(20)));
   uint64_t bits = 0;
-  ASSERT_EQ(kvd_status((*rig)->worker(), &bits, nullptr, nullptr, nullptr),
+  ASSERT_EQ(kvd_status(rig->worker(), &bits, nullptr, nullptr, nullptr),
             KVD_OK);
   EXPECT_NE(bits & KVD_STATUS_WORKER_WATCHDOG, 0u);
-  EXPECT_EQ(kvd_mark((*rig)->worker(), stream_->get(), 1), KVD_ERR_RELEASED);
-  EXPECT_EQ(kvd_step_begin((*rig)->worker(), stream_->get()), KVD_ERR_RELEASED);
-  rig->reset();
+  EXPECT_EQ(kvd_mark(rig->worker(), stream_->get(), 1), KVD_ERR_RELEASED);
+  EXPECT_EQ(kvd_step_begin(rig->worker(), stream_->get()), KVD_ERR_RELEASED);
+  rig.reset();
   absl::StatusOr<int> code = daemon->Signal(SIGTERM, absl::Seconds(60));
   ASSERT_OK(code.status());
   EXPECT_EQ(*code, 0);
@@ -417,27 +418,24 @@ TEST_F(StepFaultTest, AStepThatNeverComesIsReleasedByTheWorkerWatchdog) {
 TEST_F(StepFaultTest, KilledDaemonIsCaughtByTheWorkerWatchdog) {
   std::unique_ptr<DaemonProcess> daemon = StartDaemon();
   ASSERT_NE(daemon, nullptr);
-  RigOptions o;
-  o.prefix = "lost";
-  o.layers = 2;
-  o.watchdog_ms = 300;
-  absl::StatusOr<std::unique_ptr<StepRig>> rig =
-      StepRig::Create(daemon->socket_path(), o);
-  ASSERT_OK(rig.status());
+  std::unique_ptr<StepRig> rig =
+      MakeRig(*daemon, "lost", /*layers=*/2,
+              /*pool_layers=*/0, /*watchdog_ms=*/300);
+  ASSERT_NE(rig, nullptr);
   std::mt19937 rng(1307);
-  RunStep(rig->get(), 1, rng);
-  StepInput in = (*rig)->RandomStep(2, rng);
-  (*rig)->StageInputs(in);
-  ASSERT_OK((*rig)->SendStep(in).status());
+  RunStep(rig.get(), 1, rng);
+  StepInput in = rig->RandomStep(2, rng);
+  rig->StageInputs(in);
+  ASSERT_OK(rig->SendStep(in).status());
   ASSERT_OK(daemon->Signal(SIGKILL, absl::Seconds(30)).status());
   // The doorbell outlives the daemon (this process holds the mapping).
-  ASSERT_OK((*rig)->EnqueueWorker(stream_->get()));
+  ASSERT_OK(rig->EnqueueWorker(stream_->get()));
   ASSERT_OK(SyncWithin(stream_->get(), absl::Seconds(20)));
   uint64_t bits = 0;
-  ASSERT_EQ(kvd_status((*rig)->worker(), &bits, nullptr, nullptr, nullptr),
+  ASSERT_EQ(kvd_status(rig->worker(), &bits, nullptr, nullptr, nullptr),
             KVD_OK);
   EXPECT_NE(bits & KVD_STATUS_WORKER_WATCHDOG, 0u);
-  EXPECT_EQ(kvd_step_begin((*rig)->worker(), stream_->get()), KVD_ERR_RELEASED);
+  EXPECT_EQ(kvd_step_begin(rig->worker(), stream_->get()), KVD_ERR_RELEASED);
 }
 
 }  // namespace

@@ -31,12 +31,6 @@
 namespace kvdepot::testing {
 namespace {
 
-#define ASSERT_OK(expr)                          \
-  do {                                           \
-    const absl::Status s_ = (expr);              \
-    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_; \
-  } while (false)
-
 const bool kEnvironment = (SetStepEnvironment(), true);
 
 StepDaemonEnv* const env = AddStepDaemonEnv();
@@ -119,15 +113,7 @@ class StepFusedTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_TRUE(kEnvironment);
-    int count = 0;
-    const cudaError_t e = cudaGetDeviceCount(&count);
-    ASSERT_TRUE(e == cudaSuccess && count > 0)
-        << "this test needs a CUDA device (" << cudaGetErrorString(e) << ")";
-    ASSERT_NE(env->daemon(), nullptr) << "the daemon did not start";
-    ASSERT_OK(Cuda(cudaSetDevice(0), "cudaSetDevice(0)"));
-    absl::StatusOr<Stream> s = Stream::Create();
-    ASSERT_OK(s.status());
-    stream_.emplace(*std::move(s));
+    ASSERT_OK(PrepareStepTest(env, &stream_));
     std::mt19937 rng(1401);
     fused_ = MakeFused(rng);
   }
