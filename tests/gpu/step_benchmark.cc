@@ -72,6 +72,10 @@ ABSL_FLAG(std::string, external_schedulers,
           "cpp_callback, cpp_stream (step_scheduler --api=sync, callback, "
           "stream), python (step_scheduler.py)");
 ABSL_FLAG(std::string, python, "python3", "the interpreter of python");
+ABSL_FLAG(bool, device_block_tables, true,
+          "the registrations keep their block tables in device memory "
+          "(StepRequest.block_tables_in_buffer: the Steps carry none); false "
+          "= every Step carries [B][64] int32 tables inline");
 ABSL_FLAG(std::string, scheduler_api, "stream",
           "how this process's scheduler (sch_c) sends Steps on (c): stream "
           "(one StepStream) or unary (a sync Step call each)");
@@ -648,6 +652,7 @@ int Run(int argc, char** argv) {
       o.top_k = absl::GetFlag(FLAGS_top_k);
       o.delete_pools = true;
       o.watchdog_ms = 60000;
+      o.device_block_tables = absl::GetFlag(FLAGS_device_block_tables);
       absl::StatusOr<std::unique_ptr<StepRig>> rig = StepRig::Create(socket, o);
       if (!rig.ok()) {
         std::fprintf(stderr, "%s B=%d: %s\n", fmt.c_str(), b,
