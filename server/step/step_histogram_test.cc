@@ -28,7 +28,7 @@ TEST(HistogramTest, ValuesLandInTheFirstBucketThatHoldsThem) {
 
 TEST(HistogramTest, QuantileInterpolatesInsideTheBucket) {
   Histogram h;
-  EXPECT_EQ(h.Quantile(kPhaseBoundsUs, 0.5), 0);  // empty
+  EXPECT_EQ(h.Quantile(kPhaseBoundsUs, 0.5), 0);          // empty
   for (int i = 0; i < 4; ++i) h.Add(kPhaseBoundsUs, 15);  // (10, 20]
   // rank 2 of 4 in (10, 20]: halfway.
   EXPECT_DOUBLE_EQ(h.Quantile(kPhaseBoundsUs, 0.5), 15);
