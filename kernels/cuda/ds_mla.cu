@@ -13,10 +13,12 @@
 // in flight (every load of a round issued before any math); the load is one
 // CTA per (segment, tile of kWarpsPerCta x kSteps tokens), grid-stride in
 // both, each warp issuing the loads of its kSteps tokens before decoding
-// any. LaunchOptions::ds_mla_round2 picks, for the benchmark, the store
-// with evict-first record stores (the default keeps the cache policy: see
-// DsMlaPutRecordChunks) and the load with 2 tokens per warp. Same bytes
-// either way.
+// any. Record stores keep the default cache policy (see
+// DsMlaPutRecordChunks). Measured on the H200 and not kept (docs/
+// BENCHMARKS.md): evict-first record stores, 4 tokens per warp in the
+// store, 2 in the load, 128- and 256-byte L2 prefetch hints on the loads;
+// both kernels run within 2.5 points of copy of their no-math traffic
+// ceilings (bench_ceiling.h).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -36,7 +38,7 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kWarpsPerCta = kThreads / kWarp;
 constexpr int kStoreSteps = 2;
-constexpr int kLoadSteps = 1, kRound2LoadSteps = 2;
+constexpr int kLoadSteps = 1;
 constexpr unsigned kMaxGridY = 65535;
 
 struct StoreIn {
@@ -44,7 +46,7 @@ struct StoreIn {
   int32_t slot;
 };
 
-template <bool kHw, int kSteps, bool kStreaming>
+template <bool kHw, int kSteps>
 __global__ void __launch_bounds__(kThreads)
     DsMlaStoreKernel(PoolLayout layout, FastDiv div, uint8_t* layer,
                      const uint16_t* kv,    // [n][576] BF16
@@ -82,8 +84,8 @@ __global__ void __launch_bounds__(kThreads)
       const uint32_t w[8] = {in[u].a.x, in[u].a.y, in[u].a.z, in[u].a.w,
                              in[u].b.x, in[u].b.y, in[u].b.z, in[u].b.w};
       const DsMlaChunks c = DsMlaEncodeChunksBf16<kHw>(x, w);
-      DsMlaPutRecordChunks<kStreaming>(layer, layout.block_stride, div, slot, c,
-                                       in[u].tail, lane);
+      DsMlaPutRecordChunks</*kStreaming=*/false>(
+          layer, layout.block_stride, div, slot, c, in[u].tail, lane);
     }
   }
 }
@@ -144,10 +146,10 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <bool kHw, int kSteps, bool kStreaming>
+template <bool kHw>
 cudaError_t Store(const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
                   const int32_t* slots, int64_t n, const Launch& launch) {
-  constexpr auto kKernel = DsMlaStoreKernel<kHw, kSteps, kStreaming>;
+  constexpr auto kKernel = DsMlaStoreKernel<kHw, kStoreSteps>;
   const FastDiv div = FastDiv::Of(static_cast<int32_t>(layout.block_size));
   const dim3 grid(
       PersistentGrid(n, kWarpsPerCta, ResidentCtas<kKernel, kThreads>()));
@@ -155,16 +157,15 @@ cudaError_t Store(const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
                       kv, slots, n);
 }
 
-template <int kSteps>
 cudaError_t Load(const PoolLayout& layout, const uint8_t* layer,
                  const int32_t* segments, int64_t num_segments, uint16_t* out,
                  const Launch& launch) {
-  constexpr int64_t kPerCta = kWarpsPerCta * kSteps;
+  constexpr int64_t kPerCta = kWarpsPerCta * kLoadSteps;
   const int64_t tiles = (layout.block_size + kPerCta - 1) / kPerCta;
   const dim3 grid(
       static_cast<unsigned>(std::min<int64_t>(num_segments, INT32_MAX)),
       static_cast<unsigned>(std::clamp<int64_t>(tiles, 1, kMaxGridY)));
-  return LaunchKernel(DsMlaLoadKernel<kSteps>, grid, dim3(kThreads), launch,
+  return LaunchKernel(DsMlaLoadKernel<kLoadSteps>, grid, dim3(kThreads), launch,
                       layout, layer, segments, num_segments, out);
 }
 
@@ -173,29 +174,14 @@ cudaError_t Load(const PoolLayout& layout, const uint8_t* layer,
 cudaError_t LaunchDsMlaStore(const PoolLayout& layout, uint8_t* layer,
                              const uint16_t* kv, const int32_t* slots,
                              int64_t n, bool hw_cvt, const Launch& launch) {
-  // Default-policy record stores measured 79.3 % / 82.6 % of copy at 64K /
-  // 1M tokens on the H200 against 77.4 % / 81.3 % evict-first (same run).
-  const bool streaming = launch.ds_mla_round2;
-  if (streaming) {
-    return hw_cvt ? Store<true, kStoreSteps, true>(layout, layer, kv, slots, n,
-                                                   launch)
-                  : Store<false, kStoreSteps, true>(layout, layer, kv, slots, n,
-                                                    launch);
-  }
-  return hw_cvt ? Store<true, kStoreSteps, false>(layout, layer, kv, slots, n,
-                                                  launch)
-                : Store<false, kStoreSteps, false>(layout, layer, kv, slots, n,
-                                                   launch);
+  return hw_cvt ? Store<true>(layout, layer, kv, slots, n, launch)
+                : Store<false>(layout, layer, kv, slots, n, launch);
 }
 
 cudaError_t LaunchDsMlaLoad(const PoolLayout& layout, const uint8_t* layer,
                             const int32_t* segments, int64_t num_segments,
                             uint16_t* out, const Launch& launch) {
-  if (launch.ds_mla_round2) {
-    return Load<kRound2LoadSteps>(layout, layer, segments, num_segments, out,
-                                  launch);
-  }
-  return Load<kLoadSteps>(layout, layer, segments, num_segments, out, launch);
+  return Load(layout, layer, segments, num_segments, out, launch);
 }
 
 }  // namespace kvdepot::gpu::internal

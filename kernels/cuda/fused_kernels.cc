@@ -66,10 +66,10 @@ absl::Status FusedStore(const PoolLayout& layout, void* layer,
     RETURN_IF_ERROR(CheckPointer(params.cos_sin, "cos_sin", 4));
   }
   RETURN_IF_CUDA_ERROR(
-      internal::LaunchFusedStore(*id, layout, static_cast<uint8_t*>(layer), kv,
-                                 params, slot_mapping, num_tokens, cast_back,
-                                 {static_cast<cudaStream_t>(options.stream),
-                                  options.pdl, options.ds_mla_round2}),
+      internal::LaunchFusedStore(
+          *id, layout, static_cast<uint8_t*>(layer), kv, params, slot_mapping,
+          num_tokens, cast_back,
+          {static_cast<cudaStream_t>(options.stream), options.pdl}),
       "launching the fused store kernel");
   return absl::OkStatus();
 }

@@ -18,8 +18,7 @@ namespace kvdepot::gpu {
 namespace {
 
 internal::Launch ToLaunch(const LaunchOptions& options) {
-  return {static_cast<cudaStream_t>(options.stream), options.pdl,
-          options.ds_mla_round2};
+  return {static_cast<cudaStream_t>(options.stream), options.pdl};
 }
 
 absl::StatusOr<FormatId> FormatIdOf(const KVCacheFormat& format) {

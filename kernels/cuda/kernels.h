@@ -31,11 +31,6 @@ struct LaunchOptions {
   // proven over all 2^32 inputs by the GPU tests) instead of quant.h's
   // integer path. Both give the same bytes.
   bool hw_e4m3 = true;
-  // DS_MLA_FP8 only, for the benchmark's side by side: the alternative
-  // store (evict-first instead of default-policy record stores) and load (2
-  // tokens in flight per warp instead of 1) kernel shapes. Both give the
-  // same bytes.
-  bool ds_mla_round2 = false;
 };
 
 // Host-side validation, the contract's checks (store_load_host.h).

@@ -17,8 +17,7 @@ namespace kvdepot::gpu::internal {
 
 struct Launch {
   cudaStream_t stream = nullptr;
-  bool pdl = false;            // Programmatic Dependent Launch attribute
-  bool ds_mla_round2 = false;  // LaunchOptions::ds_mla_round2
+  bool pdl = false;  // Programmatic Dependent Launch attribute
 };
 
 // kv: [n][elements] BF16 bits (fp32_input false) or float; slots: [n],

@@ -223,22 +223,18 @@ TEST(StoreLoadLargeTest, LongSegmentsTakeSeveralRounds) {
   }
 }
 
-// DS_MLA_FP8's default kernel shapes and the alternative ones
-// (LaunchOptions::ds_mla_round2) give the reference's
-// bytes, on small batches, many rounds of the persistent store and long
-// segments that take several load steps.
-TEST(StoreLoadLargeTest, DsMlaDefaultAndRound2Shapes) {
+// DS_MLA_FP8's kernels give the reference's bytes on small batches, many
+// rounds of the persistent store and long segments that take several load
+// steps.
+TEST(StoreLoadLargeTest, DsMlaLargeShapes) {
   std::mt19937 rng(307);
-  for (bool round2 : {false, true}) {
-    LaunchOptions options;
-    options.ds_mla_round2 = round2;
-    for (int64_t bs : {1, 7, 64, 133, 1000}) {
-      const PoolLayout layout = Layout("DS_MLA_FP8", bs, 40000);
-      for (int64_t n : {1, 3, 517, 30000}) {
-        CheckStore(layout, n, InputDtype::kBF16, options, rng);
-      }
-      for (int64_t s : {1, 5, 150}) CheckLoad(layout, s, options, rng);
+  const LaunchOptions options;
+  for (int64_t bs : {1, 7, 64, 133, 1000}) {
+    const PoolLayout layout = Layout("DS_MLA_FP8", bs, 40000);
+    for (int64_t n : {1, 3, 517, 30000}) {
+      CheckStore(layout, n, InputDtype::kBF16, options, rng);
     }
+    for (int64_t s : {1, 5, 150}) CheckLoad(layout, s, options, rng);
   }
 }
 

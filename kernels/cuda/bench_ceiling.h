@@ -1,0 +1,31 @@
+// Benchmark-only "ceiling" kernels: the DS_MLA_FP8 store's and load's memory
+// traffic with no math. Each issues exactly the loads and stores of its
+// kernel (ds_mla.cu: one warp per token, the same lane layout, the same
+// tokens in flight, the same grid) and replaces the quantization by bit
+// mixing, so the bytes it writes are meaningless. The fraction of copy they
+// reach is what the memory system gives that access pattern; the real
+// kernels are measured against it (cuda_benchmark's *_ceiling rows).
+#ifndef KVDEPOT_KERNELS_CUDA_BENCH_CEILING_H_
+#define KVDEPOT_KERNELS_CUDA_BENCH_CEILING_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/format.h"
+
+namespace kvdepot::gpu::ceiling {
+
+// kv [n][576] BF16, slots [n] (-1 skipped; null: token t to slot t, every
+// record written in order) into a DS_MLA_FP8 layer.
+cudaError_t DsMlaStoreTraffic(const PoolLayout& layout, uint8_t* layer,
+                              const uint16_t* kv, const int32_t* slots,
+                              int64_t n, cudaStream_t stream);
+// segments [S][4] of a DS_MLA_FP8 layer into out [total_k][576] BF16.
+cudaError_t DsMlaLoadTraffic(const PoolLayout& layout, const uint8_t* layer,
+                             const int32_t* segments, int64_t num_segments,
+                             uint16_t* out, cudaStream_t stream);
+
+}  // namespace kvdepot::gpu::ceiling
+
+#endif  // KVDEPOT_KERNELS_CUDA_BENCH_CEILING_H_
