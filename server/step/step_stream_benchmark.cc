@@ -34,6 +34,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "kvdepot/v1/step.grpc.pb.h"
 #include "server/step/step_test_rig.h"
@@ -42,6 +43,9 @@
 ABSL_FLAG(std::string, batches, "1,256", "B values (decode tokens)");
 ABSL_FLAG(int, steps, 3000, "measured steps per mode and batch");
 ABSL_FLAG(int, warmup, 300, "unmeasured steps first");
+ABSL_FLAG(int, idle_us, 0,
+          "the scheduler sleeps this long after each step (outside the "
+          "measured time), as it idles while the GPU runs an engine step");
 
 namespace kvdepot::step {
 namespace {
@@ -94,6 +98,9 @@ absl::StatusOr<Result> Measure(const SendFn& send, FakeEngine* engine,
           absl::StrCat("step ", request->step_id(), ": ", s.error_message()));
     }
     engine->FinishOne();
+    if (const int idle = absl::GetFlag(FLAGS_idle_us); idle > 0) {
+      absl::SleepFor(absl::Microseconds(idle));
+    }
     if (i < warmup) continue;
     wall.push_back(t1 - t0);
     thread_us += c1 - c0;
