@@ -361,13 +361,16 @@ absl::Status KVCacheClient::ReleaseBuffer(uint64_t buffer_id) {
   return Call(stub_.get(), &Stub::ReleaseBuffer, r, options_.timeout).status();
 }
 
-absl::StatusOr<v1::StoreResponse> KVCacheClient::Store(v1::StoreRequest r) {
-  if (r.session_id().empty()) r.set_session_id(*session_id_);
+// Store and Load send the caller's request as it is: the session rides in
+// the call's metadata (SessionInterceptor), which the daemon reads when the
+// session_id field is empty, so filling the field in is not worth a copy
+// of the request (its slot or segment arrays) on every decode step.
+absl::StatusOr<v1::StoreResponse> KVCacheClient::Store(
+    const v1::StoreRequest& r) {
   return Call(stub_.get(), &Stub::Store, r, options_.timeout);
 }
 
-absl::StatusOr<v1::LoadResponse> KVCacheClient::Load(v1::LoadRequest r) {
-  if (r.session_id().empty()) r.set_session_id(*session_id_);
+absl::StatusOr<v1::LoadResponse> KVCacheClient::Load(const v1::LoadRequest& r) {
   return Call(stub_.get(), &Stub::Load, r, options_.timeout);
 }
 

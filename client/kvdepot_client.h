@@ -112,9 +112,11 @@ class KVCacheClient {
   // Grants a pool or a buffer (session_id filled in when empty).
   absl::Status Grant(v1::GrantRequest r);
 
-  // Cache operations; session_id is filled in when empty.
-  absl::StatusOr<v1::StoreResponse> Store(v1::StoreRequest r);
-  absl::StatusOr<v1::LoadResponse> Load(v1::LoadRequest r);
+  // Cache operations. Store and Load send the request unchanged: an empty
+  // session_id means this client's session, which every call carries in
+  // its metadata. The others fill session_id in when empty.
+  absl::StatusOr<v1::StoreResponse> Store(const v1::StoreRequest& r);
+  absl::StatusOr<v1::LoadResponse> Load(const v1::LoadRequest& r);
   absl::StatusOr<v1::BuildPlanResponse> BuildPlan(
       const v1::BuildPlanRequest& r);
   absl::StatusOr<v1::PrefillLoadResponse> PrefillLoad(v1::PrefillLoadRequest r);

@@ -22,6 +22,10 @@
 // (gRPC then runs sync-CQ pollers), which is what the daemon had before.
 // --server_process runs the servers in child processes, as a deployed
 // daemon is: an in-process client shares gRPC's pollers with the server.
+// There the floor is measured once more with its handler busy for as long
+// as each kernel's p50: what any call that long costs beyond its work.
+// From Stats, it also prints the daemon's handler time per call beyond its
+// kernel time, so the overhead splits into handler, gRPC and client.
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -40,7 +44,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "client/kvdepot_client.h"
@@ -62,6 +68,13 @@ ABSL_FLAG(std::string, serving_model, "callback",
           "In-process daemon: gRPC serving model (callback | sync).");
 ABSL_FLAG(bool, grpc_reflection, true,
           "In-process daemon: serve gRPC reflection (a sync service).");
+ABSL_FLAG(int64_t, inline_max_rows, 1024,
+          "In-process daemon: --inline_max_rows (0 = every Store/Load on a "
+          "worker thread).");
+ABSL_FLAG(bool, mutex_deadlock_detection, false,
+          "Leave absl::Mutex's deadlock detection on (the system abseil is "
+          "built without NDEBUG, so it is on unless turned off); kvdepotd "
+          "turns it off, as this does by default for all its processes.");
 ABSL_FLAG(bool, grpc_floor, true,
           "Also measure a bare gRPC server (one empty callback method) with "
           "the same clients, alone and next to a sync service.");
@@ -151,11 +164,26 @@ Result SocketPingPong(int warmup, int iterations) {
 }
 
 // The gRPC floor's one method: kvdepot's Ping message types, answered
-// inline with no work at all.
+// inline with no work at all; or, with the metadata kFloorWorkKey = T,
+// after busy-working T us (inline, as the daemon runs the CPU kernels): an
+// empty RPC as long as a Store or Load, which separates what a long call
+// costs in gRPC (and the OS) from what kvdepot's request adds.
+constexpr char kFloorWorkKey[] = "kvdepot-bench-work-us";
+
 class FloorService final : public v1::KVCache::CallbackService {
   grpc::ServerUnaryReactor* Ping(grpc::CallbackServerContext* ctx,
                                  const v1::PingRequest*,
                                  v1::PingResponse*) override {
+    const auto& md = ctx->client_metadata();
+    if (auto it = md.find(kFloorWorkKey); it != md.end()) {
+      int64_t us = 0;
+      if (absl::SimpleAtoi(
+              absl::string_view(it->second.data(), it->second.size()), &us)) {
+        const absl::Time end = absl::Now() + absl::Microseconds(us);
+        while (absl::Now() < end) {
+        }
+      }
+    }
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;
@@ -259,8 +287,9 @@ void Release(const ChildServer& c) {
 
 // Ping over `stub` with the sync API, or with the callback API (the
 // calling thread waits for the callback).
-absl::Status SyncPing(v1::KVCache::Stub* stub) {
+absl::Status SyncPing(v1::KVCache::Stub* stub, int64_t work_us = -1) {
   grpc::ClientContext ctx;
+  if (work_us >= 0) ctx.AddMetadata(kFloorWorkKey, absl::StrCat(work_us));
   v1::PingRequest req;
   v1::PingResponse resp;
   grpc::Status s = stub->Ping(&ctx, req, &resp);
@@ -319,6 +348,7 @@ DaemonOptions BenchDaemonOptions(const std::string& dir) {
   options.backend = absl::GetFlag(FLAGS_backend);
   options.serving.model = absl::GetFlag(FLAGS_serving_model);
   options.grpc_reflection = absl::GetFlag(FLAGS_grpc_reflection);
+  options.serving.inline_max_rows = absl::GetFlag(FLAGS_inline_max_rows);
   return options;
 }
 
@@ -507,37 +537,63 @@ int Run() {
   }
 
   KVCacheClient* client = c->get();
-  // In-daemon kernel time per request: the Stats counters of the backend
-  // calls, read before and after each measured series.
-  auto kernel_us = [&](bool store) -> int64_t {
+  // In-daemon time per request from the Stats counters, read before and
+  // after each measured series: the backend calls' kernel time, and the
+  // handler's time (the service's per-RPC latency, from its start to the
+  // status; integer microseconds per call, so a short call counts low).
+  struct DaemonTimes {
+    int64_t store_kernel_us = 0, load_kernel_us = 0;
+    int64_t handler_us[3] = {0, 0, 0};  // Ping, Store, Load
+  };
+  auto daemon_times = [&]() -> DaemonTimes {
     absl::StatusOr<v1::StatsResponse> st = client->Stats();
     if (!st.ok()) {
       std::fprintf(stderr, "Stats failed: %s\n",
                    st.status().ToString().c_str());
       std::exit(1);
     }
-    return store ? st->store_kernel_us() : st->load_kernel_us();
+    DaemonTimes t;
+    t.store_kernel_us = st->store_kernel_us();
+    t.load_kernel_us = st->load_kernel_us();
+    for (const v1::RpcStats& r : st->rpcs()) {
+      const int i = r.rpc() == "Ping"    ? 0
+                    : r.rpc() == "Store" ? 1
+                    : r.rpc() == "Load"  ? 2
+                                         : -1;
+      if (i >= 0) t.handler_us[i] = r.total_latency_us();
+    }
+    return t;
   };
   const int calls = warmup + iters;
+  const auto per_call = [&](int64_t before, int64_t after) {
+    return static_cast<double>(after - before) / calls;
+  };
   const size_t ping_i = results.size();
+  DaemonTimes t0 = daemon_times();
   results.push_back(Measure("Ping (empty RPC, client library)", warmup, iters,
                             [&] { return client->Ping(); }));
+  DaemonTimes t1 = daemon_times();
+  const double ping_handler_us = per_call(t0.handler_us[0], t1.handler_us[0]);
   // The raw clients of the floor rows, on the daemon.
   MeasurePingClients(client->target(), "  Ping", warmup, iters, &results);
-  int64_t k0 = kernel_us(true);
+  t0 = daemon_times();
   const size_t store_i = results.size();
   results.push_back(
       Measure(absl::StrCat("Store ", tokens, " tokens V41 (shared buffer)"),
               warmup, iters, [&] { return client->Store(store).status(); }));
+  t1 = daemon_times();
   const double store_daemon_kernel_us =
-      static_cast<double>(kernel_us(true) - k0) / calls;
-  k0 = kernel_us(false);
+      per_call(t0.store_kernel_us, t1.store_kernel_us);
+  const double store_handler_us = per_call(t0.handler_us[1], t1.handler_us[1]);
+  t0 = t1;
   const size_t load_i = results.size();
   results.push_back(
       Measure(absl::StrCat("Load ", tokens, " tokens V41 (segments, buffer)"),
               warmup, iters, [&] { return client->Load(load).status(); }));
+  t1 = daemon_times();
   const double load_daemon_kernel_us =
-      static_cast<double>(kernel_us(false) - k0) / calls;
+      per_call(t0.load_kernel_us, t1.load_kernel_us);
+  const double load_handler_us = per_call(t0.handler_us[2], t1.handler_us[2]);
   results.push_back(Measure(absl::StrCat("Load ", seqs * kBlockSize,
                                          " tokens V41 (block table, buffer)"),
                             warmup, iters,
@@ -560,6 +616,26 @@ int Run() {
       });
   results.push_back(store_kernel);
   results.push_back(load_kernel);
+  // The bare floor again (in its child process), its handler working as
+  // long as each kernel.
+  const size_t work_i = results.size();
+  if (floor) {
+    const std::string target = in_child ? floor_targets[0] : "";
+    if (!target.empty()) {
+      auto stub = v1::KVCache::NewStub(
+          grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+      for (const Result* k : {&store_kernel, &load_kernel}) {
+        const int64_t us = static_cast<int64_t>(k->p50_us + 0.5);
+        results.push_back(
+            Measure(absl::StrCat("gRPC floor, sync stub, handler busy ", us,
+                                 " us (= p50 of", k->name.substr(9), ")"),
+                    warmup, iters, [&] { return SyncPing(stub.get(), us); }));
+      }
+      results.push_back(Measure("gRPC floor, sync stub, handler busy 0 us",
+                                warmup, iters,
+                                [&] { return SyncPing(stub.get(), 0); }));
+    }
+  }
   std::printf("| request | p50 us | p99 us | mean us |\n|---|---|---|---|\n");
   for (const Result& r : results) {
     std::printf("| %s | %.1f | %.1f | %.1f |\n", r.name.c_str(), r.p50_us,
@@ -620,6 +696,24 @@ int Run() {
       results[kLoad].mean_us - load_daemon_kernel_us, load_daemon_kernel_us,
       (results[kLoad].mean_us - load_daemon_kernel_us) /
           results[ping_i].mean_us);
+  std::printf(
+      "in-daemon handler time (Stats latency, means): Ping %.1f us; Store "
+      "%.1f us = kernel %.1f + %.1f; Load (segments) %.1f us = kernel %.1f "
+      "+ %.1f\n",
+      ping_handler_us, store_handler_us, store_daemon_kernel_us,
+      store_handler_us - store_daemon_kernel_us, load_handler_us,
+      load_daemon_kernel_us, load_handler_us - load_daemon_kernel_us);
+  if (results.size() == work_i + 3) {
+    const double f0 = results[work_i + 2].p50_us;
+    std::printf(
+        "gRPC floor with a busy handler, p50 beyond its work, ratio to the "
+        "same floor's empty call (%.1f us): as long as Store %.1f us = "
+        "%.2fx, as long as Load %.1f us = %.2fx\n",
+        f0, results[work_i].p50_us - store_kernel.p50_us,
+        (results[work_i].p50_us - store_kernel.p50_us) / f0,
+        results[work_i + 1].p50_us - load_kernel.p50_us,
+        (results[work_i + 1].p50_us - load_kernel.p50_us) / f0);
+  }
   (void)client->DeletePool(pool);
   c->reset();
   daemon.reset();
@@ -632,6 +726,10 @@ int Run() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (!absl::GetFlag(FLAGS_mutex_deadlock_detection)) {
+    // As kvdepotd's main (server/main.cc); before any thread or fork.
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  }
   if (absl::GetFlag(FLAGS_backend) != "cpu") {
     // Before any CUDA call (the in-process daemon's backend checks it).
     if (absl::Status s = kvdepot::PrepareCudaEnvironment(); !s.ok()) {

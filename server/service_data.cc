@@ -67,7 +67,9 @@ absl::StatusOr<std::shared_ptr<Pool>> KVCacheService::DataTarget(
 absl::StatusOr<GpuOrdering> KVCacheService::AwaitOrdering(
     Ctx* ctx, const Caller& caller, const Pool& pool,
     const GpuOrdering& ordering) {
-  const absl::Time deadline = ctx == nullptr
+  // Only an event to await needs the deadline: reading it costs a clock
+  // read and two conversions, on every Store and Load otherwise.
+  const absl::Time deadline = ctx == nullptr || ordering.wait_event.empty()
                                   ? absl::InfiniteFuture()
                                   : absl::FromChrono(ctx->deadline());
   RETURN_IF_ERROR(

@@ -1,8 +1,10 @@
 // Every rejection rule of the CPU reference (SPEC §4, §5): the status code,
 // a message naming the field and index, and pool / outputs byte-identical
 // afterwards.
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -181,6 +183,75 @@ TEST_P(RejectTest, OverlappingDestinations) {
       ValidateSegments(layout_, {0, 0, 5, 0, 1, 0, 5, 5, 2, 3, 3, 2}, kRows)
           .ok());
   EXPECT_TRUE(ValidateSegments(layout_, {2, 3, 3, 20}, kRows).ok());
+}
+
+// Destinations in ascending order take a one-pass check, others a sort:
+// both must name the same overlaps (here in ascending order; ties in index
+// order) and agree with a pairwise check on random plans, in any order.
+TEST_P(RejectTest, OverlapCheckInOrderAndShuffled) {
+  ExpectLoadRejected({0, 0, 5, 0, 1, 0, 3, 4}, kRows,
+                     "segments[1] writes rows [4, 7) that overlap rows [0, 5) "
+                     "of segments[0]");
+  ExpectLoadRejected({0, 0, 2, 3, 1, 0, 1, 3}, kRows,
+                     "segments[1] writes rows [3, 4) that overlap rows [3, 5) "
+                     "of segments[0]");
+  // Ranges [0, 2) [2, 3) [3, 5) [5, 8), an empty segment at dst 1 between
+  // them, then [6, 7) (ascending) or [4, 6) (out of order: the sort).
+  const std::vector<int32_t> head = {0, 0, 2, 0, 1, 4, 4, 1, 1, 0,
+                                     1, 2, 2, 0, 2, 3, 3, 0, 3, 5};
+  std::vector<int32_t> plan = head;
+  plan.insert(plan.end(), {4, 0, 1, 6});
+  ExpectLoadRejected(plan, kRows,
+                     "segments[5] writes rows [6, 7) that overlap rows [5, 8) "
+                     "of segments[4]");
+  plan = head;
+  plan.insert(plan.end(), {4, 0, 2, 4});
+  ExpectLoadRejected(plan, kRows,
+                     "segments[5] writes rows [4, 6) that overlap rows [3, 5) "
+                     "of segments[3]");
+  std::mt19937 rng(301);
+  int overlapping = 0;
+  for (int plan = 0; plan < 2000; ++plan) {
+    const int n = 1 + static_cast<int>(rng() % 8);
+    std::vector<int32_t> segs;
+    for (int s = 0; s < n; ++s) {
+      const int32_t begin = static_cast<int32_t>(rng() % (kBlockSize + 1));
+      const int32_t len =
+          static_cast<int32_t>(rng() % (kBlockSize - begin + 1));
+      const int32_t dst = static_cast<int32_t>(rng() % (kRows - len + 1));
+      segs.insert(segs.end(), {static_cast<int32_t>(rng() % kNumBlocks), begin,
+                               begin + len, dst});
+    }
+    bool overlap = false;
+    for (int i = 0; i < n; ++i) {
+      for (int j = i + 1; j < n; ++j) {
+        const int32_t* a = &segs[4 * i];
+        const int32_t* b = &segs[4 * j];
+        overlap = overlap ||
+                  (a[2] > a[1] && b[2] > b[1] && a[3] < b[3] + (b[2] - b[1]) &&
+                   b[3] < a[3] + (a[2] - a[1]));
+      }
+    }
+    overlapping += overlap ? 1 : 0;
+    std::vector<int32_t> sorted = segs;  // the same plan, dst ascending
+    std::vector<int> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+      return segs[4 * a + 3] < segs[4 * b + 3];
+    });
+    for (int s = 0; s < n; ++s) {
+      std::copy_n(&segs[4 * order[s]], 4, &sorted[4 * s]);
+    }
+    for (const std::vector<int32_t>* p : {&segs, &sorted}) {
+      const absl::Status st = ValidateSegments(layout_, *p, kRows);
+      EXPECT_EQ(st.ok(), !overlap) << "plan " << plan << ": " << st;
+      if (!st.ok()) {
+        EXPECT_THAT(std::string(st.message()), HasSubstr("that overlap rows"));
+      }
+    }
+  }
+  EXPECT_GT(overlapping, 100);
+  EXPECT_LT(overlapping, 1900);
 }
 
 TEST_P(RejectTest, UnsupportedQuantization) {
