@@ -21,8 +21,11 @@ device (indexed by the sequence's SWA state and p mod R, so a CUDA graph
 updates them), writes the mean into the layer's compressed input rows
 every step, and the step's compressed_slot_mapping (worker.
 compressed_row_slot: -1 where no row completes) tells the daemon which
-tokens to store. One compressed_slot_mapping per step serves one ratio, so
-the layers' ratios are 1 or one R > 1 (e.g. Config(ratios=(4, 1))).
+tokens to store. The daemon accepts layers of several ratios > 1 (one
+StepRequest.compressed entry per ratio), but this worker keeps one R (its
+raw-row accumulators, and libmode's and stepsim's counterparts, are per
+single R), so the layers' ratios are 1 or one R > 1 (e.g.
+Config(ratios=(4, 1))).
 Prefill stays on PrefillLoad / PrefillIndex (KVWorker); a prompt's
 incomplete last group is handed to the device rows at its first decode.
 
@@ -72,14 +75,14 @@ from worker import KVWorker, compressed_row_slot
 
 def compressed_ratio(cfg: Config) -> int:
     """The one ratio > 1 of cfg's layers (1 if none); ValueError if the
-    layers have two (the step path has one compressed_slot_mapping per
-    step)."""
+    layers have two (this worker keeps one R; the daemon itself takes
+    several, one StepRequest.compressed entry each)."""
     rs = sorted({cfg.ratio(l) for l in range(cfg.layers)} - {1})
     if len(rs) > 1:
         raise ValueError(
-            f"ratios {rs}: the step path stores compressed rows from one "
-            "compressed_slot_mapping per step, so one ratio > 1 (e.g. "
-            "ratios=(4, 1))")
+            f"ratios {rs}: this reference worker keeps the raw rows of one "
+            "ratio > 1 (e.g. ratios=(4, 1)); the daemon accepts several "
+            "(StepRequest.compressed)")
     return rs[0] if rs else 1
 
 

@@ -533,15 +533,17 @@ class CudaStepEngine : public StepEngine {
     const int32_t n = plan.num_tokens;
     int32_t* gate = at(sec.gate);
     int32_t* slots = at(sec.slots);
+    // The compressed sections, [compressed_count][compressed_stride].
     int32_t* comp = at(sec.compressed_slots);
+    const int64_t comp_n = sec.compressed_count * sec.compressed_stride;
     int32_t* swa = at(sec.swa_slots);
     // A timed step's gate stamps its phase's start.
     uint64_t* const stamps = timed_now_ ? DeviceStamps(slot) : nullptr;
     auto run_gate = [&](int64_t phase) {
       return KernelStatus(
-          device::LaunchGate(doorbell_, plan.step_id, gate, slots, comp, swa, n,
-                             stamps == nullptr ? nullptr : stamps + 2 * phase,
-                             work_),
+          device::LaunchGate(
+              doorbell_, plan.step_id, gate, slots, comp, swa, n, comp_n,
+              stamps == nullptr ? nullptr : stamps + 2 * phase, work_),
           "launching the gate kernel");
     };
 
@@ -567,8 +569,10 @@ class CudaStepEngine : public StepEngine {
       const int64_t* positions =
           reinterpret_cast<const int64_t*>(at(sec.positions));
       // Main and index caches of ratio > 1: compressed rows, stored from
-      // compressed_slot_mapping (-1 = the token completes no row).
-      int32_t* const main_slots = l.ratio > 1 ? comp : slots;
+      // the compressed slots of the layer's ratio (-1 = the token completes
+      // no row).
+      int32_t* const main_slots =
+          l.compressed >= 0 ? at(sec.compressed(l.compressed)) : slots;
       if (l.main.set())
         RETURN_IF_ERROR(Store(i, 0, l.main, main_slots, n, positions));
       if (l.swa.set()) RETURN_IF_ERROR(Store(i, 1, l.swa, swa, n, positions));

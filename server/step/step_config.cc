@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "kernels/fused_host.h"
 #include "kernels/store_load_host.h"
@@ -297,21 +298,24 @@ absl::StatusOr<RegistrationConfig> ResolveRegistration(
                                     config, caller, pools, sessions));
     }
     // Main and index caches of a layer of ratio > 1 store compressed rows
-    // from the step's one compressed_slot_mapping: a token that completes
-    // no row has -1 there. Which tokens complete a row depends on the
-    // ratio, so every such layer has the same one.
+    // from the step's compressed slot mapping of that ratio: a token that
+    // completes no row has -1 there. Which tokens complete a row depends
+    // on the ratio, so each distinct ratio has its own mapping.
     if (layer.ratio > 1 && (layer.main.set() || layer.index.set())) {
-      if (config.compressed_ratio != 0 &&
-          config.compressed_ratio != layer.ratio) {
-        return Invalid(
-            absl::StrCat(f, ".ratio"),
-            absl::StrCat(layer.ratio, " differs from ", config.compressed_ratio,
-                         " of an earlier layer with a compressed main or "
-                         "index cache (one compressed_slot_mapping per step "
-                         "serves one ratio > 1)"));
+      std::vector<int32_t>& ratios = config.compressed_ratios;
+      if (std::find(ratios.begin(), ratios.end(), layer.ratio) ==
+          ratios.end()) {
+        if (static_cast<int>(ratios.size()) >= kMaxCompressedRatios) {
+          return Invalid(
+              absl::StrCat(f, ".ratio"),
+              absl::StrCat(layer.ratio, " would be distinct compressed ratio ",
+                           kMaxCompressedRatios + 1, " (earlier layers have ",
+                           absl::StrJoin(ratios, ", "), "); at most ",
+                           kMaxCompressedRatios,
+                           " ratios > 1 with a main or index cache"));
+        }
+        ratios.push_back(layer.ratio);
       }
-      config.compressed_ratio = layer.ratio;
-      config.needs_compressed_slots = true;
     }
     if (in.has_topk() != in.has_index_out()) {
       return Invalid(f, "topk and index_out are set together or not at all");
@@ -346,6 +350,16 @@ absl::StatusOr<RegistrationConfig> ResolveRegistration(
           config.max_position == 0 ? m : std::min(config.max_position, m);
     }
     config.layers.push_back(std::move(layer));
+  }
+  // Ascending ratios; each compressed layer names its ratio's index.
+  std::sort(config.compressed_ratios.begin(), config.compressed_ratios.end());
+  for (LayerConfig& l : config.layers) {
+    if (l.ratio > 1 && (l.main.set() || l.index.set())) {
+      l.compressed = static_cast<int32_t>(
+          std::lower_bound(config.compressed_ratios.begin(),
+                           config.compressed_ratios.end(), l.ratio) -
+          config.compressed_ratios.begin());
+    }
   }
 
   if (r.has_block_tables()) {

@@ -26,6 +26,9 @@ inline constexpr int32_t kMaxSeqs = 1 << 14;
 inline constexpr int32_t kMaxTopK = 1 << 14;
 inline constexpr int32_t kMaxBlocksPerSeq = 1 << 16;
 inline constexpr int64_t kMaxNameBytes = 64;
+// Distinct ratios > 1 among a registration's compressed main and index
+// caches (each one compressed slot mapping per step).
+inline constexpr int kMaxCompressedRatios = 8;
 
 // [offset, ...) of a buffer, rows of row_stride bytes; device address base.
 struct BufferSpan {
@@ -63,6 +66,10 @@ struct LayerConfig {
   CacheConfig swa;
   CacheConfig index;
   int32_t ratio = 1;
+  // Index of `ratio` in RegistrationConfig.compressed_ratios when the
+  // layer's main or index cache is compressed (ratio > 1), else -1: which
+  // of the step's compressed slot sections stores them.
+  int32_t compressed = -1;
   int32_t window = 0;
   BufferSpan topk;       // int32 [tokens][top_k], row_stride bytes apart
   BufferSpan index_out;  // int32 [tokens][top_k]
@@ -93,10 +100,11 @@ struct RegistrationConfig {
   int32_t max_blocks_per_seq = 0;
   // Derived: what a step must carry.
   bool needs_swa_states = false;  // SWA caches or the SWA index
-  // A main or index cache of ratio > 1: stored from the step's
-  // compressed_slot_mapping (one per step, so one such ratio).
-  bool needs_compressed_slots = false;
-  int32_t compressed_ratio = 0;     // that ratio (0 = none)
+  // The distinct ratios > 1 of the layers with a main or index cache,
+  // ascending (at most kMaxCompressedRatios): a step carries one compressed
+  // slot mapping per entry (StepRequest.compressed, or
+  // compressed_slot_mapping when there is one).
+  std::vector<int32_t> compressed_ratios;
   bool needs_block_tables = false;  // a layer with phase B
   // Optional: the worker's int32 block tables in device memory, max_seqs
   // rows of >= max_blocks_per_seq entries, row_stride bytes apart (a

@@ -288,8 +288,8 @@ TEST_F(StepFusedTest, AFusedMainCacheOfRatioAboveOneTakesCompressedSlots) {
   ASSERT_TRUE(c.ok()) << c.status();
   ASSERT_NE(c->layers[0].main.fused, nullptr);
   EXPECT_EQ(c->layers[0].main.fused->params.rope, RopeStyle::kInterleaved);
-  EXPECT_TRUE(c->needs_compressed_slots);
-  EXPECT_EQ(c->compressed_ratio, 4);
+  EXPECT_EQ(c->compressed_ratios, std::vector<int32_t>{4});
+  EXPECT_EQ(c->layers[0].compressed, 0);
   v1::StepRequest s = Step({3, 4, 5});
   s.set_compressed_slot_mapping(Pack({-1, 111, -1}));
   absl::StatusOr<StepPlan> plan = BuildStepPlan(*c, s, absl::Seconds(1));

@@ -41,7 +41,7 @@ __device__ __forceinline__ uint64_t GlobalTimerNs() {
 
 __global__ void GateKernel(uint64_t* doorbell, uint64_t expected, int32_t* gate,
                            int32_t* s0, int32_t* s1, int32_t* s2, int32_t n,
-                           uint64_t* stamp) {
+                           int64_t n1, uint64_t* stamp) {
   __shared__ int open;
   if (threadIdx.x == 0) {
     if (stamp != nullptr) *stamp = GlobalTimerNs();
@@ -63,9 +63,10 @@ __global__ void GateKernel(uint64_t* doorbell, uint64_t expected, int32_t* gate,
   if (open) return;
   for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
     if (s0 != nullptr) s0[i] = -1;
-    if (s1 != nullptr) s1[i] = -1;
     if (s2 != nullptr) s2[i] = -1;
   }
+  if (s1 == nullptr) return;
+  for (int64_t i = threadIdx.x; i < n1; i += blockDim.x) s1[i] = -1;
 }
 
 __global__ void ConvertTopkKernel(const int32_t* gate, const int32_t* topk,
@@ -137,9 +138,9 @@ __global__ void SwaIndexKernel(const int32_t* gate, const int32_t* state,
 
 int LaunchGate(uint64_t* doorbell, uint64_t expected_step, int32_t* gate,
                int32_t* slots0, int32_t* slots1, int32_t* slots2, int32_t n,
-               uint64_t* stamp, void* stream) {
+               int64_t n1, uint64_t* stamp, void* stream) {
   GateKernel<<<1, 256, 0, static_cast<cudaStream_t>(stream)>>>(
-      doorbell, expected_step, gate, slots0, slots1, slots2, n, stamp);
+      doorbell, expected_step, gate, slots0, slots1, slots2, n, n1, stamp);
   return static_cast<int>(cudaGetLastError());
 }
 

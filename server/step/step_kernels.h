@@ -12,7 +12,8 @@ namespace kvdepot::step::device {
 // The phase gate, one block: open (gate[0] stays 1) when the doorbell's
 // step-id word equals `expected_step` and its cancel word is 0 and the gate
 // was open; else gate[0] = 0, the status word gets kStatusStepMismatch /
-// kStatusCancelled and the step's slot arrays (each [n], null = none) are
+// kStatusCancelled and the step's slot arrays (slots0 and slots2 [n],
+// slots1 [n1]: the compressed sections, contiguous; null = none) are
 // filled with -1 so the stores that follow write nothing.
 //   doorbell: the region's base (proto/step_doorbell.h words)
 //   stamp:    null, or where the GPU's global timer (ns) is written as the
@@ -20,7 +21,7 @@ namespace kvdepot::step::device {
 // Returns the launch's cudaError_t as int.
 int LaunchGate(uint64_t* doorbell, uint64_t expected_step, int32_t* gate,
                int32_t* slots0, int32_t* slots1, int32_t* slots2, int32_t n,
-               uint64_t* stamp, void* stream);
+               int64_t n1, uint64_t* stamp, void* stream);
 
 // One thread writes the GPU's global timer (ns) to *at once the work
 // before it on the stream finished (a timed step's phase end).

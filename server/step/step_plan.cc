@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "common/status_macros.h"
 #include "kernels/store_load_host.h"
@@ -33,12 +34,13 @@ absl::Span<int32_t> Section(std::vector<int32_t>* blob, int64_t at, int64_t n) {
 }
 
 // The smallest num_slots among the main and index caches of the layers
-// whose ratio is 1 (compressed = false) or > 1 (true): the pools that
-// slot_mapping or compressed_slot_mapping is stored into (0 = none).
-int64_t MinSlots(const RegistrationConfig& config, bool compressed) {
+// whose compressed index is k (LayerConfig.compressed; -1 = ratio 1): the
+// pools that slot_mapping (k = -1) or the compressed slot mapping of
+// compressed_ratios[k] is stored into (0 = none).
+int64_t MinSlots(const RegistrationConfig& config, int32_t k) {
   int64_t best = 0;
   for (const LayerConfig& l : config.layers) {
-    if ((l.ratio > 1) != compressed) continue;
+    if (l.compressed != k) continue;
     for (const CacheConfig* c : {&l.main, &l.index}) {
       if (!c->set()) continue;
       const int64_t n = c->layout.num_slots();
@@ -48,21 +50,111 @@ int64_t MinSlots(const RegistrationConfig& config, bool compressed) {
   return best;
 }
 
-// ValidateSlotMapping against a pool of `num_slots` slots. Its messages
-// name `slot_mapping[i]`; "compressed_" names compressed_slot_mapping[i]
-// (both indices of a duplicate), another prefix is put in front.
-absl::Status CheckSlots(absl::string_view prefix, int64_t num_slots,
-                        absl::Span<const int32_t> slots) {
+// ValidateSlotMapping against a pool of `num_slots` slots, its messages
+// naming `field`[i] (both indices of a duplicate) after `prefix`.
+absl::Status CheckSlots(absl::string_view field, int64_t num_slots,
+                        absl::Span<const int32_t> slots,
+                        absl::string_view prefix = "") {
   PoolLayout layout;
   layout.block_size = 1;
   layout.num_blocks = num_slots;
   absl::Status s = ValidateSlotMapping(layout, slots);
   if (s.ok()) return s;
-  if (prefix == "compressed_") {
-    return absl::InvalidArgumentError(absl::StrReplaceAll(
-        s.message(), {{"slot_mapping[", "compressed_slot_mapping["}}));
+  return absl::InvalidArgumentError(absl::StrCat(
+      prefix, absl::StrReplaceAll(
+                  s.message(), {{"slot_mapping[", absl::StrCat(field, "[")}})));
+}
+
+// The step's compressed slot mappings, one blob section per ratio of
+// config.compressed_ratios: from compressed_slot_mapping (a registration
+// with one ratio > 1) or from `compressed` (one entry per ratio, any
+// order; required with several), each checked against its ratio's pools.
+absl::Status AddCompressedSlots(const RegistrationConfig& config,
+                                const v1::StepRequest& r,
+                                std::vector<int32_t>* values,
+                                std::vector<int32_t>* blob, StepSections* sec) {
+  const std::vector<int32_t>& ratios = config.compressed_ratios;
+  const int32_t count = static_cast<int32_t>(ratios.size());
+  if (count == 0) {
+    if (!r.compressed_slot_mapping().empty() || r.compressed_size() > 0) {
+      return Invalid(
+          r.compressed_size() > 0 ? "compressed" : "compressed_slot_mapping",
+          "set, but no main or index cache of this registration "
+          "has a ratio > 1");
+    }
+    return absl::OkStatus();
   }
-  return absl::InvalidArgumentError(absl::StrCat(prefix, s.message()));
+  const std::string list = absl::StrJoin(ratios, ", ");
+  const int32_t n = r.num_tokens();
+  sec->compressed_count = count;
+  sec->compressed_stride = RoundUp4(n);
+  sec->compressed_slots = Reserve(blob, count * sec->compressed_stride);
+  if (r.compressed_size() == 0) {
+    if (count > 1) {
+      return Invalid(
+          r.compressed_slot_mapping().empty() ? "compressed"
+                                              : "compressed_slot_mapping",
+          absl::StrCat("this registration has ", count, " compressed ratios (",
+                       list,
+                       "): send one `compressed` entry per ratio "
+                       "(compressed_slot_mapping serves a single ratio)"));
+    }
+    RETURN_IF_ERROR(DecodeInt32s("compressed_slot_mapping",
+                                 r.compressed_slot_mapping(), "num_tokens", n,
+                                 config.max_tokens, values));
+    RETURN_IF_ERROR(
+        CheckSlots("compressed_slot_mapping", MinSlots(config, 0), *values));
+    std::memcpy(blob->data() + sec->compressed(0), values->data(),
+                4 * values->size());
+    return absl::OkStatus();
+  }
+  if (!r.compressed_slot_mapping().empty()) {
+    return Invalid("compressed",
+                   "set together with compressed_slot_mapping: send one "
+                   "form");
+  }
+  // At most one entry per ratio: bounds the work before any is decoded.
+  if (r.compressed_size() > count) {
+    return Invalid("compressed", absl::StrCat(r.compressed_size(),
+                                              " entries; this "
+                                              "registration has ",
+                                              count, " compressed ratio(s) (",
+                                              list, "), one entry each"));
+  }
+  std::vector<int> entry_of(ratios.size(), -1);  // per ratio: its entry
+  for (int i = 0; i < r.compressed_size(); ++i) {
+    const v1::CompressedSlots& e = r.compressed(i);
+    const std::string f = absl::StrCat("compressed[", i, "]");
+    const auto it = std::lower_bound(ratios.begin(), ratios.end(), e.ratio());
+    if (it == ratios.end() || *it != e.ratio()) {
+      return Invalid(
+          absl::StrCat(f, ".ratio"),
+          absl::StrCat(e.ratio(), " is not a ratio of this registration (",
+                       list, ")"));
+    }
+    const int32_t k = static_cast<int32_t>(it - ratios.begin());
+    if (entry_of[k] >= 0) {
+      return Invalid(absl::StrCat(f, ".ratio"),
+                     absl::StrCat(e.ratio(), " duplicates compressed[",
+                                  entry_of[k], "].ratio"));
+    }
+    entry_of[k] = i;
+    const std::string field = absl::StrCat(f, ".slot_mapping");
+    RETURN_IF_ERROR(DecodeInt32s(field, e.slot_mapping(), "num_tokens", n,
+                                 config.max_tokens, values));
+    RETURN_IF_ERROR(CheckSlots(field, MinSlots(config, k), *values));
+    std::memcpy(blob->data() + sec->compressed(k), values->data(),
+                4 * values->size());
+  }
+  for (int32_t k = 0; k < count; ++k) {
+    if (entry_of[k] < 0) {
+      return Invalid("compressed",
+                     absl::StrCat("no entry for ratio ", ratios[k],
+                                  " (this registration's compressed ratios: ",
+                                  list, "; one entry each)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 // The request's inline block tables [num_seqs][block_table_cols], every
@@ -98,7 +190,8 @@ absl::Status AddInlineTables(const RegistrationConfig& config,
 
 int64_t MaxBlobElements(const RegistrationConfig& c) {
   const int64_t t = RoundUp4(c.max_tokens);
-  return 6 * t + t + RoundUp4(c.max_seqs) +
+  return 6 * t + static_cast<int64_t>(c.compressed_ratios.size()) * t +
+         RoundUp4(c.max_seqs) +
          RoundUp4(int64_t{c.max_seqs} * c.max_blocks_per_seq) + 4 +
          (c.max_position > 0 ? 2 * t : 0);
 }
@@ -132,8 +225,10 @@ absl::StatusOr<StepPlan> BuildStepPlan(const RegistrationConfig& config,
   std::vector<int32_t> values;
   RETURN_IF_ERROR(DecodeInt32s("slot_mapping", r.slot_mapping(), "num_tokens",
                                n, config.max_tokens, &values));
-  const int64_t slot_bound = MinSlots(config, false);
-  if (slot_bound > 0) RETURN_IF_ERROR(CheckSlots("", slot_bound, values));
+  const int64_t slot_bound = MinSlots(config, -1);
+  if (slot_bound > 0) {
+    RETURN_IF_ERROR(CheckSlots("slot_mapping", slot_bound, values));
+  }
   sec.slots = Reserve(&blob, n);
   std::memcpy(blob.data() + sec.slots, values.data(), 4 * values.size());
 
@@ -163,20 +258,7 @@ absl::StatusOr<StepPlan> BuildStepPlan(const RegistrationConfig& config,
                    "RoPE");
   }
 
-  if (config.needs_compressed_slots) {
-    RETURN_IF_ERROR(DecodeInt32s("compressed_slot_mapping",
-                                 r.compressed_slot_mapping(), "num_tokens", n,
-                                 config.max_tokens, &values));
-    const int64_t bound = MinSlots(config, true);
-    RETURN_IF_ERROR(CheckSlots("compressed_", bound, values));
-    sec.compressed_slots = Reserve(&blob, n);
-    std::memcpy(blob.data() + sec.compressed_slots, values.data(),
-                4 * values.size());
-  } else if (!r.compressed_slot_mapping().empty()) {
-    return Invalid("compressed_slot_mapping",
-                   "set, but no main or index cache of this registration has "
-                   "a ratio > 1");
-  }
+  RETURN_IF_ERROR(AddCompressedSlots(config, r, &values, &blob, &sec));
 
   // Lengths.
   std::vector<int32_t> seq_lens, query_lens, states, valid_starts;
@@ -234,9 +316,9 @@ absl::StatusOr<StepPlan> BuildStepPlan(const RegistrationConfig& config,
     sec.swa_slots = Reserve(&blob, n);
     RETURN_IF_ERROR(
         BuildSwaStoreSlots(batch, store, Section(&blob, sec.swa_slots, n)));
-    RETURN_IF_ERROR(CheckSlots("swa slots from swa_state_ids: ",
-                               int64_t{store.num_states} * store.ring_size,
-                               Section(&blob, sec.swa_slots, n)));
+    RETURN_IF_ERROR(CheckSlots(
+        "slot_mapping", int64_t{store.num_states} * store.ring_size,
+        Section(&blob, sec.swa_slots, n), "swa slots from swa_state_ids: "));
     if (config.swa_index.set()) {
       SwaParams window = store;
       window.window = config.swa_index.window;

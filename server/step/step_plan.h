@@ -18,8 +18,11 @@ namespace kvdepot::step {
 // Offsets (in int32 elements) of the blob's sections; -1 = absent. Every
 // section starts on a 16-byte boundary.
 struct StepSections {
-  int64_t slots = -1;             // [tokens] main/index caches of ratio 1
-  int64_t compressed_slots = -1;  // [tokens] main/index caches of ratio > 1
+  int64_t slots = -1;  // [tokens] main/index caches of ratio 1
+  // [compressed_count][compressed_stride]: section k (compressed(k)) is
+  // the slots of RegistrationConfig.compressed_ratios[k] (main/index
+  // caches of that ratio > 1). Contiguous, so the gate fills them at once.
+  int64_t compressed_slots = -1;
   int64_t swa_slots = -1;         // [tokens] SWA ring slots
   int64_t swa_state = -1;         // [tokens] SWA decode windows
   int64_t swa_start = -1;         // [tokens]
@@ -29,6 +32,16 @@ struct StepSections {
   int64_t block_tables = -1;      // [seqs][cols]; -1 when in the buffer
   int64_t gate = -1;              // [4] the phase gate (device-written)
   int64_t positions = -1;         // int64 [tokens] for fused RoPE caches
+  int32_t compressed_count = 0;   // = compressed_ratios.size()
+  int64_t compressed_stride = 0;  // tokens rounded up to 4
+
+  // The offset of compressed ratio k's section; -1 for k < 0 (a layer
+  // without compressed caches) or no sections.
+  int64_t compressed(int32_t k) const {
+    return k < 0 || k >= compressed_count
+               ? -1
+               : compressed_slots + k * compressed_stride;
+  }
 };
 
 struct StepPlan {

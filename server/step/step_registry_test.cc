@@ -262,8 +262,7 @@ TEST_F(StepRegistryTest, CompressedMainCachesTakeTheCompressedSlots) {
   absl::StatusOr<v1::RegisterWorkerResponse> made =
       registry_->Register(owner_, reg);
   ASSERT_TRUE(made.ok()) << made.status();
-  EXPECT_TRUE(factory_.last_config.needs_compressed_slots);
-  EXPECT_EQ(factory_.last_config.compressed_ratio, 4);
+  EXPECT_EQ(factory_.last_config.compressed_ratios, std::vector<int32_t>{4});
   v1::StepRequest r = Step(made->registration_id(), 1);
   r.set_compressed_slot_mapping(PackInt32s({-1, 17, -1}));
   absl::StatusOr<v1::StepResponse> ok = registry_->Step(owner_, r);
@@ -292,7 +291,7 @@ TEST_F(StepRegistryTest, EveryCompressedSlotRuleRefuses) {
   absl::StatusOr<v1::RegisterWorkerResponse> made =
       registry_->Register(owner_, reg);
   ASSERT_TRUE(made.ok()) << made.status();
-  EXPECT_TRUE(factory_.last_config.needs_compressed_slots);
+  EXPECT_EQ(factory_.last_config.compressed_ratios, std::vector<int32_t>{4});
   const uint64_t id = made->registration_id();
   struct Case {
     std::string name;
@@ -322,22 +321,23 @@ TEST_F(StepRegistryTest, EveryCompressedSlotRuleRefuses) {
   EXPECT_TRUE(registry_->Step(owner_, r).ok());
 }
 
-// One compressed_slot_mapping per step serves one ratio > 1.
-TEST_F(StepRegistryTest, CompressedCachesOfTwoRatiosAreRefused) {
+// Layers of two ratios > 1 are accepted (one compressed mapping each,
+// step_ratios_test.cc); a layer of ratio 2 with only an SWA cache stores
+// nothing compressed and adds no ratio.
+TEST_F(StepRegistryTest, OnlyCompressedCachesMakeACompressedRatio) {
   v1::RegisterWorkerRequest reg = Registration();
   reg.mutable_layers(0)->set_ratio(4);
   reg.mutable_layers(1)->set_ratio(2);
-  absl::Status s = registry_->Register(owner_, reg).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("layers[1].ratio: 2 differs from 4"));
-  // A layer of ratio 2 with only an SWA cache stores nothing compressed.
+  ASSERT_TRUE(registry_->Register(owner_, reg).ok());
+  EXPECT_EQ(factory_.last_config.compressed_ratios,
+            (std::vector<int32_t>{2, 4}));
   reg.mutable_layers(1)->clear_main();
   reg.mutable_layers(1)->clear_index();
   reg.mutable_layers(1)->clear_topk();
   reg.mutable_layers(1)->clear_index_out();
   EXPECT_TRUE(registry_->Register(owner_, reg).ok());
-  EXPECT_EQ(factory_.last_config.compressed_ratio, 4);
+  EXPECT_EQ(factory_.last_config.compressed_ratios, std::vector<int32_t>{4});
+  EXPECT_EQ(factory_.last_config.layers[1].compressed, -1);
 }
 
 TEST_F(StepRegistryTest, EveryRegistrationRuleRefuses) {

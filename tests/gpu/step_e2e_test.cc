@@ -189,6 +189,53 @@ TEST_F(StepE2eTest, DeviceResidentBlockTablesMatchThePlanner) {
   EXPECT_EQ(st.registration().out_of_range(), rig->expected_out_of_range());
 }
 
+// Several compressed ratios in one registration: layer 1 at ratio 4,
+// layer 2 at ratio 16, layer 0 per token. Each step carries
+// StepRequest.compressed with one mapping per ratio; each compressed
+// layer's main and index caches are stored from its own ratio's mapping
+// and its convert_topk sees seq_len / ratio rows. Pools byte-identical to
+// the CPU reference, index rows equal to the planner's. WRITTEN WITHOUT A
+// GPU: not yet run.
+TEST_F(StepE2eTest, TwoCompressedRatiosMatchTheReference) {
+  RigOptions o;
+  o.prefix = "ratios";
+  o.layers = 3;
+  o.ratio_layer = 1;
+  o.ratio = 4;
+  o.ratio2_layer = 2;
+  o.ratio2 = 16;
+  std::unique_ptr<StepRig> rig = MakeRig(o);
+  ASSERT_NE(rig, nullptr);
+  std::mt19937 rng(1306);
+  int stored[2] = {0, 0};
+  for (uint64_t step = 1; step <= 40; ++step) {
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    StepInput in = rig->RandomStep(step, rng);
+    ASSERT_EQ(in.compressed_slots2.size(), in.slots.size());
+    for (int32_t s : in.compressed_slots) stored[0] += s >= 0;
+    for (int32_t s : in.compressed_slots2) stored[1] += s >= 0;
+    ASSERT_EQ(rig->Request(in).compressed_size(), 2);
+    rig->StageInputs(in);
+    ASSERT_OK(rig->SendStep(in).status());
+    ASSERT_OK(rig->EnqueueWorker(stream_->get()));
+    ASSERT_OK(SyncWithin(stream_->get(), absl::Seconds(30)));
+    ASSERT_OK(rig->ApplyReference(in));
+    ASSERT_OK(rig->CheckIndexRows(in));
+    if (step % 5 == 0) ASSERT_OK(rig->CheckPools());
+  }
+  EXPECT_GT(stored[0], 0);
+  EXPECT_GT(stored[1], 0);
+  // A step with the second ratio's entry missing is refused, naming it.
+  StepInput in = rig->RandomStep(41, rng);
+  v1::StepRequest r = rig->Request(in);
+  r.mutable_compressed()->RemoveLast();
+  grpc::ClientContext ctx;
+  v1::StepResponse out;
+  const grpc::Status s = rig->stub()->Step(&ctx, r, &out);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("no entry for ratio 16"));
+}
+
 // A Step with block_tables_in_buffer on a registration without a
 // block-table buffer, or with inline bytes too, is refused on the CUDA
 // daemon as on the CPU one (//server/step:step_block_tables_test).

@@ -229,7 +229,7 @@ absl::Status StepRig::Init(const std::string& socket) {
   for (int l = 0; l < o.layers && o.bare; ++l) r.add_layers();
   for (int l = 0; l < o.layers && !o.bare; ++l) {
     v1::StepLayer* layer = r.add_layers();
-    layer->set_ratio(l == o.ratio_layer ? o.ratio : 1);
+    layer->set_ratio(LayerRatio(o, l));
     layer->set_window(o.window);
     layer->mutable_main()->set_pool(main_.name);
     layer->mutable_main()->set_layer(l);
@@ -314,8 +314,8 @@ StepInput RandomStepFor(const RigOptions& o, uint64_t step_id,
         hole ? -1
              : std::uniform_int_distribution<int>(0, o.num_blocks - 1)(rng));
   }
-  if (o.ratio > 1) {
-    // Drawn only here, so the other rigs' random steps stay the same.
+  // Drawn only here, so the other rigs' random steps stay the same.
+  auto draw_compressed = [&] {
     std::vector<int32_t> c;
     for (int s = 0; s < o.block_size * o.num_blocks; ++s) c.push_back(s);
     std::shuffle(c.begin(), c.end(), rng);
@@ -323,8 +323,10 @@ StepInput RandomStepFor(const RigOptions& o, uint64_t step_id,
     for (int32_t& s : c) {
       if (std::uniform_int_distribution<int>(0, 3)(rng) != 0) s = -1;
     }
-    in.compressed_slots = c;
-  }
+    return c;
+  };
+  if (o.ratio > 1) in.compressed_slots = draw_compressed();
+  if (o.ratio2 > 1) in.compressed_slots2 = draw_compressed();
   in.kv_main.resize(o.layers);
   in.kv_swa.resize(o.layers);
   in.kv_index.resize(o.layers);
@@ -400,10 +402,22 @@ void StepRig::FillRequest(const StepInput& in, v1::StepRequest* r) const {
   }
   r->set_block_table_cols(table_cols(in));
   r->set_top_k(options_.top_k);
-  if (options_.ratio > 1) {
+  if (options_.ratio > 1 && options_.ratio2 > 1) {
+    // Several ratios: one StepRequest.compressed entry each.
+    r->clear_compressed_slot_mapping();
+    while (r->compressed_size() < 2) r->add_compressed();
+    r->mutable_compressed(0)->set_ratio(options_.ratio);
+    EncodeInt32s(in.compressed_slots,
+                 r->mutable_compressed(0)->mutable_slot_mapping());
+    r->mutable_compressed(1)->set_ratio(options_.ratio2);
+    EncodeInt32s(in.compressed_slots2,
+                 r->mutable_compressed(1)->mutable_slot_mapping());
+  } else if (options_.ratio > 1) {
     EncodeInt32s(in.compressed_slots, r->mutable_compressed_slot_mapping());
+    r->clear_compressed();
   } else {
     r->clear_compressed_slot_mapping();
+    r->clear_compressed();
   }
   if (options_.edit_step) options_.edit_step(in, r);
 }
@@ -566,9 +580,17 @@ absl::Status StepRig::EnqueueWorker(cudaStream_t s, bool copy_inputs,
   return absl::OkStatus();
 }
 
+int LayerRatio(const RigOptions& o, int layer) {
+  if (layer == o.ratio_layer) return std::max(o.ratio, 1);
+  if (layer == o.ratio2_layer) return std::max(o.ratio2, 1);
+  return 1;
+}
+
 const std::vector<int32_t>& LayerSlots(const RigOptions& o, const StepInput& in,
                                        int layer) {
-  return o.ratio > 1 && layer == o.ratio_layer ? in.compressed_slots : in.slots;
+  if (o.ratio > 1 && layer == o.ratio_layer) return in.compressed_slots;
+  if (o.ratio2 > 1 && layer == o.ratio2_layer) return in.compressed_slots2;
+  return in.slots;
 }
 
 absl::Status StepRig::ApplyReference(const StepInput& in) {
@@ -585,9 +607,9 @@ absl::Status StepRig::ApplyReference(const StepInput& in) {
   expected_swa_.assign(static_cast<size_t>(n) * o.window, 0);
   RETURN_IF_ERROR(
       BuildSwaDecodeIndex(batch, window, absl::MakeSpan(expected_swa_)));
-  // Per query row: its sequence's table row, length and valid count.
-  // num_tokens / valid at ratio 1 and at o.ratio (seq_len / ratio rows).
-  std::vector<int32_t> rows_table, num_tokens, valid, num_tokens_r, valid_r;
+  // Per query row: its sequence's table row and seqlen_k; per layer its
+  // convert_topk length (seq_len / ratio rows) and valid count.
+  std::vector<int32_t> rows_table, row_seq_len;
   const int cols = table_cols(in);
   if (in.block_tables.size() != static_cast<size_t>(in.num_seqs()) * cols) {
     return absl::InvalidArgumentError(
@@ -598,11 +620,7 @@ absl::Status StepRig::ApplyReference(const StepInput& in) {
     for (int j = 0; j < in.query_lens[b]; ++j) {
       rows_table.insert(rows_table.end(), in.block_tables.begin() + b * cols,
                         in.block_tables.begin() + (b + 1) * cols);
-      num_tokens.push_back(in.seq_lens[b]);
-      valid.push_back(std::min(o.top_k, in.seq_lens[b]));
-      const int32_t rows = in.seq_lens[b] / std::max(o.ratio, 1);
-      num_tokens_r.push_back(rows);
-      valid_r.push_back(std::min(o.top_k, rows));
+      row_seq_len.push_back(in.seq_lens[b]);
     }
   }
   BlockTableView table;
@@ -614,7 +632,11 @@ absl::Status StepRig::ApplyReference(const StepInput& in) {
   for (int l = 0; l < o.layers; ++l) {
     uint8_t* main_layer = main_.reference.data() + main_.layout.layer_offset(l);
     const std::vector<int32_t>& slots = LayerSlots(o, in, l);
-    const bool compressed = o.ratio > 1 && l == o.ratio_layer;
+    std::vector<int32_t> num_tokens, valid;
+    for (int32_t len : row_seq_len) {
+      num_tokens.push_back(len / LayerRatio(o, l));
+      valid.push_back(std::min(o.top_k, num_tokens.back()));
+    }
     if (o.main_reference) {
       RETURN_IF_ERROR(o.main_reference(l, in, main_.layout, main_layer));
     } else {
@@ -629,11 +651,9 @@ absl::Status StepRig::ApplyReference(const StepInput& in) {
         index_.layout, index_.reference.data() + index_.layout.layer_offset(l),
         in.kv_index[l].data(), InputDtype::kBF16, slots));
     std::vector<int32_t> topk = in.topk[l];
-    ASSIGN_OR_RETURN(
-        int64_t invalid,
-        ConvertTopk(absl::MakeSpan(topk), o.top_k, compressed ? valid_r : valid,
-                    compressed ? num_tokens_r : num_tokens, table, o.block_size,
-                    o.num_blocks));
+    ASSIGN_OR_RETURN(int64_t invalid, ConvertTopk(absl::MakeSpan(topk), o.top_k,
+                                                  valid, num_tokens, table,
+                                                  o.block_size, o.num_blocks));
     expected_out_of_range_ += static_cast<uint64_t>(invalid);
     expected_out_.insert(expected_out_.end(), topk.begin(), topk.end());
   }

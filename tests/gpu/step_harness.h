@@ -49,6 +49,9 @@ struct StepInput {
   // RigOptions.ratio > 1: compressed_slot_mapping (distinct main-pool
   // slots, most -1: tokens that complete no compressed row).
   std::vector<int32_t> compressed_slots;
+  // RigOptions.ratio2 > 1: the mapping of that second ratio, drawn the
+  // same way (both then go in StepRequest.compressed).
+  std::vector<int32_t> compressed_slots2;
   // Per layer: BF16 bits.
   std::vector<std::vector<uint16_t>> kv_main, kv_swa, kv_index;
   std::vector<std::vector<int32_t>> topk;  // [n][top_k]
@@ -66,6 +69,12 @@ struct RigOptions {
   // convert_topk sees seq_len / ratio rows. Every other layer: ratio 1.
   int ratio_layer = -1;
   int ratio = 1;
+  // A second compressed ratio (a registration of several): layer
+  // ratio2_layer (-1 = none) has ratio2 > 1, != ratio, and its own
+  // compressed slot mapping; the steps then carry StepRequest.compressed
+  // with one entry per ratio instead of compressed_slot_mapping.
+  int ratio2_layer = -1;
+  int ratio2 = 1;
   int num_blocks = 64;
   int ring = 32;  // SWA pool block size
   int states = 16;
@@ -124,8 +133,12 @@ struct WorkerHooks {
   std::function<absl::Status(cudaStream_t, int)> after_stores;
 };
 
+// Layer l's ratio: options.ratio for ratio_layer, ratio2 for
+// ratio2_layer, else 1.
+int LayerRatio(const RigOptions& options, int layer);
 // The slots layer l's main and index caches are stored at: the
-// compressed ones for options.ratio_layer, else the step's slot_mapping.
+// compressed ones for options.ratio_layer (ratio2_layer: the second
+// ratio's), else the step's slot_mapping.
 const std::vector<int32_t>& LayerSlots(const RigOptions& options,
                                        const StepInput& in, int layer);
 

@@ -112,6 +112,11 @@ int Run(int argc, char** argv) {
        Ints(request.swa_valid_starts())},
       {&v1::StepRequest::mutable_block_tables, Ints(request.block_tables())},
   };
+  // StepRequest.compressed (several ratios): each entry's mapping too.
+  std::vector<std::vector<int32_t>> compressed;
+  for (const v1::CompressedSlots& e : request.compressed()) {
+    compressed.push_back(Ints(e.slot_mapping()));
+  }
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(64 << 20);
   args.SetMaxReceiveMessageSize(64 << 20);
@@ -156,6 +161,11 @@ int Run(int argc, char** argv) {
     }
     request.set_step_id(id);
     for (const Array& a : arrays) Fill((request.*a.mutable_field)(), a.values);
+    for (size_t i = 0; i < compressed.size(); ++i) {
+      Fill(request.mutable_compressed(static_cast<int>(i))
+               ->mutable_slot_mapping(),
+           compressed[i]);
+    }
     // One call; a refusal consumes no step id, so a retry sends the same
     // request again (with a fresh ClientContext, as gRPC requires).
     auto send = [&]() -> absl::Status {

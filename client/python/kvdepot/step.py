@@ -24,7 +24,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import grpc
 
@@ -142,8 +142,8 @@ def layer(*, main: Optional["spb.StepCache"] = None,
           ) -> "spb.StepLayer":
     """One layer's configuration (step.proto StepLayer). ratio > 1: its
     main and index caches hold compressed rows, stored from each step's
-    compressed_slot_mapping (every such layer of a registration has the
-    same ratio)."""
+    compressed slot mapping of that ratio (layers may differ: at most 8
+    distinct ratios > 1 per registration, one mapping each per step)."""
     out = spb.StepLayer(ratio=ratio, window=window)
     for name, value in (("main", main), ("swa", swa), ("index", index),
                         ("topk", topk), ("index_out", index_out)):
@@ -206,6 +206,7 @@ def register_worker(client: Any, *, doorbell: Buffer,
 def step_request(client: Any, registration_id: int, *, step_id: int,
                  slot_mapping: Any, seq_lens: Any, query_lens: Any,
                  compressed_slot_mapping: Any = None,
+                 compressed_slot_mappings: Optional[Mapping[int, Any]] = None,
                  swa_state_ids: Any = None, swa_valid_starts: Any = None,
                  block_tables: Any = None, top_k: int = 0,
                  deadline_ms: int = 0,
@@ -223,8 +224,24 @@ def step_request(client: Any, registration_id: int, *, step_id: int,
         query_lens=pack_int32(query_lens, "query_lens")[0], top_k=top_k,
         deadline_ms=deadline_ms)
     if compressed_slot_mapping is not None:
+        if compressed_slot_mappings is not None:
+            raise invalid_argument(
+                "compressed_slot_mapping: pass it or compressed_slot_mappings"
+                " ({ratio: mapping}), not both")
         req.compressed_slot_mapping = pack_int32(
             compressed_slot_mapping, "compressed_slot_mapping")[0]
+    if compressed_slot_mappings is not None:
+        for ratio in sorted(compressed_slot_mappings):
+            field = f"compressed_slot_mappings[{ratio}]"
+            if not isinstance(ratio, int) or ratio < 2:
+                raise invalid_argument(
+                    f"{field}: the key is a layer ratio > 1 (an int)")
+            data, count, _ = pack_int32(compressed_slot_mappings[ratio],
+                                        field)
+            if count != num_tokens:
+                raise invalid_argument(
+                    f"{field}: {count} entries, slot_mapping {num_tokens}")
+            req.compressed.add(ratio=ratio, slot_mapping=data)
     if positions is not None:
         if isinstance(positions, (bytes, bytearray, memoryview)):
             req.positions = bytes(positions)
@@ -264,7 +281,9 @@ def step_request(client: Any, registration_id: int, *, step_id: int,
 
 def step(client: Any, registration_id: int, *, step_id: int,
          slot_mapping: Any, seq_lens: Any, query_lens: Any,
-         compressed_slot_mapping: Any = None, swa_state_ids: Any = None,
+         compressed_slot_mapping: Any = None,
+         compressed_slot_mappings: Optional[Mapping[int, Any]] = None,
+         swa_state_ids: Any = None,
          swa_valid_starts: Any = None, block_tables: Any = None,
          top_k: int = 0, deadline_ms: int = 0,
          positions: Any = None, block_tables_in_buffer: bool = False,
@@ -272,8 +291,12 @@ def step(client: Any, registration_id: int, *, step_id: int,
     """One Step request (the scheduler's side): step_id is the previous
     one + 1 (the first is 1). Arrays are int32 (lists, NumPy, array('i'),
     bytes); block_tables is [num_seqs][cols]. compressed_slot_mapping
-    (main and index caches of ratio > 1): per token the slot of the
-    compressed row it completes, -1 where it completes none. positions:
+    (main and index caches of ratio > 1, a registration with one such
+    ratio): per token the slot of the compressed row it completes, -1
+    where it completes none. compressed_slot_mappings ({ratio: mapping},
+    e.g. {4: m4, 128: m128}): the same per ratio, one entry for each
+    ratio > 1 of the registration (required with several; never with
+    compressed_slot_mapping). positions:
     int64 per token (ints, or their little-endian bytes), needed when a
     cache was registered with fused RoPE. block_tables_in_buffer=True
     (with block_table_cols, no block_tables): the tables are rows [0,
@@ -287,6 +310,7 @@ def step(client: Any, registration_id: int, *, step_id: int,
         client, registration_id, step_id=step_id, slot_mapping=slot_mapping,
         seq_lens=seq_lens, query_lens=query_lens,
         compressed_slot_mapping=compressed_slot_mapping,
+        compressed_slot_mappings=compressed_slot_mappings,
         swa_state_ids=swa_state_ids, swa_valid_starts=swa_valid_starts,
         block_tables=block_tables, top_k=top_k, deadline_ms=deadline_ms,
         positions=positions, block_tables_in_buffer=block_tables_in_buffer,
@@ -374,6 +398,7 @@ class StepFuture:
 def step_async(client: Any, registration_id: int, *, step_id: int,
                slot_mapping: Any, seq_lens: Any, query_lens: Any,
                compressed_slot_mapping: Any = None,
+               compressed_slot_mappings: Optional[Mapping[int, Any]] = None,
                swa_state_ids: Any = None, swa_valid_starts: Any = None,
                block_tables: Any = None, top_k: int = 0,
                deadline_ms: int = 0, positions: Any = None,
@@ -392,6 +417,7 @@ def step_async(client: Any, registration_id: int, *, step_id: int,
         client, registration_id, step_id=step_id, slot_mapping=slot_mapping,
         seq_lens=seq_lens, query_lens=query_lens,
         compressed_slot_mapping=compressed_slot_mapping,
+        compressed_slot_mappings=compressed_slot_mappings,
         swa_state_ids=swa_state_ids, swa_valid_starts=swa_valid_starts,
         block_tables=block_tables, top_k=top_k, deadline_ms=deadline_ms,
         positions=positions, block_tables_in_buffer=block_tables_in_buffer,

@@ -4,6 +4,7 @@ import array
 import ctypes
 import os
 import random
+import struct
 import threading
 import time
 import unittest
@@ -539,6 +540,37 @@ class StepAsyncTest(unittest.TestCase):
         self.assertEqual(sent, kvdepot.step.step_request(
             self.kv, 7, step_id=1, slot_mapping=[3, -1], seq_lens=[2],
             query_lens=[2], positions=[5, 6]))
+
+    def test_compressed_slot_mappings_one_entry_per_ratio(self):
+        """{ratio: mapping}: one `compressed` entry per ratio, ascending,
+        packed like the other arrays; the single-ratio field stays
+        unset, and both forms at once or a mis-sized mapping raise before
+        anything is sent."""
+        self.send(compressed_slot_mappings={128: [-1, 63], 4: [9, -1]}
+                  ).result()
+        sent = step_pb2.StepRequest.FromString(self.fake.requests[0])
+        self.assertEqual([e.ratio for e in sent.compressed], [4, 128])
+        self.assertEqual(sent.compressed[0].slot_mapping,
+                         struct.pack("<2i", 9, -1))
+        self.assertEqual(sent.compressed[1].slot_mapping,
+                         struct.pack("<2i", -1, 63))
+        self.assertEqual(sent.compressed_slot_mapping, b"")
+        self.send(step_id=2, compressed_slot_mapping=[-1, 5]).result()
+        old = step_pb2.StepRequest.FromString(self.fake.requests[1])
+        self.assertEqual(len(old.compressed), 0)
+        self.assertEqual(old.compressed_slot_mapping,
+                         struct.pack("<2i", -1, 5))
+        for bad, what in (
+                ({"compressed_slot_mapping": [1, 2],
+                  "compressed_slot_mappings": {4: [1, 2]}}, "not both"),
+                ({"compressed_slot_mappings": {4: [1, 2, 3]}},
+                 "compressed_slot_mappings[4]: 3 entries"),
+                ({"compressed_slot_mappings": {1: [1, 2]}},
+                 "a layer ratio > 1")):
+            with self.assertRaises(KVCacheError) as cm:
+                self.send(step_id=3, **bad)
+            self.assertIn(what, str(cm.exception))
+        self.assertEqual(len(self.fake.requests), 2)
 
     def test_resource_exhausted_is_sent_again(self):
         """A third step in flight: the same request again, with backoff,
