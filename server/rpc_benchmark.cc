@@ -57,6 +57,7 @@
 #include "server/backend/cuda_env.h"
 #include "server/daemon.h"
 #include "spdlog/spdlog.h"
+#include "tests/rpc_timing.h"
 
 ABSL_FLAG(std::string, address, "",
           "Daemon to measure; empty = start one in-process on a temp socket.");
@@ -102,65 +103,13 @@ constexpr int64_t kBlockSize = 64;
 constexpr int64_t kNumBlocks = 1024;
 constexpr int64_t kElements = 512;
 
-struct Result {
-  std::string name;
-  double p50_us, p99_us, mean_us;
-};
+// Latency rows and the socket ping-pong floor: tests/rpc_timing.h.
+using Result = testing::Timing;
+using testing::SocketPingPong;
 
 Result Measure(const std::string& name, int warmup, int iterations,
                const std::function<absl::Status()>& call) {
-  for (int i = 0; i < warmup; ++i) {
-    absl::Status s = call();
-    if (!s.ok()) {
-      std::fprintf(stderr, "%s failed: %s\n", name.c_str(),
-                   s.ToString().c_str());
-      std::exit(1);
-    }
-  }
-  std::vector<double> us(static_cast<size_t>(iterations));
-  for (int i = 0; i < iterations; ++i) {
-    const absl::Time t0 = absl::Now();
-    absl::Status s = call();
-    us[i] = absl::ToDoubleMicroseconds(absl::Now() - t0);
-    if (!s.ok()) {
-      std::fprintf(stderr, "%s failed: %s\n", name.c_str(),
-                   s.ToString().c_str());
-      std::exit(1);
-    }
-  }
-  std::sort(us.begin(), us.end());
-  const double mean = std::accumulate(us.begin(), us.end(), 0.0) / us.size();
-  return {name, us[us.size() / 2], us[us.size() * 99 / 100], mean};
-}
-
-// The floor of any request over a Unix socket, measured in the same run: a
-// 1-byte ping-pong between this thread and an echo thread on a socketpair.
-Result SocketPingPong(int warmup, int iterations) {
-  int fds[2];
-  if (socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) {
-    std::perror("socketpair");
-    return {"Unix socket ping-pong (1 byte)", 0, 0, 0};
-  }
-  std::thread echo([fd = fds[1]] {
-    char b;
-    while (read(fd, &b, 1) == 1) {
-      if (write(fd, &b, 1) != 1) break;
-    }
-  });
-  char b = 'x';
-  Result r =
-      Measure("Unix socket ping-pong (1 byte)", warmup, iterations,
-              [&]() -> absl::Status {
-                if (write(fds[0], &b, 1) != 1 || read(fds[0], &b, 1) != 1) {
-                  return absl::InternalError("ping-pong failed");
-                }
-                return absl::OkStatus();
-              });
-  shutdown(fds[0], SHUT_RDWR);
-  close(fds[0]);
-  echo.join();
-  close(fds[1]);
-  return r;
+  return testing::MeasureCalls(name, warmup, iterations, call);
 }
 
 // The gRPC floor's one method: kvdepot's Ping message types, answered
