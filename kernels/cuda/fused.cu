@@ -28,7 +28,9 @@
 //
 // Two tokens in flight per warp with their first cos/sin pair, the norm
 // weights kept in registers for the whole grid-stride loop; the 128-element
-// index formats take four tokens per warp (FusedStoreKernelQuad). (The
+// index formats take four tokens per warp (FusedStoreKernelQuad), where a
+// Hadamard over the whole token ends in registers (HadamardQuad128: xor
+// shuffles for h = 16 ... 64) and is quantized from there. (The
 // round-1 shape, an unswizzled buffer with a one-pass Hadamard, one token
 // prefetched, was deleted once this one had replaced it.)
 // The order of the Hadamard stages h = 1, 2, 4, ... and each a + b / a - b
@@ -366,21 +368,18 @@ __device__ __forceinline__ float ScaleValue(uint32_t stored) {
   }
 }
 
-// Steps 5-6 for the §3 formats: the store kernels' lane math (store.cu) on
-// the rounded values, then the decode of the lane's codes.
+// Steps 5-6 for the §3 formats on a lane's 16 values already rounded to
+// BF16 (elements [16 sub, +16) of its token): the store kernels' lane math
+// (store.cu), then the decode of the lane's codes.
 template <class Q>
-__device__ __forceinline__ void QuantizeLane(const PoolLayout& layout,
-                                             const FastDiv& div, uint8_t* layer,
-                                             const float* y, int32_t slot,
-                                             int lane, bool active,
-                                             uint16_t* cast_row) {
+__device__ __forceinline__ void QuantizeLaneValues(
+    const PoolLayout& layout, const FastDiv& div, uint8_t* layer,
+    const float (&x)[16], int32_t slot, int lane, bool active,
+    uint16_t* cast_row) {
   // Inactive lanes (past the token) take part in the shuffles only.
   constexpr int kLpt = Q::kLanesPerToken;
   static_assert(kLpt == kWarp || kLpt == 8);
   const int sub = lane % kLpt;
-  float x[16];
-  uint32_t bf[8];
-  RoundBf16<16>(y, 16 * sub, x, bf);
   float amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(x[i]));  // no NaN
@@ -438,6 +437,20 @@ __device__ __forceinline__ void QuantizeLane(const PoolLayout& layout,
                 make_uint4(out[0], out[1], out[2], out[3]));
   StoreStream16(cast_row + 16 * sub + 8,
                 make_uint4(out[4], out[5], out[6], out[7]));
+}
+
+// The same for the lane's 16 elements of the token in the swizzled buffer
+// y, rounded to BF16 here.
+template <class Q>
+__device__ __forceinline__ void QuantizeLane(const PoolLayout& layout,
+                                             const FastDiv& div, uint8_t* layer,
+                                             const float* y, int32_t slot,
+                                             int lane, bool active,
+                                             uint16_t* cast_row) {
+  float x[16];
+  uint32_t bf[8];
+  RoundBf16<16>(y, 16 * (lane % Q::kLanesPerToken), x, bf);
+  QuantizeLaneValues<Q>(layout, div, layer, x, slot, lane, active, cast_row);
 }
 
 // Steps 5-6 for DS_MLA_FP8 (SPEC §2.1): the 656-byte record of ds_mla.cu.
@@ -632,6 +645,55 @@ __device__ __forceinline__ void HadamardQuad(int32_t begin, int lane,
   __syncwarp();
 }
 
+// Step 3 for four tokens when the Hadamard covers the whole 128-element
+// token (kLen = 128 forces begin = 0), lanes 8q + m on token q, ending in
+// registers: v[i] = element 16 m + i, the layout QuantizeLaneValues takes.
+// Stages h = 1 ... 8 in registers, then h = 16, 32, 64 by xor shuffles with
+// lane m ^ (h / 16) (the lower element takes a + b, the upper a - b, as the
+// reference pairs them), then the scale; no second pass through y.
+__device__ __forceinline__ void HadamardQuad128(int lane, const float* y,
+                                                float (&v)[16]) {
+  const float* t = y + kQuadStride * (lane / 8);
+  const int m = lane % 8;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const float4 f = *reinterpret_cast<const float4*>(t + Swz(16 * m + 4 * q));
+    v[4 * q] = f.x;
+    v[4 * q + 1] = f.y;
+    v[4 * q + 2] = f.z;
+    v[4 * q + 3] = f.w;
+  }
+  RegisterButterflies<1, 16>(v);
+#pragma unroll
+  for (int mm = 1; mm < 8; mm *= 2) {
+    const bool upper = (m & mm) != 0;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const float o = __shfl_xor_sync(kFullMask, v[i], mm);
+      v[i] = upper ? __fsub_rn(o, v[i]) : __fadd_rn(v[i], o);
+    }
+  }
+  const float scale = BitsToFloat(kHadamardScaleBits[Log2(128)]);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) v[i] = __fmul_rn(v[i], scale);
+}
+
+// 16 values rounded to BF16 by the hardware (RNE, as FloatToBf16 for every
+// number), NaN as FloatToBf16's canonical 0x7FC0, back as floats.
+__device__ __forceinline__ void RoundBf16Hw16(const float (&v)[16],
+                                              float (&x)[16]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    uint32_t w = HwBf16x2(v[2 * i], v[2 * i + 1]);
+    if ((w & 0x7FFFu) > 0x7F80u) w = (w & 0xFFFF0000u) | kBf16NaN;
+    if ((w & 0x7FFF0000u) > 0x7F800000u) {
+      w = (w & 0xFFFFu) | (uint32_t{kBf16NaN} << 16);
+    }
+    x[2 * i] = BitsToFloat(w << 16);
+    x[2 * i + 1] = BitsToFloat(w & 0xFFFF0000u);
+  }
+}
+
 // Steps 1-6 of tokens base ... base + 3 (those < n).
 template <FormatId kId, int kHad>
 __device__ __forceinline__ void ProcessQuad(const PoolLayout& layout,
@@ -705,14 +767,22 @@ __device__ __forceinline__ void ProcessQuad(const PoolLayout& layout,
       Rope(p, pos, c0, s0, lane, y + kQuadStride * q);
     }
   }
-  if constexpr (kHad > 0) HadamardQuad<kHad>(p.hadamard_begin, lane, y);
   const int64_t t = base + lane / 8;
   const bool active = t < n;
   uint16_t* cast_row =
       cast_back != nullptr && active ? cast_back + t * kQuadD : nullptr;
-  QuantizeLane<typename FusedTraits<kId>::Q>(layout, div, layer,
-                                             y + kQuadStride * (lane / 8),
-                                             in.slot, lane, active, cast_row);
+  using Q = typename FusedTraits<kId>::Q;
+  if constexpr (kHad == kQuadD) {  // the whole token: stays in registers
+    float v[16], x[16];
+    HadamardQuad128(lane, y, v);
+    RoundBf16Hw16(v, x);
+    QuantizeLaneValues<Q>(layout, div, layer, x, in.slot, lane, active,
+                          cast_row);
+  } else {
+    if constexpr (kHad > 0) HadamardQuad<kHad>(p.hadamard_begin, lane, y);
+    QuantizeLane<Q>(layout, div, layer, y + kQuadStride * (lane / 8), in.slot,
+                    lane, active, cast_row);
+  }
 }
 
 template <FormatId kId, int kHad>
