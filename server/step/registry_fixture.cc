@@ -74,6 +74,20 @@ void RegistryFixture::CreatePool(const std::string& name,
   ASSERT_TRUE(p.ok()) << name << ": " << p.status();
 }
 
+void BufferSlices::Next(v1::StepBufferRef* out, int64_t bytes) {
+  out->set_buffer_id(id_);
+  out->set_offset(offset_);
+  offset_ += (bytes + 255) / 256 * 256;
+}
+
+uint64_t RegistryFixture::RegisterOk(const Caller& owner,
+                                     const v1::RegisterWorkerRequest& r) {
+  absl::StatusOr<v1::RegisterWorkerResponse> made =
+      registry_->Register(owner, r);
+  EXPECT_TRUE(made.ok()) << made.status();
+  return made.ok() ? made->registration_id() : 0;
+}
+
 uint64_t RegistryFixture::AddBuffer(const Caller& c, int64_t size) {
   absl::StatusOr<std::unique_ptr<Memory>> m = backend_->Allocate(size, "cpu");
   EXPECT_TRUE(m.ok()) << m.status();

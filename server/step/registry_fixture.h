@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kvdepot/v1/step.pb.h"
 #include "server/backend/backend.h"
 #include "server/pools.h"
 #include "server/sessions.h"
@@ -23,6 +24,19 @@ namespace kvdepot::step {
 
 // int32s packed as a Step request's bytes fields are (proto/wire.h).
 std::string PackInt32s(const std::vector<int32_t>& v);
+
+// Consecutive slices of one buffer, 256-byte aligned, for the
+// StepBufferRefs of a test registration.
+class BufferSlices {
+ public:
+  explicit BufferSlices(uint64_t buffer_id) : id_(buffer_id) {}
+  // Points *out at the next `bytes` of the buffer.
+  void Next(v1::StepBufferRef* out, int64_t bytes);
+
+ private:
+  uint64_t id_;
+  int64_t offset_ = 0;
+};
 
 // Records plans; Finish() reports the oldest finished with an outcome.
 class RecordingEngine : public StepEngine {
@@ -65,6 +79,8 @@ class RegistryFixture : public ::testing::Test {
   uint64_t AddBuffer(const Caller& c, int64_t size);
   // The base of buffer `id` of the caller's session (null: not found).
   uint8_t* BufferBase(const Caller& c, uint64_t id);
+  // Registers `r` for `owner`; its id, or 0 and a test failure if refused.
+  uint64_t RegisterOk(const Caller& owner, const v1::RegisterWorkerRequest& r);
 
   RecordingFactory factory_;
   std::unique_ptr<Backend> backend_;

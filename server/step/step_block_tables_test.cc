@@ -55,11 +55,9 @@ class StepBlockTablesTest : public RegistryFixture {
     r.set_max_seqs(kMaxSeqs);
     r.set_max_top_k(16);
     r.set_max_blocks_per_seq(kMaxBlocks);
-    int64_t off = 0;
+    BufferSlices slices(io_);
     auto ref = [&](v1::StepBufferRef* out, int64_t bytes) {
-      out->set_buffer_id(io_);
-      out->set_offset(off);
-      off += (bytes + 255) / 256 * 256;
+      slices.Next(out, bytes);
     };
     for (int l = 0; l < kLayers; ++l) {
       v1::StepLayer* layer = r.add_layers();
@@ -79,10 +77,7 @@ class StepBlockTablesTest : public RegistryFixture {
   }
 
   uint64_t Register(const v1::RegisterWorkerRequest& r) {
-    absl::StatusOr<v1::RegisterWorkerResponse> made =
-        registry_->Register(owner_, r);
-    EXPECT_TRUE(made.ok()) << made.status();
-    return made.ok() ? made->registration_id() : 0;
+    return RegisterOk(owner_, r);
   }
 
   // Two sequences (1 and 2 query tokens), tables in the buffer, 3 columns.

@@ -45,11 +45,9 @@ class StepRatiosTest : public RegistryFixture {
     r.set_max_seqs(4);
     r.set_max_top_k(16);
     r.set_max_blocks_per_seq(4);
-    int64_t off = 0;
+    BufferSlices slices(io_);
     auto ref = [&](v1::StepBufferRef* out, int64_t bytes) {
-      out->set_buffer_id(io_);
-      out->set_offset(off);
-      off += (bytes + 255) / 256 * 256;
+      slices.Next(out, bytes);
     };
     const int ratios[] = {1, 4, 128, 4};
     for (int l = 0; l < 4; ++l) {
@@ -70,10 +68,7 @@ class StepRatiosTest : public RegistryFixture {
   }
 
   uint64_t Register(const v1::RegisterWorkerRequest& r) {
-    absl::StatusOr<v1::RegisterWorkerResponse> made =
-        registry_->Register(owner_, r);
-    EXPECT_TRUE(made.ok()) << made.status();
-    return made.ok() ? made->registration_id() : 0;
+    return RegisterOk(owner_, r);
   }
 
   // Two sequences (1 and 2 query tokens); ratio 4 and ratio 128 entries.

@@ -51,11 +51,9 @@ class StepRegistryTest : public RegistryFixture {
     r.set_max_top_k(16);
     r.set_max_blocks_per_seq(4);
     r.set_name("rank0");
-    int64_t off = 0;
+    BufferSlices slices(io_);
     auto ref = [&](v1::StepBufferRef* out, int64_t bytes) {
-      out->set_buffer_id(io_);
-      out->set_offset(off);
-      off += (bytes + 255) / 256 * 256;
+      slices.Next(out, bytes);
     };
     for (int l = 0; l < kLayers; ++l) {
       v1::StepLayer* layer = r.add_layers();
@@ -77,12 +75,7 @@ class StepRegistryTest : public RegistryFixture {
     return r;
   }
 
-  uint64_t Register() {
-    absl::StatusOr<v1::RegisterWorkerResponse> r =
-        registry_->Register(owner_, Registration());
-    EXPECT_TRUE(r.ok()) << r.status();
-    return r.ok() ? r->registration_id() : 0;
-  }
+  uint64_t Register() { return RegisterOk(owner_, Registration()); }
 
   // Two sequences: 1 and 2 query tokens.
   v1::StepRequest Step(uint64_t reg, uint64_t step) const {
