@@ -78,6 +78,13 @@ def main():
         v = array.array("i")
         v.frombytes(getattr(req, name))
         values[name] = v
+    # Several compressed ratios: one slot mapping per `compressed` entry,
+    # refilled each step like the other arrays.
+    entries = []
+    for e in req.compressed:
+        v = array.array("i")
+        v.frombytes(e.slot_mapping)
+        entries.append((e, v))
     opts = [("grpc.max_send_message_length", 64 << 20),
             ("grpc.max_receive_message_length", 64 << 20)]
     channel = grpc.insecure_channel("unix:" + a.socket, options=opts)
@@ -97,6 +104,8 @@ def main():
         req.step_id = step_id
         for name, v in values.items():
             setattr(req, name, v.tobytes())
+        for e, v in entries:
+            e.slot_mapping = v.tobytes()
         reply, err, n = send_respecting_depth(
             lambda: stub.Step(req, timeout=10), a.in_flight_retry_ms / 1000.0)
         retries += n
