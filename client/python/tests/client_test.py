@@ -502,20 +502,27 @@ class FakeStep(step_pb2_grpc.StepServicer):
                     error_field=f"field_of_{code.name}")
 
 
+def serve_fake_step(test, workers):
+    """A FakeStep on a local gRPC server and a client of it, both stopped
+    when `test` ends."""
+    fake = FakeStep()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
+    step_pb2_grpc.add_StepServicer_to_server(fake, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    test.addCleanup(server.stop, None)
+    kv = kvdepot.Client(f"127.0.0.1:{port}", open_session=False)
+    test.addCleanup(kv.close)
+    return fake, kv
+
+
 class StepAsyncTest(unittest.TestCase):
     """kvdepot.step.step_async against a fake Step service (what the CPU
     daemon cannot do: accept steps) and the real CPU daemon (its refusal
     comes back through the future)."""
 
     def setUp(self):
-        self.fake = FakeStep()
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        step_pb2_grpc.add_StepServicer_to_server(self.fake, self.server)
-        port = self.server.add_insecure_port("127.0.0.1:0")
-        self.server.start()
-        self.addCleanup(self.server.stop, None)
-        self.kv = kvdepot.Client(f"127.0.0.1:{port}", open_session=False)
-        self.addCleanup(self.kv.close)
+        self.fake, self.kv = serve_fake_step(self, workers=2)
 
     def send(self, step_id=1, **kw):
         return kvdepot.step.step_async(
@@ -708,14 +715,7 @@ class StepStreamTest(unittest.TestCase):
     limit and the slot given back by close())."""
 
     def setUp(self):
-        self.fake = FakeStep()
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        step_pb2_grpc.add_StepServicer_to_server(self.fake, self.server)
-        port = self.server.add_insecure_port("127.0.0.1:0")
-        self.server.start()
-        self.addCleanup(self.server.stop, None)
-        self.kv = kvdepot.Client(f"127.0.0.1:{port}", open_session=False)
-        self.addCleanup(self.kv.close)
+        self.fake, self.kv = serve_fake_step(self, workers=4)
 
     def send(self, s, step_id):
         return s.send(7, step_id=step_id, slot_mapping=[3, -1],
