@@ -447,8 +447,8 @@ class LibraryStepWorker(StepPathWorker, LibraryWorker):
     (libkvdepot_kernels.so):
       S    kvdk_swa_decode_index (the step's windows)
       A_l  kvdk_fused_store of main (slot_mapping at ratio 1, the
-           compressed_slot_mapping at ratio R, from the raw or compressed
-           rows) and of the SWA ring (ring slots), with the fused
+           compressed slot mapping of ratio R at ratio R, from the raw or
+           compressed rows) and of the SWA ring (ring slots), with the fused
            parameters the step path registers; kvdk_store of the index
            keys at main's slots
       B_l  the top-k rows copied to the index rows, kvdk_convert_topk there
@@ -478,9 +478,11 @@ class LibraryStepWorker(StepPathWorker, LibraryWorker):
 
         def i32(*shape):
             return torch.zeros(*shape, dtype=torch.int32, device=dev)
-        self.m = {k: i32(T) for k in ("slots", "cslots", "ring", "state",
-                                       "start", "valid")}
+        self.m = {k: i32(T) for k in ("slots", "ring", "state", "start",
+                                       "valid")}
         self.m["pos"] = torch.zeros(T, dtype=torch.int64, device=dev)
+        # The compressed slot mapping of each ratio R > 1.
+        self.m_cslots = {R: i32(T) for R in self.ratios}
         self.m_count = {R: (i32(T), i32(T))
                         for R in {cfg.ratio(l) for l in range(cfg.layers)}}
         self.m_table = i32(T, self.num_blocks)
@@ -515,12 +517,14 @@ class LibraryStepWorker(StepPathWorker, LibraryWorker):
         n = len(P)
         states = args["swa_state_ids"]
         host = {"slots": args["slot_mapping"],
-                "cslots": args.get("compressed_slot_mapping", [-1] * n),
                 "ring": [st * W + p % W for st, p in zip(states, P)],
                 "state": states, "start": [max(0, p - W + 1) for p in P],
                 "valid": [min(p + 1, W) for p in P]}
         for k, v in host.items():
             self.m[k][:n].copy_(torch.tensor(v, dtype=torch.int32))
+        cslots = args.get("compressed_slot_mappings", {})
+        for R, t in self.m_cslots.items():
+            t[:n].copy_(torch.tensor(cslots[R], dtype=torch.int32))
         self.m["pos"][:n].copy_(torch.tensor(P, dtype=torch.int64))
         lens = args["seq_lens"]
         for R, (vc, nt) in self.m_count.items():
@@ -567,7 +571,7 @@ class LibraryStepWorker(StepPathWorker, LibraryWorker):
             return
         l, which = (phase - 1) // 2, (phase - 1) % 2
         o, R = self.layer_offsets(l), cfg.ratio(l)
-        slots = self.m["cslots"] if R > 1 else self.m["slots"]
+        slots = self.m_cslots[R] if R > 1 else self.m["slots"]
         if which == 0:
             self._fused(pools[self.main], l, o["comp"] if R > 1 else o["kv"],
                         slots)

@@ -200,7 +200,8 @@ class StepPathPlumbingTest(unittest.TestCase):
 
     def test_step_path_worker_with_simulated_daemon_side(self):
         # static: what "graph" captures. ratios (4, 1): a compressed main
-        # cache (compressed_slot_mapping) next to a per-token one; the
+        # cache (its compressed slot mapping) next to a per-token one;
+        # (4, 1, 2): layers of two ratios > 1, one mapping each; the
         # prompts (77, 130, 261) end inside a group of 4, so the first
         # decode steps complete groups begun in prefill. Steps sent ahead
         # (lookahead: the next step's Step while this one runs) or each
@@ -211,7 +212,8 @@ class StepPathPlumbingTest(unittest.TestCase):
                 ("eager", (1,), "lookahead", "device"),
                 ("static", (1,), "lookahead", "inline"),
                 ("eager", (4, 1), "async", "inline"),
-                ("static", (4, 1), "lookahead", "device")):
+                ("static", (4, 1), "lookahead", "device"),
+                ("eager", (4, 1, 2), "lookahead", "device")):
             with self.subTest(mode=mode, ratios=ratios, pipeline=pipeline,
                               tables=tables):
                 self.run_mode(mode, ratios, pipeline, tables)
@@ -221,7 +223,8 @@ class StepPathPlumbingTest(unittest.TestCase):
         d = Daemon()
         try:
             with d.connect(client_name="stepsim") as kv:
-                cfg = Config(layers=2, ratios=ratios)
+                layers = max(2, len(ratios))
+                cfg = Config(layers=layers, ratios=ratios)
                 w = make_weights(cfg, CPU)
                 h = scenarios.make(kv, cfg, w, CPU,
                                    worker_cls=stepsim.SimulatedStepWorker,
@@ -239,7 +242,7 @@ class StepPathPlumbingTest(unittest.TestCase):
                 self.assertTrue(r["agreement_ok"], r)
                 self.assertGreaterEqual(r["compared_steps"], 64)
                 self.assertEqual(r["window_rows"], 66)
-                self.assertEqual(r["topk_slots"], 132)
+                self.assertEqual(r["topk_slots"], 66 * layers)
                 # One Step per decode step, each run once (stepsim checks
                 # the order; close() fails on a step sent and never run).
                 self.assertEqual(h.worker.step_rpcs, 22)
@@ -247,7 +250,21 @@ class StepPathPlumbingTest(unittest.TestCase):
                 # What each Step carried: the flag and the columns, or the
                 # tables themselves.
                 self.assertEqual(len(sent), 22)
+                compressed = sorted(set(ratios) - {1})
                 for a in sent:
+                    # One compressed mapping per ratio > 1, one entry per
+                    # token, none in the single-ratio field.
+                    self.assertNotIn("compressed_slot_mapping", a)
+                    got = a.get("compressed_slot_mappings", {})
+                    self.assertEqual(sorted(got), compressed)
+                    # Token i completes a compressed row of ratio R when
+                    # its position + 1 is a multiple of R: a slot there,
+                    # -1 elsewhere (a mapping of another ratio fails).
+                    for R, m in got.items():
+                        self.assertEqual(len(m), len(a["slot_mapping"]))
+                        for p, slot in zip(a["positions"], m):
+                            self.assertEqual(slot >= 0, (p + 1) % R == 0,
+                                             (R, p, slot))
                     if tables == "device":
                         self.assertNotIn("block_tables", a)
                         self.assertEqual(
@@ -389,7 +406,7 @@ class StepPathPlumbingTest(unittest.TestCase):
         r is positions [rR, rR + R), stored when its last position comes,
         at block_table[r // B] * B + r % B."""
         from worker import compressed_row_slot
-        from stepworker import compressed_ratio
+        from stepworker import compressed_ratios
         rng = random.Random(7)
         for R in (1, 2, 4, 128):
             for B in (1, 4, 64):
@@ -404,10 +421,11 @@ class StepPathPlumbingTest(unittest.TestCase):
                         r += 1
                     self.assertEqual(compressed_row_slot(blocks, p, R, B),
                                      want, (R, B, p))
-        self.assertEqual(compressed_ratio(Config(ratios=(4, 1))), 4)
-        self.assertEqual(compressed_ratio(Config(ratios=(1,))), 1)
-        with self.assertRaises(ValueError):
-            compressed_ratio(Config(ratios=(4, 1, 4, 2)))
+        self.assertEqual(compressed_ratios(Config(ratios=(4, 1))), [4])
+        self.assertEqual(compressed_ratios(Config(ratios=(1,))), [])
+        self.assertEqual(compressed_ratios(Config(layers=4,
+                                                  ratios=(4, 1, 4, 2))),
+                         [2, 4])
 
 
 # Daemon vs library mode: //examples/ref_worker:libmode_test (libmode_test.py).

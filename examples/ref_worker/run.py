@@ -93,9 +93,11 @@ def config(args: argparse.Namespace) -> Config:
 
 
 def step_config(args: argparse.Namespace) -> Config:
-    """The step path's model: the layers' ratios 1 or one R > 1."""
+    """The step path's model: the layers' ratios (--step_ratios, repeated
+    over the layers; several ratios > 1 each get their compressed slot
+    mapping in every Step)."""
     ratios = tuple(int(r) for r in getattr(args, "step_ratios",
-                                           "4,1").split(","))
+                                           "4,1,4,2").split(","))
     return Config(main_format=args.format, layers=args.layers,
                   window=args.window, seed=args.seed, ratios=ratios)
 
@@ -469,10 +471,10 @@ def main() -> int:
                     "in the worker's io buffer on the GPU, registered once, "
                     "written by its stream each step (default), or carried "
                     "by every Step")
-    ap.add_argument("--step_ratios", default="4,1",
+    ap.add_argument("--step_ratios", default="4,1,4,2",
                     help="the layers' ratios in the step scenarios (step, "
-                    "speed's step-vs-library part): 1 or one R > 1, "
-                    "repeated over the layers")
+                    "speed's step-vs-library part), repeated over the "
+                    "layers: 1 or any R > 1 (at most 8 distinct R > 1)")
     args = ap.parse_args()
     torch.manual_seed(args.seed)
     if args.device == "cuda" and torch.cuda.is_available():

@@ -2,8 +2,8 @@
 stepworker.py's plumbing (io-buffer offsets, phase order, the rows it reads
 back) where there is no GPU: each doorbell phase is carried out with the
 regular RPCs that do the same work (STEP_PATH.md: S = SWA decode index,
-A_l = the fused stores into main (slot_mapping at ratio 1,
-compressed_slot_mapping at ratio R > 1) and the SWA ring with the fused
+A_l = the fused stores into main (slot_mapping at ratio 1, the
+compressed slot mapping of ratio R at ratio R > 1) and the SWA ring with the fused
 parameters the worker registers, and the plain index store, B_l =
 convert_topk over seq_len / R compressed rows, with the block tables of
 the Step or, device-resident, of the io buffer's rows). It says nothing about the
@@ -95,7 +95,8 @@ class SimulatedStepWorker(StepPathWorker):
             pos = r["positions"]
             rows = self._rows(o["kv"], B, D)
             main_rows = self._rows(o["comp"], B, D) if R > 1 else rows
-            main_slots = r["compressed_slot_mapping"] if R > 1 else slots
+            main_slots = (r["compressed_slot_mappings"][R] if R > 1
+                          else slots)
             ring = [st * W + (n - 1) % W for st, n in zip(states, lens)]
             fp = self.fp[layer]
             fused_store(self.kv, self.main, layer, main_slots, main_rows,

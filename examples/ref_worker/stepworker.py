@@ -16,16 +16,15 @@ positions.
 Compressed main caches (ratio R > 1, SPEC §6): a layer's compressed row r
 is the BF16 mean of the raw K of positions [rR, rR + R) (and of their
 indexer keys for the index cache), stored at the position that completes
-it. The worker keeps the last R raw rows of each sequence per layer on the
-device (indexed by the sequence's SWA state and p mod R, so a CUDA graph
-updates them), writes the mean into the layer's compressed input rows
-every step, and the step's compressed_slot_mapping (worker.
-compressed_row_slot: -1 where no row completes) tells the daemon which
-tokens to store. The daemon accepts layers of several ratios > 1 (one
-StepRequest.compressed entry per ratio), but this worker keeps one R (its
-raw-row accumulators, and libmode's and stepsim's counterparts, are per
-single R), so the layers' ratios are 1 or one R > 1 (e.g.
-Config(ratios=(4, 1))).
+it. The worker keeps the last R raw rows of each sequence per layer of
+ratio R on the device (indexed by the sequence's SWA state and p mod R, so
+a CUDA graph updates them) and writes the mean into the layer's compressed
+input rows every step. Layers may have different ratios (the model's
+default is 4, 1, 4, 2): each Step carries one compressed slot mapping per
+distinct ratio R > 1 (StepRequest.compressed, the client's
+compressed_slot_mappings={R: mapping}; worker.compressed_row_slot, -1
+where no row of ratio R completes), which tells the daemon which tokens to
+store in the layers of that ratio.
 Prefill stays on PrefillLoad / PrefillIndex (KVWorker); a prompt's
 incomplete last group is handed to the device rows at its first decode.
 
@@ -73,17 +72,10 @@ from model import (Config, Weights, attend, bf16, index_scores, logits, mlp,
 from worker import KVWorker, compressed_row_slot
 
 
-def compressed_ratio(cfg: Config) -> int:
-    """The one ratio > 1 of cfg's layers (1 if none); ValueError if the
-    layers have two (this worker keeps one R; the daemon itself takes
-    several, one StepRequest.compressed entry each)."""
-    rs = sorted({cfg.ratio(l) for l in range(cfg.layers)} - {1})
-    if len(rs) > 1:
-        raise ValueError(
-            f"ratios {rs}: this reference worker keeps the raw rows of one "
-            "ratio > 1 (e.g. ratios=(4, 1)); the daemon accepts several "
-            "(StepRequest.compressed)")
-    return rs[0] if rs else 1
+def compressed_ratios(cfg: Config) -> List[int]:
+    """The distinct ratios > 1 of cfg's layers, ascending: one compressed
+    slot mapping each per Step (the daemon takes at most 8)."""
+    return sorted({cfg.ratio(l) for l in range(cfg.layers)} - {1})
 
 
 def _up(n: int, a: int = 256) -> int:
@@ -125,7 +117,7 @@ class StepPathWorker(KVWorker):
         self.graph: Any = None
         self.graph_batch: List[int] = []
         self.replays = 0
-        self.R = compressed_ratio(cfg)
+        self.ratios = compressed_ratios(cfg)
         self.max_tokens = max_tokens
         self.watchdog_ms = watchdog_ms
         self.step_id = 0
@@ -155,11 +147,11 @@ class StepPathWorker(KVWorker):
         # ratio R > 1 (fp32 holding BF16 values), row p mod R.
         self.acc: Dict[int, Any] = {}
         for l in range(cfg.layers):
-            if cfg.ratio(l) > 1:
+            R = cfg.ratio(l)
+            if R > 1:
                 self.acc[l] = (
-                    torch.zeros(self.num_states, self.R, D,
-                                device=self.device),
-                    torch.zeros(self.num_states, self.R, cfg.index_dim,
+                    torch.zeros(self.num_states, R, D, device=self.device),
+                    torch.zeros(self.num_states, R, cfg.index_dim,
                                 device=self.device))
 
     def _buffer(self, size: int):
@@ -246,10 +238,11 @@ class StepPathWorker(KVWorker):
             for l, (kv_acc, ik_acc) in self.acc.items():
                 if not s.raw[l]:
                     continue
+                R = self.cfg.ratio(l)
                 p0 = s.cached - len(s.raw[l])
                 for i, (k, ik) in enumerate(zip(s.raw[l], s.ik_raw[l])):
-                    kv_acc[s.state_id, (p0 + i) % self.R] = k
-                    ik_acc[s.state_id, (p0 + i) % self.R] = ik
+                    kv_acc[s.state_id, (p0 + i) % R] = k
+                    ik_acc[s.state_id, (p0 + i) % R] = ik
                 s.raw[l], s.ik_raw[l] = [], []
 
     def _write_inputs(self, l: int, pr, states: torch.Tensor,
@@ -265,7 +258,7 @@ class StepPathWorker(KVWorker):
         ik = pr.ik_raw
         if l in self.acc:
             kv_acc, ik_acc = self.acc[l]
-            j = pos % self.R
+            j = pos % self.cfg.ratio(l)
             kv_acc[states, j] = pr.kv_raw
             ik_acc[states, j] = pr.ik_raw
             self._io(o["comp"], B * D * 2).view(torch.bfloat16).copy_(
@@ -510,10 +503,11 @@ class StepPathWorker(KVWorker):
             args["block_tables"] = [
                 s.blocks + [-1] * (self.num_blocks - len(s.blocks))
                 for s in seqs]
-        if self.R > 1:
-            args["compressed_slot_mapping"] = [
-                compressed_row_slot(s.blocks, p, self.R, self.cfg.block_size)
-                for s, p in zip(seqs, P)]
+        if self.ratios:
+            args["compressed_slot_mappings"] = {
+                R: [compressed_row_slot(s.blocks, p, R, self.cfg.block_size)
+                    for s, p in zip(seqs, P)]
+                for R in self.ratios}
         self.pending = self._step_rpc(self.step_id, args)
         self.step_rpcs += 1
         self.step_rpc_s += time.perf_counter() - t
