@@ -143,7 +143,7 @@ typedef struct kvdk_layout_info {
 } kvdk_layout_info;
 
 /* SPEC §8 parameters. Arrays are host memory for *_cpu, device memory for
- * *_cuda (norm_weight 16-byte aligned there). */
+ * *_cuda (norm_weight and cos_sin 16-byte aligned there). */
 typedef struct kvdk_fused_params {
   int32_t norm_begin; /* RMSNorm over [norm_begin, norm_end); off if equal */
   int32_t norm_end;

@@ -244,6 +244,18 @@ __device__ __forceinline__ GroupScale ScaleOf(float amax) {
   }
 }
 
+// The value a stored group scale decodes to (what a load multiplies by).
+template <class Q>
+__device__ __forceinline__ float ScaleValue(uint32_t stored) {
+  if constexpr (Q::kSf == ScaleFormat::kUE8M0) {
+    return Ue8m0ToFloat(static_cast<uint8_t>(stored));
+  } else if constexpr (Q::kSf == ScaleFormat::kE4M3) {
+    return DecodeE4M3(static_cast<uint8_t>(stored));
+  } else {
+    return BitsToFloat(stored);
+  }
+}
+
 // Quantizes x * multiplier: e4m3 -> 16 bytes, e2m1 -> 8 bytes (low nibble =
 // even element), returned in a uint4 (e2m1 uses .x and .y).
 template <class F, bool kHw>

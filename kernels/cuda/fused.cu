@@ -357,17 +357,6 @@ __device__ __forceinline__ void RoundBf16(const float* y, int e0,
   }
 }
 
-template <class Q>
-__device__ __forceinline__ float ScaleValue(uint32_t stored) {
-  if constexpr (Q::kSf == ScaleFormat::kUE8M0) {
-    return Ue8m0ToFloat(static_cast<uint8_t>(stored));
-  } else if constexpr (Q::kSf == ScaleFormat::kE4M3) {
-    return DecodeE4M3(static_cast<uint8_t>(stored));
-  } else {
-    return BitsToFloat(stored);
-  }
-}
-
 // Steps 5-6 for the §3 formats on a lane's 16 values already rounded to
 // BF16 (elements [16 sub, +16) of its token): the store kernels' lane math
 // (store.cu), then the decode of the lane's codes.
@@ -666,11 +655,15 @@ __device__ __forceinline__ void HadamardQuad128(int lane, const float* y,
   RegisterButterflies<1, 16>(v);
 #pragma unroll
   for (int mm = 1; mm < 8; mm *= 2) {
-    const bool upper = (m & mm) != 0;
+    // The upper lane's a - b as o + (-v): IEEE defines a - b as a + (-b),
+    // so the bits are the same for every number (a NaN stays a NaN, and
+    // the quantization maps every NaN alike); one add instead of an add,
+    // a subtract and a select.
+    const uint32_t flip = (m & mm) != 0 ? 0x80000000u : 0u;
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
       const float o = __shfl_xor_sync(kFullMask, v[i], mm);
-      v[i] = upper ? __fsub_rn(o, v[i]) : __fadd_rn(v[i], o);
+      v[i] = __fadd_rn(o, BitsToFloat(FloatBits(v[i]) ^ flip));
     }
   }
   const float scale = BitsToFloat(kHadamardScaleBits[Log2(128)]);
@@ -678,17 +671,15 @@ __device__ __forceinline__ void HadamardQuad128(int lane, const float* y,
   for (int i = 0; i < 16; ++i) v[i] = __fmul_rn(v[i], scale);
 }
 
-// 16 values rounded to BF16 by the hardware (RNE, as FloatToBf16 for every
-// number), NaN as FloatToBf16's canonical 0x7FC0, back as floats.
+// 16 values that are only quantized afterwards, rounded to BF16 by the
+// hardware (RNE, as FloatToBf16 for every number), back as floats: a NaN
+// stays a NaN (the quantization ignores it in amax and encodes every NaN
+// alike, so its payload is never stored).
 __device__ __forceinline__ void RoundBf16Hw16(const float (&v)[16],
                                               float (&x)[16]) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    uint32_t w = HwBf16x2(v[2 * i], v[2 * i + 1]);
-    if ((w & 0x7FFFu) > 0x7F80u) w = (w & 0xFFFF0000u) | kBf16NaN;
-    if ((w & 0x7FFF0000u) > 0x7F800000u) {
-      w = (w & 0xFFFFu) | (uint32_t{kBf16NaN} << 16);
-    }
+    const uint32_t w = HwBf16x2(v[2 * i], v[2 * i + 1]);
     x[2 * i] = BitsToFloat(w << 16);
     x[2 * i + 1] = BitsToFloat(w & 0xFFFF0000u);
   }
@@ -872,6 +863,10 @@ cudaError_t LaunchFusedStore(FormatId id, const PoolLayout& layout,
                              const FusedParams& p, const int32_t* slots,
                              int64_t n, uint16_t* cast_back,
                              const Launch& launch) {
+  if (FusedH512Applies(id, p)) {  // the register-only kernel, fused_h512.cu
+    return LaunchFusedH512(id, layout, layer, kv, p, slots, n, cast_back,
+                           launch);
+  }
   switch (id) {
     case FormatId::kV41:
       return ByHadamard<FormatId::kV41>(layout, layer, kv, p, slots, n,

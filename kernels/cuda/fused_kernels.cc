@@ -63,7 +63,8 @@ absl::Status FusedStore(const PoolLayout& layout, void* layer,
   }
   if (params.rope != RopeStyle::kNone) {
     RETURN_IF_ERROR(CheckPointer(params.positions, "positions", 8));
-    RETURN_IF_ERROR(CheckPointer(params.cos_sin, "cos_sin", 4));
+    // Rows are read as float4 (fused_mla.cu, fused_h512.cu).
+    RETURN_IF_ERROR(CheckPointer(params.cos_sin, "cos_sin", 16));
   }
   RETURN_IF_CUDA_ERROR(
       internal::LaunchFusedStore(

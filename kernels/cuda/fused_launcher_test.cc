@@ -101,8 +101,14 @@ TEST(FusedLauncherTest, RopeChecks) {
               HasSubstr("rope range [480, 544)"));
   p.rope_offset = 448;
   EXPECT_THAT(Refusal(Layout(kFormatV41), p), HasSubstr("cos_sin cache"));
-  p.cos_sin = reinterpret_cast<const float*>(fake);
+  p.cos_sin = reinterpret_cast<const float*>(fake + 4);
   p.max_position = 16;
+  p.positions = reinterpret_cast<const int64_t*>(fake);
+  // Rows are read as float4: a 4-byte aligned cache is refused.
+  EXPECT_THAT(Refusal(Layout(kFormatV41), p),
+              HasSubstr("cos_sin is not 16-byte aligned"));
+  p.cos_sin = reinterpret_cast<const float*>(fake);
+  p.positions = nullptr;
   EXPECT_THAT(Refusal(Layout(kFormatV41), p), HasSubstr("positions is null"));
   p.rope = static_cast<RopeStyle>(7);
   EXPECT_THAT(Refusal(Layout(kFormatV41), p), HasSubstr("rope style = 7"));

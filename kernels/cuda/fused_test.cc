@@ -49,13 +49,17 @@ enum class Stages {
   kMla,      // norm [0, D - 64), interleaved RoPE on the last 64, no Hadamard
   kMlaNeox,  // the same with NeoX RoPE (DS_MLA_FP8: both fused_mla.cu's)
   kHadamardOdd,  // Hadamard 128 (or 64) at element 3, not a multiple of 4
+  // kMla with a Hadamard of 512 (D >= 512; V41 / V41_FP4: fused_h512.cu's
+  // kernel with interleaved RoPE and a partial norm, as the reference
+  // worker registers V41 plus a Hadamard)
+  kMlaHadamard,
 };
 constexpr Stages kAllStages[] = {
     Stages::kNone,        Stages::kNormAll,     Stages::kNormPart,
     Stages::kNeox,        Stages::kInterleaved, Stages::kHadamard64,
     Stages::kHadamard128, Stages::kHadamard256, Stages::kHadamard512,
     Stages::kAll,         Stages::kMla,         Stages::kMlaNeox,
-    Stages::kHadamardOdd};
+    Stages::kHadamardOdd, Stages::kMlaHadamard};
 
 int HadamardOf(Stages s, int32_t d) {
   switch (s) {
@@ -68,6 +72,7 @@ int HadamardOf(Stages s, int32_t d) {
     case Stages::kHadamard256:
       return 256;
     case Stages::kHadamard512:
+    case Stages::kMlaHadamard:
       return 512;
     case Stages::kAll: {
       int len = 0;
@@ -145,6 +150,7 @@ Inputs MakeInputs(std::mt19937& rng, const PoolLayout& layout, int64_t n,
       break;
     case Stages::kMla:
     case Stages::kMlaNeox:
+    case Stages::kMlaHadamard:
       p.norm_begin = 0;
       p.norm_end = d > 64 ? d - 64 : d;
       break;
@@ -157,7 +163,8 @@ Inputs MakeInputs(std::mt19937& rng, const PoolLayout& layout, int64_t n,
     p.rope_dim = d >= 64 ? 64 : d;
     p.rope_offset = d - p.rope_dim;
   }
-  if (stages == Stages::kInterleaved || stages == Stages::kMla) {
+  if (stages == Stages::kInterleaved || stages == Stages::kMla ||
+      stages == Stages::kMlaHadamard) {
     p.rope = RopeStyle::kInterleaved;
     p.rope_dim = d >= 64 ? 64 : d;
     p.rope_offset = d - p.rope_dim;
@@ -303,7 +310,10 @@ void CheckKernel(const PoolLayout& layout, int64_t n, const Inputs& in,
 
 bool Fits(Stages s, int32_t d) {
   const int h = HadamardOf(s, d);
-  if (s >= Stages::kHadamard64 && s <= Stages::kHadamard512) return h <= d;
+  if ((s >= Stages::kHadamard64 && s <= Stages::kHadamard512) ||
+      s == Stages::kMlaHadamard) {
+    return h <= d;
+  }
   if (s == Stages::kHadamardOdd) return h + 3 <= d;
   return true;
 }
@@ -330,6 +340,9 @@ TEST_P(FusedCudaTest, ManyTokensLoop) {
   const PoolLayout layout = Layout(name, block_size, 24000);
   CheckFused(layout, 20000, Stages::kAll, rng);
   CheckFused(layout, 20000, Stages::kMla, rng);
+  if (Fits(Stages::kMlaHadamard, layout.format.elements())) {
+    CheckFused(layout, 20000, Stages::kMlaHadamard, rng);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, FusedCudaTest,

@@ -1,0 +1,456 @@
+// The fused store (SPEC §8) for the 512-element quantized formats (V41,
+// V41_FP4) when the Hadamard covers the whole token, [0, 512): registers
+// only, no shared memory and no second pass. One warp per token; lane l
+// holds chunks l and 32 + l, i.e. elements e = 256 j + 8 l + i (j = 0, 1;
+// i = 0 ... 7), the layout the loads, the norm tree and the stores take:
+//
+//   norm:     SPEC §8's slot l is lane l's two chunks, so the xor steps
+//             16 ... 1 give every lane the reference's sum (fused_mla.cu
+//             says why); any chunk range [8 c0, 8 c1).
+//   RoPE:     a range in the second half (rope_offset >= 256) starting on a
+//             chunk: interleaved pairs (2k, 2k + 1) lie in one lane; NeoX
+//             pairs (k, k + rope_dim / 2) lie rope_dim / 16 lanes apart
+//             (one shuffle per value; rope_dim a multiple of 16).
+//   Hadamard: stages h = 1, 2, 4 inside each chunk (element bits 0-2),
+//             h = 8 ... 128 across lanes (lane bit log2(h / 8), xor
+//             shuffles), h = 256 between the lane's two chunks, in that
+//             order (the reference's), then the fp32 constant. Across
+//             lanes the lower element takes a + b and the upper a - b,
+//             computed as o + (-v): IEEE defines a - b as a + (-b), so the
+//             bits are the same for every number, and a NaN is a NaN either
+//             way (step 4 makes it canonical, and no NaN payload is stored).
+//   quantize: a group of G elements is G / 8 neighbouring lanes of one half
+//             (amax by xor shuffles); each lane encodes its 8 values and
+//             stores 8 (e4m3) or 4 (e2m1) bytes; lanes 0 ... words - 1
+//             gather the scale bytes into 4-byte words.
+//
+// The math is QuantizeLaneValues's (fused.cu, device_quant.cuh) on 8 values
+// instead of 16, and every product and sum is a round-to-nearest intrinsic
+// (no FMA contraction; -fmad=false too), so the bytes are the reference's
+// (kernels/reference/fused.cc): fused_cuda_test compares every bit.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/device_quant.cuh"
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/fused_internal.h"
+#include "kernels/format.h"
+#include "kernels/fused.h"
+#include "kernels/named_formats.h"
+#include "kernels/quant.h"
+
+namespace kvdepot::gpu::internal {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kWarpsPerCta = kThreads / kWarp;
+constexpr int kD = 512;
+constexpr int kHalf = kD / 2;  // elements per chunk set j
+// One token per warp in flight and 8 CTAs (32 warps) per SM at <= 64
+// registers, as fused_mla.cu: the math needs warps to hide its latency.
+constexpr int kMinCtas = 8;
+
+// 8 BF16 (a uint4) -> 8 fp32.
+__device__ __forceinline__ void Unpack8(uint4 v, float (&x)[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    x[2 * i] = BitsToFloat(w[i] << 16);
+    x[2 * i + 1] = BitsToFloat(w[i] & 0xFFFF0000u);
+  }
+}
+
+__device__ __forceinline__ float SumSquares8(const float (&x)[8]) {
+  float s = __fmul_rn(x[0], x[0]);
+#pragma unroll
+  for (int i = 1; i < 8; ++i) s = __fadd_rn(s, __fmul_rn(x[i], x[i]));
+  return s;
+}
+
+// Where the RoPE range lies for this lane (host-computed per launch):
+// lanes [first, first + lanes) hold its chunks of the second half.
+struct RopeLanes {
+  int32_t first = 0;  // (rope_offset - 256) / 8
+  int32_t lanes = 0;  // rope_dim / 8
+};
+
+// One token's input: its two chunks, slot and (RoPE lanes) cos/sin.
+struct In {
+  uint4 a, b;
+  float4 c0, c1, s0, s1;  // cos/sin of the lane's pairs
+  int32_t slot;
+};
+
+template <RopeStyle kRope>
+__device__ __forceinline__ void LoadToken(const uint16_t* kv, int64_t token,
+                                          int64_t pos, const int32_t* slots,
+                                          const FusedParams& p, RopeLanes r,
+                                          int lane, In& in) {
+  const uint16_t* row = kv + token * kD;
+  in.slot = __ldg(slots + token);
+  in.a = LoadStream16(row + 8 * lane);
+  in.b = LoadStream16(row + kHalf + 8 * lane);
+  in.c0 = in.c1 = in.s0 = in.s1 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if constexpr (kRope != RopeStyle::kNone) {
+    const int m = lane - r.first;  // the lane's chunk within the range
+    if (m >= 0 && m < r.lanes) {
+      const int half = 4 * r.lanes;  // rope_dim / 2
+      const float* cs = p.cos_sin + pos * (8 * r.lanes);
+      if constexpr (kRope == RopeStyle::kInterleaved) {
+        // Pairs (2k, 2k + 1), k in [4m, 4m + 4).
+        in.c0 = __ldg(reinterpret_cast<const float4*>(cs + 4 * m));
+        in.s0 = __ldg(reinterpret_cast<const float4*>(cs + half + 4 * m));
+      } else {
+        // Pairs (k, k + half), k in [8 m', 8 m' + 8), m' = m mod (half / 8).
+        const int k = 8 * (m % (r.lanes / 2));
+        in.c0 = __ldg(reinterpret_cast<const float4*>(cs + k));
+        in.c1 = __ldg(reinterpret_cast<const float4*>(cs + k + 4));
+        in.s0 = __ldg(reinterpret_cast<const float4*>(cs + half + k));
+        in.s1 = __ldg(reinterpret_cast<const float4*>(cs + half + k + 4));
+      }
+    }
+  }
+}
+
+// Step 1 on the lane's chunks l (x0) and 32 + l (x1), chunks [c0, c1).
+__device__ __forceinline__ void Norm(const FusedParams& p, uint4 w0, uint4 w1,
+                                     int lane, float (&x0)[8], float (&x1)[8]) {
+  const int c0 = p.norm_begin / 8, c1 = p.norm_end / 8;
+  const bool in0 = lane >= c0 && lane < c1;
+  const bool in1 = lane + 32 >= c0 && lane + 32 < c1;
+  float slot = 0.0f;
+  if (in0) slot = __fadd_rn(slot, SumSquares8(x0));
+  if (in1) slot = __fadd_rn(slot, SumSquares8(x1));
+#pragma unroll
+  for (int h = 16; h >= 1; h /= 2) {
+    slot = __fadd_rn(slot, __shfl_xor_sync(kFullMask, slot, h));
+  }
+  const float mean =
+      __fdiv_rn(slot, static_cast<float>(p.norm_end - p.norm_begin));
+  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, p.eps)));
+  float w[8];
+  if (in0) {
+    Unpack8(w0, w);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x0[i] = __fmul_rn(__fmul_rn(x0[i], r), w[i]);
+  }
+  if (in1) {
+    Unpack8(w1, w);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x1[i] = __fmul_rn(__fmul_rn(x1[i], r), w[i]);
+  }
+}
+
+// Step 2 on the second-half chunk x1 of the RoPE lanes.
+template <RopeStyle kRope>
+__device__ __forceinline__ void Rope(const In& in, RopeLanes r, int lane,
+                                     float (&x1)[8]) {
+  const int m = lane - r.first;
+  const bool mine = m >= 0 && m < r.lanes;
+  if constexpr (kRope == RopeStyle::kInterleaved) {
+    if (!mine) return;
+    const float c[4] = {in.c0.x, in.c0.y, in.c0.z, in.c0.w};
+    const float s[4] = {in.s0.x, in.s0.y, in.s0.z, in.s0.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float a = x1[2 * i], b = x1[2 * i + 1];
+      x1[2 * i] = __fsub_rn(__fmul_rn(a, c[i]), __fmul_rn(b, s[i]));
+      x1[2 * i + 1] = __fadd_rn(__fmul_rn(b, c[i]), __fmul_rn(a, s[i]));
+    }
+  } else if constexpr (kRope == RopeStyle::kNeox) {
+    // The first half's lanes hold a, the second's b, lanes / 2 apart.
+    const int apart = r.lanes / 2;
+    const bool second = m >= apart;
+    const int src = !mine ? lane : (second ? lane - apart : lane + apart);
+    const float c[8] = {in.c0.x, in.c0.y, in.c0.z, in.c0.w,
+                        in.c1.x, in.c1.y, in.c1.z, in.c1.w};
+    const float s[8] = {in.s0.x, in.s0.y, in.s0.z, in.s0.w,
+                        in.s1.x, in.s1.y, in.s1.z, in.s1.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float o = __shfl_sync(kFullMask, x1[i], src);
+      if (!mine) continue;
+      const float a = second ? o : x1[i], b = second ? x1[i] : o;
+      x1[i] = second ? __fadd_rn(__fmul_rn(b, c[i]), __fmul_rn(a, s[i]))
+                     : __fsub_rn(__fmul_rn(a, c[i]), __fmul_rn(b, s[i]));
+    }
+  }
+}
+
+// Stages h = 1, 2, 4 on one chunk: pairs (i, i + h) with bit h of i clear.
+__device__ __forceinline__ void ChunkStages(float (&v)[8]) {
+#pragma unroll
+  for (int h = 1; h < 8; h *= 2) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int i = (q / h) * 2 * h + q % h;
+      const float a = v[i], b = v[i + h];
+      v[i] = __fadd_rn(a, b);
+      v[i + h] = __fsub_rn(a, b);
+    }
+  }
+}
+
+// Step 3 over the whole token (SPEC §8's stage order).
+__device__ __forceinline__ void Hadamard512(int lane, float (&x0)[8],
+                                            float (&x1)[8]) {
+  ChunkStages(x0);
+  ChunkStages(x1);
+#pragma unroll
+  for (int m = 1; m < kWarp; m *= 2) {  // h = 8 m: partner lane ^ m
+    const uint32_t flip = (lane & m) != 0 ? 0x80000000u : 0u;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float o0 = __shfl_xor_sync(kFullMask, x0[i], m);
+      const float o1 = __shfl_xor_sync(kFullMask, x1[i], m);
+      x0[i] = __fadd_rn(o0, BitsToFloat(FloatBits(x0[i]) ^ flip));
+      x1[i] = __fadd_rn(o1, BitsToFloat(FloatBits(x1[i]) ^ flip));
+    }
+  }
+  const float scale = BitsToFloat(kHadamardScaleBits[9]);  // 512^-1/2
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {  // h = 256: chunk l with chunk 32 + l
+    const float a = x0[i], b = x1[i];
+    x0[i] = __fmul_rn(__fadd_rn(a, b), scale);
+    x1[i] = __fmul_rn(__fsub_rn(a, b), scale);
+  }
+}
+
+// Step 4: round to BF16 by the hardware (RNE like FloatToBf16 for every
+// number); a NaN stays a NaN, and the quantization maps every NaN alike.
+__device__ __forceinline__ void RoundBf16(float (&x)[8]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t w = HwBf16x2(x[2 * i], x[2 * i + 1]);
+    x[2 * i] = BitsToFloat(w << 16);
+    x[2 * i + 1] = BitsToFloat(w & 0xFFFF0000u);
+  }
+}
+
+// The codes of 8 values x * mult: e4m3 in .x/.y (8 bytes), e2m1 in .x.
+template <class Q>
+__device__ __forceinline__ uint2 Encode8(const float (&x)[8], float mult) {
+  if constexpr (Q::kDtype == QuantDtype::kE4M3) {
+    uint32_t w[2] = {0, 0};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t pair = E4M3x2<true>(x[2 * i] * mult, x[2 * i + 1] * mult);
+      w[i / 2] |= pair << (16 * (i % 2));
+    }
+    return make_uint2(FixE4M3NaNs(w[0]), FixE4M3NaNs(w[1]));
+  } else {
+    float p[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) p[i] = x[i] * mult;
+    return make_uint2(E2M1x8(p), 0);
+  }
+}
+
+// The dequantized BF16 of 8 codes (what a load returns), 4 words.
+template <class Q>
+__device__ __forceinline__ uint4 Decode8(uint2 codes, float sc) {
+  uint32_t out[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float v0, v1;
+    if constexpr (Q::kDtype == QuantDtype::kE4M3) {
+      const uint32_t pair = (i < 2 ? codes.x : codes.y) >> (16 * (i % 2));
+      v0 = DecodeE4M3(static_cast<uint8_t>(pair & 0xFFu));
+      v1 = DecodeE4M3(static_cast<uint8_t>((pair >> 8) & 0xFFu));
+    } else {  // element 2i: low nibble of byte i
+      const uint32_t byte = (codes.x >> (8 * i)) & 0xFFu;
+      v0 = DecodeE2M1(static_cast<uint8_t>(byte & 0xFu));
+      v1 = DecodeE2M1(static_cast<uint8_t>(byte >> 4));
+    }
+    out[i] = FloatToBf16(__fmul_rn(v0, sc)) |
+             (static_cast<uint32_t>(FloatToBf16(__fmul_rn(v1, sc))) << 16);
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+// Steps 5-6: quantize the lane's two chunks, store codes and scales at
+// `slot` (skipped for -1), and the cast-back row when asked.
+template <class Q>
+__device__ __forceinline__ void Quantize(const PoolLayout& layout,
+                                         const FastDiv& div, uint8_t* layer,
+                                         const float (&x0)[8],
+                                         const float (&x1)[8], int32_t slot,
+                                         int lane, uint16_t* cast_row) {
+  constexpr int kG = Q::kGroup / 8;           // lanes per group
+  constexpr int kGroupsPerHalf = kWarp / kG;  // groups of one chunk set
+  static_assert(Q::kElems == kD && (kG == 2 || kG == 4));
+  float amax0 = 0.0f, amax1 = 0.0f;  // fmaxf ignores a NaN
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    amax0 = fmaxf(amax0, fabsf(x0[i]));
+    amax1 = fmaxf(amax1, fabsf(x1[i]));
+  }
+#pragma unroll
+  for (int off = 1; off < kG; off *= 2) {
+    amax0 = fmaxf(amax0, __shfl_xor_sync(kFullMask, amax0, off));
+    amax1 = fmaxf(amax1, __shfl_xor_sync(kFullMask, amax1, off));
+  }
+  const GroupScale s0 = ScaleOf<Q>(amax0), s1 = ScaleOf<Q>(amax1);
+  const uint2 q0 = Encode8<Q>(x0, s0.multiplier);
+  const uint2 q1 = Encode8<Q>(x1, s1.multiplier);
+  // Scale word w (lanes w < kScaleWords): groups 4w ... 4w + 3, group g
+  // from lane (g mod kGroupsPerHalf) kG, byte g / kGroupsPerHalf of its
+  // packed pair (half 0 in bits 0-7, half 1 in bits 8-15).
+  const uint32_t packed = (s0.stored & 0xFFu) | ((s1.stored & 0xFFu) << 8);
+  uint32_t word = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int g = 4 * (lane % Q::kScaleWords) + i;
+    const uint32_t pair =
+        __shfl_sync(kFullMask, packed, (g % kGroupsPerHalf) * kG);
+    word |= ((pair >> (8 * (g / kGroupsPerHalf))) & 0xFFu) << (8 * i);
+  }
+  if (slot >= 0) {
+    const int32_t block = div.Div(slot);
+    const int32_t t = slot - block * div.d;
+    uint8_t* data = layer + DataOffset<Q>(layout, block, t);
+    if constexpr (Q::kDtype == QuantDtype::kE4M3) {
+      StoreStream8(data + 8 * lane, q0);
+      StoreStream8(data + kHalf + 8 * lane, q1);
+    } else {
+      StoreStream4(data + 4 * lane, q0.x);
+      StoreStream4(data + kHalf / 2 + 4 * lane, q1.x);
+    }
+    if (lane < Q::kScaleWords) {
+      StoreStream4(layer + ScaleOffset<Q>(layout, block, t) + 4 * lane, word);
+    }
+  }
+  if (cast_row == nullptr) return;
+  StoreStream16(cast_row + 8 * lane, Decode8<Q>(q0, ScaleValue<Q>(s0.stored)));
+  StoreStream16(cast_row + kHalf + 8 * lane,
+                Decode8<Q>(q1, ScaleValue<Q>(s1.stored)));
+}
+
+template <class Q, bool kNorm, RopeStyle kRope>
+__global__ void __launch_bounds__(kThreads, kMinCtas)
+    FusedH512Kernel(PoolLayout layout, FastDiv div, uint8_t* layer,
+                    const uint16_t* kv,  // [n][512] BF16
+                    FusedParams p, RopeLanes rope,
+                    const int32_t* slots,  // [n]; -1 = skip (cast_back kept)
+                    int64_t n,
+                    uint16_t* cast_back) {  // [n][512] BF16 or null
+  PdlWait();
+  PdlLaunchDependents();
+  const int lane = threadIdx.x % kWarp;
+  const int64_t warp =
+      static_cast<int64_t>(blockIdx.x) * kWarpsPerCta + threadIdx.x / kWarp;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerCta;
+  uint4 w0 = make_uint4(0, 0, 0, 0), w1 = w0;
+  if constexpr (kNorm) {  // the weights of the lane's chunks in the range
+    const int c0 = p.norm_begin / 8, c1 = p.norm_end / 8;
+    if (lane >= c0 && lane < c1) {
+      w0 = __ldg(reinterpret_cast<const uint4*>(p.norm_weight +
+                                                (8 * lane - p.norm_begin)));
+    }
+    if (lane + 32 >= c0 && lane + 32 < c1) {
+      w1 = __ldg(reinterpret_cast<const uint4*>(
+          p.norm_weight + (kHalf + 8 * lane - p.norm_begin)));
+    }
+  }
+  // A token's position is read one round ahead, so its cos/sin loads go
+  // out with its row instead of after a dependent load.
+  const bool rope_lane = kRope != RopeStyle::kNone && lane - rope.first >= 0 &&
+                         lane - rope.first < rope.lanes;
+  int64_t pos = rope_lane && warp < n ? __ldg(p.positions + warp) : 0;
+  for (int64_t token = warp; token < n; token += warps) {
+    In in;
+    LoadToken<kRope>(kv, token, pos, slots, p, rope, lane, in);
+    const int64_t next = token + warps;
+    pos = rope_lane && next < n ? __ldg(p.positions + next) : 0;
+    float x0[8], x1[8];
+    Unpack8(in.a, x0);
+    Unpack8(in.b, x1);
+    if constexpr (kNorm) Norm(p, w0, w1, lane, x0, x1);
+    Rope<kRope>(in, rope, lane, x1);
+    Hadamard512(lane, x0, x1);
+    RoundBf16(x0);
+    RoundBf16(x1);
+    uint16_t* cast_row =
+        cast_back == nullptr ? nullptr : cast_back + token * kD;
+    Quantize<Q>(layout, div, layer, x0, x1, in.slot, lane, cast_row);
+  }
+}
+
+template <class Q, bool kNorm, RopeStyle kRope>
+cudaError_t Go(const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
+               const FusedParams& p, const int32_t* slots, int64_t n,
+               uint16_t* cast_back, const Launch& launch) {
+  constexpr auto kKernel = FusedH512Kernel<Q, kNorm, kRope>;
+  const FastDiv div = FastDiv::Of(static_cast<int32_t>(layout.block_size));
+  RopeLanes rope;
+  if (kRope != RopeStyle::kNone) {
+    rope.first = (p.rope_offset - kHalf) / 8;
+    rope.lanes = p.rope_dim / 8;
+  }
+  const dim3 grid(
+      PersistentGrid(n, kWarpsPerCta, ResidentCtas<kKernel, kThreads>()));
+  return LaunchKernel(kKernel, grid, dim3(kThreads), launch, layout, div, layer,
+                      kv, p, rope, slots, n, cast_back);
+}
+
+template <class Q, bool kNorm>
+cudaError_t ByRope(const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
+                   const FusedParams& p, const int32_t* slots, int64_t n,
+                   uint16_t* cast_back, const Launch& launch) {
+  switch (p.rope) {
+    case RopeStyle::kNone:
+      return Go<Q, kNorm, RopeStyle::kNone>(layout, layer, kv, p, slots, n,
+                                            cast_back, launch);
+    case RopeStyle::kInterleaved:
+      return Go<Q, kNorm, RopeStyle::kInterleaved>(layout, layer, kv, p, slots,
+                                                   n, cast_back, launch);
+    case RopeStyle::kNeox:
+      return Go<Q, kNorm, RopeStyle::kNeox>(layout, layer, kv, p, slots, n,
+                                            cast_back, launch);
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <class Q>
+cudaError_t ByNorm(const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
+                   const FusedParams& p, const int32_t* slots, int64_t n,
+                   uint16_t* cast_back, const Launch& launch) {
+  return p.norm() ? ByRope<Q, true>(layout, layer, kv, p, slots, n, cast_back,
+                                    launch)
+                  : ByRope<Q, false>(layout, layer, kv, p, slots, n, cast_back,
+                                     launch);
+}
+
+}  // namespace
+
+bool FusedH512Applies(FormatId id, const FusedParams& p) {
+  if (id != FormatId::kV41 && id != FormatId::kV41Fp4) return false;
+  if (p.hadamard_len != kD || p.hadamard_begin != 0) return false;
+  switch (p.rope) {
+    case RopeStyle::kNone:
+      return true;
+    case RopeStyle::kInterleaved:
+      return p.rope_offset >= kHalf && p.rope_offset % 8 == 0 &&
+             p.rope_dim % 8 == 0;
+    case RopeStyle::kNeox:
+      return p.rope_offset >= kHalf && p.rope_offset % 8 == 0 &&
+             p.rope_dim % 16 == 0;
+  }
+  return false;
+}
+
+cudaError_t LaunchFusedH512(FormatId id, const PoolLayout& layout,
+                            uint8_t* layer, const uint16_t* kv,
+                            const FusedParams& p, const int32_t* slots,
+                            int64_t n, uint16_t* cast_back,
+                            const Launch& launch) {
+  if (!FusedH512Applies(id, p)) return cudaErrorInvalidValue;
+  return id == FormatId::kV41
+             ? ByNorm<V41Format>(layout, layer, kv, p, slots, n, cast_back,
+                                 launch)
+             : ByNorm<V41Fp4Format>(layout, layer, kv, p, slots, n, cast_back,
+                                    launch);
+}
+
+}  // namespace kvdepot::gpu::internal
