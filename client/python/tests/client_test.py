@@ -654,6 +654,81 @@ class StepAsyncTest(unittest.TestCase):
                 self.assertIn(message, cm.exception.message)
         self.assertEqual(len(self.fake.requests), 2)
 
+    def test_slot_mappings_in_buffer(self):
+        """Device-resident slot mappings: the flag and num_tokens are sent,
+        no mapping; the argument rules raise before sending."""
+        def send(step_id, **kw):
+            return kvdepot.step.step_async(
+                self.kv, 7, step_id=step_id, seq_lens=[3], query_lens=[3],
+                **kw)
+        send(1, slot_mappings_in_buffer=True, num_tokens=3).result()
+        sent = step_pb2.StepRequest.FromString(self.fake.requests[0])
+        self.assertTrue(sent.slot_mappings_in_buffer)
+        self.assertEqual((sent.num_tokens, sent.slot_mapping,
+                          sent.compressed_slot_mapping, len(sent.compressed)),
+                         (3, b"", b"", 0))
+        send(2, slot_mapping=[1, 2, -1]).result()
+        sent = step_pb2.StepRequest.FromString(self.fake.requests[1])
+        self.assertFalse(sent.slot_mappings_in_buffer)
+        self.assertEqual(sent.num_tokens, 3)
+        for kw, message in (
+                (dict(slot_mappings_in_buffer=True, num_tokens=3,
+                      slot_mapping=[1, 2, 3]), "slot_mapping: pass it or"),
+                (dict(slot_mappings_in_buffer=True, num_tokens=3,
+                      compressed_slot_mapping=[-1, -1, 4]),
+                 "compressed_slot_mapping: pass it or"),
+                (dict(slot_mappings_in_buffer=True, num_tokens=3,
+                      compressed_slot_mappings={4: [-1, -1, 4]}),
+                 "compressed_slot_mappings: pass it or"),
+                (dict(slot_mappings_in_buffer=True), "num_tokens = 0"),
+                (dict(), "slot_mapping: needed unless"),
+                (dict(slot_mapping=[1, 2], num_tokens=3),
+                 "num_tokens = 3: slot_mapping has 2")):
+            with self.subTest(kw=kw):
+                with self.assertRaises(KVCacheError) as cm:
+                    send(3, **kw)
+                self.assertEqual(cm.exception.code,
+                                 grpc.StatusCode.INVALID_ARGUMENT)
+                self.assertIn(message, cm.exception.message)
+        self.assertEqual(len(self.fake.requests), 2)
+
+    def test_slot_mapping_buffer_reaches_the_daemon(self):
+        """register_worker(slot_mappings=...) is sent: the CPU daemon checks
+        it before it refuses the step path (a misaligned row stride
+        named)."""
+        d = Daemon()
+        try:
+            with d.connect(client_name="slot_mappings") as kv:
+                kv.create_or_get_pool("smidx", "FP4_INDEX", block_size=4,
+                                      num_blocks=2, num_layers=1)
+                with kv.allocate_buffer(kvdepot.step.doorbell_bytes(1)) as db, \
+                        kv.allocate_buffer(64 * 1024) as io:
+                    layer = kvdepot.step.layer(
+                        index=kvdepot.step.cache("smidx", 0, io,
+                                                 row_stride=256))
+                    kw = dict(doorbell=db, layers=[layer], max_tokens=8,
+                              max_seqs=2)
+                    with self.assertRaises(KVCacheError) as cm:
+                        kvdepot.step.register_worker(
+                            kv, **kw, slot_mappings=kvdepot.step.buffer_ref(
+                                io, 32768, 34))
+                    self.assertEqual(cm.exception.code,
+                                     grpc.StatusCode.INVALID_ARGUMENT)
+                    self.assertIn("slot_mappings.row_stride: 34",
+                                  cm.exception.message)
+                    with self.assertRaises(KVCacheError) as cm:
+                        kvdepot.step.register_worker(
+                            kv, **kw, slot_mappings=kvdepot.step.buffer_ref(
+                                io, 32768, 32))
+                    self.assertEqual(cm.exception.code,
+                                     grpc.StatusCode.FAILED_PRECONDITION)
+                    with self.assertRaises(KVCacheError) as cm:
+                        kvdepot.step.register_worker(kv, **kw,
+                                                     slot_mappings=io)
+                    self.assertIn("buffer_ref", cm.exception.message)
+        finally:
+            d.stop()
+
     def test_block_table_buffer_reaches_the_daemon(self):
         """register_worker(block_tables=...) is sent: the CPU daemon checks
         it before it refuses the step path (a misaligned offset named)."""
