@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/step_doorbell.h"
@@ -49,8 +50,31 @@ class StepE2eTest : public ::testing::Test {
     return rig.ok() ? *std::move(rig) : nullptr;
   }
 
+  // One step end to end: staged, sent, the worker's side on stream_, then
+  // the reference applied and the index rows compared.
+  absl::Status RunStep(StepRig* rig, const StepInput& in) {
+    rig->StageInputs(in);
+    RETURN_IF_ERROR(rig->SendStep(in).status());
+    RETURN_IF_ERROR(rig->EnqueueWorker(stream_->get()));
+    RETURN_IF_ERROR(SyncWithin(stream_->get(), absl::Seconds(30)));
+    RETURN_IF_ERROR(rig->ApplyReference(in));
+    return rig->CheckIndexRows(in);
+  }
+
   std::optional<Stream> stream_;
 };
+
+// Three layers: layer 0 per token, layer 1 at ratio 4, layer 2 at 16.
+RigOptions ThreeRatios(const std::string& prefix) {
+  RigOptions o;
+  o.prefix = prefix;
+  o.layers = 3;
+  o.ratio_layer = 1;
+  o.ratio = 4;
+  o.ratio2_layer = 2;
+  o.ratio2 = 16;
+  return o;
+}
 
 // StepStatus of `rig` once the daemon's completion report of step `last`
 // ran (a host function, after the worker's stream passed the step).
@@ -206,13 +230,7 @@ TEST_F(StepE2eTest, DeviceResidentBlockTablesMatchThePlanner) {
 // to the planner's plus exactly the injected entries. WRITTEN WITHOUT A
 // GPU: not yet run.
 TEST_F(StepE2eTest, SlotMappingsInDeviceMemory) {
-  RigOptions o;
-  o.prefix = "devslots";
-  o.layers = 3;
-  o.ratio_layer = 1;
-  o.ratio = 4;
-  o.ratio2_layer = 2;
-  o.ratio2 = 16;
+  RigOptions o = ThreeRatios("devslots");
   o.device_slot_mappings = true;
   o.slot_row_stride = o.max_tokens + 3;
   std::unique_ptr<StepRig> rig = MakeRig(o);
@@ -243,12 +261,7 @@ TEST_F(StepE2eTest, SlotMappingsInDeviceMemory) {
     const v1::StepRequest request = rig->Request(in);
     ASSERT_EQ(request.slot_mappings_in_buffer(), !in.inline_slots);
     ASSERT_EQ(request.slot_mapping().empty(), !in.inline_slots);
-    rig->StageInputs(in);
-    ASSERT_OK(rig->SendStep(in).status());
-    ASSERT_OK(rig->EnqueueWorker(stream_->get()));
-    ASSERT_OK(SyncWithin(stream_->get(), absl::Seconds(30)));
-    ASSERT_OK(rig->ApplyReference(in));
-    ASSERT_OK(rig->CheckIndexRows(in));
+    ASSERT_OK(RunStep(rig.get(), in));
     if (step % 6 == 5) ASSERT_OK(rig->CheckPools());
   }
   ASSERT_OK(rig->CheckPools());
@@ -272,14 +285,7 @@ TEST_F(StepE2eTest, SlotMappingsInDeviceMemory) {
 // the CPU reference, index rows equal to the planner's. WRITTEN WITHOUT A
 // GPU: not yet run.
 TEST_F(StepE2eTest, TwoCompressedRatiosMatchTheReference) {
-  RigOptions o;
-  o.prefix = "ratios";
-  o.layers = 3;
-  o.ratio_layer = 1;
-  o.ratio = 4;
-  o.ratio2_layer = 2;
-  o.ratio2 = 16;
-  std::unique_ptr<StepRig> rig = MakeRig(o);
+  std::unique_ptr<StepRig> rig = MakeRig(ThreeRatios("ratios"));
   ASSERT_NE(rig, nullptr);
   std::mt19937 rng(1306);
   int stored[2] = {0, 0};
@@ -290,12 +296,7 @@ TEST_F(StepE2eTest, TwoCompressedRatiosMatchTheReference) {
     for (int32_t s : in.compressed_slots) stored[0] += s >= 0;
     for (int32_t s : in.compressed_slots2) stored[1] += s >= 0;
     ASSERT_EQ(rig->Request(in).compressed_size(), 2);
-    rig->StageInputs(in);
-    ASSERT_OK(rig->SendStep(in).status());
-    ASSERT_OK(rig->EnqueueWorker(stream_->get()));
-    ASSERT_OK(SyncWithin(stream_->get(), absl::Seconds(30)));
-    ASSERT_OK(rig->ApplyReference(in));
-    ASSERT_OK(rig->CheckIndexRows(in));
+    ASSERT_OK(RunStep(rig.get(), in));
     if (step % 5 == 0) ASSERT_OK(rig->CheckPools());
   }
   EXPECT_GT(stored[0], 0);

@@ -692,80 +692,58 @@ class StepAsyncTest(unittest.TestCase):
                 self.assertIn(message, cm.exception.message)
         self.assertEqual(len(self.fake.requests), 2)
 
+    def _check_buffer_reaches_the_daemon(self, name, layer_kw, kw, arg,
+                                         bad_ref, message, good_ref):
+        """register_worker(arg=bad_ref) is refused by the CPU daemon's
+        check naming `message`; arg=good_ref passes it and reaches the
+        CPU backend's refusal of the step path; a Buffer is refused by the
+        client."""
+        d = Daemon()
+        try:
+            with d.connect(client_name=name) as kv:
+                kv.create_or_get_pool(name, "FP4_INDEX", block_size=4,
+                                      num_blocks=2, num_layers=1)
+                with kv.allocate_buffer(kvdepot.step.doorbell_bytes(1)) as db, \
+                        kv.allocate_buffer(64 * 1024) as io:
+                    layer = kvdepot.step.layer(
+                        index=kvdepot.step.cache(name, 0, io, row_stride=256),
+                        **{k: kvdepot.step.buffer_ref(io, *v)
+                           for k, v in layer_kw.items()})
+                    kw = dict(kw, doorbell=db, layers=[layer])
+
+                    def register(ref):
+                        with self.assertRaises(KVCacheError) as cm:
+                            kvdepot.step.register_worker(kv, **kw,
+                                                         **{arg: ref})
+                        return cm.exception
+
+                    e = register(kvdepot.step.buffer_ref(io, *bad_ref))
+                    self.assertEqual(e.code, grpc.StatusCode.INVALID_ARGUMENT)
+                    self.assertIn(message, e.message)
+                    e = register(kvdepot.step.buffer_ref(io, *good_ref))
+                    self.assertEqual(e.code,
+                                     grpc.StatusCode.FAILED_PRECONDITION)
+                    self.assertIn("buffer_ref", register(io).message)
+        finally:
+            d.stop()
+
     def test_slot_mapping_buffer_reaches_the_daemon(self):
         """register_worker(slot_mappings=...) is sent: the CPU daemon checks
         it before it refuses the step path (a misaligned row stride
         named)."""
-        d = Daemon()
-        try:
-            with d.connect(client_name="slot_mappings") as kv:
-                kv.create_or_get_pool("smidx", "FP4_INDEX", block_size=4,
-                                      num_blocks=2, num_layers=1)
-                with kv.allocate_buffer(kvdepot.step.doorbell_bytes(1)) as db, \
-                        kv.allocate_buffer(64 * 1024) as io:
-                    layer = kvdepot.step.layer(
-                        index=kvdepot.step.cache("smidx", 0, io,
-                                                 row_stride=256))
-                    kw = dict(doorbell=db, layers=[layer], max_tokens=8,
-                              max_seqs=2)
-                    with self.assertRaises(KVCacheError) as cm:
-                        kvdepot.step.register_worker(
-                            kv, **kw, slot_mappings=kvdepot.step.buffer_ref(
-                                io, 32768, 34))
-                    self.assertEqual(cm.exception.code,
-                                     grpc.StatusCode.INVALID_ARGUMENT)
-                    self.assertIn("slot_mappings.row_stride: 34",
-                                  cm.exception.message)
-                    with self.assertRaises(KVCacheError) as cm:
-                        kvdepot.step.register_worker(
-                            kv, **kw, slot_mappings=kvdepot.step.buffer_ref(
-                                io, 32768, 32))
-                    self.assertEqual(cm.exception.code,
-                                     grpc.StatusCode.FAILED_PRECONDITION)
-                    with self.assertRaises(KVCacheError) as cm:
-                        kvdepot.step.register_worker(kv, **kw,
-                                                     slot_mappings=io)
-                    self.assertIn("buffer_ref", cm.exception.message)
-        finally:
-            d.stop()
+        self._check_buffer_reaches_the_daemon(
+            "smidx", {}, dict(max_tokens=8, max_seqs=2), "slot_mappings",
+            (32768, 34), "slot_mappings.row_stride: 34", (32768, 32))
 
     def test_block_table_buffer_reaches_the_daemon(self):
         """register_worker(block_tables=...) is sent: the CPU daemon checks
         it before it refuses the step path (a misaligned offset named)."""
-        d = Daemon()
-        try:
-            with d.connect(client_name="block_tables") as kv:
-                kv.create_or_get_pool("btidx", "FP4_INDEX", block_size=4,
-                                      num_blocks=2, num_layers=1)
-                with kv.allocate_buffer(kvdepot.step.doorbell_bytes(1)) as db, \
-                        kv.allocate_buffer(64 * 1024) as io:
-                    layer = kvdepot.step.layer(
-                        index=kvdepot.step.cache("btidx", 0, io,
-                                                 row_stride=256),
-                        topk=kvdepot.step.buffer_ref(io, 8192, 16),
-                        index_out=kvdepot.step.buffer_ref(io, 16384, 16))
-                    kw = dict(doorbell=db, layers=[layer], max_tokens=8,
-                              max_seqs=2, max_top_k=4, max_blocks_per_seq=2)
-                    with self.assertRaises(KVCacheError) as cm:
-                        kvdepot.step.register_worker(
-                            kv, **kw, block_tables=kvdepot.step.buffer_ref(
-                                io, 32768 + 2, 8))
-                    self.assertEqual(cm.exception.code,
-                                     grpc.StatusCode.INVALID_ARGUMENT)
-                    self.assertIn("block_tables.offset: 32770 is not a "
-                                  "multiple of 4", cm.exception.message)
-                    with self.assertRaises(KVCacheError) as cm:
-                        kvdepot.step.register_worker(
-                            kv, **kw, block_tables=kvdepot.step.buffer_ref(
-                                io, 32768, 8))
-                    self.assertEqual(cm.exception.code,
-                                     grpc.StatusCode.FAILED_PRECONDITION)
-                    with self.assertRaises(KVCacheError) as cm:
-                        kvdepot.step.register_worker(kv, **kw,
-                                                     block_tables=io)
-                    self.assertIn("buffer_ref", cm.exception.message)
-        finally:
-            d.stop()
+        self._check_buffer_reaches_the_daemon(
+            "btidx", dict(topk=(8192, 16), index_out=(16384, 16)),
+            dict(max_tokens=8, max_seqs=2, max_top_k=4,
+                 max_blocks_per_seq=2),
+            "block_tables", (32768 + 2, 8),
+            "block_tables.offset: 32770 is not a multiple of 4", (32768, 8))
 
     def test_cpu_daemon_refusal_through_the_future(self):
         d = Daemon()
