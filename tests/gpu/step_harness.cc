@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -671,7 +672,9 @@ StepInput StepRig::DropOutOfRangeSlots(const StepInput& in) {
 absl::Status StepRig::ApplyReference(const StepInput& step) {
   // Device-resident mappings: the import kernel turns an entry outside
   // the pools into -1 and counts it; the reference does the same.
-  const StepInput in = slots_in_buffer(step) ? DropOutOfRangeSlots(step) : step;
+  std::optional<StepInput> dropped;
+  if (slots_in_buffer(step)) dropped = DropOutOfRangeSlots(step);
+  const StepInput& in = dropped.has_value() ? *dropped : step;
   const RigOptions& o = options_;
   const int n = in.num_tokens();
   SequenceBatch batch;
