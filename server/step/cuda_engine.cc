@@ -3,6 +3,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <deque>
@@ -166,6 +167,12 @@ class CudaStepEngine : public StepEngine {
           StagingRecycler::Take(device_, HostStagingBytes(), true));
     }
     RETURN_IF_ERROR(UploadFused());
+    // Per slot-mapping row: the pools it feeds bound its entries.
+    const int32_t rows =
+        1 + static_cast<int32_t>(config_.compressed_ratios.size());
+    for (int32_t row = 0; row < rows; ++row) {
+      slot_capacity_[row] = MinSlots(config_, row - 1);
+    }
     // The doorbell starts zeroed: no flag, no done, no cancel.
     doorbell_ = reinterpret_cast<uint64_t*>(config_.doorbell->memory->data());
     RETURN_IF_CUDA_ERROR(
@@ -515,6 +522,28 @@ class CudaStepEngine : public StepEngine {
     return absl::OkStatus();
   }
 
+  // The import of a slot_mappings_in_buffer step's mappings from the
+  // worker's buffer into the blob's slot sections (one kernel, with PDL
+  // after the gate; the buffer's address is fixed per registration).
+  absl::Status ImportSlots(const StepPlan& plan, int32_t* base,
+                           const int32_t* gate) {
+    static_assert(1 + kMaxCompressedRatios <= device::kMaxSlotRows);
+    const StepSections& sec = plan.sections;
+    device::SlotImport im;
+    im.src = reinterpret_cast<const int32_t*>(config_.slot_mappings.data());
+    im.src_stride = config_.slot_mappings.row_stride / 4;
+    im.main = base + sec.slots;
+    im.compressed =
+        sec.compressed_count > 0 ? base + sec.compressed_slots : nullptr;
+    im.compressed_stride = sec.compressed_stride;
+    im.rows = 1 + sec.compressed_count;
+    im.n = plan.num_tokens;
+    std::copy(slot_capacity_.begin(), slot_capacity_.end(), im.capacity);
+    return KernelStatus(
+        device::LaunchSlotImport(gate, im, doorbell_, work_, pdl_),
+        "launching the slot-mapping import");
+  }
+
   // The step's operations on the work stream (or into its capture), the
   // completion host function last.
   absl::Status EnqueueStep(StepPlan& plan, int slot) {
@@ -566,6 +595,11 @@ class CudaStepEngine : public StepEngine {
       const int64_t a = db::PhaseA(static_cast<int64_t>(i));
       RETURN_IF_ERROR(Phase(a));
       RETURN_IF_ERROR(run_gate(a));
+      if (i == 0 && plan.slot_mappings_in_buffer) {
+        // The worker wrote the mappings before marking A_0 (the ordering
+        // contract): copied into the blob before the first store reads it.
+        RETURN_IF_ERROR(ImportSlots(plan, base, gate));
+      }
       const int64_t* positions =
           reinterpret_cast<const int64_t*>(at(sec.positions));
       // Main and index caches of ratio > 1: compressed rows, stored from
@@ -659,6 +693,9 @@ class CudaStepEngine : public StepEngine {
   std::vector<std::array<FusedParams, 3>> fused_;
   std::vector<std::array<bool, 3>> has_fused_;
   int next_slot_ = 0;  // the enqueue thread's
+  // Per slot-mapping row (main, then each compressed ratio): the smallest
+  // pool it is stored into (MinSlots; 0 = none).
+  std::array<int64_t, device::kMaxSlotRows> slot_capacity_{};
   std::thread thread_;
 
   absl::Mutex mu_;

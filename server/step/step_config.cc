@@ -378,6 +378,19 @@ absl::StatusOr<RegistrationConfig> ResolveRegistration(
                     /*packed_only=*/false, caller, sessions, config.device));
   }
 
+  if (r.has_slot_mappings()) {
+    // Device-resident slot mappings: the import kernel reads entries [0,
+    // num_tokens) of row 0 (slot_mapping) and of row 1 + k (compressed
+    // ratio k), so that many rows of max_tokens entries must fit.
+    const int64_t rows =
+        1 + static_cast<int64_t>(config.compressed_ratios.size());
+    ASSIGN_OR_RETURN(
+        config.slot_mappings,
+        ResolveSpan("slot_mappings", r.slot_mappings(), rows,
+                    int64_t{4} * config.max_tokens, 4,
+                    /*packed_only=*/false, caller, sessions, config.device));
+  }
+
   if (r.has_swa_index()) {
     const v1::StepSwaIndex& s = r.swa_index();
     SwaIndexConfig& out = config.swa_index;

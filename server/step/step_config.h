@@ -110,6 +110,12 @@ struct RegistrationConfig {
   // rows of >= max_blocks_per_seq entries, row_stride bytes apart (a
   // multiple of 4). Steps with block_tables_in_buffer read them there.
   BufferSpan block_tables;
+  // Optional: the worker's int32 slot mappings in device memory, 1 +
+  // compressed_ratios.size() rows (row 0 = slot_mapping, row 1 + k = the
+  // compressed mapping of compressed_ratios[k]) of >= max_tokens entries,
+  // row_stride bytes apart (a multiple of 4). Steps with
+  // slot_mappings_in_buffer read them there.
+  BufferSpan slot_mappings;
   int32_t swa_ring_size = 0;   // shared by every SWA cache
   int32_t swa_num_states = 0;  // the smallest SWA pool's blocks
   // The smallest max_position of the fused caches with RoPE; 0 = none (a
@@ -127,9 +133,10 @@ inline constexpr int64_t kMaxCosSinEntries = int64_t{1} << 24;
 // BF16 rows of the pool's element count, 16-byte aligned; every buffer
 // range inside its buffer for the registration's bounds (the block-table
 // buffer: max_seqs rows of max_blocks_per_seq int32, 4-byte aligned, only
-// with a phase-B layer); everything on one device. INVALID_ARGUMENT naming the
-// field and index; NOT_FOUND / PERMISSION_DENIED from the pool and buffer
-// lookups.
+// with a phase-B layer; the slot-mapping buffer: 1 + ratios rows of
+// max_tokens int32, 4-byte aligned); everything on one device. INVALID_ARGUMENT
+// naming the field and index; NOT_FOUND / PERMISSION_DENIED from the pool and
+// buffer lookups.
 absl::StatusOr<RegistrationConfig> ResolveRegistration(
     const v1::RegisterWorkerRequest& request, const Caller& caller,
     const PoolRegistry& pools, const SessionManager& sessions);

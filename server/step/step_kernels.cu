@@ -1,5 +1,6 @@
-// The daemon's step-path kernels: the phase gate, convert_topk from the
-// worker's rows into its index rows, the SWA decode index.
+// The daemon's step-path kernels: the phase gate, the import of the
+// worker's device-resident slot mappings, convert_topk from the worker's
+// rows into its index rows, the SWA decode index.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -37,6 +38,21 @@ __device__ __forceinline__ uint64_t GlobalTimerNs() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
+}
+
+// Sums the block's out-of-range entries (`bad` per thread; *total a
+// zeroed __shared__ word) into the doorbell's out-of-range word and sets
+// kStatusOutOfRange when any. Every thread of the block calls it.
+__device__ void AddOutOfRange(unsigned long long bad, unsigned long long* total,
+                              uint64_t* doorbell) {
+  if (bad != 0) atomicAdd(total, bad);
+  __syncthreads();
+  if (threadIdx.x == 0 && *total != 0) {
+    atomicAdd(reinterpret_cast<unsigned long long*>(doorbell + db::kOutOfRange),
+              *total);
+    atomicOr(reinterpret_cast<unsigned long long*>(doorbell + db::kStatusWord),
+             static_cast<unsigned long long>(db::kStatusOutOfRange));
+  }
 }
 
 __global__ void GateKernel(uint64_t* doorbell, uint64_t expected, int32_t* gate,
@@ -106,14 +122,35 @@ __global__ void ConvertTopkKernel(const int32_t* gate, const int32_t* topk,
       o[c] = slot;
     }
   }
-  if (bad != 0) atomicAdd(&bad_total, bad);
+  AddOutOfRange(bad, &bad_total, doorbell);
+}
+
+__global__ void SlotImportKernel(const int32_t* gate, SlotImport im,
+                                 uint64_t* doorbell) {
+  PdlWait();
+  __shared__ unsigned long long bad_total;
+  if (threadIdx.x == 0) bad_total = 0;
   __syncthreads();
-  if (threadIdx.x == 0 && bad_total != 0) {
-    atomicAdd(reinterpret_cast<unsigned long long*>(doorbell + db::kOutOfRange),
-              bad_total);
-    atomicOr(reinterpret_cast<unsigned long long*>(doorbell + db::kStatusWord),
-             static_cast<unsigned long long>(db::kStatusOutOfRange));
+  const int32_t row = blockIdx.x;
+  const bool open = gate[0] == 1;
+  const int64_t capacity = im.capacity[row];
+  const int32_t* src = im.src + row * im.src_stride;
+  int32_t* dst =
+      row == 0 ? im.main : im.compressed + (row - 1) * im.compressed_stride;
+  unsigned long long bad = 0;
+  for (int32_t i = blockIdx.y * blockDim.x + threadIdx.x; i < im.n;
+       i += gridDim.y * blockDim.x) {
+    int32_t slot = -1;
+    if (open && capacity > 0) {
+      slot = src[i];
+      if (slot < -1 || slot >= capacity) {
+        slot = -1;
+        ++bad;
+      }
+    }
+    dst[i] = slot;
   }
+  AddOutOfRange(bad, &bad_total, doorbell);
 }
 
 __global__ void StampKernel(uint64_t* at) { *at = GlobalTimerNs(); }
@@ -162,6 +199,17 @@ int LaunchConvertTopk(const int32_t* gate, const int32_t* topk,
                 topk, topk_stride, out, out_stride, rows, k, row_seq, seq_lens,
                 ratio, block_tables, table_stride, cols, block_size, num_blocks,
                 doorbell);
+}
+
+int LaunchSlotImport(const int32_t* gate, const SlotImport& import,
+                     uint64_t* doorbell, void* stream, bool pdl) {
+  if (import.rows <= 0 || import.rows > kMaxSlotRows || import.n <= 0) {
+    return 0;
+  }
+  constexpr int kThreads = 256;
+  const int chunks = (import.n + kThreads - 1) / kThreads;
+  return Launch(SlotImportKernel, dim3(import.rows, chunks < 32 ? chunks : 32),
+                dim3(kThreads), stream, pdl, gate, import, doorbell);
 }
 
 int LaunchSwaIndex(const int32_t* gate, const int32_t* state,

@@ -48,7 +48,36 @@ int LaunchConvertTopk(const int32_t* gate, const int32_t* topk,
                       int32_t cols, int32_t block_size, int32_t num_blocks,
                       uint64_t* doorbell, void* stream, bool pdl = false);
 
-// With pdl (both kernels below follow the gate kernel on the stream) the
+// Rows of a step's slot mappings: the main one and one per compressed
+// ratio (at most 8, step_config.h's kMaxCompressedRatios).
+inline constexpr int kMaxSlotRows = 9;
+
+// Device-resident slot mappings (RegisterWorkerRequest.slot_mappings),
+// imported into the step's blob once per step, after the daemon's stream
+// passed the worker's A_0 flag and its gate. Shapes in int32 elements.
+struct SlotImport {
+  // [rows][>= n] the worker's rows, src_stride apart: row 0 = the main
+  // mapping, row 1 + k = compressed ratio k's. Untrusted: -1 = no store.
+  const int32_t* src = nullptr;
+  int64_t src_stride = 0;
+  int32_t* main = nullptr;        // [n] the blob's slots section
+  int32_t* compressed = nullptr;  // [rows - 1][compressed_stride]; null
+  int64_t compressed_stride = 0;  // when rows == 1
+  int32_t rows = 0;               // 1 + compressed ratios, <= kMaxSlotRows
+  int32_t n = 0;                  // the step's tokens
+  // Per row: the smallest num_blocks * block_size of the pools it is
+  // stored into; 0 = none (the row is not read, its section is -1).
+  int64_t capacity[kMaxSlotRows] = {};
+};
+
+// Copies entries [0, n) of every row into its blob section when gate[0]
+// is 1 (else writes -1, as the gate does): an entry outside [-1,
+// capacity) becomes -1 and is counted into the doorbell's out-of-range
+// word (and kStatusOutOfRange), as convert_topk counts its entries.
+int LaunchSlotImport(const int32_t* gate, const SlotImport& import,
+                     uint64_t* doorbell, void* stream, bool pdl = false);
+
+// With pdl (the kernels below follow the gate kernel on the stream) the
 // launch carries Programmatic Dependent Launch: the kernel may start while
 // the gate drains and waits for it (griddepcontrol.wait) before reading.
 

@@ -33,23 +33,6 @@ absl::Span<int32_t> Section(std::vector<int32_t>* blob, int64_t at, int64_t n) {
   return absl::MakeSpan(blob->data() + at, static_cast<size_t>(n));
 }
 
-// The smallest num_slots among the main and index caches of the layers
-// whose compressed index is k (LayerConfig.compressed; -1 = ratio 1): the
-// pools that slot_mapping (k = -1) or the compressed slot mapping of
-// compressed_ratios[k] is stored into (0 = none).
-int64_t MinSlots(const RegistrationConfig& config, int32_t k) {
-  int64_t best = 0;
-  for (const LayerConfig& l : config.layers) {
-    if (l.compressed != k) continue;
-    for (const CacheConfig* c : {&l.main, &l.index}) {
-      if (!c->set()) continue;
-      const int64_t n = c->layout.num_slots();
-      best = best == 0 ? n : std::min(best, n);
-    }
-  }
-  return best;
-}
-
 // ValidateSlotMapping against a pool of `num_slots` slots, its messages
 // naming `field`[i] (both indices of a duplicate) after `prefix`.
 absl::Status CheckSlots(absl::string_view field, int64_t num_slots,
@@ -157,6 +140,61 @@ absl::Status AddCompressedSlots(const RegistrationConfig& config,
   return absl::OkStatus();
 }
 
+// A step with slot_mappings_in_buffer: a registered slot-mapping buffer
+// and no inline mapping in any of the three fields.
+absl::Status CheckSlotBufferStep(const RegistrationConfig& config,
+                                 const v1::StepRequest& r) {
+  if (!config.slot_mappings.set()) {
+    return Invalid("slot_mappings_in_buffer",
+                   "set, but the registration has no slot-mapping buffer "
+                   "(RegisterWorkerRequest.slot_mappings)");
+  }
+  const char* inline_field = !r.slot_mapping().empty() ? "slot_mapping"
+                             : !r.compressed_slot_mapping().empty()
+                                 ? "compressed_slot_mapping"
+                             : r.compressed_size() > 0 ? "compressed"
+                                                       : nullptr;
+  if (inline_field != nullptr) {
+    return Invalid(inline_field,
+                   "set, but slot_mappings_in_buffer is set (the mappings "
+                   "are the registered buffer's rows): send it empty");
+  }
+  return absl::OkStatus();
+}
+
+// The blob's slot sections: from the request (checked against every pool
+// each mapping is stored into), or, for slot_mappings_in_buffer, reserved
+// for the device to fill from the worker's buffer (the import kernel
+// checks each entry there).
+absl::Status AddSlots(const RegistrationConfig& config,
+                      const v1::StepRequest& r, StepPlan* plan) {
+  std::vector<int32_t>& blob = plan->blob;
+  StepSections& sec = plan->sections;
+  const int32_t n = r.num_tokens();
+  if (r.slot_mappings_in_buffer()) {
+    RETURN_IF_ERROR(CheckSlotBufferStep(config, r));
+    plan->slot_mappings_in_buffer = true;
+    sec.slots = Reserve(&blob, n);
+    const int32_t count = static_cast<int32_t>(config.compressed_ratios.size());
+    if (count > 0) {
+      sec.compressed_count = count;
+      sec.compressed_stride = RoundUp4(n);
+      sec.compressed_slots = Reserve(&blob, count * sec.compressed_stride);
+    }
+    return absl::OkStatus();
+  }
+  std::vector<int32_t> values;
+  RETURN_IF_ERROR(DecodeInt32s("slot_mapping", r.slot_mapping(), "num_tokens",
+                               n, config.max_tokens, &values));
+  const int64_t slot_bound = MinSlots(config, -1);
+  if (slot_bound > 0) {
+    RETURN_IF_ERROR(CheckSlots("slot_mapping", slot_bound, values));
+  }
+  sec.slots = Reserve(&blob, n);
+  std::memcpy(blob.data() + sec.slots, values.data(), 4 * values.size());
+  return AddCompressedSlots(config, r, &values, &blob, &sec);
+}
+
 // The request's inline block tables [num_seqs][block_table_cols], every
 // entry in [-1, num_blocks) of every phase-B index pool, into the blob.
 // REQUIRES: num_seqs and block_table_cols checked against the bounds.
@@ -187,6 +225,19 @@ absl::Status AddInlineTables(const RegistrationConfig& config,
 }
 
 }  // namespace
+
+int64_t MinSlots(const RegistrationConfig& config, int32_t k) {
+  int64_t best = 0;
+  for (const LayerConfig& l : config.layers) {
+    if (l.compressed != k) continue;
+    for (const CacheConfig* c : {&l.main, &l.index}) {
+      if (!c->set()) continue;
+      const int64_t n = c->layout.num_slots();
+      best = best == 0 ? n : std::min(best, n);
+    }
+  }
+  return best;
+}
 
 int64_t MaxBlobElements(const RegistrationConfig& c) {
   const int64_t t = RoundUp4(c.max_tokens);
@@ -221,16 +272,8 @@ absl::StatusOr<StepPlan> BuildStepPlan(const RegistrationConfig& config,
   blob.reserve(static_cast<size_t>(MaxBlobElements(config)));
   StepSections& sec = plan.sections;
 
-  // Slot mapping: every pool it is stored into.
-  std::vector<int32_t> values;
-  RETURN_IF_ERROR(DecodeInt32s("slot_mapping", r.slot_mapping(), "num_tokens",
-                               n, config.max_tokens, &values));
-  const int64_t slot_bound = MinSlots(config, -1);
-  if (slot_bound > 0) {
-    RETURN_IF_ERROR(CheckSlots("slot_mapping", slot_bound, values));
-  }
-  sec.slots = Reserve(&blob, n);
-  std::memcpy(blob.data() + sec.slots, values.data(), 4 * values.size());
+  // Slot mappings (main and compressed): every pool they are stored into.
+  RETURN_IF_ERROR(AddSlots(config, r, &plan));
 
   // Positions (int64, two int32 each) of the fused caches with RoPE, each
   // checked against the shortest cos/sin cache.
@@ -258,9 +301,8 @@ absl::StatusOr<StepPlan> BuildStepPlan(const RegistrationConfig& config,
                    "RoPE");
   }
 
-  RETURN_IF_ERROR(AddCompressedSlots(config, r, &values, &blob, &sec));
-
   // Lengths.
+  std::vector<int32_t> values;
   std::vector<int32_t> seq_lens, query_lens, states, valid_starts;
   RETURN_IF_ERROR(DecodeInt32s("seq_lens", r.seq_lens(), "num_seqs", seqs,
                                config.max_seqs, &seq_lens));

@@ -53,10 +53,20 @@ struct StepPlan {
   // The tables are the registration's block-table buffer (no blob
   // section; RegistrationConfig.block_tables).
   bool block_tables_in_buffer = false;
+  // The slot sections (slots, compressed_slots) are reserved but filled on
+  // the device from the registration's slot-mapping buffer
+  // (RegistrationConfig.slot_mappings), range-checked there.
+  bool slot_mappings_in_buffer = false;
   absl::Duration deadline;  // the watchdog's, from enqueue
   StepSections sections;
   std::vector<int32_t> blob;  // the single upload
 };
+
+// The smallest num_slots among the main and index caches of the layers
+// whose compressed index is k (LayerConfig.compressed; -1 = ratio 1): the
+// pools that slot_mapping (k = -1) or the compressed slot mapping of
+// compressed_ratios[k] is stored into (0 = none).
+int64_t MinSlots(const RegistrationConfig& config, int32_t k);
 
 // Upper bound of a blob's size (int32 elements) for `config`, so the
 // staging area is sized once at registration.
@@ -67,8 +77,9 @@ int64_t MaxBlobElements(const RegistrationConfig& config);
 // arrays of the right sizes, every slot inside every pool it is stored
 // into and no slot twice, lengths consistent (sum of query_lens =
 // num_tokens), SWA state ids inside the rings, block tables inside the
-// index pools (-1 allowed) -- inline tables only: device-resident ones
-// (block_tables_in_buffer) are checked entry by entry in the kernel.
+// index pools (-1 allowed) -- inline tables and slot mappings only:
+// device-resident ones (block_tables_in_buffer, slot_mappings_in_buffer)
+// are checked entry by entry in the kernels (no duplicate check then).
 // INVALID_ARGUMENT naming the field and index; the step id is not checked
 // here (StepRegistry does).
 absl::StatusOr<StepPlan> BuildStepPlan(const RegistrationConfig& config,

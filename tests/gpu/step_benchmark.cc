@@ -76,6 +76,10 @@ ABSL_FLAG(bool, device_block_tables, true,
           "the registrations keep their block tables in device memory "
           "(StepRequest.block_tables_in_buffer: the Steps carry none); false "
           "= every Step carries [B][64] int32 tables inline");
+ABSL_FLAG(bool, device_slot_mappings, false,
+          "the registrations keep their slot mappings in device memory "
+          "(StepRequest.slot_mappings_in_buffer: the Steps carry none, the "
+          "schedulers send num_tokens only)");
 ABSL_FLAG(std::string, scheduler_api, "stream",
           "how this process's scheduler (sch_c) sends Steps on (c): stream "
           "(one StepStream) or unary (a sync Step call each)");
@@ -653,6 +657,7 @@ int Run(int argc, char** argv) {
       o.delete_pools = true;
       o.watchdog_ms = 60000;
       o.device_block_tables = absl::GetFlag(FLAGS_device_block_tables);
+      o.device_slot_mappings = absl::GetFlag(FLAGS_device_slot_mappings);
       absl::StatusOr<std::unique_ptr<StepRig>> rig = StepRig::Create(socket, o);
       if (!rig.ok()) {
         std::fprintf(stderr, "%s B=%d: %s\n", fmt.c_str(), b,

@@ -4,8 +4,9 @@
 // stream, rows written by its stream, mark/wait per phase). Every step's
 // index rows equal the planner's; the pools stay byte-identical to the CPU
 // reference; the worker's side replays from a CUDA graph; a third step in
-// flight is refused; block tables in device memory, entries out of range
-// turned into -1 and counted as the planner counts them.
+// flight is refused; block tables and slot mappings in device memory,
+// entries out of range turned into -1 and counted as the planner counts
+// them.
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
 
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/step_doorbell.h"
@@ -48,8 +50,46 @@ class StepE2eTest : public ::testing::Test {
     return rig.ok() ? *std::move(rig) : nullptr;
   }
 
+  // One step end to end: staged, sent, the worker's side on stream_, then
+  // the reference applied and the index rows compared.
+  absl::Status RunStep(StepRig* rig, const StepInput& in) {
+    rig->StageInputs(in);
+    RETURN_IF_ERROR(rig->SendStep(in).status());
+    RETURN_IF_ERROR(rig->EnqueueWorker(stream_->get()));
+    RETURN_IF_ERROR(SyncWithin(stream_->get(), absl::Seconds(30)));
+    RETURN_IF_ERROR(rig->ApplyReference(in));
+    return rig->CheckIndexRows(in);
+  }
+
   std::optional<Stream> stream_;
 };
+
+// Three layers: layer 0 per token, layer 1 at ratio 4, layer 2 at 16.
+RigOptions ThreeRatios(const std::string& prefix) {
+  RigOptions o;
+  o.prefix = prefix;
+  o.layers = 3;
+  o.ratio_layer = 1;
+  o.ratio = 4;
+  o.ratio2_layer = 2;
+  o.ratio2 = 16;
+  return o;
+}
+
+// StepStatus of `rig` once the daemon's completion report of step `last`
+// ran (a host function, after the worker's stream passed the step).
+v1::RegistrationInfo StatusAfter(StepRig* rig, uint64_t last) {
+  v1::RegistrationInfo info;
+  for (int i = 0; i < 500; ++i) {
+    absl::StatusOr<v1::RegistrationInfo> s = rig->Status();
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (!s.ok()) break;
+    info = *s;
+    if (info.completed_step_id() == last) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return info;
+}
 
 TEST_F(StepE2eTest, RandomStepsMatchTheReference) {
   RigOptions o;
@@ -172,21 +212,69 @@ TEST_F(StepE2eTest, DeviceResidentBlockTablesMatchThePlanner) {
   EXPECT_EQ(oor, rig->expected_out_of_range());
   EXPECT_EQ(bits, doorbell::kStatusOutOfRange);
   // The daemon's view agrees, once its completion report of the last step
-  // ran (a host function, after the worker's stream passed the step).
-  v1::StepStatusResponse st;
-  for (int i = 0; i < 500; ++i) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::seconds(10));
-    v1::StepStatusRequest q;
-    q.set_session_id(rig->client()->session_id());
-    q.set_registration_id(rig->registration_id());
-    ASSERT_TRUE(rig->stub()->StepStatus(&ctx, q, &st).ok());
-    if (st.registration().completed_step_id() == 80u) break;
-    absl::SleepFor(absl::Milliseconds(10));
+  // ran.
+  const v1::RegistrationInfo st = StatusAfter(rig.get(), 80);
+  EXPECT_EQ(st.completed_step_id(), 80u);
+  EXPECT_EQ(st.out_of_range(), rig->expected_out_of_range());
+}
+
+// Slot mappings in device memory (RegisterWorkerRequest.slot_mappings):
+// layer 0 per token, layer 1 at ratio 4, layer 2 at ratio 16, so the
+// buffer holds three rows (main, ratio 4, ratio 16), 3 int32 of padding
+// apart. The worker's stream writes each step's rows before mark(A_0);
+// about one entry in eight of every row is replaced by one the host would
+// refuse (< -1, >= the pools' slots), poison everywhere past num_tokens;
+// every sixth step sends its mappings inline on the same registration.
+// Pools byte-identical to the CPU reference with the injected tokens not
+// stored, index rows equal to the planner's, the out-of-range count equal
+// to the planner's plus exactly the injected entries. WRITTEN WITHOUT A
+// GPU: not yet run.
+TEST_F(StepE2eTest, SlotMappingsInDeviceMemory) {
+  RigOptions o = ThreeRatios("devslots");
+  o.device_slot_mappings = true;
+  o.slot_row_stride = o.max_tokens + 3;
+  std::unique_ptr<StepRig> rig = MakeRig(o);
+  ASSERT_NE(rig, nullptr);
+  ASSERT_EQ(rig->slot_rows(), 3);
+  std::mt19937 rng(1307);
+  const int32_t capacity = rig->SlotCapacity();
+  const int32_t bad[] = {-2, std::numeric_limits<int32_t>::min(), capacity,
+                         capacity + 5, std::numeric_limits<int32_t>::max()};
+  constexpr uint64_t kSteps = 48;
+  uint64_t injected = 0;
+  int device_steps = 0;
+  for (uint64_t step = 1; step <= kSteps; ++step) {
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    StepInput in = rig->RandomStep(step, rng);
+    in.inline_slots = step % 6 == 0;
+    if (!in.inline_slots) {
+      ++device_steps;
+      for (std::vector<int32_t>* v :
+           {&in.slots, &in.compressed_slots, &in.compressed_slots2}) {
+        for (int32_t& slot : *v) {
+          if (std::uniform_int_distribution<int>(0, 7)(rng) != 0) continue;
+          slot = bad[std::uniform_int_distribution<int>(0, 4)(rng)];
+          ++injected;
+        }
+      }
+    }
+    const v1::StepRequest request = rig->Request(in);
+    ASSERT_EQ(request.slot_mappings_in_buffer(), !in.inline_slots);
+    ASSERT_EQ(request.slot_mapping().empty(), !in.inline_slots);
+    ASSERT_OK(RunStep(rig.get(), in));
+    if (step % 6 == 5) ASSERT_OK(rig->CheckPools());
   }
-  EXPECT_EQ(st.registration().completed_step_id(), 80u);
-  EXPECT_EQ(st.registration().out_of_range(), rig->expected_out_of_range());
+  ASSERT_OK(rig->CheckPools());
+  EXPECT_EQ(device_steps, 40);
+  EXPECT_GT(injected, 40u) << "every row must carry injected entries";
+  EXPECT_EQ(rig->dropped_slots(), injected);
+  uint64_t bits = 0, oor = 0, counter = 0, done = 0;
+  ASSERT_EQ(kvd_status(rig->worker(), &bits, &oor, &counter, &done), KVD_OK);
+  EXPECT_EQ(done, kSteps);
+  EXPECT_EQ(oor, rig->expected_out_of_range());
+  EXPECT_EQ(bits, doorbell::kStatusOutOfRange);
+  const v1::RegistrationInfo st = StatusAfter(rig.get(), kSteps);
+  EXPECT_EQ(st.out_of_range(), rig->expected_out_of_range());
 }
 
 // Several compressed ratios in one registration: layer 1 at ratio 4,
@@ -197,14 +285,7 @@ TEST_F(StepE2eTest, DeviceResidentBlockTablesMatchThePlanner) {
 // the CPU reference, index rows equal to the planner's. WRITTEN WITHOUT A
 // GPU: not yet run.
 TEST_F(StepE2eTest, TwoCompressedRatiosMatchTheReference) {
-  RigOptions o;
-  o.prefix = "ratios";
-  o.layers = 3;
-  o.ratio_layer = 1;
-  o.ratio = 4;
-  o.ratio2_layer = 2;
-  o.ratio2 = 16;
-  std::unique_ptr<StepRig> rig = MakeRig(o);
+  std::unique_ptr<StepRig> rig = MakeRig(ThreeRatios("ratios"));
   ASSERT_NE(rig, nullptr);
   std::mt19937 rng(1306);
   int stored[2] = {0, 0};
@@ -215,12 +296,7 @@ TEST_F(StepE2eTest, TwoCompressedRatiosMatchTheReference) {
     for (int32_t s : in.compressed_slots) stored[0] += s >= 0;
     for (int32_t s : in.compressed_slots2) stored[1] += s >= 0;
     ASSERT_EQ(rig->Request(in).compressed_size(), 2);
-    rig->StageInputs(in);
-    ASSERT_OK(rig->SendStep(in).status());
-    ASSERT_OK(rig->EnqueueWorker(stream_->get()));
-    ASSERT_OK(SyncWithin(stream_->get(), absl::Seconds(30)));
-    ASSERT_OK(rig->ApplyReference(in));
-    ASSERT_OK(rig->CheckIndexRows(in));
+    ASSERT_OK(RunStep(rig.get(), in));
     if (step % 5 == 0) ASSERT_OK(rig->CheckPools());
   }
   EXPECT_GT(stored[0], 0);

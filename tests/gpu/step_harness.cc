@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -118,6 +119,26 @@ absl::StatusOr<std::unique_ptr<StepRig>> StepRig::Create(
   return rig;
 }
 
+absl::Status StepRig::AllocatePoisoned(int64_t bytes, int32_t bound,
+                                       uint64_t* id,
+                                       gpu::VmmAllocation* mapping,
+                                       std::unique_ptr<Pinned>* staging) {
+  v1::CompanionRequest req;
+  req.mutable_allocate_buffer()->set_size(bytes);
+  UniqueFd fd;
+  ASSIGN_OR_RETURN(v1::CompanionReply r, CallForFd(client_.get(), req, &fd));
+  *id = r.buffer().buffer_id();
+  ASSIGN_OR_RETURN(*mapping,
+                   gpu::VmmAllocation::Import(fd.get(), r.fd_size(), 0));
+  ASSIGN_OR_RETURN(Pinned t, Pinned::Create(bytes));
+  *staging = std::make_unique<Pinned>(std::move(t));
+  PoisonTables(bound, reinterpret_cast<int32_t*>((*staging)->data()),
+               bytes / 4);
+  return Cuda(cudaMemcpy(mapping->data(), (*staging)->data(), bytes,
+                         cudaMemcpyHostToDevice),
+              "poisoning a worker buffer");
+}
+
 absl::StatusOr<StepRig::PoolRef> StepRig::OpenPool(const std::string& name,
                                                    const std::string& format,
                                                    int64_t block_size,
@@ -188,21 +209,16 @@ absl::Status StepRig::Init(const std::string& socket) {
     // table_stride() int32 from kTableOffset, poisoned until a step's rows
     // are staged.
     tables_bytes_ = kTableOffset + int64_t{o.max_seqs} * table_stride() * 4;
-    v1::CompanionRequest req;
-    req.mutable_allocate_buffer()->set_size(tables_bytes_);
-    UniqueFd fd;
-    ASSIGN_OR_RETURN(v1::CompanionReply r, CallForFd(client_.get(), req, &fd));
-    tables_id_ = r.buffer().buffer_id();
-    ASSIGN_OR_RETURN(tables_,
-                     gpu::VmmAllocation::Import(fd.get(), r.fd_size(), 0));
-    ASSIGN_OR_RETURN(Pinned t, Pinned::Create(tables_bytes_));
-    table_staging_ = std::make_unique<Pinned>(std::move(t));
-    PoisonTables(o.num_blocks,
-                 reinterpret_cast<int32_t*>(table_staging_->data()),
-                 tables_bytes_ / 4);
-    RETURN_IF_ERROR(Cuda(cudaMemcpy(tables_.data(), table_staging_->data(),
-                                    tables_bytes_, cudaMemcpyHostToDevice),
-                         "poisoning the block-table buffer"));
+    RETURN_IF_ERROR(AllocatePoisoned(tables_bytes_, o.num_blocks, &tables_id_,
+                                     &tables_, &table_staging_));
+  }
+  if (o.device_slot_mappings && !o.bare) {
+    // The worker's slot mappings in device memory: slot_rows() rows of
+    // slot_row_stride() int32 from kSlotOffset, poisoned (every value outside
+    // the pools) until a step's mappings are staged.
+    slots_bytes_ = kSlotOffset + int64_t{slot_rows()} * slot_row_stride() * 4;
+    RETURN_IF_ERROR(AllocatePoisoned(slots_bytes_, SlotCapacity(), &slots_id_,
+                                     &slot_buffer_, &slot_staging_));
   }
 
   UniqueFd doorbell_fd;
@@ -252,6 +268,11 @@ absl::Status StepRig::Init(const std::string& socket) {
     r.mutable_block_tables()->set_buffer_id(tables_id_);
     r.mutable_block_tables()->set_offset(kTableOffset);
     r.mutable_block_tables()->set_row_stride(int64_t{4} * table_stride());
+  }
+  if (slots_id_ != 0) {
+    r.mutable_slot_mappings()->set_buffer_id(slots_id_);
+    r.mutable_slot_mappings()->set_offset(kSlotOffset);
+    r.mutable_slot_mappings()->set_row_stride(int64_t{4} * slot_row_stride());
   }
   if (o.edit_registration) o.edit_registration(&r);
   grpc::ClientContext ctx;
@@ -380,6 +401,7 @@ void StepRig::FillRequest(const StepInput& in, v1::StepRequest* r) const {
   r->set_step_id(in.step_id);
   EncodeInt32s(in.slots, r->mutable_slot_mapping());
   r->set_num_tokens(in.num_tokens());
+  r->set_slot_mappings_in_buffer(false);
   r->set_num_seqs(static_cast<int32_t>(in.query_lens.size()));
   EncodeInt32s(in.seq_lens, r->mutable_seq_lens());
   EncodeInt32s(in.query_lens, r->mutable_query_lens());
@@ -418,6 +440,13 @@ void StepRig::FillRequest(const StepInput& in, v1::StepRequest* r) const {
   } else {
     r->clear_compressed_slot_mapping();
     r->clear_compressed();
+  }
+  if (slots_in_buffer(in)) {
+    // The worker's stream writes every mapping (staged); none inline.
+    r->clear_slot_mapping();
+    r->clear_compressed_slot_mapping();
+    r->clear_compressed();
+    r->set_slot_mappings_in_buffer(true);
   }
   if (options_.edit_step) options_.edit_step(in, r);
 }
@@ -487,6 +516,7 @@ void StepRig::StageInputs(const StepInput& in) {
       }
     }
   }
+  if (slot_staging_ != nullptr) StageSlots(in);
   if (options_.kv_seed != 0) return;  // the worker's kernels produce them
   uint8_t* p = staging_->data();
   for (int l = 0; l < options_.layers; ++l) {
@@ -494,6 +524,27 @@ void StepRig::StageInputs(const StepInput& in) {
     std::memcpy(p + swa_in(l), in.kv_swa[l].data(), n * 1024);
     std::memcpy(p + index_in(l), in.kv_index[l].data(), n * 256);
     std::memcpy(p + topk_off(l), in.topk[l].data(), n * options_.top_k * 4);
+  }
+}
+
+void StepRig::StageSlots(const StepInput& in) {
+  // Poison everywhere, then the step's rows [0, num_tokens) (none for an
+  // inline step: the import must not read the buffer then).
+  int32_t* t = reinterpret_cast<int32_t*>(slot_staging_->data());
+  PoisonTables(SlotCapacity(), t, slots_bytes_ / 4);
+  if (!slots_in_buffer(in)) return;
+  int32_t* rows = t + kSlotOffset / 4;
+  auto put = [&](int row, const std::vector<int32_t>& v) {
+    std::memcpy(rows + int64_t{row} * slot_row_stride(), v.data(),
+                4 * v.size());
+  };
+  put(0, in.slots);
+  const RigOptions& o = options_;
+  if (o.ratio > 1 && o.ratio2 > 1) {  // rows in ascending ratio order
+    put(o.ratio < o.ratio2 ? 1 : 2, in.compressed_slots);
+    put(o.ratio < o.ratio2 ? 2 : 1, in.compressed_slots2);
+  } else if (o.ratio > 1) {
+    put(1, in.compressed_slots);
   }
 }
 
@@ -559,6 +610,15 @@ absl::Status StepRig::EnqueueWorker(cudaStream_t s, bool copy_inputs,
       RETURN_IF_ERROR(copy(swa_in(l), n * 1024));
       RETURN_IF_ERROR(copy(index_in(l), n * 256));
     }
+    if (l == 0 && copy_inputs && slot_staging_ != nullptr) {
+      // The slot mappings' ordering contract: written on the worker's
+      // stream before mark(A_0), the phase whose start imports them; the
+      // previous step's A_0 done was waited for long before.
+      RETURN_IF_ERROR(
+          Cuda(cudaMemcpyAsync(slot_buffer_.data(), slot_staging_->data(),
+                               slots_bytes_, cudaMemcpyHostToDevice, s),
+               "writing the slot mappings"));
+    }
     RETURN_IF_ERROR(phase(kvd_phase_a(l)));
     if (hooks.after_stores) RETURN_IF_ERROR(hooks.after_stores(s, l));
     if (l == 0 && copy_inputs && table_staging_ != nullptr) {
@@ -593,7 +653,28 @@ const std::vector<int32_t>& LayerSlots(const RigOptions& o, const StepInput& in,
   return in.slots;
 }
 
-absl::Status StepRig::ApplyReference(const StepInput& in) {
+StepInput StepRig::DropOutOfRangeSlots(const StepInput& in) {
+  StepInput out = in;
+  const int64_t capacity = SlotCapacity();
+  for (std::vector<int32_t>* v :
+       {&out.slots, &out.compressed_slots, &out.compressed_slots2}) {
+    for (int32_t& slot : *v) {
+      if (slot < -1 || slot >= capacity) {
+        slot = -1;
+        ++expected_out_of_range_;
+        ++dropped_slots_;
+      }
+    }
+  }
+  return out;
+}
+
+absl::Status StepRig::ApplyReference(const StepInput& step) {
+  // Device-resident mappings: the import kernel turns an entry outside
+  // the pools into -1 and counts it; the reference does the same.
+  std::optional<StepInput> dropped;
+  if (slots_in_buffer(step)) dropped = DropOutOfRangeSlots(step);
+  const StepInput& in = dropped.has_value() ? *dropped : step;
   const RigOptions& o = options_;
   const int n = in.num_tokens();
   SequenceBatch batch;

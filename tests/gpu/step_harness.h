@@ -46,6 +46,8 @@ struct StepInput {
   // A rig with device-resident tables sends this step's inline (the
   // buffer's rows then hold poison the kernel must not read).
   bool inline_tables = false;
+  // A rig with device-resident slot mappings sends this step's inline.
+  bool inline_slots = false;
   // RigOptions.ratio > 1: compressed_slot_mapping (distinct main-pool
   // slots, most -1: tokens that complete no compressed row).
   std::vector<int32_t> compressed_slots;
@@ -92,6 +94,16 @@ struct RigOptions {
   // step reads (rows >= num_seqs, columns >= cols) holds poison.
   bool device_block_tables = false;
   int table_stride = 0;
+  // Slot mappings in device memory (RegisterWorkerRequest.slot_mappings,
+  // StepRequest.slot_mappings_in_buffer): a buffer of the rig's session,
+  // slot_rows() rows of slot_row_stride int32 (0 = max_tokens) from
+  // kSlotOffset (slot_mapping, then each compressed ratio's, ascending),
+  // written by the worker's stream before mark(A_0); every entry past
+  // num_tokens holds poison (values outside the pools). The steps' slots
+  // may then hold any value: ApplyReference drops those outside the pools
+  // (-1) and counts them, as the import kernel does.
+  bool device_slot_mappings = false;
+  int slot_row_stride = 0;
   int64_t watchdog_ms = 20000;
   // StepRequest.deadline_ms of every step (0 = the daemon's default).
   uint32_t deadline_ms = 0;
@@ -203,6 +215,22 @@ class StepRig {
   bool tables_in_buffer(const StepInput& in) const {
     return options_.device_block_tables && !in.inline_tables;
   }
+  // The slot-mapping buffer's layout (device_slot_mappings).
+  static constexpr int64_t kSlotOffset = 512;
+  int slot_row_stride() const {
+    return options_.slot_row_stride > 0 ? options_.slot_row_stride
+                                        : options_.max_tokens;
+  }
+  int slot_rows() const {
+    return 1 + (options_.ratio > 1 ? 1 : 0) + (options_.ratio2 > 1 ? 1 : 0);
+  }
+  bool slots_in_buffer(const StepInput& in) const {
+    return options_.device_slot_mappings && !in.inline_slots;
+  }
+  // Slots of the main and index pools (every slot-mapping row's bound).
+  int32_t SlotCapacity() const {
+    return options_.block_size * options_.num_blocks;
+  }
   const PoolLayout& main_layout() const { return main_.layout; }
   const PoolLayout& swa_layout() const { return swa_.layout; }
   const PoolLayout& index_layout() const { return index_.layout; }
@@ -217,6 +245,8 @@ class StepRig {
   absl::Status CheckIndexRows(const StepInput& in);
   // Entries the planner turned into -1 as invalid, over all applied steps.
   uint64_t expected_out_of_range() const { return expected_out_of_range_; }
+  // Of those, the slots of device-resident mappings outside the pools.
+  uint64_t dropped_slots() const { return dropped_slots_; }
 
  private:
   struct PoolRef {
@@ -230,6 +260,15 @@ class StepRig {
     return options_.pool_layers > 0 ? options_.pool_layers : options_.layers;
   }
   absl::Status Init(const std::string& socket);
+  // A daemon buffer of `bytes` of the rig's session mapped here and its
+  // pinned twin, both filled with values outside [-1, bound).
+  absl::Status AllocatePoisoned(int64_t bytes, int32_t bound, uint64_t* id,
+                                gpu::VmmAllocation* mapping,
+                                std::unique_ptr<Pinned>* staging);
+  // Stages the step's slot mappings into the buffer's twin.
+  void StageSlots(const StepInput& in);
+  // `in` with every slot outside the pools -1, counted as out of range.
+  StepInput DropOutOfRangeSlots(const StepInput& in);
   absl::StatusOr<PoolRef> OpenPool(const std::string& name,
                                    const std::string& format,
                                    int64_t block_size, int64_t num_blocks);
@@ -252,6 +291,10 @@ class StepRig {
   uint64_t tables_id_ = 0;
   int64_t tables_bytes_ = 0;               // kTableOffset + rows
   std::unique_ptr<Pinned> table_staging_;  // its next contents
+  gpu::VmmAllocation slot_buffer_;         // device_slot_mappings: the worker's
+  uint64_t slots_id_ = 0;
+  int64_t slots_bytes_ = 0;               // kSlotOffset + rows
+  std::unique_ptr<Pinned> slot_staging_;  // its next contents
   int staged_tokens_ = 0;
   uint64_t staged_step_ = 0;
   v1::StepRequest request_;  // SendStep's, reused
@@ -262,6 +305,7 @@ class StepRig {
   std::vector<int32_t> expected_out_;  // [layers][n][top_k]
   std::vector<int32_t> expected_swa_;  // [n][window]
   uint64_t expected_out_of_range_ = 0;
+  uint64_t dropped_slots_ = 0;
 };
 
 }  // namespace kvdepot::testing

@@ -17,6 +17,10 @@
 // waiting on the pipe costs none. step_scheduler.py is the same
 // in Python.
 //
+// Empty arrays stay empty: a request with slot_mappings_in_buffer or
+// block_tables_in_buffer (step_benchmark --device_slot_mappings,
+// --device_block_tables) carries only num_tokens / block_table_cols.
+//
 // What it does per step, and nothing else: the StepRequest, its arena of
 // bytes fields and the reply are reused (their capacity stays; filling a
 // field is one memcpy), and either one ClientContext per call (gRPC

@@ -13,6 +13,10 @@ kvdepot.torch.StepWorker. No torch needed here.
     # buffer_ref(tables, 0, row_stride))): each step names the columns.
     step(kv, reg.registration_id, step_id=2, ..., top_k=64,
          block_tables_in_buffer=True, block_table_cols=cols)
+    # Slot mappings too (register_worker(slot_mappings=buffer_ref(...))):
+    # each step names its tokens.
+    step(kv, reg.registration_id, step_id=3, seq_lens=[...],
+         query_lens=[...], slot_mappings_in_buffer=True, num_tokens=n)
     f = step_async(kv, reg.registration_id, step_id=2, ...)  # no wait
     ...; f.result()   # before the next step is sent
     with StepStream(kv) as s:   # one call for every step: cheaper
@@ -158,7 +162,8 @@ def register_worker(client: Any, *, doorbell: Buffer,
                     max_tokens: int, max_seqs: int, max_top_k: int = 0,
                     max_blocks_per_seq: int = 1,
                     name: str = "",
-                    block_tables: Optional["spb.StepBufferRef"] = None
+                    block_tables: Optional["spb.StepBufferRef"] = None,
+                    slot_mappings: Optional["spb.StepBufferRef"] = None
                     ) -> Registration:
     """RegisterWorker: `doorbell` a buffer of this client's session of at
     least doorbell_bytes(len(layers)) bytes (on the CUDA backend a VMM
@@ -173,7 +178,17 @@ def register_worker(client: Any, *, doorbell: Buffer,
     block_tables_in_buffer=True read rows [0, num_seqs) of it. The worker
     writes step s's tables on its stream before mark(phase_b(0)) and
     leaves them until it has waited for phase_b(layers - 1) of step s
-    (docs/STEP_PATH.md)."""
+    (docs/STEP_PATH.md).
+
+    slot_mappings (buffer_ref(buffer, offset, row_stride)): the step's slot
+    mappings in device memory, int32 rows of max_tokens entries (row_stride
+    >= 4 * max_tokens, 0 = that): row 0 the main mapping, row 1 + k the
+    compressed mapping of the k-th ratio > 1 of the layers, ascending.
+    Steps sent with slot_mappings_in_buffer=True (and num_tokens) read
+    entries [0, num_tokens) of every row; the worker writes them on its
+    stream before mark(phase_a(0)) and leaves them until it has waited for
+    phase_a(0). Entries outside the pools become -1 and are counted
+    (StepWorker.status().out_of_range); duplicates are not checked."""
     if not isinstance(doorbell, Buffer):
         raise invalid_argument("doorbell: pass the Buffer from "
                                "allocate_buffer(doorbell_bytes(layers))")
@@ -196,6 +211,11 @@ def register_worker(client: Any, *, doorbell: Buffer,
             raise invalid_argument(
                 "block_tables: pass buffer_ref(buffer, offset, row_stride)")
         req.block_tables.CopyFrom(block_tables)
+    if slot_mappings is not None:
+        if not isinstance(slot_mappings, spb.StepBufferRef):
+            raise invalid_argument(
+                "slot_mappings: pass buffer_ref(buffer, offset, row_stride)")
+        req.slot_mappings.CopyFrom(slot_mappings)
     r = client._call("RegisterWorker", req, _stub(client))
     return Registration(registration_id=r.registration_id,
                         doorbell_bytes=r.doorbell_bytes,
@@ -203,8 +223,37 @@ def register_worker(client: Any, *, doorbell: Buffer,
                         doorbell=doorbell)
 
 
+def _main_slots(slot_mapping: Any, in_buffer: bool, num_tokens: int,
+                compressed: Any, compressed_by_ratio: Any) -> tuple:
+    """(slot_mapping's bytes, num_tokens): packed from slot_mapping, or
+    with in_buffer (the registration's slot-mapping buffer holds every
+    mapping) empty bytes and num_tokens as given."""
+    if not in_buffer:
+        if slot_mapping is None:
+            raise invalid_argument(
+                "slot_mapping: needed unless slot_mappings_in_buffer=True")
+        slots, count, _ = pack_int32(slot_mapping, "slot_mapping")
+        if num_tokens not in (0, count):
+            raise invalid_argument(
+                f"num_tokens = {num_tokens}: slot_mapping has {count} "
+                "entries (num_tokens is for slot_mappings_in_buffer=True)")
+        return slots, count
+    for name, value in (("slot_mapping", slot_mapping),
+                        ("compressed_slot_mapping", compressed),
+                        ("compressed_slot_mappings", compressed_by_ratio)):
+        if value is not None:
+            raise invalid_argument(
+                f"{name}: pass it or slot_mappings_in_buffer=True (the "
+                "mappings are the registered buffer's rows), not both")
+    if num_tokens < 1:
+        raise invalid_argument(
+            f"num_tokens = {num_tokens}: with slot_mappings_in_buffer the "
+            "step names its tokens (>= 1)")
+    return b"", num_tokens
+
+
 def step_request(client: Any, registration_id: int, *, step_id: int,
-                 slot_mapping: Any, seq_lens: Any, query_lens: Any,
+                 seq_lens: Any, query_lens: Any, slot_mapping: Any = None,
                  compressed_slot_mapping: Any = None,
                  compressed_slot_mappings: Optional[Mapping[int, Any]] = None,
                  swa_state_ids: Any = None, swa_valid_starts: Any = None,
@@ -212,14 +261,19 @@ def step_request(client: Any, registration_id: int, *, step_id: int,
                  deadline_ms: int = 0,
                  positions: Any = None,
                  block_tables_in_buffer: bool = False,
-                 block_table_cols: int = 0) -> "spb.StepRequest":
+                 block_table_cols: int = 0,
+                 slot_mappings_in_buffer: bool = False,
+                 num_tokens: int = 0) -> "spb.StepRequest":
     """The StepRequest step() and step_async() send (arguments as
     step()'s), checked and packed; nothing is sent."""
-    slots, num_tokens, _ = pack_int32(slot_mapping, "slot_mapping")
+    slots, num_tokens = _main_slots(slot_mapping, slot_mappings_in_buffer,
+                                    num_tokens, compressed_slot_mapping,
+                                    compressed_slot_mappings)
     lens, num_seqs, _ = pack_int32(seq_lens, "seq_lens")
     req = spb.StepRequest(
         session_id=client.session_id, registration_id=registration_id,
         step_id=step_id, slot_mapping=slots, num_tokens=num_tokens,
+        slot_mappings_in_buffer=slot_mappings_in_buffer,
         num_seqs=num_seqs, seq_lens=lens,
         query_lens=pack_int32(query_lens, "query_lens")[0], top_k=top_k,
         deadline_ms=deadline_ms)
@@ -280,14 +334,15 @@ def step_request(client: Any, registration_id: int, *, step_id: int,
 
 
 def step(client: Any, registration_id: int, *, step_id: int,
-         slot_mapping: Any, seq_lens: Any, query_lens: Any,
+         seq_lens: Any, query_lens: Any, slot_mapping: Any = None,
          compressed_slot_mapping: Any = None,
          compressed_slot_mappings: Optional[Mapping[int, Any]] = None,
          swa_state_ids: Any = None,
          swa_valid_starts: Any = None, block_tables: Any = None,
          top_k: int = 0, deadline_ms: int = 0,
          positions: Any = None, block_tables_in_buffer: bool = False,
-         block_table_cols: int = 0) -> "spb.StepResponse":
+         block_table_cols: int = 0, slot_mappings_in_buffer: bool = False,
+         num_tokens: int = 0) -> "spb.StepResponse":
     """One Step request (the scheduler's side): step_id is the previous
     one + 1 (the first is 1). Arrays are int32 (lists, NumPy, array('i'),
     bytes); block_tables is [num_seqs][cols]. compressed_slot_mapping
@@ -303,7 +358,12 @@ def step(client: Any, registration_id: int, *, step_id: int,
     num_seqs), columns [0, block_table_cols) of the registration's
     block-table buffer, as the worker's stream writes them before
     phase_b(0); the kernel turns every entry it reads outside the index
-    pool into -1 and counts it (StepWorker.status().out_of_range). Replies
+    pool into -1 and counts it (StepWorker.status().out_of_range).
+    slot_mappings_in_buffer=True (with num_tokens; no slot_mapping,
+    compressed_slot_mapping or compressed_slot_mappings): every slot
+    mapping is entries [0, num_tokens) of the rows of the registration's
+    slot-mapping buffer, as the worker's stream writes them before
+    phase_a(0) (register_worker's slot_mappings). Replies
     at once (a third step in flight: RESOURCE_EXHAUSTED, raised;
     step_async() sends it again)."""
     req = step_request(
@@ -314,7 +374,9 @@ def step(client: Any, registration_id: int, *, step_id: int,
         swa_state_ids=swa_state_ids, swa_valid_starts=swa_valid_starts,
         block_tables=block_tables, top_k=top_k, deadline_ms=deadline_ms,
         positions=positions, block_tables_in_buffer=block_tables_in_buffer,
-        block_table_cols=block_table_cols)
+        block_table_cols=block_table_cols,
+        slot_mappings_in_buffer=slot_mappings_in_buffer,
+        num_tokens=num_tokens)
     return client._call("Step", req, _stub(client))
 
 
@@ -396,7 +458,7 @@ class StepFuture:
 
 
 def step_async(client: Any, registration_id: int, *, step_id: int,
-               slot_mapping: Any, seq_lens: Any, query_lens: Any,
+               seq_lens: Any, query_lens: Any, slot_mapping: Any = None,
                compressed_slot_mapping: Any = None,
                compressed_slot_mappings: Optional[Mapping[int, Any]] = None,
                swa_state_ids: Any = None, swa_valid_starts: Any = None,
@@ -404,6 +466,7 @@ def step_async(client: Any, registration_id: int, *, step_id: int,
                deadline_ms: int = 0, positions: Any = None,
                block_tables_in_buffer: bool = False,
                block_table_cols: int = 0,
+               slot_mappings_in_buffer: bool = False, num_tokens: int = 0,
                in_flight_retry_s: float = 10.0) -> StepFuture:
     """step() without waiting for the reply: checks and packs the request
     (errors in the arguments raise here), sends it and returns a
@@ -421,7 +484,9 @@ def step_async(client: Any, registration_id: int, *, step_id: int,
         swa_state_ids=swa_state_ids, swa_valid_starts=swa_valid_starts,
         block_tables=block_tables, top_k=top_k, deadline_ms=deadline_ms,
         positions=positions, block_tables_in_buffer=block_tables_in_buffer,
-        block_table_cols=block_table_cols)
+        block_table_cols=block_table_cols,
+        slot_mappings_in_buffer=slot_mappings_in_buffer,
+        num_tokens=num_tokens)
     return StepFuture(client, req, in_flight_retry_s)
 
 

@@ -654,43 +654,96 @@ class StepAsyncTest(unittest.TestCase):
                 self.assertIn(message, cm.exception.message)
         self.assertEqual(len(self.fake.requests), 2)
 
-    def test_block_table_buffer_reaches_the_daemon(self):
-        """register_worker(block_tables=...) is sent: the CPU daemon checks
-        it before it refuses the step path (a misaligned offset named)."""
+    def test_slot_mappings_in_buffer(self):
+        """Device-resident slot mappings: the flag and num_tokens are sent,
+        no mapping; the argument rules raise before sending."""
+        def send(step_id, **kw):
+            return kvdepot.step.step_async(
+                self.kv, 7, step_id=step_id, seq_lens=[3], query_lens=[3],
+                **kw)
+        send(1, slot_mappings_in_buffer=True, num_tokens=3).result()
+        sent = step_pb2.StepRequest.FromString(self.fake.requests[0])
+        self.assertTrue(sent.slot_mappings_in_buffer)
+        self.assertEqual((sent.num_tokens, sent.slot_mapping,
+                          sent.compressed_slot_mapping, len(sent.compressed)),
+                         (3, b"", b"", 0))
+        send(2, slot_mapping=[1, 2, -1]).result()
+        sent = step_pb2.StepRequest.FromString(self.fake.requests[1])
+        self.assertFalse(sent.slot_mappings_in_buffer)
+        self.assertEqual(sent.num_tokens, 3)
+        for kw, message in (
+                (dict(slot_mappings_in_buffer=True, num_tokens=3,
+                      slot_mapping=[1, 2, 3]), "slot_mapping: pass it or"),
+                (dict(slot_mappings_in_buffer=True, num_tokens=3,
+                      compressed_slot_mapping=[-1, -1, 4]),
+                 "compressed_slot_mapping: pass it or"),
+                (dict(slot_mappings_in_buffer=True, num_tokens=3,
+                      compressed_slot_mappings={4: [-1, -1, 4]}),
+                 "compressed_slot_mappings: pass it or"),
+                (dict(slot_mappings_in_buffer=True), "num_tokens = 0"),
+                (dict(), "slot_mapping: needed unless"),
+                (dict(slot_mapping=[1, 2], num_tokens=3),
+                 "num_tokens = 3: slot_mapping has 2")):
+            with self.subTest(kw=kw):
+                with self.assertRaises(KVCacheError) as cm:
+                    send(3, **kw)
+                self.assertEqual(cm.exception.code,
+                                 grpc.StatusCode.INVALID_ARGUMENT)
+                self.assertIn(message, cm.exception.message)
+        self.assertEqual(len(self.fake.requests), 2)
+
+    def _check_buffer_reaches_the_daemon(self, name, layer_kw, kw, arg,
+                                         bad_ref, message, good_ref):
+        """register_worker(arg=bad_ref) is refused by the CPU daemon's
+        check naming `message`; arg=good_ref passes it and reaches the
+        CPU backend's refusal of the step path; a Buffer is refused by the
+        client."""
         d = Daemon()
         try:
-            with d.connect(client_name="block_tables") as kv:
-                kv.create_or_get_pool("btidx", "FP4_INDEX", block_size=4,
+            with d.connect(client_name=name) as kv:
+                kv.create_or_get_pool(name, "FP4_INDEX", block_size=4,
                                       num_blocks=2, num_layers=1)
                 with kv.allocate_buffer(kvdepot.step.doorbell_bytes(1)) as db, \
                         kv.allocate_buffer(64 * 1024) as io:
                     layer = kvdepot.step.layer(
-                        index=kvdepot.step.cache("btidx", 0, io,
-                                                 row_stride=256),
-                        topk=kvdepot.step.buffer_ref(io, 8192, 16),
-                        index_out=kvdepot.step.buffer_ref(io, 16384, 16))
-                    kw = dict(doorbell=db, layers=[layer], max_tokens=8,
-                              max_seqs=2, max_top_k=4, max_blocks_per_seq=2)
-                    with self.assertRaises(KVCacheError) as cm:
-                        kvdepot.step.register_worker(
-                            kv, **kw, block_tables=kvdepot.step.buffer_ref(
-                                io, 32768 + 2, 8))
-                    self.assertEqual(cm.exception.code,
-                                     grpc.StatusCode.INVALID_ARGUMENT)
-                    self.assertIn("block_tables.offset: 32770 is not a "
-                                  "multiple of 4", cm.exception.message)
-                    with self.assertRaises(KVCacheError) as cm:
-                        kvdepot.step.register_worker(
-                            kv, **kw, block_tables=kvdepot.step.buffer_ref(
-                                io, 32768, 8))
-                    self.assertEqual(cm.exception.code,
+                        index=kvdepot.step.cache(name, 0, io, row_stride=256),
+                        **{k: kvdepot.step.buffer_ref(io, *v)
+                           for k, v in layer_kw.items()})
+                    kw = dict(kw, doorbell=db, layers=[layer])
+
+                    def register(ref):
+                        with self.assertRaises(KVCacheError) as cm:
+                            kvdepot.step.register_worker(kv, **kw,
+                                                         **{arg: ref})
+                        return cm.exception
+
+                    e = register(kvdepot.step.buffer_ref(io, *bad_ref))
+                    self.assertEqual(e.code, grpc.StatusCode.INVALID_ARGUMENT)
+                    self.assertIn(message, e.message)
+                    e = register(kvdepot.step.buffer_ref(io, *good_ref))
+                    self.assertEqual(e.code,
                                      grpc.StatusCode.FAILED_PRECONDITION)
-                    with self.assertRaises(KVCacheError) as cm:
-                        kvdepot.step.register_worker(kv, **kw,
-                                                     block_tables=io)
-                    self.assertIn("buffer_ref", cm.exception.message)
+                    self.assertIn("buffer_ref", register(io).message)
         finally:
             d.stop()
+
+    def test_slot_mapping_buffer_reaches_the_daemon(self):
+        """register_worker(slot_mappings=...) is sent: the CPU daemon checks
+        it before it refuses the step path (a misaligned row stride
+        named)."""
+        self._check_buffer_reaches_the_daemon(
+            "smidx", {}, dict(max_tokens=8, max_seqs=2), "slot_mappings",
+            (32768, 34), "slot_mappings.row_stride: 34", (32768, 32))
+
+    def test_block_table_buffer_reaches_the_daemon(self):
+        """register_worker(block_tables=...) is sent: the CPU daemon checks
+        it before it refuses the step path (a misaligned offset named)."""
+        self._check_buffer_reaches_the_daemon(
+            "btidx", dict(topk=(8192, 16), index_out=(16384, 16)),
+            dict(max_tokens=8, max_seqs=2, max_top_k=4,
+                 max_blocks_per_seq=2),
+            "block_tables", (32768 + 2, 8),
+            "block_tables.offset: 32770 is not a multiple of 4", (32768, 8))
 
     def test_cpu_daemon_refusal_through_the_future(self):
         d = Daemon()

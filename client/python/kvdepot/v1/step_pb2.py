@@ -13,7 +13,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15kvdepot/v1/step.proto\x12\nkvdepot.v1\"F\n\rStepBufferRef\x12\x11\n\tbuffer_id\x18\x01 \x01(\x04\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x12\n\nrow_stride\x18\x03 \x01(\x03\"x\n\tStepCache\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\r\n\x05layer\x18\x02 \x01(\x03\x12(\n\x05input\x18\x03 \x01(\x0b\x32\x19.kvdepot.v1.StepBufferRef\x12$\n\x05\x66used\x18\x04 \x01(\x0b\x32\x15.kvdepot.v1.StepFused\"\xcd\x01\n\tStepFused\x12\x12\n\nnorm_begin\x18\x01 \x01(\x05\x12\x10\n\x08norm_end\x18\x02 \x01(\x05\x12\x13\n\x0bnorm_weight\x18\x03 \x01(\x0c\x12\x0b\n\x03\x65ps\x18\x04 \x01(\x02\x12\x12\n\nrope_style\x18\x05 \x01(\x05\x12\x13\n\x0brope_offset\x18\x06 \x01(\x05\x12\x10\n\x08rope_dim\x18\x07 \x01(\x05\x12\x0f\n\x07\x63os_sin\x18\x08 \x01(\x0c\x12\x16\n\x0ehadamard_begin\x18\t \x01(\x05\x12\x14\n\x0chadamard_len\x18\n \x01(\x05\"\xf0\x01\n\tStepLayer\x12#\n\x04main\x18\x01 \x01(\x0b\x32\x15.kvdepot.v1.StepCache\x12\"\n\x03swa\x18\x02 \x01(\x0b\x32\x15.kvdepot.v1.StepCache\x12$\n\x05index\x18\x03 \x01(\x0b\x32\x15.kvdepot.v1.StepCache\x12\r\n\x05ratio\x18\x04 \x01(\x05\x12\x0e\n\x06window\x18\x05 \x01(\x05\x12\'\n\x04topk\x18\x06 \x01(\x0b\x32\x19.kvdepot.v1.StepBufferRef\x12,\n\tindex_out\x18\x07 \x01(\x0b\x32\x19.kvdepot.v1.StepBufferRef\"T\n\x0cStepSwaIndex\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0e\n\x06window\x18\x02 \x01(\x05\x12&\n\x03out\x18\x03 \x01(\x0b\x32\x19.kvdepot.v1.StepBufferRef\"\xaf\x02\n\x15RegisterWorkerRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1a\n\x12\x64oorbell_buffer_id\x18\x02 \x01(\x04\x12%\n\x06layers\x18\x03 \x03(\x0b\x32\x15.kvdepot.v1.StepLayer\x12+\n\tswa_index\x18\x04 \x01(\x0b\x32\x18.kvdepot.v1.StepSwaIndex\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\x12\x10\n\x08max_seqs\x18\x06 \x01(\x05\x12\x11\n\tmax_top_k\x18\x07 \x01(\x05\x12\x1a\n\x12max_blocks_per_seq\x18\x08 \x01(\x05\x12\x0c\n\x04name\x18\t \x01(\t\x12/\n\x0c\x62lock_tables\x18\n \x01(\x0b\x32\x19.kvdepot.v1.StepBufferRef\"]\n\x16RegisterWorkerResponse\x12\x17\n\x0fregistration_id\x18\x01 \x01(\x04\x12\x16\n\x0e\x64oorbell_bytes\x18\x02 \x01(\x03\x12\x12\n\nnum_phases\x18\x03 \x01(\x05\"\xb7\x03\n\x0bStepRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x17\n\x0fregistration_id\x18\x02 \x01(\x04\x12\x0f\n\x07step_id\x18\x03 \x01(\x04\x12\x14\n\x0cslot_mapping\x18\x04 \x01(\x0c\x12\x12\n\nnum_tokens\x18\x05 \x01(\x05\x12\x1f\n\x17\x63ompressed_slot_mapping\x18\x06 \x01(\x0c\x12\x10\n\x08num_seqs\x18\x07 \x01(\x05\x12\x10\n\x08seq_lens\x18\x08 \x01(\x0c\x12\x12\n\nquery_lens\x18\t \x01(\x0c\x12\x15\n\rswa_state_ids\x18\n \x01(\x0c\x12\x18\n\x10swa_valid_starts\x18\x0b \x01(\x0c\x12\x14\n\x0c\x62lock_tables\x18\x0c \x01(\x0c\x12\x18\n\x10\x62lock_table_cols\x18\r \x01(\x05\x12\r\n\x05top_k\x18\x0e \x01(\x05\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x0f \x01(\r\x12\x11\n\tpositions\x18\x10 \x01(\x0c\x12\x1e\n\x16\x62lock_tables_in_buffer\x18\x11 \x01(\x08\x12/\n\ncompressed\x18\x12 \x03(\x0b\x32\x1b.kvdepot.v1.CompressedSlots\"6\n\x0f\x43ompressedSlots\x12\r\n\x05ratio\x18\x01 \x01(\x05\x12\x14\n\x0cslot_mapping\x18\x02 \x01(\x0c\"o\n\x0cStepResponse\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x0e\n\x06queued\x18\x02 \x01(\x05\x12\x12\n\nerror_code\x18\x03 \x01(\x05\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x13\n\x0b\x65rror_field\x18\x05 \x01(\t\"@\n\x11StepStatusRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x17\n\x0fregistration_id\x18\x02 \x01(\x04\"\xdc\x02\n\x10RegistrationInfo\x12\x17\n\x0fregistration_id\x18\x01 \x01(\x04\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x15\n\rowner_session\x18\x03 \x01(\x04\x12\x11\n\towner_uid\x18\x04 \x01(\r\x12\x12\n\nnum_layers\x18\x05 \x01(\x05\x12\x14\n\x0clast_step_id\x18\x06 \x01(\x04\x12\x19\n\x11\x63ompleted_step_id\x18\x07 \x01(\x04\x12\x11\n\tin_flight\x18\x08 \x01(\x05\x12\x13\n\x0bstatus_bits\x18\t \x01(\x04\x12\x14\n\x0cout_of_range\x18\n \x01(\x04\x12\x11\n\tcancelled\x18\x0b \x01(\x08\x12\x15\n\rcancel_reason\x18\x0c \x01(\t\x12\x17\n\x0fsteps_completed\x18\r \x01(\x04\x12\x19\n\x11watchdog_expiries\x18\x0e \x01(\x04\x12\x16\n\x0ehandoff_p50_us\x18\x0f \x01(\x01\"H\n\x12StepStatusResponse\x12\x32\n\x0cregistration\x18\x01 \x01(\x0b\x32\x1c.kvdepot.v1.RegistrationInfo\"@\n\x11UnregisterRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x17\n\x0fregistration_id\x18\x02 \x01(\x04\"\x14\n\x12UnregisterResponse\"g\n\x18GrantRegistrationRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x17\n\x0fregistration_id\x18\x02 \x01(\x04\x12\x0c\n\x04uids\x18\x03 \x03(\r\x12\x10\n\x08sessions\x18\x04 \x03(\x04\"\x1b\n\x19GrantRegistrationResponse\".\n\x18ListRegistrationsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"P\n\x19ListRegistrationsResponse\x12\x33\n\rregistrations\x18\x01 \x03(\x0b\x32\x1c.kvdepot.v1.RegistrationInfo2\xbd\x04\n\x04Step\x12W\n\x0eRegisterWorker\x12!.kvdepot.v1.RegisterWorkerRequest\x1a\".kvdepot.v1.RegisterWorkerResponse\x12\x39\n\x04Step\x12\x17.kvdepot.v1.StepRequest\x1a\x18.kvdepot.v1.StepResponse\x12\x43\n\nStepStream\x12\x17.kvdepot.v1.StepRequest\x1a\x18.kvdepot.v1.StepResponse(\x01\x30\x01\x12K\n\nStepStatus\x12\x1d.kvdepot.v1.StepStatusRequest\x1a\x1e.kvdepot.v1.StepStatusResponse\x12K\n\nUnregister\x12\x1d.kvdepot.v1.UnregisterRequest\x1a\x1e.kvdepot.v1.UnregisterResponse\x12`\n\x11GrantRegistration\x12$.kvdepot.v1.GrantRegistrationRequest\x1a%.kvdepot.v1.GrantRegistrationResponse\x12`\n\x11ListRegistrations\x12$.kvdepot.v1.ListRegistrationsRequest\x1a%.kvdepot.v1.ListRegistrationsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15kvdepot/v1/step.proto\x12\nkvdepot.v1\"F\n\rStepBufferRef\x12\x11\n\tbuffer_id\x18\x01 \x01(\x04\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x12\n\nrow_stride\x18\x03 \x01(\x03\"x\n\tStepCache\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\r\n\x05layer\x18\x02 \x01(\x03\x12(\n\x05input\x18\x03 \x01(\x0b\x32\x19.kvdepot.v1.StepBufferRef\x12$\n\x05\x66used\x18\x04 \x01(\x0b\x32\x15.kvdepot.v1.StepFused\"\xcd\x01\n\tStepFused\x12\x12\n\nnorm_begin\x18\x01 \x01(\x05\x12\x10\n\x08norm_end\x18\x02 \x01(\x05\x12\x13\n\x0bnorm_weight\x18\x03 \x01(\x0c\x12\x0b\n\x03\x65ps\x18\x04 \x01(\x02\x12\x12\n\nrope_style\x18\x05 \x01(\x05\x12\x13\n\x0brope_offset\x18\x06 \x01(\x05\x12\x10\n\x08rope_dim\x18\x07 \x01(\x05\x12\x0f\n\x07\x63os_sin\x18\x08 \x01(\x0c\x12\x16\n\x0ehadamard_begin\x18\t \x01(\x05\x12\x14\n\x0chadamard_len\x18\n \x01(\x05\"\xf0\x01\n\tStepLayer\x12#\n\x04main\x18\x01 \x01(\x0b\x32\x15.kvdepot.v1.StepCache\x12\"\n\x03swa\x18\x02 \x01(\x0b\x32\x15.kvdepot.v1.StepCache\x12$\n\x05index\x18\x03 \x01(\x0b\x32\x15.kvdepot.v1.StepCache\x12\r\n\x05ratio\x18\x04 \x01(\x05\x12\x0e\n\x06window\x18\x05 \x01(\x05\x12\'\n\x04topk\x18\x06 \x01(\x0b\x32\x19.kvdepot.v1.StepBufferRef\x12,\n\tindex_out\x18\x07 \x01(\x0b\x32\x19.kvdepot.v1.StepBufferRef\"T\n\x0cStepSwaIndex\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0e\n\x06window\x18\x02 \x01(\x05\x12&\n\x03out\x18\x03 \x01(\x0b\x32\x19.kvdepot.v1.StepBufferRef\"\xe1\x02\n\x15RegisterWorkerRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1a\n\x12\x64oorbell_buffer_id\x18\x02 \x01(\x04\x12%\n\x06layers\x18\x03 \x03(\x0b\x32\x15.kvdepot.v1.StepLayer\x12+\n\tswa_index\x18\x04 \x01(\x0b\x32\x18.kvdepot.v1.StepSwaIndex\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\x12\x10\n\x08max_seqs\x18\x06 \x01(\x05\x12\x11\n\tmax_top_k\x18\x07 \x01(\x05\x12\x1a\n\x12max_blocks_per_seq\x18\x08 \x01(\x05\x12\x0c\n\x04name\x18\t \x01(\t\x12/\n\x0c\x62lock_tables\x18\n \x01(\x0b\x32\x19.kvdepot.v1.StepBufferRef\x12\x30\n\rslot_mappings\x18\x0b \x01(\x0b\x32\x19.kvdepot.v1.StepBufferRef\"]\n\x16RegisterWorkerResponse\x12\x17\n\x0fregistration_id\x18\x01 \x01(\x04\x12\x16\n\x0e\x64oorbell_bytes\x18\x02 \x01(\x03\x12\x12\n\nnum_phases\x18\x03 \x01(\x05\"\xd8\x03\n\x0bStepRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x17\n\x0fregistration_id\x18\x02 \x01(\x04\x12\x0f\n\x07step_id\x18\x03 \x01(\x04\x12\x14\n\x0cslot_mapping\x18\x04 \x01(\x0c\x12\x12\n\nnum_tokens\x18\x05 \x01(\x05\x12\x1f\n\x17\x63ompressed_slot_mapping\x18\x06 \x01(\x0c\x12\x10\n\x08num_seqs\x18\x07 \x01(\x05\x12\x10\n\x08seq_lens\x18\x08 \x01(\x0c\x12\x12\n\nquery_lens\x18\t \x01(\x0c\x12\x15\n\rswa_state_ids\x18\n \x01(\x0c\x12\x18\n\x10swa_valid_starts\x18\x0b \x01(\x0c\x12\x14\n\x0c\x62lock_tables\x18\x0c \x01(\x0c\x12\x18\n\x10\x62lock_table_cols\x18\r \x01(\x05\x12\r\n\x05top_k\x18\x0e \x01(\x05\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x0f \x01(\r\x12\x11\n\tpositions\x18\x10 \x01(\x0c\x12\x1e\n\x16\x62lock_tables_in_buffer\x18\x11 \x01(\x08\x12/\n\ncompressed\x18\x12 \x03(\x0b\x32\x1b.kvdepot.v1.CompressedSlots\x12\x1f\n\x17slot_mappings_in_buffer\x18\x13 \x01(\x08\"6\n\x0f\x43ompressedSlots\x12\r\n\x05ratio\x18\x01 \x01(\x05\x12\x14\n\x0cslot_mapping\x18\x02 \x01(\x0c\"o\n\x0cStepResponse\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x0e\n\x06queued\x18\x02 \x01(\x05\x12\x12\n\nerror_code\x18\x03 \x01(\x05\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x13\n\x0b\x65rror_field\x18\x05 \x01(\t\"@\n\x11StepStatusRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x17\n\x0fregistration_id\x18\x02 \x01(\x04\"\xdc\x02\n\x10RegistrationInfo\x12\x17\n\x0fregistration_id\x18\x01 \x01(\x04\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x15\n\rowner_session\x18\x03 \x01(\x04\x12\x11\n\towner_uid\x18\x04 \x01(\r\x12\x12\n\nnum_layers\x18\x05 \x01(\x05\x12\x14\n\x0clast_step_id\x18\x06 \x01(\x04\x12\x19\n\x11\x63ompleted_step_id\x18\x07 \x01(\x04\x12\x11\n\tin_flight\x18\x08 \x01(\x05\x12\x13\n\x0bstatus_bits\x18\t \x01(\x04\x12\x14\n\x0cout_of_range\x18\n \x01(\x04\x12\x11\n\tcancelled\x18\x0b \x01(\x08\x12\x15\n\rcancel_reason\x18\x0c \x01(\t\x12\x17\n\x0fsteps_completed\x18\r \x01(\x04\x12\x19\n\x11watchdog_expiries\x18\x0e \x01(\x04\x12\x16\n\x0ehandoff_p50_us\x18\x0f \x01(\x01\"H\n\x12StepStatusResponse\x12\x32\n\x0cregistration\x18\x01 \x01(\x0b\x32\x1c.kvdepot.v1.RegistrationInfo\"@\n\x11UnregisterRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x17\n\x0fregistration_id\x18\x02 \x01(\x04\"\x14\n\x12UnregisterResponse\"g\n\x18GrantRegistrationRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x17\n\x0fregistration_id\x18\x02 \x01(\x04\x12\x0c\n\x04uids\x18\x03 \x03(\r\x12\x10\n\x08sessions\x18\x04 \x03(\x04\"\x1b\n\x19GrantRegistrationResponse\".\n\x18ListRegistrationsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"P\n\x19ListRegistrationsResponse\x12\x33\n\rregistrations\x18\x01 \x03(\x0b\x32\x1c.kvdepot.v1.RegistrationInfo2\xbd\x04\n\x04Step\x12W\n\x0eRegisterWorker\x12!.kvdepot.v1.RegisterWorkerRequest\x1a\".kvdepot.v1.RegisterWorkerResponse\x12\x39\n\x04Step\x12\x17.kvdepot.v1.StepRequest\x1a\x18.kvdepot.v1.StepResponse\x12\x43\n\nStepStream\x12\x17.kvdepot.v1.StepRequest\x1a\x18.kvdepot.v1.StepResponse(\x01\x30\x01\x12K\n\nStepStatus\x12\x1d.kvdepot.v1.StepStatusRequest\x1a\x1e.kvdepot.v1.StepStatusResponse\x12K\n\nUnregister\x12\x1d.kvdepot.v1.UnregisterRequest\x1a\x1e.kvdepot.v1.UnregisterResponse\x12`\n\x11GrantRegistration\x12$.kvdepot.v1.GrantRegistrationRequest\x1a%.kvdepot.v1.GrantRegistrationResponse\x12`\n\x11ListRegistrations\x12$.kvdepot.v1.ListRegistrationsRequest\x1a%.kvdepot.v1.ListRegistrationsResponseb\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kvdepot.v1.step_pb2', globals())
@@ -31,33 +31,33 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _STEPSWAINDEX._serialized_start=682
   _STEPSWAINDEX._serialized_end=766
   _REGISTERWORKERREQUEST._serialized_start=769
-  _REGISTERWORKERREQUEST._serialized_end=1072
-  _REGISTERWORKERRESPONSE._serialized_start=1074
-  _REGISTERWORKERRESPONSE._serialized_end=1167
-  _STEPREQUEST._serialized_start=1170
-  _STEPREQUEST._serialized_end=1609
-  _COMPRESSEDSLOTS._serialized_start=1611
-  _COMPRESSEDSLOTS._serialized_end=1665
-  _STEPRESPONSE._serialized_start=1667
-  _STEPRESPONSE._serialized_end=1778
-  _STEPSTATUSREQUEST._serialized_start=1780
-  _STEPSTATUSREQUEST._serialized_end=1844
-  _REGISTRATIONINFO._serialized_start=1847
-  _REGISTRATIONINFO._serialized_end=2195
-  _STEPSTATUSRESPONSE._serialized_start=2197
-  _STEPSTATUSRESPONSE._serialized_end=2269
-  _UNREGISTERREQUEST._serialized_start=2271
-  _UNREGISTERREQUEST._serialized_end=2335
-  _UNREGISTERRESPONSE._serialized_start=2337
-  _UNREGISTERRESPONSE._serialized_end=2357
-  _GRANTREGISTRATIONREQUEST._serialized_start=2359
-  _GRANTREGISTRATIONREQUEST._serialized_end=2462
-  _GRANTREGISTRATIONRESPONSE._serialized_start=2464
-  _GRANTREGISTRATIONRESPONSE._serialized_end=2491
-  _LISTREGISTRATIONSREQUEST._serialized_start=2493
-  _LISTREGISTRATIONSREQUEST._serialized_end=2539
-  _LISTREGISTRATIONSRESPONSE._serialized_start=2541
-  _LISTREGISTRATIONSRESPONSE._serialized_end=2621
-  _STEP._serialized_start=2624
-  _STEP._serialized_end=3197
+  _REGISTERWORKERREQUEST._serialized_end=1122
+  _REGISTERWORKERRESPONSE._serialized_start=1124
+  _REGISTERWORKERRESPONSE._serialized_end=1217
+  _STEPREQUEST._serialized_start=1220
+  _STEPREQUEST._serialized_end=1692
+  _COMPRESSEDSLOTS._serialized_start=1694
+  _COMPRESSEDSLOTS._serialized_end=1748
+  _STEPRESPONSE._serialized_start=1750
+  _STEPRESPONSE._serialized_end=1861
+  _STEPSTATUSREQUEST._serialized_start=1863
+  _STEPSTATUSREQUEST._serialized_end=1927
+  _REGISTRATIONINFO._serialized_start=1930
+  _REGISTRATIONINFO._serialized_end=2278
+  _STEPSTATUSRESPONSE._serialized_start=2280
+  _STEPSTATUSRESPONSE._serialized_end=2352
+  _UNREGISTERREQUEST._serialized_start=2354
+  _UNREGISTERREQUEST._serialized_end=2418
+  _UNREGISTERRESPONSE._serialized_start=2420
+  _UNREGISTERRESPONSE._serialized_end=2440
+  _GRANTREGISTRATIONREQUEST._serialized_start=2442
+  _GRANTREGISTRATIONREQUEST._serialized_end=2545
+  _GRANTREGISTRATIONRESPONSE._serialized_start=2547
+  _GRANTREGISTRATIONRESPONSE._serialized_end=2574
+  _LISTREGISTRATIONSREQUEST._serialized_start=2576
+  _LISTREGISTRATIONSREQUEST._serialized_end=2622
+  _LISTREGISTRATIONSRESPONSE._serialized_start=2624
+  _LISTREGISTRATIONSRESPONSE._serialized_end=2704
+  _STEP._serialized_start=2707
+  _STEP._serialized_end=3280
 # @@protoc_insertion_point(module_scope)
