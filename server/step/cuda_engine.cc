@@ -491,6 +491,11 @@ class CudaStepEngine : public StepEngine {
     // their own executable graph, so neither kind's updates fail on the
     // other's.
     cudaGraphExec_t& exec = graph_exec_[slot][h.timed ? 1 : 0];
+    // The slot's previous launch may still be in its host node: an update
+    // takes effect at the next launch and leaves launches in flight as
+    // they were, and a destroyed executable graph is freed when its
+    // launch completes (CUDA programming guide, "Updating Instantiated
+    // Graphs"; cudaGraphExecDestroy).
     if (exec != nullptr) {
       cudaGraphExecUpdateResultInfo info;
       if (cudaGraphExecUpdate(exec, graph, &info) != cudaSuccess) {

@@ -111,6 +111,11 @@ void StepStreamReactor::OnReadDone(bool ok) {
     response_.set_error_field(ViolatedField(res.status()));
   }
   writing_ = true;
+  // Under mu_ on purpose, and safe: gRPC's bidi handler registers the
+  // read and write reactions as not inlineable (the installed
+  // grpcpp/impl/codegen/server_callback_handlers.h, can_inline=false),
+  // so OnWriteDone never runs inside StartWrite on this thread, and a
+  // bidi OnDone is never inlined into Finish either.
   StartWrite(&response_);
 }
 
