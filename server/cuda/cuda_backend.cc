@@ -19,6 +19,7 @@
 #include "kernels/format_host.h"
 #include "kernels/store_load_host.h"
 #include "server/backend/cuda_env.h"
+#include "server/cuda/call_events.h"
 #include "server/cuda/cuda_fused.h"
 #include "server/cuda/cuda_memory.h"
 #include "server/cuda/device_budget.h"
@@ -223,9 +224,12 @@ class CudaBackend final : public Backend {
     absl::Status s = CudaStoreFused(st, layout, pool, layer, kv, params,
                                     slot_mapping, cast_back);
     if ((*mem)->fence() != nullptr) {
-      absl::Status r =
-          static_cast<UseFence*>((*mem)->fence().get())->Record(st);
-      if (s.ok()) s = r;
+      absl::StatusOr<CallEvent> done = call_events_.Record(device, st);
+      if (done.ok()) {
+        static_cast<UseFence*>((*mem)->fence().get())->Note(st, *done);
+      } else if (s.ok()) {
+        s = done.status();
+      }
     }
     return s;
   }
@@ -346,22 +350,24 @@ class CudaBackend final : public Backend {
     return std::optional<CudaIpcEvent>(*std::move(e));
   }
 
-  // Marks the staging used, records or synchronizes (SPEC §9), then copies
-  // host outputs back from pinned memory.
+  // Records the call's event (one record, shared by the staging and the
+  // fences), returns the stream's interprocess event or synchronizes (SPEC
+  // §9), then copies host outputs back from pinned memory.
   // `device_operands` are the call's operands in device memory: with
-  // record_event their memory's UseFence (and the pool's) records the
-  // stream, so that releasing or reading it waits for this call.
-  absl::Status Finish(CudaAllocation* mem, SessionStream* stream,
+  // record_event their memory's UseFence (and the pool's) notes the call's
+  // event, so that releasing or reading it waits for this call.
+  absl::Status Finish(int device, CudaAllocation* mem, SessionStream* stream,
                       StagingPool::Lease& lease, Queued& queued,
                       const GpuOrdering& ordering,
                       absl::Span<const Operand> host_outputs,
                       absl::Span<const Operand* const> device_operands,
                       std::string* recorded_event) {
     cudaStream_t st = stream->stream();
-    RETURN_IF_ERROR(lease->MarkUsed(st));
+    ASSIGN_OR_RETURN(CallEvent done, call_events_.Record(device, st));
+    lease->MarkUsed(done);
     // Later calls on this pool, on any session's stream, queue after this.
     if (mem != nullptr && mem->fence() != nullptr) {
-      RETURN_IF_ERROR(static_cast<UseFence*>(mem->fence().get())->Record(st));
+      static_cast<UseFence*>(mem->fence().get())->Note(st, done);
     }
     if (ordering.record_event) {
       absl::StatusOr<std::string> handle = stream->RecordEvent();
@@ -371,11 +377,11 @@ class CudaBackend final : public Backend {
     if (ordering.record_event && host_outputs.empty()) {
       for (const Operand* op : device_operands) {
         if (op->fence != nullptr) {
-          RETURN_IF_ERROR(static_cast<UseFence*>(op->fence.get())->Record(st));
+          static_cast<UseFence*>(op->fence.get())->Note(st, done);
         }
       }
     } else {
-      // This call's work only (the staging's event), not its stream's.
+      // This call's work only (its event), not its stream's.
       RETURN_IF_ERROR(lease->WaitUsed());
       for (const Operand& op : host_outputs) {
         std::memcpy(op.ptr, lease->host() + op.offset,
@@ -404,6 +410,7 @@ class CudaBackend final : public Backend {
   const absl::Duration wait_timeout_;
   const std::shared_ptr<DeviceBudget> budget_;
   const std::shared_ptr<DeviceRanges> ranges_;
+  CallEvents call_events_;  // one event per call, shared by what it used
   StagingPool staging_;
   SessionStreams streams_;
   SessionStreams copy_streams_;  // CopyBytes: one per device
@@ -520,7 +527,8 @@ absl::Status CudaBackend::CastBack(const KVCacheFormat& f, const void* kv,
                                          cudaMemcpyDeviceToDevice, st),
                          "copying the cast-back rows to a misaligned slice");
   }
-  RETURN_IF_ERROR((*lease)->MarkUsed(st));
+  ASSIGN_OR_RETURN(CallEvent done, call_events_.Record(device, st));
+  (*lease)->MarkUsed(std::move(done));
   RETURN_IF_ERROR((*lease)->WaitUsed());
   if (out_op->where == Where::kHost) {
     std::memcpy(out, host + out_op->offset, static_cast<size_t>(out_bytes));
@@ -596,7 +604,7 @@ absl::Status CudaBackend::StoreOrdered(const PoolLayout& layout,
                    dtype, reinterpret_cast<const int32_t*>(dev), n, launch));
   }
   const Operand* used[1] = {&*kv_op};
-  return Finish(*mem, *stream, *lease, queued, ordering, {}, used,
+  return Finish(device, *mem, *stream, *lease, queued, ordering, {}, used,
                 recorded_event);
 }
 
@@ -706,7 +714,7 @@ absl::Status CudaBackend::LoadOrdered(const PoolLayout& layout,
     }
   }
   const Operand* used[2] = {&*data_op, &*scale_op};
-  return Finish(*mem, *stream, *lease, queued, ordering,
+  return Finish(device, *mem, *stream, *lease, queued, ordering,
                 absl::MakeConstSpan(host_outputs, num_host_outputs), used,
                 recorded_event);
 }
@@ -861,7 +869,7 @@ absl::Status CudaBackend::RunIndex(
   }
   std::vector<const Operand*> used;
   for (const Operand& op : device_ops) used.push_back(&op);
-  RETURN_IF_ERROR(Finish(nullptr, *stream, *lease, queued, ordering,
+  RETURN_IF_ERROR(Finish(device, nullptr, *stream, *lease, queued, ordering,
                          host_outputs, used, recorded_event));
   if (invalid != nullptr) *invalid = count;
   return absl::OkStatus();

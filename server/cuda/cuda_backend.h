@@ -7,7 +7,7 @@
 // (SessionStreams), ordered after earlier work on the same pool by the
 // pool's UseFence (events of the daemon's own streams). Nothing ever
 // synchronizes the device: a call that must finish before its reply waits
-// for its own work (its staging event).
+// for its own work (its call event, call_events.h).
 //
 // Hazards designed out (GPU_HOST.md, SPEC §10): the backend refuses to
 // start unless CUDA_MODULE_LOADING=EAGER and CUDA_DEVICE_MAX_CONNECTIONS

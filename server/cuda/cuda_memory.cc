@@ -9,29 +9,15 @@
 
 namespace kvdepot {
 
-UseFence::~UseFence() {
-  for (auto& [stream, event] : events_) (void)cudaEventDestroy(event);
-}
-
-absl::Status UseFence::Record(cudaStream_t stream) {
+void UseFence::Note(cudaStream_t stream, CallEvent done) {
   absl::MutexLock lock(&mu_);
-  cudaEvent_t& e = events_[stream];
-  if (e == nullptr) {
-    const cudaError_t err =
-        cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
-    if (err != cudaSuccess) {
-      events_.erase(stream);
-      return gpu::ToStatus(err, "cudaEventCreateWithFlags (a use fence)");
-    }
-  }
-  RETURN_IF_CUDA_ERROR(cudaEventRecord(e, stream), "recording a use fence");
-  return absl::OkStatus();
+  points_[stream] = std::move(done);
 }
 
 absl::Status UseFence::Wait() {
   absl::MutexLock lock(&mu_);
-  for (auto& [stream, event] : events_) {
-    RETURN_IF_CUDA_ERROR(cudaEventSynchronize(event),
+  for (auto& [stream, event] : points_) {
+    RETURN_IF_CUDA_ERROR(cudaEventSynchronize(event.get()),
                          "waiting for work queued on the memory");
   }
   return absl::OkStatus();
@@ -39,9 +25,9 @@ absl::Status UseFence::Wait() {
 
 absl::Status UseFence::OrderAfter(cudaStream_t stream) {
   absl::MutexLock lock(&mu_);
-  for (auto& [other, event] : events_) {
+  for (auto& [other, event] : points_) {
     if (other == stream) continue;  // a stream runs in order anyway
-    RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(stream, event, 0),
+    RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(stream, event.get(), 0),
                          "ordering after earlier work on the memory");
   }
   return absl::OkStatus();

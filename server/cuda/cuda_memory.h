@@ -21,34 +21,35 @@
 #include "common/cuda/cuda_mappings.h"
 #include "common/cuda/vmm.h"
 #include "server/backend/backend.h"
+#include "server/cuda/call_events.h"
 #include "server/cuda/device_ranges.h"
 
 namespace kvdepot {
 
 // The streams whose queued work uses one piece of memory: a request that
-// returns before its work finished (record_event) records the stream it
-// queued on here, and whoever must not race that work (CopyBytes, the
-// memory's release) waits for exactly those streams' recorded points, not
-// for the device. Thread-safe.
+// returns before its work finished (record_event) notes here the event that
+// marks the end of its work on its stream (a CallEvent), and whoever must
+// not race that work (CopyBytes, the memory's release, a call on another
+// stream) waits for exactly those points, not for the device. Thread-safe.
 class UseFence {
  public:
   UseFence() = default;
   UseFence(const UseFence&) = delete;
   UseFence& operator=(const UseFence&) = delete;
-  ~UseFence();
 
-  // Marks the work queued on `stream` so far (one event per stream, reused).
-  absl::Status Record(cudaStream_t stream);
-  // Waits for every recorded point.
+  // `done` was recorded on `stream` after a call's work on this memory;
+  // it replaces the stream's earlier point (a stream runs in order).
+  void Note(cudaStream_t stream, CallEvent done);
+  // Waits for every noted point.
   absl::Status Wait();
-  // Makes `stream` wait (on the GPU) for every point recorded on the
-  // other streams: daemon streams only, whose work never waits on a
-  // client, so such a wait always ends.
+  // Makes `stream` wait (on the GPU) for every point noted on the other
+  // streams: daemon streams only, whose work never waits on a client, so
+  // such a wait always ends.
   absl::Status OrderAfter(cudaStream_t stream);
 
  private:
   absl::Mutex mu_;
-  absl::flat_hash_map<cudaStream_t, cudaEvent_t> events_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<cudaStream_t, CallEvent> points_ ABSL_GUARDED_BY(mu_);
 };
 
 // The UseFence of a range from DeviceRanges::Find (null for none).

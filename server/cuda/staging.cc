@@ -16,32 +16,31 @@ constexpr int64_t kMinCapacity = int64_t{64} << 10;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Staging>> Staging::Create(int device) {
-  std::unique_ptr<Staging> s(new Staging(device));
-  RETURN_IF_CUDA_ERROR(
-      cudaEventCreateWithFlags(&s->used_, cudaEventDisableTiming),
-      "cudaEventCreateWithFlags(staging)");
-  return s;
+  return std::unique_ptr<Staging>(new Staging(device));
 }
 
 Staging::~Staging() {
   absl::StatusOr<ScopedCudaDevice> scoped = ScopedCudaDevice::Enter(device_);
-  if (used_ != nullptr) {
-    (void)cudaEventSynchronize(used_);
-    (void)cudaEventDestroy(used_);
-  }
+  if (used_ != nullptr) (void)cudaEventSynchronize(used_.get());
   if (host_ != nullptr) (void)cudaFreeHost(host_);
   if (dev_ != nullptr) (void)cudaFree(dev_);
 }
 
 absl::Status Staging::WaitUsed() {
-  RETURN_IF_CUDA_ERROR(cudaEventSynchronize(used_),
+  if (used_ == nullptr) {
+    return absl::InternalError("waiting for a staging buffer never marked");
+  }
+  RETURN_IF_CUDA_ERROR(cudaEventSynchronize(used_.get()),
                        "waiting for the request's kernels");
   return absl::OkStatus();
 }
 
 absl::Status Staging::Prepare(int64_t bytes) {
-  RETURN_IF_CUDA_ERROR(cudaEventSynchronize(used_),
-                       "waiting for the previous use of a staging buffer");
+  if (used_ != nullptr) {
+    RETURN_IF_CUDA_ERROR(cudaEventSynchronize(used_.get()),
+                         "waiting for the previous use of a staging buffer");
+    used_.reset();  // recycled once no fence holds it either
+  }
   if (bytes <= capacity_) return absl::OkStatus();
   const int64_t want =
       StagingRound(std::max({bytes, 2 * capacity_, kMinCapacity}));
@@ -61,12 +60,6 @@ absl::Status Staging::Prepare(int64_t bytes) {
       absl::StrCat("cudaMalloc(", want, " bytes) for staging"));
   dev_ = static_cast<uint8_t*>(d);
   capacity_ = want;
-  return absl::OkStatus();
-}
-
-absl::Status Staging::MarkUsed(cudaStream_t stream) {
-  RETURN_IF_CUDA_ERROR(cudaEventRecord(used_, stream),
-                       "recording the use of a staging buffer");
   return absl::OkStatus();
 }
 

@@ -2,11 +2,11 @@
 // segments) and inline K/V live in host memory; a kernel needs them in
 // device memory. Each in-flight call takes a Staging (a pinned host buffer
 // and a device buffer of the same capacity) from the pool, copies through
-// it on its stream, records the Staging's event after its last use, and
-// gives it back. A later call waits on that event before reusing the
-// buffers, so calls that return without synchronizing (GPU ordering by
-// events) never see their staged bytes overwritten. Buffers only grow:
-// steady-state requests allocate nothing.
+// it on its stream, marks it with the call's event (recorded after the
+// call's last work) and gives it back. A later call waits on that event
+// before reusing the buffers, so calls that return without synchronizing (GPU
+// ordering by events) never see their staged bytes overwritten. Buffers only
+// grow: steady-state requests allocate nothing.
 #ifndef KVDEPOT_SERVER_CUDA_STAGING_H_
 #define KVDEPOT_SERVER_CUDA_STAGING_H_
 
@@ -20,6 +20,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "server/cuda/call_events.h"
 
 namespace kvdepot {
 
@@ -43,10 +44,10 @@ class Staging {
   // Waits for the work of the previous user, then grows both buffers to at
   // least `bytes`. REQUIRES: device() is current.
   absl::Status Prepare(int64_t bytes);
-  // Records the end of this user's work on `stream`.
-  absl::Status MarkUsed(cudaStream_t stream);
+  // `done` marks the end of this user's work (its call's event).
+  void MarkUsed(CallEvent done) { used_ = std::move(done); }
   // Blocks the calling thread until the work marked by MarkUsed finished
-  // (this call's work only, not the rest of its stream).
+  // (this call's work only, not the rest of its stream). REQUIRES: marked.
   absl::Status WaitUsed();
 
  private:
@@ -56,7 +57,7 @@ class Staging {
   uint8_t* host_ = nullptr;  // cudaHostAlloc, capacity_ bytes
   uint8_t* dev_ = nullptr;   // cudaMalloc, capacity_ bytes
   int64_t capacity_ = 0;
-  cudaEvent_t used_ = nullptr;  // recorded after the last user's work
+  CallEvent used_;  // the last user's call event; null once waited for
 };
 
 class StagingPool {

@@ -1,0 +1,183 @@
+// The CUDA backend's ordering primitives on a real device (GPU host only):
+// one CallEvent per call shared by the staging and the UseFences, recycled
+// when dropped, and each holder's wait exactly the end of the call it
+// noted: not earlier (a gated stream holds it back), not later (work queued
+// on the same stream after the call does not hold it back).
+#include "server/cuda/call_events.h"
+
+#include <cuda_runtime_api.h>
+
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "server/cuda/cuda_memory.h"
+#include "server/cuda/staging.h"
+
+namespace kvdepot {
+namespace {
+
+// A host function parked on a stream until Release(): everything queued
+// behind it waits.
+class Gate {
+ public:
+  void Park(cudaStream_t stream) {
+    ASSERT_EQ(cudaLaunchHostFunc(
+                  stream,
+                  [](void* self) {
+                    static_cast<Gate*>(self)->open_.WaitForNotification();
+                  },
+                  this),
+              cudaSuccess);
+  }
+  void Release() {
+    if (!open_.HasBeenNotified()) open_.Notify();
+  }
+  ~Gate() { Release(); }
+
+ private:
+  absl::Notification open_;
+};
+
+class CallEventsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int count = 0;
+    ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess)
+        << "no CUDA device: this test runs on the GPU host";
+    ASSERT_GT(count, 0);
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    for (cudaStream_t* s : {&a_, &b_}) {
+      ASSERT_EQ(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking),
+                cudaSuccess);
+    }
+  }
+  void TearDown() override {
+    for (cudaStream_t s : {a_, b_}) {
+      if (s != nullptr) {
+        (void)cudaStreamSynchronize(s);
+        (void)cudaStreamDestroy(s);
+      }
+    }
+  }
+  static bool Done(const CallEvent& e) {
+    return cudaEventQuery(e.get()) == cudaSuccess;
+  }
+
+  cudaStream_t a_ = nullptr, b_ = nullptr;
+};
+
+TEST_F(CallEventsTest, DroppedEventsAreRecycled) {
+  CallEvents events;
+  for (int i = 0; i < 100; ++i) {
+    absl::StatusOr<CallEvent> e = events.Record(0, a_);
+    ASSERT_TRUE(e.ok()) << e.status();
+  }
+  EXPECT_EQ(events.created(), 1);
+  std::vector<CallEvent> held;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<CallEvent> e = events.Record(0, a_);
+    ASSERT_TRUE(e.ok()) << e.status();
+    held.push_back(*e);
+  }
+  EXPECT_EQ(events.created(), 3);
+  ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+  for (const CallEvent& e : held) EXPECT_TRUE(Done(e));
+}
+
+TEST_F(CallEventsTest, EventsOutliveTheirPool) {
+  CallEvent kept;
+  {
+    CallEvents events;
+    absl::StatusOr<CallEvent> e = events.Record(0, a_);
+    ASSERT_TRUE(e.ok()) << e.status();
+    kept = *e;
+  }
+  ASSERT_EQ(cudaEventSynchronize(kept.get()), cudaSuccess);
+  kept.reset();  // back to a free list nobody else holds: destroyed
+}
+
+TEST_F(CallEventsTest, FenceWaitsForTheNotedCallOnly) {
+  CallEvents events;
+  UseFence fence;
+  Gate call, later;
+  call.Park(a_);
+  absl::StatusOr<CallEvent> done = events.Record(0, a_);
+  ASSERT_TRUE(done.ok()) << done.status();
+  fence.Note(a_, *done);
+  // Work queued after the call on the same stream (another call that did
+  // not touch this memory): the fence must not wait for it.
+  later.Park(a_);
+  absl::StatusOr<CallEvent> unrelated = events.Record(0, a_);
+  ASSERT_TRUE(unrelated.ok()) << unrelated.status();
+
+  // Another stream ordered after the fence waits for the gated call.
+  ASSERT_TRUE(fence.OrderAfter(b_).ok());
+  absl::StatusOr<CallEvent> on_b = events.Record(0, b_);
+  ASSERT_TRUE(on_b.ok()) << on_b.status();
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(Done(*done));
+  EXPECT_FALSE(Done(*on_b)) << "stream b ran before the noted call finished";
+
+  call.Release();
+  // Wait() returns while `later` still holds the stream.
+  ASSERT_TRUE(fence.Wait().ok());
+  EXPECT_TRUE(Done(*done));
+  ASSERT_EQ(cudaStreamSynchronize(b_), cudaSuccess);
+  EXPECT_TRUE(Done(*on_b));
+  EXPECT_FALSE(Done(*unrelated));
+  later.Release();
+  ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+}
+
+TEST_F(CallEventsTest, FenceOnTheSameStreamAddsNoWait) {
+  CallEvents events;
+  UseFence fence;
+  Gate gate;
+  gate.Park(a_);
+  absl::StatusOr<CallEvent> done = events.Record(0, a_);
+  ASSERT_TRUE(done.ok()) << done.status();
+  fence.Note(a_, *done);
+  // A stream runs in order: ordering a_ after its own point queues nothing
+  // (a cross-stream wait would be the only way to deadlock here).
+  ASSERT_TRUE(fence.OrderAfter(a_).ok());
+  gate.Release();
+  ASSERT_TRUE(fence.Wait().ok());
+}
+
+TEST_F(CallEventsTest, StagingWaitsForItsPreviousUser) {
+  CallEvents events;
+  StagingPool pool;
+  Gate gate;
+  {
+    absl::StatusOr<StagingPool::Lease> lease = pool.Acquire(0, 1024);
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    gate.Park(a_);
+    absl::StatusOr<CallEvent> done = events.Record(0, a_);
+    ASSERT_TRUE(done.ok()) << done.status();
+    (*lease)->MarkUsed(*done);
+  }  // back in the pool, its user's work still gated
+  absl::Notification acquired;
+  std::thread user([&] {
+    absl::StatusOr<StagingPool::Lease> lease = pool.Acquire(0, 1024);
+    EXPECT_TRUE(lease.ok()) << lease.status();
+    acquired.Notify();
+  });
+  EXPECT_FALSE(acquired.WaitForNotificationWithTimeout(absl::Milliseconds(50)))
+      << "the staging was handed out before its previous user's work ended";
+  gate.Release();
+  user.join();
+  EXPECT_TRUE(acquired.HasBeenNotified());
+}
+
+TEST_F(CallEventsTest, WaitUsedBeforeAnyMarkIsAnError) {
+  StagingPool pool;
+  absl::StatusOr<StagingPool::Lease> lease = pool.Acquire(0, 64);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_EQ((*lease)->WaitUsed().code(), absl::StatusCode::kInternal);
+}
+
+}  // namespace
+}  // namespace kvdepot
