@@ -20,6 +20,7 @@
 //   rpc_device_benchmark --iterations=3000   (beside bin/kvdepotd)
 #include <cuda_runtime_api.h>
 #include <signal.h>
+#include <stdlib.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -46,6 +47,7 @@
 #include "kernels/quant.h"
 #include "tests/daemon_process.h"
 #include "tests/e2e_util.h"
+#include "tests/gpu/cuda_call_costs.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/rpc_timing.h"
 
@@ -53,6 +55,11 @@ ABSL_FLAG(int, iterations, 2000, "Measured requests per kind.");
 ABSL_FLAG(int, warmup, 200, "Unmeasured requests per kind first.");
 ABSL_FLAG(int, tokens, 256, "Tokens per Store/Load (a decode step).");
 ABSL_FLAG(std::string, json, "", "Also write the results to this JSON file.");
+ABSL_FLAG(int, call_cost_iterations, 1000,
+          "Sequences of the backend's CUDA calls timed in this process "
+          "(0 = skip), back to back and after --call_cost_idle_us idle.");
+ABSL_FLAG(int, call_cost_idle_us, 100,
+          "Idle time before each timed sequence (the gap between requests).");
 
 namespace kvdepot::testing {
 namespace {
@@ -272,6 +279,22 @@ int Run() {
   const double socket = rows[0].p50_us, ping = rows[1].p50_us;
   const double store_over = rows[3].p50_us - store_kernel_us;
   const double load_over = rows[5].p50_us - load_kernel_us;
+  if (const int n = absl::GetFlag(FLAGS_call_cost_iterations); n > 0) {
+    std::printf(
+        "\nThe backend's CUDA calls for one Store, in this process "
+        "(host time per call):\n");
+    for (const int idle : {0, absl::GetFlag(FLAGS_call_cost_idle_us)}) {
+      for (const Timing& t :
+           Must("timing the CUDA calls",
+                MeasureCudaCallCosts(layout, tokens, n, idle))) {
+        Print(t);
+      }
+      for (const int threads : {0, 8}) {
+        Print(Must("timing CudaBackend::StoreOrdered",
+                   MeasureBackendStore(layout, tokens, n, idle, threads)));
+      }
+    }
+  }
   std::printf("\nPing / socket ping-pong: %.2fx\n", ping / socket);
   std::printf(
       "Store: completion p50 - kernel = %.1f us = %.2fx Ping (reply alone "
@@ -317,6 +340,9 @@ int Run() {
 }  // namespace kvdepot::testing
 
 int main(int argc, char** argv) {
+  // The in-process CudaBackend (MeasureBackendStore) refuses lazy loading,
+  // as kvdepotd does; set before the first CUDA call.
+  setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
   absl::ParseCommandLine(argc, argv);
   return kvdepot::testing::Run();
 }
