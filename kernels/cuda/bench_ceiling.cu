@@ -102,7 +102,116 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// LoadTrafficKernel's accesses from a persistent grid: warp w takes the
+// flat items (segment s, token k < block_size) w, w + W, ..., two in flight.
+__global__ void __launch_bounds__(kThreads)
+    LoadTrafficPersistentKernel(int64_t block_stride, int32_t block_size,
+                                const uint8_t* layer, const int32_t* segments,
+                                int64_t num_segments, uint16_t* out) {
+  constexpr int kSteps = 2;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t warp =
+      static_cast<int64_t>(blockIdx.x) * kWarpsPerCta + threadIdx.x / kWarp;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerCta;
+  const int64_t items = num_segments * block_size;
+  for (int64_t base = warp; base < items; base += kSteps * warps) {
+    uint2 q0[kSteps], q1[kSteps];
+    uint4 sf[kSteps], tail[kSteps];
+    int64_t dst[kSteps];
+#pragma unroll
+    for (int u = 0; u < kSteps; ++u) {
+      const int64_t item = base + u * warps;
+      q0[u] = q1[u] = make_uint2(0, 0);
+      sf[u] = tail[u] = make_uint4(0, 0, 0, 0);
+      dst[u] = -1;
+      if (item >= items) continue;
+      const int64_t s = item / block_size;
+      const int32_t k = static_cast<int32_t>(item - s * block_size);
+      const int32_t* p = segments + kSegmentFields * s;
+      const Segment seg{__ldg(p), __ldg(p + 1), __ldg(p + 2), __ldg(p + 3)};
+      if (k >= seg.len()) continue;
+      dst[u] = static_cast<int64_t>(seg.dst) + k;
+      if (seg.block >= 0) {
+        const uint8_t* rec = layer + seg.block * block_stride +
+                             (seg.begin + k) * static_cast<int64_t>(kRecord);
+        q0[u] = internal::LoadStream8(rec + 8 * lane);
+        q1[u] = internal::LoadStream8(rec + 256 + 8 * lane);
+        sf[u] = __ldg(reinterpret_cast<const uint4*>(rec + 512));
+        if (lane < 8) tail[u] = internal::LoadStream16(rec + kTail + 16 * lane);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kSteps; ++u) {
+      if (dst[u] < 0) continue;
+      uint16_t* row = out + dst[u] * kElems;
+      const uint32_t s0 = lane < 16 ? sf[u].x : sf[u].y;
+      const uint32_t s1 = lane < 16 ? sf[u].z : sf[u].w;
+      internal::StoreStream16(
+          row + 8 * lane,
+          make_uint4(q0[u].x, q0[u].y ^ s0, q0[u].x ^ s0, q0[u].y));
+      internal::StoreStream16(
+          row + 256 + 8 * lane,
+          make_uint4(q1[u].x, q1[u].y ^ s1, q1[u].x ^ s1, q1[u].y));
+      if (lane < 8) internal::StoreStream16(row + 512 + 8 * lane, tail[u]);
+    }
+  }
+}
+
+// The load's bytes as plain contiguous copies: one CTA per segment reads
+// its records (len x 656 bytes) and writes its rows (len x 1152 bytes) in
+// 16-byte words, each written word depending on a read one. No per-token
+// layout: the best any load of these bytes could do.
+__global__ void __launch_bounds__(kThreads)
+    LoadTrafficFlatKernel(int64_t block_stride, const uint8_t* layer,
+                          const int32_t* segments, int64_t num_segments,
+                          uint16_t* out) {
+  for (int64_t s = blockIdx.x; s < num_segments; s += gridDim.x) {
+    const int32_t* p = segments + kSegmentFields * s;
+    const Segment seg{__ldg(p), __ldg(p + 1), __ldg(p + 2), __ldg(p + 3)};
+    if (seg.len() <= 0) continue;
+    const int64_t in_words = int64_t{seg.len()} * (kRecord / 16);
+    const int64_t out_words = int64_t{seg.len()} * (kElems * 2 / 16);
+    const uint4* in = reinterpret_cast<const uint4*>(
+        layer + (seg.block >= 0 ? seg.block : 0) * block_stride +
+        int64_t{seg.begin} * kRecord);
+    uint4* o = reinterpret_cast<uint4*>(out + int64_t{seg.dst} * kElems);
+    for (int64_t w = threadIdx.x; w < out_words; w += kThreads) {
+      const uint4 v = w < in_words
+                          ? internal::LoadStream16(
+                                reinterpret_cast<const uint16_t*>(in + w))
+                          : make_uint4(0, 0, 0, 0);
+      internal::StoreStream16(reinterpret_cast<uint16_t*>(o + w),
+                              make_uint4(v.y, v.x, v.w, v.z));
+    }
+  }
+}
+
 }  // namespace
+
+cudaError_t DsMlaLoadTrafficPersistent(const PoolLayout& layout,
+                                       const uint8_t* layer,
+                                       const int32_t* segments,
+                                       int64_t num_segments, uint16_t* out,
+                                       cudaStream_t stream) {
+  const int64_t items = num_segments * layout.block_size;
+  const dim3 grid(internal::PersistentGrid(
+      items, kWarpsPerCta,
+      internal::ResidentCtas<LoadTrafficPersistentKernel, kThreads>()));
+  LoadTrafficPersistentKernel<<<grid, kThreads, 0, stream>>>(
+      layout.block_stride, static_cast<int32_t>(layout.block_size), layer,
+      segments, num_segments, out);
+  return cudaGetLastError();
+}
+
+cudaError_t DsMlaLoadTrafficFlat(const PoolLayout& layout, const uint8_t* layer,
+                                 const int32_t* segments, int64_t num_segments,
+                                 uint16_t* out, cudaStream_t stream) {
+  const dim3 grid(
+      static_cast<unsigned>(std::min<int64_t>(num_segments, INT32_MAX)));
+  LoadTrafficFlatKernel<<<grid, kThreads, 0, stream>>>(
+      layout.block_stride, layer, segments, num_segments, out);
+  return cudaGetLastError();
+}
 
 cudaError_t DsMlaStoreTraffic(const PoolLayout& layout, uint8_t* layer,
                               const uint16_t* kv, const int32_t* slots,

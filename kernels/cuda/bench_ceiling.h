@@ -26,6 +26,18 @@ cudaError_t DsMlaLoadTraffic(const PoolLayout& layout, const uint8_t* layer,
                              const int32_t* segments, int64_t num_segments,
                              uint16_t* out, cudaStream_t stream);
 
+// The same load traffic from a persistent grid (warps over flat (segment,
+// token) items, two in flight), and as plain contiguous copies per segment
+// (records in, rows out, 16-byte words: no per-token layout at all).
+cudaError_t DsMlaLoadTrafficPersistent(const PoolLayout& layout,
+                                       const uint8_t* layer,
+                                       const int32_t* segments,
+                                       int64_t num_segments, uint16_t* out,
+                                       cudaStream_t stream);
+cudaError_t DsMlaLoadTrafficFlat(const PoolLayout& layout, const uint8_t* layer,
+                                 const int32_t* segments, int64_t num_segments,
+                                 uint16_t* out, cudaStream_t stream);
+
 }  // namespace kvdepot::gpu::ceiling
 
 #endif  // KVDEPOT_KERNELS_CUDA_BENCH_CEILING_H_

@@ -302,6 +302,26 @@ int Main() {
                             "load ceiling");
                       },
                       w.load_bytes});
+        ks.push_back({"load_ceil_pers",
+                      [&w](cudaStream_t s) {
+                        return ToStatus(
+                            ceiling::DsMlaLoadTrafficPersistent(
+                                w.layout, w.pool.as<uint8_t>(),
+                                w.segments.as<int32_t>(), w.num_segments,
+                                w.data.as<uint16_t>(), s),
+                            "load ceiling, persistent grid");
+                      },
+                      w.load_bytes});
+        ks.push_back({"load_ceil_flat",
+                      [&w](cudaStream_t s) {
+                        return ToStatus(
+                            ceiling::DsMlaLoadTrafficFlat(
+                                w.layout, w.pool.as<uint8_t>(),
+                                w.segments.as<int32_t>(), w.num_segments,
+                                w.data.as<uint16_t>(), s),
+                            "load ceiling, contiguous copies");
+                      },
+                      w.load_bytes});
       }
       for (const K& k : ks) {
         const double t = bench.ColdSeconds(k.f, iters);
