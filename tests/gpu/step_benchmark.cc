@@ -42,6 +42,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/kernels.h"
@@ -316,7 +317,7 @@ struct Row {
   double path_step_us = 0, handoff_us = 0, daemon_cpu_us = 0, sched_cpu_us = 0;
   double rpc_step_us = 0, rpc_phase_us = 0, rpc_daemon_cpu_us = 0,
          rpc_sched_cpu_us = 0;
-  std::string path_threads, rpc_threads;
+  std::string path_threads, rpc_threads, path_phases;
   // (c): steps sent again because two were in flight (step_send_retry.h).
   int path_retries = 0;
   // (c) with a scheduler in its own process: name, process CPU per step,
@@ -415,7 +416,31 @@ absl::Status MeasureLibrary(LibraryMode* lib, int phases, int work_us,
 struct PathResult {
   double step_us = 0, phase_us = 0, daemon_cpu_us = 0;
   std::string threads;
+  // The phases' shape: the median over phases of their mean time, and the
+  // slowest phases with their means (a few slow phases or all of them).
+  std::string phase_profile;
 };
+
+// "median M us; slowest: A_0 S0 us, B_3 S1 us, ..." from per-phase sums.
+std::string PhaseProfile(const std::vector<double>& sum_ms, int steps) {
+  std::vector<std::pair<double, int>> us;
+  for (size_t p = 1; p < sum_ms.size(); ++p) {
+    us.push_back({1000.0 * sum_ms[p] / steps, static_cast<int>(p)});
+  }
+  if (us.empty()) return "";
+  std::vector<std::pair<double, int>> sorted = us;
+  std::sort(sorted.begin(), sorted.end());
+  std::string out = absl::StrFormat("median %.1f us; slowest:",
+                                    sorted[sorted.size() / 2].first);
+  for (size_t i = 0; i < 3 && i < sorted.size(); ++i) {
+    const auto& [t, p] = sorted[sorted.size() - 1 - i];
+    // Phase 0 is the step's begin; then A_l = 2l + 1, B_l = 2l + 2.
+    absl::StrAppend(
+        &out, i ? "," : "",
+        absl::StrFormat(" %s_%d %.1f us", p % 2 ? "A" : "B", (p - 1) / 2, t));
+  }
+  return out;
+}
 absl::StatusOr<PathResult> MeasurePath(StepRig* rig, StepInput& in,
                                        uint64_t* next_step, int work_us,
                                        int steps, pid_t daemon, cudaStream_t s,
@@ -437,6 +462,7 @@ absl::StatusOr<PathResult> MeasurePath(StepRig* rig, StepInput& in,
     return absl::Status(first.code(),
                         absl::StrCat("first step: ", first.message()));
   }
+  std::vector<double> phase_sum_ms(phases, 0.0);
   for (int i = 0; i < steps + 1; ++i) {
     cudaEventRecord(step_ev.e[0], s);
     RETURN_IF_ERROR(rig->EnqueueWorker(s, false, hooks));
@@ -449,9 +475,13 @@ absl::StatusOr<PathResult> MeasurePath(StepRig* rig, StepInput& in,
     if (i == 0) continue;
     out.step_us += 1000.0 * step_ev.Ms(0, 1) / steps;
     out.phase_us += MeanPhaseUs(path_ev, phases) / steps;
+    for (int p = 1; p < phases; ++p) {
+      phase_sum_ms[p] += path_ev.Ms(2 * p, 2 * p + 1);
+    }
   }
   out.daemon_cpu_us = (ProcessCpuUs(daemon) - daemon0) / (steps + 1);
   out.threads = BusiestThreads(threads0, ThreadCpuUs(daemon), steps + 1);
+  out.phase_profile = PhaseProfile(phase_sum_ms, steps);
   return out;
 }
 
@@ -537,6 +567,7 @@ absl::StatusOr<Row> Measure(StepRig* rig, LibraryMode* lib,
     row.handoff_us = c.phase_us;
     row.daemon_cpu_us = c.daemon_cpu_us;
     row.path_threads = c.threads;
+    row.path_phases = c.phase_profile;
     row.sched_cpu_us = sched_cpu / (steps + 1);
     // The same with a scheduler in its own process (its process CPU).
     const std::string request = absl::StrCat(
@@ -729,6 +760,7 @@ int Run(int argc, char** argv) {
             "      (c) daemon threads us/step: %s; steps sent again (2 in "
             "flight): %d\n",
             r->path_threads.c_str(), r->path_retries);
+        std::printf("      (c) phases: %s\n", r->path_phases.c_str());
         if (!r->rpc_threads.empty()) {
           std::printf("      (b) daemon threads us/step: %s\n",
                       r->rpc_threads.c_str());
