@@ -31,29 +31,17 @@ class Enc:
         x = v - lo
         self.out += x.to_bytes(n, 'big') if n else b''
 
-    def int32(self, v):  # small values only: -16 ... 223
-        assert -16 <= v <= 223
-        self.byte(v + 16)
-
-    def int64(self, v):
-        self.int32(v)
-
     def raw_bytes(self, max_len, data):
         self.range(0, max_len, len(data))
         self.out += data
 
 
 # BufferId picks: 0-3 the worker's buffers, 4 a stranger's, 5 none.
-def ref(e, buffer, offset_256, stride=None):
+def ref(e, buffer, offset_256):
     e.byte(buffer)
     e.bool(True)
     e.range(0, 1023, offset_256)
-    if stride is None:
-        e.bool(False)
-    else:
-        e.bool(True)
-        e.bool(True)
-        e.range(0, 256, stride // 16)
+    e.bool(False)  # no row_stride
 
 
 POOLS = {'m': 0, 's': 1, 'i': 2, 'x': 3, 'nope': 6, '': 7}
@@ -147,42 +135,49 @@ def step(e, slots, query_lens, seq_lens, states, tables, cols, top_k,
     e.bool(finish)
 
 
+def seed(registration_args, *steps):
+    """A registration (keyword arguments of registration()) and its steps
+    (argument tuples of step(), a dict of keywords last when any)."""
+    e = Enc()
+    registration(e, **registration_args)
+    for args in steps:
+        kw = args[-1] if isinstance(args[-1], dict) else {}
+        step(e, *(args[:-1] if kw else args), **kw)
+    return bytes(e.out)
+
+
+TABLE8 = [0, 1, 2, 3, 4, 5, 6, 7]
+
+
 def main(out_dir):
     os.makedirs(out_dir, exist_ok=True)
-    seeds = {}
-    e = Enc()
-    registration(e, 2)
-    seeds['register_only'] = bytes(e.out)
-    e = Enc()
-    registration(e, 2)
-    step(e, [0, 9, 17, 30], [2, 2], [5, 9], [0, 1],
-         [0, 1, 2, 3, 4, 5, 6, 7], 4, 16)
-    step(e, [1, 10, 18, 31], [2, 2], [6, 10], [0, 1],
-         [0, 1, 2, 3, 4, 5, 6, 7], 4, 16)
-    seeds['two_steps'] = bytes(e.out)
-    e = Enc()
-    registration(e, 1, ratio=4)
-    step(e, [2, 3], [1, 1], [8, 12], [2, 3], [4, 5, 6, 7], 2, 8,
-         compressed=[-1, 11])
-    seeds['ratio4'] = bytes(e.out)
-    e = Enc()
-    registration(e, 3, index_pool='x')
-    step(e, [0, 1, 2], [3], [3], [0], [0, 1, 2, 3], 4, 16, finish=False)
-    step(e, [3, 4, 5], [3], [6], [0], [0, 1, 2, 3], 4, 16, finish=False)
-    step(e, [6, 7, 8], [3], [9], [0], [0, 1, 2, 3], 4, 16)
-    seeds['depth'] = bytes(e.out)
-    # A slot exactly at the pools' capacity (8 x 16 = 128): refused; an
-    # off-by-one in the range check is accepted and fails the plan check.
-    e = Enc()
-    registration(e, 1)
-    step(e, [0, 128], [1, 1], [4, 4], [0, 1], [0, 1, 2, 3, 4, 5, 6, 7], 4,
-         16)
-    seeds['slot_at_capacity'] = bytes(e.out)
-    e = Enc()
-    registration(e, 1, ratio=4)
-    step(e, [2, 3], [1, 1], [8, 12], [2, 3], [4, 5, 6, 7], 2, 8,
-         compressed=[-1, 128])
-    seeds['compressed_slot_at_capacity'] = bytes(e.out)
+    seeds = {
+        'register_only': seed({'layers': 2}),
+        'two_steps': seed(
+            {'layers': 2},
+            ([0, 9, 17, 30], [2, 2], [5, 9], [0, 1], TABLE8, 4, 16),
+            ([1, 10, 18, 31], [2, 2], [6, 10], [0, 1], TABLE8, 4, 16)),
+        'ratio4': seed(
+            {'layers': 1, 'ratio': 4},
+            ([2, 3], [1, 1], [8, 12], [2, 3], [4, 5, 6, 7], 2, 8,
+             {'compressed': [-1, 11]})),
+        'depth': seed(
+            {'layers': 3, 'index_pool': 'x'},
+            ([0, 1, 2], [3], [3], [0], [0, 1, 2, 3], 4, 16,
+             {'finish': False}),
+            ([3, 4, 5], [3], [6], [0], [0, 1, 2, 3], 4, 16,
+             {'finish': False}),
+            ([6, 7, 8], [3], [9], [0], [0, 1, 2, 3], 4, 16)),
+        # A slot exactly at the pools' capacity (8 x 16 = 128): refused; an
+        # off-by-one in the range check is accepted and fails the plan check.
+        'slot_at_capacity': seed(
+            {'layers': 1},
+            ([0, 128], [1, 1], [4, 4], [0, 1], TABLE8, 4, 16)),
+        'compressed_slot_at_capacity': seed(
+            {'layers': 1, 'ratio': 4},
+            ([2, 3], [1, 1], [8, 12], [2, 3], [4, 5, 6, 7], 2, 8,
+             {'compressed': [-1, 128]})),
+    }
     for name, data in seeds.items():
         with open(os.path.join(out_dir, 'seed_' + name), 'wb') as f:
             f.write(data)
