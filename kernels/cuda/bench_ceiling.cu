@@ -1,4 +1,4 @@
-// bench_ceiling.h: ds_mla.cu's store and load with the math taken out.
+// bench_ceiling.h: ds_mla.cu's stores and load with the math taken out.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/bench_ceiling.h"
+#include "kernels/cuda/device_bulk.cuh"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch_internal.h"
 #include "kernels/store_load.h"
@@ -186,7 +187,145 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The store's bytes as plain contiguous copies: input words (n x 1152
+// bytes) read in order, record words (n x 656 bytes) written in order, each
+// written word depending on a read one, two words in flight per thread. No
+// per-token layout and no pool blocks: the best any store of these bytes
+// could do with ordinary loads and stores.
+__global__ void __launch_bounds__(kThreads)
+    StoreTrafficFlatKernel(const uint4* in, int64_t in_words, uint4* out,
+                           int64_t out_words) {
+  const int64_t threads = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t w = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+       w < in_words; w += 2 * threads) {
+    uint4 v[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int64_t k = w + u * threads;
+      v[u] = k < in_words ? internal::LoadStream16(in + k)
+                          : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int64_t k = w + u * threads;
+      if (k < out_words) out[k] = make_uint4(v[u].y, v[u].x, v[u].w, v[u].z);
+    }
+  }
+}
+
+// ds_mla.cu's bulk store with the mix instead of the encode (same tile,
+// stages, shared-memory layout and bulk copies).
+constexpr int kBulkTile = 16, kBulkStages = 2;
+constexpr int kBulkSmem = kBulkStages * kBulkTile * (kElems * 2 + kRecord);
+
+__global__ void __launch_bounds__(kBulkTile* kWarp)
+    StoreTrafficBulkKernel(int64_t block_stride, FastDiv div, uint8_t* layer,
+                           const uint16_t* kv, const int32_t* slots,
+                           int64_t n) {
+  using namespace internal;  // the bulk-copy helpers
+  constexpr int kRow = kElems * 2;
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ __align__(8) uint64_t bars[kBulkStages];
+  uint8_t* rows = smem;
+  uint8_t* recs = smem + kBulkStages * kBulkTile * kRow;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int64_t tiles = (n + kBulkTile - 1) / kBulkTile;
+  const auto fetch = [&](int64_t tile, int stage) {
+    const int64_t first = tile * kBulkTile;
+    const int64_t count = n - first < kBulkTile ? n - first : kBulkTile;
+    BulkLoad(rows + stage * kBulkTile * kRow, kv + first * kElems,
+             static_cast<uint32_t>(count * kRow), &bars[stage]);
+  };
+  const auto slot_of = [&](int64_t tile) -> int32_t {
+    const int64_t token = tile * kBulkTile + warp;
+    return token < n ? __ldg(slots + token) : -1;
+  };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kBulkStages; ++s) BarrierInit(&bars[s]);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kBulkStages; ++s) {
+      const int64_t tile = blockIdx.x + int64_t{s} * gridDim.x;
+      if (tile < tiles) fetch(tile, s);
+    }
+  }
+  int32_t slot = slot_of(blockIdx.x);
+  int it = 0;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++it) {
+    const int32_t next_slot = slot_of(tile + gridDim.x);
+    const int stage = it % kBulkStages;
+    BarrierWait(&bars[stage], (it / kBulkStages) & 1);
+    uint8_t* rec = recs + (stage * kBulkTile + warp) * kRecord;
+    if (lane == 0) BulkStoresRead<kBulkStages - 1>();
+    __syncwarp();
+    if (slot >= 0) {
+      const uint8_t* row = rows + (stage * kBulkTile + warp) * kRow;
+      const uint4 a = *reinterpret_cast<const uint4*>(row + 16 * lane);
+      const uint4 b = *reinterpret_cast<const uint4*>(row + 512 + 16 * lane);
+      *reinterpret_cast<uint2*>(rec + 8 * lane) =
+          make_uint2(a.x ^ a.y, a.z ^ a.w);
+      *reinterpret_cast<uint2*>(rec + 256 + 8 * lane) =
+          make_uint2(b.x ^ b.y, b.z ^ b.w);
+      if (lane == 0) {
+        *reinterpret_cast<uint4*>(rec + 512) = make_uint4(a.x, b.x, a.y, b.y);
+      }
+      if (lane < 8) {
+        *reinterpret_cast<uint4*>(rec + kTail + 16 * lane) =
+            *reinterpret_cast<const uint4*>(row + 1024 + 16 * lane);
+      }
+    }
+    FenceSharedForBulk();
+    __syncwarp();
+    if (lane == 0) {
+      if (slot >= 0) {
+        const int32_t block = div.Div(slot);
+        BulkStore(layer + block * block_stride +
+                      static_cast<int64_t>(slot - block * div.d) * kRecord,
+                  rec, kRecord);
+      } else {
+        BulkCommitEmpty();
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const int64_t next = tile + int64_t{kBulkStages} * gridDim.x;
+      if (next < tiles) fetch(next, stage);
+    }
+    slot = next_slot;
+  }
+  if (lane == 0) BulkStoresDone();
+}
+
 }  // namespace
+
+cudaError_t DsMlaStoreTrafficFlat(uint8_t* layer, const uint16_t* kv, int64_t n,
+                                  cudaStream_t stream) {
+  const int64_t in_words = n * (kElems * 2 / 16);
+  const int64_t out_words = n * (kRecord / 16);
+  const dim3 grid(internal::PersistentGrid(
+      in_words, 2 * kThreads,
+      internal::ResidentCtas<StoreTrafficFlatKernel, kThreads>()));
+  StoreTrafficFlatKernel<<<grid, kThreads, 0, stream>>>(
+      reinterpret_cast<const uint4*>(kv), in_words,
+      reinterpret_cast<uint4*>(layer), out_words);
+  return cudaGetLastError();
+}
+
+cudaError_t DsMlaStoreTrafficBulk(const PoolLayout& layout, uint8_t* layer,
+                                  const uint16_t* kv, const int32_t* slots,
+                                  int64_t n, cudaStream_t stream) {
+  constexpr auto kKernel = StoreTrafficBulkKernel;
+  if (layout.block_stride % 16 != 0) return cudaErrorInvalidValue;
+  const int resident =
+      internal::ResidentCtasSmem<kKernel, kBulkTile * kWarp, kBulkSmem>();
+  if (resident == 0) return cudaErrorNotSupported;
+  const FastDiv div = FastDiv::Of(static_cast<int32_t>(layout.block_size));
+  const dim3 grid(internal::PersistentGrid(n, kBulkTile, resident));
+  kKernel<<<grid, kBulkTile * kWarp, kBulkSmem, stream>>>(
+      layout.block_stride, div, layer, kv, slots, n);
+  return cudaGetLastError();
+}
 
 cudaError_t DsMlaLoadTrafficPersistent(const PoolLayout& layout,
                                        const uint8_t* layer,

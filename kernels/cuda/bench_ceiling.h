@@ -1,8 +1,9 @@
-// Benchmark-only "ceiling" kernels: the DS_MLA_FP8 store's and load's memory
-// traffic with no math. Each issues exactly the loads and stores of its
-// kernel (ds_mla.cu: one warp per token, the same lane layout, the same
-// tokens in flight, the same grid) and replaces the quantization by bit
-// mixing, so the bytes it writes are meaningless. The fraction of copy they
+// Benchmark-only "ceiling" kernels: the DS_MLA_FP8 stores' and load's
+// memory traffic with no math. Each issues exactly the loads and stores of
+// its kernel (ds_mla.cu's warp store and load: one warp per token, the same
+// lane layout, tokens in flight and grid; its bulk store: the same tiles,
+// stages and bulk copies) and replaces the quantization by bit mixing, so
+// the bytes it writes are meaningless. The fraction of copy they
 // reach is what the memory system gives that access pattern; the real
 // kernels are measured against it (cuda_benchmark's *_ceiling rows).
 #ifndef KVDEPOT_KERNELS_CUDA_BENCH_CEILING_H_
@@ -21,6 +22,15 @@ namespace kvdepot::gpu::ceiling {
 cudaError_t DsMlaStoreTraffic(const PoolLayout& layout, uint8_t* layer,
                               const uint16_t* kv, const int32_t* slots,
                               int64_t n, cudaStream_t stream);
+// The store's bytes as contiguous copies (kv rows in order into n records
+// from layer's start: no slots, no blocks); and the bulk store's traffic
+// (ds_mla.cu: CTAs of 16 warps, rows fetched by bulk copies two tiles
+// ahead, one bulk store per record).
+cudaError_t DsMlaStoreTrafficFlat(uint8_t* layer, const uint16_t* kv, int64_t n,
+                                  cudaStream_t stream);
+cudaError_t DsMlaStoreTrafficBulk(const PoolLayout& layout, uint8_t* layer,
+                                  const uint16_t* kv, const int32_t* slots,
+                                  int64_t n, cudaStream_t stream);
 // segments [S][4] of a DS_MLA_FP8 layer into out [total_k][576] BF16.
 cudaError_t DsMlaLoadTraffic(const PoolLayout& layout, const uint8_t* layer,
                              const int32_t* segments, int64_t num_segments,

@@ -29,6 +29,7 @@
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/diagnostics.h"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/launch_internal.h"
 #include "kernels/cuda/test_util.h"
 #include "kernels/format_host.h"
 #include "kernels/reference/reference.h"
@@ -206,6 +207,19 @@ Launcher StoreOf(Workload& w, bool hw, bool random_slots = false) {
   };
 }
 
+using Path = internal::DsMlaStorePath;
+
+// One of DS_MLA_FP8's two store kernels, named (launch_internal.h).
+Launcher DsMlaStoreOf(Workload& w, Path path) {
+  return [&w, path](cudaStream_t s) {
+    return ToStatus(internal::LaunchDsMlaStore(
+                        w.layout, w.pool.as<uint8_t>(), w.kv.as<uint16_t>(),
+                        w.slots.as<int32_t>(), w.n, /*hw_cvt=*/true,
+                        internal::Launch{s, false}, path),
+                    "DS_MLA_FP8 store");
+  };
+}
+
 Launcher LoadOf(Workload& w) {
   return [&w](cudaStream_t s) {
     LaunchOptions o;
@@ -292,6 +306,27 @@ int Main() {
                             "store ceiling, slots in order");
                       },
                       w.store_bytes});
+        ks.push_back(
+            {"store_warps", DsMlaStoreOf(w, Path::kWarps), w.store_bytes});
+        ks.push_back(
+            {"store_bulk", DsMlaStoreOf(w, Path::kBulk), w.store_bytes});
+        ks.push_back({"store_ceil_bulk",
+                      [&w](cudaStream_t s) {
+                        return ToStatus(ceiling::DsMlaStoreTrafficBulk(
+                                            w.layout, w.pool.as<uint8_t>(),
+                                            w.kv.as<uint16_t>(),
+                                            w.slots.as<int32_t>(), w.n, s),
+                                        "store ceiling, bulk copies");
+                      },
+                      w.store_bytes});
+        ks.push_back({"store_ceil_flat",
+                      [&w](cudaStream_t s) {
+                        return ToStatus(ceiling::DsMlaStoreTrafficFlat(
+                                            w.pool.as<uint8_t>(),
+                                            w.kv.as<uint16_t>(), w.n, s),
+                                        "store ceiling, contiguous copies");
+                      },
+                      w.store_bytes});
         ks.push_back({"load_ceiling",
                       [&w](cudaStream_t s) {
                         return ToStatus(
@@ -338,6 +373,26 @@ int Main() {
   }
   bench.json.push_back(
       absl::StrCat("\"bandwidth\": [", absl::StrJoin(bw_rows, ", "), "]"));
+
+  // DS_MLA_FP8's two store kernels by batch size (the store takes the bulk
+  // one from internal::kDsMlaBulkMinTokens tokens).
+  std::printf("\nDS_MLA_FP8 store, %% of copy: %9s %8s %8s\n", "tokens",
+              "warps", "bulk");
+  std::vector<std::string> by_tokens;
+  for (int64_t n = int64_t{1} << 13; n <= int64_t{1} << 20; n *= 2) {
+    Workload w = MakeWorkload("DS_MLA_FP8", n);
+    const double warps =
+        w.store_bytes / bench.ColdSeconds(DsMlaStoreOf(w, Path::kWarps), iters);
+    const double bulk =
+        w.store_bytes / bench.ColdSeconds(DsMlaStoreOf(w, Path::kBulk), iters);
+    std::printf("%38lld %7.1f%% %7.1f%%\n", static_cast<long long>(n),
+                100.0 * warps / copy_bw, 100.0 * bulk / copy_bw);
+    by_tokens.push_back(
+        absl::StrFormat("{\"tokens\": %d, \"warps\": %.4f, \"bulk\": %.4f}", n,
+                        warps / copy_bw, bulk / copy_bw));
+  }
+  bench.json.push_back(absl::StrCat("\"ds_mla_store_by_tokens\": [",
+                                    absl::StrJoin(by_tokens, ", "), "]"));
 
   // 3. Latency.
   const double empty_s = bench.GraphSeconds(

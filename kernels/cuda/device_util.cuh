@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <utility>
 
@@ -107,6 +108,40 @@ int ResidentCtas() {
   return ctas;
 }
 
+// The same for a kernel with kSmem bytes of dynamic shared memory, which
+// may exceed the default 48 KiB: the allowance is a per-device attribute
+// of the kernel, set here on the current device before its first launch
+// there (kMaxDevices at most). Returns 0 if the device cannot run it (the
+// launch must not be attempted).
+inline constexpr int kMaxDevices = 64;
+template <auto kKernel, int kThreads, int kSmem>
+int ResidentCtasSmem() {
+  static std::atomic<int> known[kMaxDevices];  // 0: not yet asked
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 ||
+      device >= kMaxDevices) {
+    cudaGetLastError();
+    return 0;
+  }
+  const int cached = known[device].load(std::memory_order_relaxed);
+  if (cached != 0) return cached > 0 ? cached : 0;
+  int sms = 0, per_sm = 0;
+  int ctas = -1;
+  if (cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           kSmem) == cudaSuccess &&
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) ==
+          cudaSuccess &&
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kThreads,
+                                                    kSmem) == cudaSuccess &&
+      per_sm > 0) {
+    ctas = sms * per_sm;
+  } else {
+    cudaGetLastError();
+  }
+  known[device].store(ctas, std::memory_order_relaxed);
+  return ctas > 0 ? ctas : 0;
+}
+
 // Grid of a grid-stride kernel: enough CTAs for `work` items at
 // `per_cta` items each, at most the resident CTAs.
 inline unsigned PersistentGrid(int64_t work, int64_t per_cta, int resident) {
@@ -115,16 +150,17 @@ inline unsigned PersistentGrid(int64_t work, int64_t per_cta, int resident) {
                                                : resident);
 }
 
-// Launches `kernel` on the caller's stream, with the PDL attribute when
-// requested (the kernel then overlaps the previous one's tail and syncs in
-// PdlWait).
+// Launches `kernel` with smem bytes of dynamic shared memory on the
+// caller's stream, with the PDL attribute when requested (the kernel then
+// overlaps the previous one's tail and syncs in PdlWait).
 template <typename... Params, typename... Args>
-cudaError_t LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block,
-                         const Launch& launch, Args&&... args) {
+cudaError_t LaunchKernelSmem(void (*kernel)(Params...), dim3 grid, dim3 block,
+                             size_t smem, const Launch& launch,
+                             Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
-  config.dynamicSmemBytes = 0;
+  config.dynamicSmemBytes = smem;
   config.stream = launch.stream;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -132,6 +168,13 @@ cudaError_t LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block,
   config.attrs = attribute;
   config.numAttrs = launch.pdl ? 1 : 0;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+template <typename... Params, typename... Args>
+cudaError_t LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block,
+                         const Launch& launch, Args&&... args) {
+  return LaunchKernelSmem(kernel, grid, block, 0, launch,
+                          std::forward<Args>(args)...);
 }
 
 }  // namespace kvdepot::gpu::internal

@@ -9,22 +9,32 @@
 //                              tail [528 + 16l, +16) (lanes 0-7)
 //
 // A tile (128 elements) is 16 lanes' chunks; its amax and non-finite flags
-// meet by xor shuffles. The store is persistent with kSteps tokens per warp
-// in flight (every load of a round issued before any math); the load is one
-// CTA per (segment, tile of kWarpsPerCta x kSteps tokens), grid-stride in
-// both, each warp issuing the loads of its kSteps tokens before decoding
-// any. Record stores keep the default cache policy (see
-// DsMlaPutRecordChunks). Measured on the H200 and not kept (docs/
-// BENCHMARKS.md): evict-first record stores, 4 tokens per warp in the
-// store, 2 in the load, 128- and 256-byte L2 prefetch hints on the loads;
-// both kernels run within 2.5 points of copy of their no-math traffic
-// ceilings (bench_ceiling.h).
+// meet by xor shuffles. Two stores with the same math and bytes:
+// - the warp store (small batches): persistent, kSteps tokens per warp in
+//   flight (every load of a round issued before any math), records written
+//   by the lanes;
+// - the bulk store (large batches, 16-byte aligned layer and block stride):
+//   persistent CTAs of kBulkTile warps over tiles of kBulkTile consecutive
+//   tokens, whose rows (contiguous) arrive in shared memory by one bulk
+//   copy kBulkStages tiles ahead; each warp encodes its token from shared
+//   memory into a shared record that one bulk store writes to the slot.
+//   Measured on the H200 (docs/BENCHMARKS.md): 91 % of copy at 1M tokens
+//   where the warp store reaches 82 % (its scattered 656-byte records are
+//   written in 8- and 16-byte pieces by every lane); no faster at 64K.
+// The load is one CTA per (segment, tile of kWarpsPerCta x kSteps tokens),
+// grid-stride in both, each warp issuing the loads of its kSteps tokens
+// before decoding any. Record stores keep the default cache policy (see
+// DsMlaPutRecordChunks). Measured and not kept: evict-first record stores,
+// 4 tokens per warp in the warp store, 2 in the load, 128- and 256-byte L2
+// prefetch hints on the loads; the warp store and the load run within 2.5
+// points of copy of their no-math traffic ceilings (bench_ceiling.h).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstdint>
 
+#include "kernels/cuda/device_bulk.cuh"
 #include "kernels/cuda/device_quant.cuh"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/ds_mla.cuh"
@@ -40,6 +50,12 @@ constexpr int kWarpsPerCta = kThreads / kWarp;
 constexpr int kStoreSteps = 2;
 constexpr int kLoadSteps = 1;
 constexpr unsigned kMaxGridY = 65535;
+constexpr int kBulkTile = 16;   // warps (tokens) per CTA and tile
+constexpr int kBulkStages = 2;  // tiles in flight per CTA
+constexpr int kBulkThreads = kBulkTile * kWarp;
+constexpr int kRowBytes = kDsMlaElems * 2;
+constexpr int kBulkSmem = kBulkStages * kBulkTile * (kRowBytes + kDsMlaRecord);
+static_assert(kRowBytes % 16 == 0 && kDsMlaRecord % 16 == 0);
 
 struct StoreIn {
   uint4 a, b, tail;
@@ -88,6 +104,91 @@ __global__ void __launch_bounds__(kThreads)
           layer, layout.block_stride, div, slot, c, in[u].tail, lane);
     }
   }
+}
+
+// Shared memory: rows [kBulkStages][kBulkTile][1152 B], then records
+// [kBulkStages][kBulkTile][656 B]; one barrier per stage. Thread 0 issues
+// the row copies; warp w takes token tile * kBulkTile + w; its lane 0
+// writes the record with one bulk store, one bulk group per tile (empty
+// for a -1 slot) so that a stage's record is rewritten only after the
+// store issued from it kBulkStages tiles earlier has read it.
+template <bool kHw>
+__global__ void __launch_bounds__(kBulkThreads)
+    DsMlaStoreBulkKernel(int64_t block_stride, FastDiv div, uint8_t* layer,
+                         const uint16_t* kv,    // [n][576] BF16
+                         const int32_t* slots,  // [n]; -1 = padding, skip
+                         int64_t n) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ __align__(8) uint64_t bars[kBulkStages];
+  uint8_t* const rows = smem;
+  uint8_t* const recs = smem + kBulkStages * kBulkTile * kRowBytes;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int64_t tiles = (n + kBulkTile - 1) / kBulkTile;
+  const auto fetch = [&](int64_t tile, int stage) {
+    const int64_t first = tile * kBulkTile;
+    const int64_t count = n - first < kBulkTile ? n - first : kBulkTile;
+    BulkLoad(rows + stage * kBulkTile * kRowBytes, kv + first * kDsMlaElems,
+             static_cast<uint32_t>(count * kRowBytes), &bars[stage]);
+  };
+  const auto slot_of = [&](int64_t tile) -> int32_t {
+    const int64_t token = tile * kBulkTile + warp;
+    return token < n ? __ldg(slots + token) : -1;
+  };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kBulkStages; ++s) BarrierInit(&bars[s]);
+  }
+  __syncthreads();
+  PdlWait();
+  PdlLaunchDependents();
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kBulkStages; ++s) {
+      const int64_t tile = blockIdx.x + int64_t{s} * gridDim.x;
+      if (tile < tiles) fetch(tile, s);
+    }
+  }
+  int32_t slot = slot_of(blockIdx.x);
+  int it = 0;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++it) {
+    const int32_t next_slot = slot_of(tile + gridDim.x);  // one tile ahead
+    const int stage = it % kBulkStages;
+    BarrierWait(&bars[stage], (it / kBulkStages) & 1);
+    uint8_t* const rec = recs + (stage * kBulkTile + warp) * kDsMlaRecord;
+    if (lane == 0) BulkStoresRead<kBulkStages - 1>();
+    __syncwarp();
+    if (slot >= 0) {  // the same in every lane
+      const uint8_t* row = rows + (stage * kBulkTile + warp) * kRowBytes;
+      LaneInput<uint16_t> raw;
+      raw.v[0] = *reinterpret_cast<const uint4*>(row + 16 * lane);
+      raw.v[1] = *reinterpret_cast<const uint4*>(row + 512 + 16 * lane);
+      const uint4 tail =
+          lane < 8 ? *reinterpret_cast<const uint4*>(row + 1024 + 16 * lane)
+                   : make_uint4(0, 0, 0, 0);
+      float x[16];
+      ToFloat16(raw, x);
+      const uint4 a = raw.v[0], b = raw.v[1];
+      const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+      const DsMlaChunks c = DsMlaEncodeChunksBf16<kHw>(x, w);
+      // rec as slot 0 of a one-record "layer" in shared memory.
+      DsMlaPutRecordChunks</*kStreaming=*/false>(rec, 0, div, 0, c, tail, lane);
+    }
+    FenceSharedForBulk();
+    __syncwarp();
+    if (lane == 0) {
+      if (slot >= 0) {
+        BulkStore(DsMlaRecordAt(layer, block_stride, div, slot), rec,
+                  kDsMlaRecord);
+      } else {
+        BulkCommitEmpty();
+      }
+    }
+    __syncthreads();  // every warp has read this stage's rows
+    if (threadIdx.x == 0) {
+      const int64_t next = tile + int64_t{kBulkStages} * gridDim.x;
+      if (next < tiles) fetch(next, stage);
+    }
+    slot = next_slot;
+  }
+  if (lane == 0) BulkStoresDone();
 }
 
 template <int kSteps>
@@ -147,14 +248,57 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <bool kHw>
-cudaError_t Store(const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
-                  const int32_t* slots, int64_t n, const Launch& launch) {
+cudaError_t StoreWarps(const PoolLayout& layout, uint8_t* layer,
+                       const uint16_t* kv, const int32_t* slots, int64_t n,
+                       const Launch& launch) {
   constexpr auto kKernel = DsMlaStoreKernel<kHw, kStoreSteps>;
   const FastDiv div = FastDiv::Of(static_cast<int32_t>(layout.block_size));
   const dim3 grid(
       PersistentGrid(n, kWarpsPerCta, ResidentCtas<kKernel, kThreads>()));
   return LaunchKernel(kKernel, grid, dim3(kThreads), launch, layout, div, layer,
                       kv, slots, n);
+}
+
+bool Aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+// Launches the bulk store, or returns cudaErrorNotSupported (launching
+// nothing) where it cannot run: a layer or input not 16-byte aligned, a
+// block stride not a multiple of 16, a device without the shared memory.
+template <bool kHw>
+cudaError_t StoreBulk(const PoolLayout& layout, uint8_t* layer,
+                      const uint16_t* kv, const int32_t* slots, int64_t n,
+                      const Launch& launch) {
+  constexpr auto kKernel = DsMlaStoreBulkKernel<kHw>;
+  if (!Aligned16(layer) || !Aligned16(kv) || layout.block_stride % 16 != 0) {
+    return cudaErrorNotSupported;
+  }
+  const int resident = ResidentCtasSmem<kKernel, kBulkThreads, kBulkSmem>();
+  if (resident == 0) return cudaErrorNotSupported;
+  const FastDiv div = FastDiv::Of(static_cast<int32_t>(layout.block_size));
+  const dim3 grid(PersistentGrid(n, kBulkTile, resident));
+  return LaunchKernelSmem(kKernel, grid, dim3(kBulkThreads), kBulkSmem, launch,
+                          layout.block_stride, div, layer, kv, slots, n);
+}
+
+template <bool kHw>
+cudaError_t Store(const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
+                  const int32_t* slots, int64_t n, DsMlaStorePath path,
+                  const Launch& launch) {
+  switch (path) {
+    case DsMlaStorePath::kWarps:
+      return StoreWarps<kHw>(layout, layer, kv, slots, n, launch);
+    case DsMlaStorePath::kBulk:
+      return StoreBulk<kHw>(layout, layer, kv, slots, n, launch);
+    case DsMlaStorePath::kAuto:
+      break;
+  }
+  if (n >= kDsMlaBulkMinTokens) {
+    const cudaError_t e = StoreBulk<kHw>(layout, layer, kv, slots, n, launch);
+    if (e != cudaErrorNotSupported) return e;
+  }
+  return StoreWarps<kHw>(layout, layer, kv, slots, n, launch);
 }
 
 cudaError_t Load(const PoolLayout& layout, const uint8_t* layer,
@@ -173,9 +317,10 @@ cudaError_t Load(const PoolLayout& layout, const uint8_t* layer,
 
 cudaError_t LaunchDsMlaStore(const PoolLayout& layout, uint8_t* layer,
                              const uint16_t* kv, const int32_t* slots,
-                             int64_t n, bool hw_cvt, const Launch& launch) {
-  return hw_cvt ? Store<true>(layout, layer, kv, slots, n, launch)
-                : Store<false>(layout, layer, kv, slots, n, launch);
+                             int64_t n, bool hw_cvt, const Launch& launch,
+                             DsMlaStorePath path) {
+  return hw_cvt ? Store<true>(layout, layer, kv, slots, n, path, launch)
+                : Store<false>(layout, layer, kv, slots, n, path, launch);
 }
 
 cudaError_t LaunchDsMlaLoad(const PoolLayout& layout, const uint8_t* layer,

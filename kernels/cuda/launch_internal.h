@@ -35,10 +35,18 @@ cudaError_t LaunchLoad(FormatId id, const PoolLayout& layout,
                        const Launch& launch);
 
 // DS_MLA_FP8 (ds_mla.cu): kv [n][576] BF16; out [total_k][576] BF16. Same
-// contracts as LaunchStore / LaunchLoad (16-byte aligned pointers).
+// contracts as LaunchStore / LaunchLoad (16-byte aligned pointers). The
+// store has two kernels with the same bytes: kAuto takes the bulk-copy one
+// from kDsMlaBulkMinTokens tokens where it can run (16-byte aligned layer,
+// block stride a multiple of 16), else the warp one; tests and benchmarks
+// name one (kBulk where it cannot run: cudaErrorNotSupported, nothing
+// launched).
+enum class DsMlaStorePath { kAuto, kWarps, kBulk };
+inline constexpr int64_t kDsMlaBulkMinTokens = int64_t{1} << 17;
 cudaError_t LaunchDsMlaStore(const PoolLayout& layout, uint8_t* layer,
                              const uint16_t* kv, const int32_t* slots,
-                             int64_t n, bool hw_cvt, const Launch& launch);
+                             int64_t n, bool hw_cvt, const Launch& launch,
+                             DsMlaStorePath path = DsMlaStorePath::kAuto);
 cudaError_t LaunchDsMlaLoad(const PoolLayout& layout, const uint8_t* layer,
                             const int32_t* segments, int64_t num_segments,
                             uint16_t* out, const Launch& launch);

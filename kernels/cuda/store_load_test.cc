@@ -14,6 +14,7 @@
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/diagnostics.h"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/launch_internal.h"
 #include "kernels/cuda/test_util.h"
 #include "kernels/format_host.h"
 #include "kernels/reference/reference.h"
@@ -41,8 +42,12 @@ PoolLayout Layout(const std::string& name, int64_t block_size,
 
 // Stores n random tokens on the GPU and with the reference into identical
 // random pools, then compares the whole layer.
-void CheckStore(const PoolLayout& layout, int64_t n, InputDtype dtype,
-                const LaunchOptions& options, std::mt19937& rng) {
+// DS_MLA_FP8 only: path names one of its two store kernels (launched
+// directly, past the launcher's checks, which CheckStore has made).
+void CheckStore(
+    const PoolLayout& layout, int64_t n, InputDtype dtype,
+    const LaunchOptions& options, std::mt19937& rng,
+    internal::DsMlaStorePath path = internal::DsMlaStorePath::kAuto) {
   SCOPED_TRACE(testing::Message() << *FormatName(layout.format)
                                   << " bs=" << layout.block_size << " n=" << n);
   const std::vector<uint8_t> kv =
@@ -68,9 +73,19 @@ void CheckStore(const PoolLayout& layout, int64_t n, InputDtype dtype,
   ASSERT_TRUE(dslots->CopyFrom(slots.data(), slots.size() * 4).ok());
   // The copies ran on the legacy stream; a non-blocking stream does not wait.
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  ASSERT_TRUE(gpu::Store(layout, pool->get(), in->get(), dtype,
-                         dslots->as<int32_t>(), n, options)
-                  .ok());
+  if (path == internal::DsMlaStorePath::kAuto) {
+    ASSERT_TRUE(gpu::Store(layout, pool->get(), in->get(), dtype,
+                           dslots->as<int32_t>(), n, options)
+                    .ok());
+  } else {
+    ASSERT_EQ(internal::LaunchDsMlaStore(
+                  layout, pool->as<uint8_t>(), in->as<uint16_t>(),
+                  dslots->as<int32_t>(), n, options.hw_e4m3,
+                  internal::Launch{static_cast<cudaStream_t>(options.stream),
+                                   options.pdl},
+                  path),
+              cudaSuccess);
+  }
   ASSERT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(options.stream)),
             cudaSuccess);
   std::vector<uint8_t> got(layout.layer_bytes);
@@ -236,6 +251,42 @@ TEST(StoreLoadLargeTest, DsMlaLargeShapes) {
     }
     for (int64_t s : {1, 5, 150}) CheckLoad(layout, s, options, rng);
   }
+}
+
+// Both DS_MLA_FP8 store kernels named directly (kAuto picks the bulk one
+// only for large batches): the reference's bytes for every block size,
+// -1 slots, partial last tiles, one token, many rounds of the persistent
+// grids, software and hardware e4m3, PDL on a stream; and kAuto past its
+// switch to the bulk kernel.
+TEST(StoreLoadLargeTest, DsMlaBothStoreKernels) {
+  std::mt19937 rng(308);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+            cudaSuccess);
+  for (const internal::DsMlaStorePath path :
+       {internal::DsMlaStorePath::kWarps, internal::DsMlaStorePath::kBulk}) {
+    SCOPED_TRACE(path == internal::DsMlaStorePath::kBulk ? "bulk" : "warps");
+    for (int64_t bs : {1, 7, 64, 133}) {
+      for (int64_t n : {1, 15, 17, 517, 30000}) {
+        const PoolLayout layout = Layout("DS_MLA_FP8", bs, n + n / 4 + 1);
+        for (const bool hw : {true, false}) {
+          LaunchOptions options;
+          options.hw_e4m3 = hw;
+          CheckStore(layout, n, InputDtype::kBF16, options, rng, path);
+        }
+      }
+      LaunchOptions pdl;
+      pdl.stream = stream;
+      pdl.pdl = true;
+      CheckStore(Layout("DS_MLA_FP8", bs, 6000), 4099, InputDtype::kBF16, pdl,
+                 rng, path);
+    }
+  }
+  const PoolLayout layout =
+      Layout("DS_MLA_FP8", 64, internal::kDsMlaBulkMinTokens + 1000);
+  CheckStore(layout, internal::kDsMlaBulkMinTokens + 5, InputDtype::kBF16, {},
+             rng);
+  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
 // A layer past 4 GiB: tokens stored into and loaded from the last blocks.
