@@ -6,8 +6,8 @@
 #include <cstdint>
 
 #include "kernels/cuda/bench_ceiling.h"
-#include "kernels/cuda/device_bulk.cuh"
 #include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/ds_mla_bulk.cuh"
 #include "kernels/cuda/launch_internal.h"
 #include "kernels/store_load.h"
 
@@ -213,88 +213,28 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// ds_mla.cu's bulk store with the mix instead of the encode (same tile,
-// stages, shared-memory layout and bulk copies).
-constexpr int kBulkTile = 16, kBulkStages = 2;
-constexpr int kBulkSmem = kBulkStages * kBulkTile * (kElems * 2 + kRecord);
-
-__global__ void __launch_bounds__(kBulkTile* kWarp)
+// ds_mla.cu's bulk store with the mix instead of the encode.
+__global__ void __launch_bounds__(internal::kDsMlaBulkThreads)
     StoreTrafficBulkKernel(int64_t block_stride, FastDiv div, uint8_t* layer,
                            const uint16_t* kv, const int32_t* slots,
                            int64_t n) {
-  using namespace internal;  // the bulk-copy helpers
-  constexpr int kRow = kElems * 2;
-  extern __shared__ __align__(128) uint8_t smem[];
-  __shared__ __align__(8) uint64_t bars[kBulkStages];
-  uint8_t* rows = smem;
-  uint8_t* recs = smem + kBulkStages * kBulkTile * kRow;
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int64_t tiles = (n + kBulkTile - 1) / kBulkTile;
-  const auto fetch = [&](int64_t tile, int stage) {
-    const int64_t first = tile * kBulkTile;
-    const int64_t count = n - first < kBulkTile ? n - first : kBulkTile;
-    BulkLoad(rows + stage * kBulkTile * kRow, kv + first * kElems,
-             static_cast<uint32_t>(count * kRow), &bars[stage]);
-  };
-  const auto slot_of = [&](int64_t tile) -> int32_t {
-    const int64_t token = tile * kBulkTile + warp;
-    return token < n ? __ldg(slots + token) : -1;
-  };
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kBulkStages; ++s) BarrierInit(&bars[s]);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kBulkStages; ++s) {
-      const int64_t tile = blockIdx.x + int64_t{s} * gridDim.x;
-      if (tile < tiles) fetch(tile, s);
-    }
-  }
-  int32_t slot = slot_of(blockIdx.x);
-  int it = 0;
-  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++it) {
-    const int32_t next_slot = slot_of(tile + gridDim.x);
-    const int stage = it % kBulkStages;
-    BarrierWait(&bars[stage], (it / kBulkStages) & 1);
-    uint8_t* rec = recs + (stage * kBulkTile + warp) * kRecord;
-    if (lane == 0) BulkStoresRead<kBulkStages - 1>();
-    __syncwarp();
-    if (slot >= 0) {
-      const uint8_t* row = rows + (stage * kBulkTile + warp) * kRow;
-      const uint4 a = *reinterpret_cast<const uint4*>(row + 16 * lane);
-      const uint4 b = *reinterpret_cast<const uint4*>(row + 512 + 16 * lane);
-      *reinterpret_cast<uint2*>(rec + 8 * lane) =
-          make_uint2(a.x ^ a.y, a.z ^ a.w);
-      *reinterpret_cast<uint2*>(rec + 256 + 8 * lane) =
-          make_uint2(b.x ^ b.y, b.z ^ b.w);
-      if (lane == 0) {
-        *reinterpret_cast<uint4*>(rec + 512) = make_uint4(a.x, b.x, a.y, b.y);
-      }
-      if (lane < 8) {
-        *reinterpret_cast<uint4*>(rec + kTail + 16 * lane) =
-            *reinterpret_cast<const uint4*>(row + 1024 + 16 * lane);
-      }
-    }
-    FenceSharedForBulk();
-    __syncwarp();
-    if (lane == 0) {
-      if (slot >= 0) {
-        const int32_t block = div.Div(slot);
-        BulkStore(layer + block * block_stride +
-                      static_cast<int64_t>(slot - block * div.d) * kRecord,
-                  rec, kRecord);
-      } else {
-        BulkCommitEmpty();
-      }
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      const int64_t next = tile + int64_t{kBulkStages} * gridDim.x;
-      if (next < tiles) fetch(next, stage);
-    }
-    slot = next_slot;
-  }
-  if (lane == 0) BulkStoresDone();
+  internal::DsMlaBulkStore(
+      block_stride, div, layer, kv, slots, n,
+      [](const uint8_t* row, uint8_t* rec, int lane) {
+        const uint4 a = *reinterpret_cast<const uint4*>(row + 16 * lane);
+        const uint4 b = *reinterpret_cast<const uint4*>(row + 512 + 16 * lane);
+        *reinterpret_cast<uint2*>(rec + 8 * lane) =
+            make_uint2(a.x ^ a.y, a.z ^ a.w);
+        *reinterpret_cast<uint2*>(rec + 256 + 8 * lane) =
+            make_uint2(b.x ^ b.y, b.z ^ b.w);
+        if (lane == 0) {
+          *reinterpret_cast<uint4*>(rec + 512) = make_uint4(a.x, b.x, a.y, b.y);
+        }
+        if (lane < 8) {
+          *reinterpret_cast<uint4*>(rec + kTail + 16 * lane) =
+              *reinterpret_cast<const uint4*>(row + 1024 + 16 * lane);
+        }
+      });
 }
 
 }  // namespace
@@ -315,14 +255,17 @@ cudaError_t DsMlaStoreTrafficFlat(uint8_t* layer, const uint16_t* kv, int64_t n,
 cudaError_t DsMlaStoreTrafficBulk(const PoolLayout& layout, uint8_t* layer,
                                   const uint16_t* kv, const int32_t* slots,
                                   int64_t n, cudaStream_t stream) {
+  using internal::kDsMlaBulkSmem;
+  using internal::kDsMlaBulkThreads;
   constexpr auto kKernel = StoreTrafficBulkKernel;
   if (layout.block_stride % 16 != 0) return cudaErrorInvalidValue;
   const int resident =
-      internal::ResidentCtasSmem<kKernel, kBulkTile * kWarp, kBulkSmem>();
+      internal::ResidentCtasSmem<kKernel, kDsMlaBulkThreads, kDsMlaBulkSmem>();
   if (resident == 0) return cudaErrorNotSupported;
   const FastDiv div = FastDiv::Of(static_cast<int32_t>(layout.block_size));
-  const dim3 grid(internal::PersistentGrid(n, kBulkTile, resident));
-  kKernel<<<grid, kBulkTile * kWarp, kBulkSmem, stream>>>(
+  const dim3 grid(
+      internal::PersistentGrid(n, internal::kDsMlaBulkTile, resident));
+  kKernel<<<grid, kDsMlaBulkThreads, kDsMlaBulkSmem, stream>>>(
       layout.block_stride, div, layer, kv, slots, n);
   return cudaGetLastError();
 }

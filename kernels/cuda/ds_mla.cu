@@ -13,10 +13,10 @@
 // - the warp store (small batches): persistent, kSteps tokens per warp in
 //   flight (every load of a round issued before any math), records written
 //   by the lanes;
-// - the bulk store (large batches, 16-byte aligned layer and block stride):
-//   persistent CTAs of kBulkTile warps over tiles of kBulkTile consecutive
-//   tokens, whose rows (contiguous) arrive in shared memory by one bulk
-//   copy kBulkStages tiles ahead; each warp encodes its token from shared
+// - the bulk store (large batches, 16-byte aligned layer and block stride;
+//   ds_mla_bulk.cuh): persistent CTAs of 16 warps over tiles of 16
+//   consecutive tokens, whose rows (contiguous) arrive in shared memory by
+//   one bulk copy two tiles ahead; each warp encodes its token from shared
 //   memory into a shared record that one bulk store writes to the slot.
 //   Measured on the H200 (docs/BENCHMARKS.md): 91 % of copy at 1M tokens
 //   where the warp store reaches 82 % (its scattered 656-byte records are
@@ -34,10 +34,10 @@
 #include <climits>
 #include <cstdint>
 
-#include "kernels/cuda/device_bulk.cuh"
 #include "kernels/cuda/device_quant.cuh"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/ds_mla.cuh"
+#include "kernels/cuda/ds_mla_bulk.cuh"
 #include "kernels/cuda/launch_internal.h"
 #include "kernels/format.h"
 #include "kernels/store_load.h"
@@ -50,12 +50,6 @@ constexpr int kWarpsPerCta = kThreads / kWarp;
 constexpr int kStoreSteps = 2;
 constexpr int kLoadSteps = 1;
 constexpr unsigned kMaxGridY = 65535;
-constexpr int kBulkTile = 16;   // warps (tokens) per CTA and tile
-constexpr int kBulkStages = 2;  // tiles in flight per CTA
-constexpr int kBulkThreads = kBulkTile * kWarp;
-constexpr int kRowBytes = kDsMlaElems * 2;
-constexpr int kBulkSmem = kBulkStages * kBulkTile * (kRowBytes + kDsMlaRecord);
-static_assert(kRowBytes % 16 == 0 && kDsMlaRecord % 16 == 0);
 
 struct StoreIn {
   uint4 a, b, tail;
@@ -106,89 +100,30 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Shared memory: rows [kBulkStages][kBulkTile][1152 B], then records
-// [kBulkStages][kBulkTile][656 B]; one barrier per stage. Thread 0 issues
-// the row copies; warp w takes token tile * kBulkTile + w; its lane 0
-// writes the record with one bulk store, one bulk group per tile (empty
-// for a -1 slot) so that a stage's record is rewritten only after the
-// store issued from it kBulkStages tiles earlier has read it.
 template <bool kHw>
-__global__ void __launch_bounds__(kBulkThreads)
+__global__ void __launch_bounds__(kDsMlaBulkThreads)
     DsMlaStoreBulkKernel(int64_t block_stride, FastDiv div, uint8_t* layer,
                          const uint16_t* kv,    // [n][576] BF16
                          const int32_t* slots,  // [n]; -1 = padding, skip
                          int64_t n) {
-  extern __shared__ __align__(128) uint8_t smem[];
-  __shared__ __align__(8) uint64_t bars[kBulkStages];
-  uint8_t* const rows = smem;
-  uint8_t* const recs = smem + kBulkStages * kBulkTile * kRowBytes;
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int64_t tiles = (n + kBulkTile - 1) / kBulkTile;
-  const auto fetch = [&](int64_t tile, int stage) {
-    const int64_t first = tile * kBulkTile;
-    const int64_t count = n - first < kBulkTile ? n - first : kBulkTile;
-    BulkLoad(rows + stage * kBulkTile * kRowBytes, kv + first * kDsMlaElems,
-             static_cast<uint32_t>(count * kRowBytes), &bars[stage]);
-  };
-  const auto slot_of = [&](int64_t tile) -> int32_t {
-    const int64_t token = tile * kBulkTile + warp;
-    return token < n ? __ldg(slots + token) : -1;
-  };
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kBulkStages; ++s) BarrierInit(&bars[s]);
-  }
-  __syncthreads();
-  PdlWait();
-  PdlLaunchDependents();
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kBulkStages; ++s) {
-      const int64_t tile = blockIdx.x + int64_t{s} * gridDim.x;
-      if (tile < tiles) fetch(tile, s);
-    }
-  }
-  int32_t slot = slot_of(blockIdx.x);
-  int it = 0;
-  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++it) {
-    const int32_t next_slot = slot_of(tile + gridDim.x);  // one tile ahead
-    const int stage = it % kBulkStages;
-    BarrierWait(&bars[stage], (it / kBulkStages) & 1);
-    uint8_t* const rec = recs + (stage * kBulkTile + warp) * kDsMlaRecord;
-    if (lane == 0) BulkStoresRead<kBulkStages - 1>();
-    __syncwarp();
-    if (slot >= 0) {  // the same in every lane
-      const uint8_t* row = rows + (stage * kBulkTile + warp) * kRowBytes;
-      LaneInput<uint16_t> raw;
-      raw.v[0] = *reinterpret_cast<const uint4*>(row + 16 * lane);
-      raw.v[1] = *reinterpret_cast<const uint4*>(row + 512 + 16 * lane);
-      const uint4 tail =
-          lane < 8 ? *reinterpret_cast<const uint4*>(row + 1024 + 16 * lane)
-                   : make_uint4(0, 0, 0, 0);
-      float x[16];
-      ToFloat16(raw, x);
-      const uint4 a = raw.v[0], b = raw.v[1];
-      const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-      const DsMlaChunks c = DsMlaEncodeChunksBf16<kHw>(x, w);
-      // rec as slot 0 of a one-record "layer" in shared memory.
-      DsMlaPutRecordChunks</*kStreaming=*/false>(rec, 0, div, 0, c, tail, lane);
-    }
-    FenceSharedForBulk();
-    __syncwarp();
-    if (lane == 0) {
-      if (slot >= 0) {
-        BulkStore(DsMlaRecordAt(layer, block_stride, div, slot), rec,
-                  kDsMlaRecord);
-      } else {
-        BulkCommitEmpty();
-      }
-    }
-    __syncthreads();  // every warp has read this stage's rows
-    if (threadIdx.x == 0) {
-      const int64_t next = tile + int64_t{kBulkStages} * gridDim.x;
-      if (next < tiles) fetch(next, stage);
-    }
-    slot = next_slot;
-  }
-  if (lane == 0) BulkStoresDone();
+  DsMlaBulkStore(
+      block_stride, div, layer, kv, slots, n,
+      [&](const uint8_t* row, uint8_t* rec, int lane) {
+        LaneInput<uint16_t> raw;
+        raw.v[0] = *reinterpret_cast<const uint4*>(row + 16 * lane);
+        raw.v[1] = *reinterpret_cast<const uint4*>(row + 512 + 16 * lane);
+        const uint4 tail =
+            lane < 8 ? *reinterpret_cast<const uint4*>(row + 1024 + 16 * lane)
+                     : make_uint4(0, 0, 0, 0);
+        float x[16];
+        ToFloat16(raw, x);
+        const uint4 a = raw.v[0], b = raw.v[1];
+        const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        const DsMlaChunks c = DsMlaEncodeChunksBf16<kHw>(x, w);
+        // rec as slot 0 of a one-record "layer" in shared memory.
+        DsMlaPutRecordChunks</*kStreaming=*/false>(rec, 0, div, 0, c, tail,
+                                                   lane);
+      });
 }
 
 template <int kSteps>
@@ -274,12 +209,14 @@ cudaError_t StoreBulk(const PoolLayout& layout, uint8_t* layer,
   if (!Aligned16(layer) || !Aligned16(kv) || layout.block_stride % 16 != 0) {
     return cudaErrorNotSupported;
   }
-  const int resident = ResidentCtasSmem<kKernel, kBulkThreads, kBulkSmem>();
+  const int resident =
+      ResidentCtasSmem<kKernel, kDsMlaBulkThreads, kDsMlaBulkSmem>();
   if (resident == 0) return cudaErrorNotSupported;
   const FastDiv div = FastDiv::Of(static_cast<int32_t>(layout.block_size));
-  const dim3 grid(PersistentGrid(n, kBulkTile, resident));
-  return LaunchKernelSmem(kKernel, grid, dim3(kBulkThreads), kBulkSmem, launch,
-                          layout.block_stride, div, layer, kv, slots, n);
+  const dim3 grid(PersistentGrid(n, kDsMlaBulkTile, resident));
+  return LaunchKernelSmem(kKernel, grid, dim3(kDsMlaBulkThreads),
+                          kDsMlaBulkSmem, launch, layout.block_stride, div,
+                          layer, kv, slots, n);
 }
 
 template <bool kHw>
