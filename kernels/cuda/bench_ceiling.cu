@@ -190,8 +190,8 @@ __global__ void __launch_bounds__(kThreads)
 // The store's bytes as plain contiguous copies: input words (n x 1152
 // bytes) read in order, record words (n x 656 bytes) written in order, each
 // written word depending on a read one, two words in flight per thread. No
-// per-token layout and no pool blocks: the best any store of these bytes
-// could do with ordinary loads and stores.
+// per-token layout and no pool blocks: what plain copies of these bytes
+// reach in one launch (a reference point, not a proven bound).
 __global__ void __launch_bounds__(kThreads)
     StoreTrafficFlatKernel(const uint4* in, int64_t in_words, uint4* out,
                            int64_t out_words) {
