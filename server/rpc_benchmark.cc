@@ -26,6 +26,10 @@
 // as each kernel's p50: what any call that long costs beyond its work.
 // From Stats, it also prints the daemon's handler time per call beyond its
 // kernel time, so the overhead splits into handler, gRPC and client.
+// Last, clients that spin on their replies instead of sleeping (an async
+// client polling its completion queue with zero timeouts; the socket
+// ping-pong reading without blocking), against the daemon and the bare
+// floor: how much of a round trip is the client's own wake-up.
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -258,6 +262,56 @@ absl::Status CallbackPing(v1::KVCache::Stub* stub) {
   done.WaitForNotification();
   return status.ok() ? absl::OkStatus()
                      : absl::UnavailableError(status.error_message());
+}
+
+// Ping with the async API, this thread spinning on the completion queue
+// (zero-timeout AsyncNext) instead of sleeping until the reply: the reply
+// never waits for this thread's core to wake up.
+absl::Status SpinningPing(v1::KVCache::Stub* stub, grpc::CompletionQueue* cq) {
+  grpc::ClientContext ctx;
+  v1::PingRequest req;
+  v1::PingResponse resp;
+  grpc::Status status;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<v1::PingResponse>> call =
+      stub->AsyncPing(&ctx, req, cq);
+  int tag = 0;
+  call->Finish(&resp, &status, &tag);
+  const gpr_timespec now = gpr_time_0(GPR_CLOCK_MONOTONIC);
+  for (;;) {
+    void* got = nullptr;
+    bool ok = false;
+    switch (cq->AsyncNext(&got, &ok, now)) {
+      case grpc::CompletionQueue::GOT_EVENT:
+        if (got != &tag || !ok) return absl::InternalError("unexpected tag");
+        return status.ok() ? absl::OkStatus()
+                           : absl::UnavailableError(status.error_message());
+      case grpc::CompletionQueue::TIMEOUT:
+        continue;
+      case grpc::CompletionQueue::SHUTDOWN:
+        return absl::InternalError("completion queue shut down");
+    }
+  }
+}
+
+// The spinning client's row on `target` (a minimal-stack channel of its
+// own, as the raw clients' fastest row).
+Result MeasureSpinningPing(const std::string& target, const std::string& what,
+                           int warmup, int iters) {
+  grpc::ChannelArguments args;
+  args.SetInt("kvdepot.bench.channel", -1);
+  args.SetInt(GRPC_ARG_MINIMAL_STACK, 1);
+  auto stub = v1::KVCache::NewStub(grpc::CreateCustomChannel(
+      target, grpc::InsecureChannelCredentials(), args));
+  grpc::CompletionQueue cq;
+  Result r = Measure(
+      absl::StrCat(what, ", async client spinning, minimal-stack channel"),
+      warmup, iters, [&] { return SpinningPing(stub.get(), &cq); });
+  cq.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq.Next(&tag, &ok)) {
+  }
+  return r;
 }
 
 // Ping on `target` with the raw clients: a sync stub on a default channel,
@@ -585,6 +639,16 @@ int Run() {
                                 [&] { return SyncPing(stub.get(), 0); }));
     }
   }
+  // Clients that spin on their replies: the socket floor and Ping alike
+  // (the servers still sleep between requests).
+  const size_t spin_i = results.size();
+  results.push_back(testing::SocketPingPongSpinning(warmup, iters));
+  results.push_back(
+      MeasureSpinningPing(client->target(), "Ping (raw)", warmup, iters));
+  if (floor && in_child) {
+    results.push_back(MeasureSpinningPing(
+        floor_targets[0], "gRPC floor (bare callback server)", warmup, iters));
+  }
   std::printf("| request | p50 us | p99 us | mean us |\n|---|---|---|---|\n");
   for (const Result& r : results) {
     std::printf("| %s | %.1f | %.1f | %.1f |\n", r.name.c_str(), r.p50_us,
@@ -611,6 +675,20 @@ int Run() {
       "\nPing p50 over the same run's Unix-socket ping-pong p50: "
       "%.1f us / %.1f us = %.2fx\n",
       ping, socket, ping / socket);
+  {
+    const double spin_socket = results[spin_i].p50_us;
+    const double spin_ping = results[spin_i + 1].p50_us;
+    std::printf(
+        "clients spinning on their replies: Ping %.1f us over the socket "
+        "ping-pong %.1f us = %.2fx",
+        spin_ping, spin_socket, spin_ping / spin_socket);
+    if (results.size() > spin_i + 2) {
+      std::printf("; the bare gRPC floor %.1f us = %.2fx",
+                  results[spin_i + 2].p50_us,
+                  results[spin_i + 2].p50_us / spin_socket);
+    }
+    std::printf("\n");
+  }
   if (floor) {
     // Like for like: the sync stub on a default channel, on each server.
     const double bare = results[floor_i].p50_us;

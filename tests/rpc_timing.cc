@@ -1,5 +1,6 @@
 #include "tests/rpc_timing.h"
 
+#include <errno.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -35,8 +36,20 @@ Timing MeasureCalls(const std::string& name, int warmup, int iterations,
   return {name, us[us.size() / 2], us[us.size() * 99 / 100], mean};
 }
 
-Timing SocketPingPong(int warmup, int iterations) {
-  const std::string name = "Unix socket ping-pong (1 byte)";
+namespace {
+
+// Reads one byte from `fd`, spinning with non-blocking reads when `spin`.
+bool ReadByte(int fd, char* b, bool spin) {
+  if (!spin) return read(fd, b, 1) == 1;
+  for (;;) {
+    const ssize_t n = recv(fd, b, 1, MSG_DONTWAIT);
+    if (n == 1) return true;
+    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) return false;
+  }
+}
+
+Timing PingPong(const std::string& name, bool spin, int warmup,
+                int iterations) {
   int fds[2];
   if (socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) {
     std::perror("socketpair");
@@ -51,7 +64,7 @@ Timing SocketPingPong(int warmup, int iterations) {
   char b = 'x';
   const Timing t =
       MeasureCalls(name, warmup, iterations, [&]() -> absl::Status {
-        if (write(fds[0], &b, 1) != 1 || read(fds[0], &b, 1) != 1) {
+        if (write(fds[0], &b, 1) != 1 || !ReadByte(fds[0], &b, spin)) {
           return absl::InternalError("ping-pong failed");
         }
         return absl::OkStatus();
@@ -61,6 +74,17 @@ Timing SocketPingPong(int warmup, int iterations) {
   echo.join();
   close(fds[1]);
   return t;
+}
+
+}  // namespace
+
+Timing SocketPingPong(int warmup, int iterations) {
+  return PingPong("Unix socket ping-pong (1 byte)", false, warmup, iterations);
+}
+
+Timing SocketPingPongSpinning(int warmup, int iterations) {
+  return PingPong("Unix socket ping-pong (1 byte), client spinning", true,
+                  warmup, iterations);
 }
 
 }  // namespace kvdepot::testing

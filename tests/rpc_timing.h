@@ -26,6 +26,11 @@ Timing MeasureCalls(const std::string& name, int warmup, int iterations,
 // socketpair(AF_UNIX, SOCK_STREAM).
 Timing SocketPingPong(int warmup, int iterations);
 
+// The same ping-pong with this thread spinning on its reply (non-blocking
+// reads) instead of sleeping in read; the echo thread still sleeps, as a
+// server does. The floor for a client that spins on its replies.
+Timing SocketPingPongSpinning(int warmup, int iterations);
+
 }  // namespace kvdepot::testing
 
 #endif  // KVDEPOT_TESTS_RPC_TIMING_H_

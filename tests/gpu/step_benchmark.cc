@@ -71,7 +71,8 @@ ABSL_FLAG(std::string, external_schedulers,
           "cpp_sync,cpp_callback,cpp_stream,python",
           "schedulers in their own process measured on (c): cpp_sync, "
           "cpp_callback, cpp_stream (step_scheduler --api=sync, callback, "
-          "stream), python (step_scheduler.py)");
+          "stream), each also with the suffix _busy (--busy_between_steps: "
+          "a scheduler core that never idles), python (step_scheduler.py)");
 ABSL_FLAG(std::string, python, "python3", "the interpreter of python");
 ABSL_FLAG(bool, device_block_tables, true,
           "the registrations keep their block tables in device memory "
@@ -516,8 +517,11 @@ std::vector<std::string> SchedulerArgv(const std::string& name,
   const std::vector<std::string> common = {"--socket=" + socket,
                                            "--request=" + request};
   std::vector<std::string> argv;
-  if (name == "cpp_sync" || name == "cpp_callback" || name == "cpp_stream") {
-    argv = {BesideSelf("step_scheduler"), "--api=" + name.substr(4)};
+  const bool busy = absl::EndsWith(name, "_busy");
+  const std::string api = name.substr(0, busy ? name.size() - 5 : name.size());
+  if (api == "cpp_sync" || api == "cpp_callback" || api == "cpp_stream") {
+    argv = {BesideSelf("step_scheduler"), "--api=" + api.substr(4)};
+    if (busy) argv.push_back("--busy_between_steps");
   } else if (name == "python") {
     argv = {absl::GetFlag(FLAGS_python), BesideSelf("step_scheduler.py")};
   } else {

@@ -29,6 +29,7 @@
 // whole run (--api=stream): one Write and one Read per step, a refusal in
 // the reply's error_code (the stream stays open; a stream that ended is
 // opened again at the next step).
+#include <poll.h>
 #include <sys/resource.h>
 #include <time.h>
 
@@ -56,6 +57,9 @@ ABSL_FLAG(std::string, api, "sync", "sync, callback or stream");
 ABSL_FLAG(int, in_flight_retry_ms, 10000,
           "how long a Step refused with RESOURCE_EXHAUSTED (two steps in "
           "flight) is sent again");
+ABSL_FLAG(bool, busy_between_steps, false,
+          "spin on stdin between steps (a scheduler core that never idles); "
+          "cpu_us then leaves the main thread's spinning out");
 
 namespace kvdepot::testing {
 namespace {
@@ -64,6 +68,21 @@ double ProcessCpuUs() {
   timespec t;
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
   return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
+double ThreadCpuUs() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
+// Returns once std::cin has a line's bytes (or EOF) without sleeping: the
+// benchmark writes one line and waits for its answer, so what is buffered
+// is at most that line.
+void SpinUntilReadable() {
+  pollfd p{0, POLLIN, 0};
+  while (std::cin.rdbuf()->in_avail() <= 0 && poll(&p, 1, 0) == 0) {
+  }
 }
 
 // One int32 array field of the request: the scheduler's values and where
@@ -152,11 +171,14 @@ int Run(int argc, char** argv) {
   InFlightRetry retry_policy;
   retry_policy.budget =
       absl::Milliseconds(absl::GetFlag(FLAGS_in_flight_retry_ms));
-  double cpu0 = -1;
+  const bool busy = absl::GetFlag(FLAGS_busy_between_steps);
+  double cpu0 = -1, main0 = 0, main_in_steps = 0;
   int steps = 0, retries = 0;
   std::string line;
-  while (std::getline(std::cin, line)) {
-    if (line == "q") break;
+  for (;;) {
+    if (busy) SpinUntilReadable();
+    const double step_t0 = ThreadCpuUs();
+    if (!std::getline(std::cin, line) || line == "q") break;
     uint64_t id = 0;
     if (!absl::SimpleAtoi(line, &id)) {
       std::printf("err 3 bad line\n");
@@ -195,8 +217,10 @@ int Run(int argc, char** argv) {
     const absl::Status s =
         SendRespectingDepth(send, retry_policy, &step_retries);
     retries += step_retries;
-    if (cpu0 < 0) {
+    const bool first = cpu0 < 0;
+    if (first) {
       cpu0 = ProcessCpuUs();  // the first step is not counted
+      main0 = ThreadCpuUs();
     } else {
       ++steps;
     }
@@ -207,13 +231,19 @@ int Run(int argc, char** argv) {
                   std::string(s.message()).c_str());
     }
     std::fflush(stdout);
+    if (!first) main_in_steps += ThreadCpuUs() - step_t0;
   }
   if (stream != nullptr) {
     stream->WritesDone();
     stream->Finish();
   }
-  std::printf("cpu_us %.1f steps %d retries %d\n",
-              cpu0 < 0 ? 0.0 : ProcessCpuUs() - cpu0, steps, retries);
+  double cpu = 0;
+  if (cpu0 >= 0) {
+    cpu = ProcessCpuUs() - cpu0;
+    // Busy: the other threads' CPU, and the main thread's only inside steps.
+    if (busy) cpu = cpu - (ThreadCpuUs() - main0) + main_in_steps;
+  }
+  std::printf("cpu_us %.1f steps %d retries %d\n", cpu, steps, retries);
   std::fflush(stdout);
   return 0;
 }

@@ -16,7 +16,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/kvdepot_client.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -45,10 +49,14 @@ class StepSchedulerTest : public ::testing::TestWithParam<const char*> {
     r.set_num_tokens(2);
     r.set_slot_mapping(std::string(8, '\0'));
     std::ofstream(request_, std::ios::binary) << r.SerializeAsString();
+    std::vector<std::string> argv = {"tests/gpu/step_scheduler",
+                                     "--socket=" + daemon_->socket_path(),
+                                     "--request=" + request_};
+    for (absl::string_view flag : absl::StrSplit(GetParam(), ' ')) {
+      argv.emplace_back(flag);
+    }
     absl::StatusOr<std::unique_ptr<SchedulerProcess>> p =
-        SchedulerProcess::Start({"tests/gpu/step_scheduler",
-                                 "--socket=" + daemon_->socket_path(),
-                                 "--request=" + request_, GetParam()});
+        SchedulerProcess::Start(argv);
     EXPECT_TRUE(p.ok()) << p.status();
     return p.ok() ? *std::move(p) : nullptr;
   }
@@ -84,9 +92,29 @@ TEST_P(StepSchedulerTest, ARealSessionReachesTheStepService) {
   ASSERT_TRUE(p->Finish().ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(Apis, StepSchedulerTest,
-                         ::testing::Values("--api=sync", "--api=callback",
-                                           "--api=stream"));
+// A scheduler that spins between steps counts its steps, not its spinning:
+// 300 ms of spinning before each of two counted steps would be >= 300000 us
+// per step.
+TEST_P(StepSchedulerTest, ABusySchedulerCountsItsStepsNotItsSpinning) {
+  if (!absl::StrContains(GetParam(), "--busy_between_steps")) {
+    GTEST_SKIP() << "only with --busy_between_steps";
+  }
+  std::unique_ptr<SchedulerProcess> p = Start(std::string(32, 'a'));
+  ASSERT_NE(p, nullptr);
+  for (uint64_t step = 1; step <= 3; ++step) {
+    if (step > 1) absl::SleepFor(absl::Milliseconds(300));
+    EXPECT_EQ(p->Send(step).code(), absl::StatusCode::kUnauthenticated);
+  }
+  absl::StatusOr<double> cpu = p->Finish();
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_GT(*cpu, 0.0);
+  EXPECT_LT(*cpu, 100000.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Apis, StepSchedulerTest,
+    ::testing::Values("--api=sync", "--api=callback", "--api=stream",
+                      "--api=stream --busy_between_steps"));
 
 // Answers the first `refusals` calls with the daemon's "two steps in flight"
 // refusal (or `code`), every later one OK; records the step ids it saw.
