@@ -44,6 +44,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/kernels.h"
 #include "planner/plan.h"
@@ -70,9 +71,11 @@ ABSL_FLAG(int, steps_b, 5, "measured steps of mode (b) per configuration");
 ABSL_FLAG(std::string, external_schedulers,
           "cpp_sync,cpp_callback,cpp_stream,python",
           "schedulers in their own process measured on (c): cpp_sync, "
-          "cpp_callback, cpp_stream (step_scheduler --api=sync, callback, "
-          "stream), each also with the suffix _busy (--busy_between_steps: "
-          "a scheduler core that never idles), python (step_scheduler.py)");
+          "cpp_callback, cpp_stream, cpp_stream_spin (step_scheduler "
+          "--api=sync, callback, stream, stream_spin), each also with the "
+          "suffixes _busy (--busy_between_steps: "
+          "a scheduler core that never idles) and then _nobdp (--bdp_probe="
+          "false); python (step_scheduler.py)");
 ABSL_FLAG(std::string, python, "python3", "the interpreter of python");
 ABSL_FLAG(bool, device_block_tables, true,
           "the registrations keep their block tables in device memory "
@@ -517,11 +520,18 @@ std::vector<std::string> SchedulerArgv(const std::string& name,
   const std::vector<std::string> common = {"--socket=" + socket,
                                            "--request=" + request};
   std::vector<std::string> argv;
-  const bool busy = absl::EndsWith(name, "_busy");
-  const std::string api = name.substr(0, busy ? name.size() - 5 : name.size());
-  if (api == "cpp_sync" || api == "cpp_callback" || api == "cpp_stream") {
-    argv = {BesideSelf("step_scheduler"), "--api=" + api.substr(4)};
-    if (busy) argv.push_back("--busy_between_steps");
+  // cpp_<api>[_busy][_nobdp]: the suffixes add step_scheduler flags.
+  absl::string_view api = name;
+  std::vector<std::string> flags;
+  if (absl::ConsumeSuffix(&api, "_nobdp")) flags.push_back("--bdp_probe=false");
+  if (absl::ConsumeSuffix(&api, "_busy")) {
+    flags.push_back("--busy_between_steps");
+  }
+  if (api == "cpp_sync" || api == "cpp_callback" || api == "cpp_stream" ||
+      api == "cpp_stream_spin") {
+    argv = {BesideSelf("step_scheduler"),
+            absl::StrCat("--api=", api.substr(4))};
+    argv.insert(argv.end(), flags.begin(), flags.end());
   } else if (name == "python") {
     argv = {absl::GetFlag(FLAGS_python), BesideSelf("step_scheduler.py")};
   } else {
@@ -572,6 +582,12 @@ absl::StatusOr<Row> Measure(StepRig* rig, LibraryMode* lib,
     row.daemon_cpu_us = c.daemon_cpu_us;
     row.path_threads = c.threads;
     row.path_phases = c.phase_profile;
+    // The daemon's own view: its phases' GPU time (flag seen .. done
+    // written), the median over this registration's timed steps so far.
+    if (absl::StatusOr<v1::RegistrationInfo> info = rig->Status(); info.ok()) {
+      absl::StrAppend(&row.path_phases, "; daemon-side phase p50 ",
+                      absl::SixDigits(info->handoff_p50_us()), " us");
+    }
     row.sched_cpu_us = sched_cpu / (steps + 1);
     // The same with a scheduler in its own process (its process CPU).
     const std::string request = absl::StrCat(

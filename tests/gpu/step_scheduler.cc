@@ -28,7 +28,10 @@
 // waited on a notification (--api=callback), or one StepStream for the
 // whole run (--api=stream): one Write and one Read per step, a refusal in
 // the reply's error_code (the stream stays open; a stream that ended is
-// opened again at the next step).
+// opened again at the next step); --api=stream_spin is that stream through
+// the async API, this thread polling for the Write and the Read instead of
+// sleeping until they complete.
+#include <dirent.h>
 #include <poll.h>
 #include <sys/resource.h>
 #include <time.h>
@@ -37,7 +40,9 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -46,6 +51,7 @@
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
 #include "grpcpp/grpcpp.h"
 #include "kvdepot/v1/step.grpc.pb.h"
@@ -53,10 +59,12 @@
 
 ABSL_FLAG(std::string, socket, "", "kvdepotd's Unix socket");
 ABSL_FLAG(std::string, request, "", "a serialized kvdepot.v1.StepRequest");
-ABSL_FLAG(std::string, api, "sync", "sync, callback or stream");
+ABSL_FLAG(std::string, api, "sync", "sync, callback, stream or stream_spin");
 ABSL_FLAG(int, in_flight_retry_ms, 10000,
           "how long a Step refused with RESOURCE_EXHAUSTED (two steps in "
           "flight) is sent again");
+ABSL_FLAG(bool, bdp_probe, true,
+          "gRPC's BDP probe pings on the channel (gRPC's default: on)");
 ABSL_FLAG(bool, busy_between_steps, false,
           "spin on stdin between steps (a scheduler core that never idles); "
           "cpu_us then leaves the main thread's spinning out");
@@ -74,6 +82,27 @@ double ThreadCpuUs() {
   timespec t;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
+// CPU us of each thread of this process ("name/tid"), from the scheduler's
+// run-time accounting (/proc/self/task/*/schedstat, in ns): which threads'
+// work a step's CPU is, gRPC's or the caller's.
+std::map<std::string, double> ThreadsCpuUs() {
+  std::map<std::string, double> out;
+  DIR* d = opendir("/proc/self/task");
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    const std::string dir = std::string("/proc/self/task/") + e->d_name;
+    std::ifstream comm(dir + "/comm"), stat(dir + "/schedstat");
+    std::string name;
+    double ns = 0;
+    if (std::getline(comm, name) && (stat >> ns)) {
+      out[name + "/" + e->d_name] = ns / 1e3;
+    }
+  }
+  closedir(d);
+  return out;
 }
 
 // Returns once std::cin has a line's bytes (or EOF) without sleeping: the
@@ -105,6 +134,85 @@ void Fill(std::string* field, const std::vector<int32_t>& values) {
   if (!values.empty()) std::memcpy(field->data(), values.data(), field->size());
 }
 
+// --api=stream_spin: the run's StepStream through the async API, this
+// thread polling its completion queue with zero timeouts until the step's
+// Write and Read completed: a scheduler that never sleeps on a reply.
+class SpinningStream {
+ public:
+  explicit SpinningStream(v1::Step::Stub* stub) : stub_(stub) {}
+  SpinningStream(const SpinningStream&) = delete;
+  SpinningStream& operator=(const SpinningStream&) = delete;
+  ~SpinningStream() {
+    if (stream_ != nullptr) {
+      ctx_->TryCancel();
+      grpc::Status ignored;
+      stream_->Finish(&ignored, Tag(kFinish));
+      Spin(1 << kFinish);
+    }
+    cq_.Shutdown();
+    void* tag = nullptr;
+    bool ok = false;
+    while (cq_.Next(&tag, &ok)) {
+    }
+  }
+
+  // One step: the daemon's answer, or why the stream ended (it is opened
+  // again at the next call).
+  absl::Status Send(const v1::StepRequest& request, v1::StepResponse* reply) {
+    if (stream_ == nullptr) {
+      ctx_ = std::make_unique<grpc::ClientContext>();
+      stream_ = stub_->AsyncStepStream(ctx_.get(), &cq_, Tag(kStart));
+      if (Spin(1 << kStart) != (1 << kStart)) return Ended();
+    }
+    stream_->Write(request, Tag(kWrite));
+    stream_->Read(reply, Tag(kRead));
+    if (Spin((1 << kWrite) | (1 << kRead)) != ((1 << kWrite) | (1 << kRead))) {
+      return Ended();
+    }
+    return absl::Status(static_cast<absl::StatusCode>(reply->error_code()),
+                        reply->error_message());
+  }
+
+ private:
+  enum Op { kStart, kWrite, kRead, kFinish };
+  static void* Tag(Op op) { return reinterpret_cast<void*>(intptr_t{op} + 1); }
+
+  // Polls until every operation in `want` completed; returns those that
+  // completed with ok.
+  int Spin(int want) {
+    const gpr_timespec now = gpr_time_0(GPR_CLOCK_MONOTONIC);
+    int done = 0, ok_mask = 0;
+    while ((done & want) != want) {
+      void* tag = nullptr;
+      bool ok = false;
+      const auto r = cq_.AsyncNext(&tag, &ok, now);
+      if (r == grpc::CompletionQueue::SHUTDOWN) break;
+      if (r != grpc::CompletionQueue::GOT_EVENT) continue;
+      const int op = static_cast<int>(reinterpret_cast<intptr_t>(tag) - 1);
+      done |= 1 << op;
+      if (ok) ok_mask |= 1 << op;
+    }
+    return ok_mask & want;
+  }
+
+  absl::Status Ended() {
+    grpc::Status s;
+    stream_->Finish(&s, Tag(kFinish));
+    Spin(1 << kFinish);
+    stream_.reset();
+    return absl::Status(s.ok() ? absl::StatusCode::kUnavailable
+                               : static_cast<absl::StatusCode>(s.error_code()),
+                        s.ok() ? "the step stream ended" : s.error_message());
+  }
+
+  v1::Step::Stub* const stub_;
+  grpc::CompletionQueue cq_;
+  std::unique_ptr<grpc::ClientContext> ctx_;
+  std::unique_ptr<
+      grpc::ClientAsyncReaderWriter<v1::StepRequest, v1::StepResponse>>
+      stream_;
+};
+
 int Run(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   std::ifstream f(absl::GetFlag(FLAGS_request), std::ios::binary);
@@ -116,10 +224,11 @@ int Run(int argc, char** argv) {
     return 2;
   }
   const std::string api = absl::GetFlag(FLAGS_api);
-  if (api != "sync" && api != "callback" && api != "stream") {
+  if (api != "sync" && api != "callback" && api != "stream" &&
+      api != "stream_spin") {
     std::fprintf(stderr,
-                 "step_scheduler: --api=%s: use sync, callback or "
-                 "stream\n",
+                 "step_scheduler: --api=%s: use sync, callback, stream or "
+                 "stream_spin\n",
                  api.c_str());
     return 2;
   }
@@ -143,6 +252,9 @@ int Run(int argc, char** argv) {
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(64 << 20);
   args.SetMaxReceiveMessageSize(64 << 20);
+  if (!absl::GetFlag(FLAGS_bdp_probe)) {
+    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  }
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateCustomChannel("unix:" + absl::GetFlag(FLAGS_socket),
                                 grpc::InsecureChannelCredentials(), args);
@@ -153,7 +265,10 @@ int Run(int argc, char** argv) {
   std::unique_ptr<grpc::ClientContext> stream_ctx;
   std::unique_ptr<grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>>
       stream;
+  std::optional<SpinningStream> spinning;
+  if (api == "stream_spin") spinning.emplace(stub.get());
   auto stream_send = [&]() -> absl::Status {
+    if (spinning.has_value()) return spinning->Send(request, &reply);
     if (stream == nullptr) {
       stream_ctx = std::make_unique<grpc::ClientContext>();
       stream = stub->StepStream(stream_ctx.get());
@@ -173,6 +288,7 @@ int Run(int argc, char** argv) {
       absl::Milliseconds(absl::GetFlag(FLAGS_in_flight_retry_ms));
   const bool busy = absl::GetFlag(FLAGS_busy_between_steps);
   double cpu0 = -1, main0 = 0, main_in_steps = 0;
+  std::map<std::string, double> threads0;
   int steps = 0, retries = 0;
   std::string line;
   for (;;) {
@@ -195,7 +311,7 @@ int Run(int argc, char** argv) {
     // One call; a refusal consumes no step id, so a retry sends the same
     // request again (with a fresh ClientContext, as gRPC requires).
     auto send = [&]() -> absl::Status {
-      if (api == "stream") return stream_send();
+      if (api == "stream" || api == "stream_spin") return stream_send();
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::seconds(10));
@@ -221,6 +337,7 @@ int Run(int argc, char** argv) {
     if (first) {
       cpu0 = ProcessCpuUs();  // the first step is not counted
       main0 = ThreadCpuUs();
+      threads0 = ThreadsCpuUs();
     } else {
       ++steps;
     }
@@ -242,6 +359,22 @@ int Run(int argc, char** argv) {
     cpu = ProcessCpuUs() - cpu0;
     // Busy: the other threads' CPU, and the main thread's only inside steps.
     if (busy) cpu = cpu - (ThreadCpuUs() - main0) + main_in_steps;
+  }
+  // On stderr, per step: each thread's CPU (the main thread's spinning
+  // included) and the main thread's inside its steps.
+  if (steps > 0) {
+    std::string line;
+    for (const auto& [name, us] : ThreadsCpuUs()) {
+      const auto it = threads0.find(name);
+      const double d = us - (it == threads0.end() ? 0.0 : it->second);
+      if (d >= 0.05 * steps) {
+        line += absl::StrFormat(" %s %.1f", name, d / steps);
+      }
+    }
+    std::fprintf(stderr,
+                 "step_scheduler: CPU us per step by thread:%s; main thread "
+                 "inside steps %.1f\n",
+                 line.c_str(), main_in_steps / steps);
   }
   std::printf("cpu_us %.1f steps %d retries %d\n", cpu, steps, retries);
   std::fflush(stdout);

@@ -114,6 +114,7 @@ TEST_P(StepSchedulerTest, ABusySchedulerCountsItsStepsNotItsSpinning) {
 INSTANTIATE_TEST_SUITE_P(
     Apis, StepSchedulerTest,
     ::testing::Values("--api=sync", "--api=callback", "--api=stream",
+                      "--api=stream_spin",
                       "--api=stream --busy_between_steps"));
 
 // Answers the first `refusals` calls with the daemon's "two steps in flight"
@@ -239,7 +240,8 @@ TEST_P(StepSchedulerRetryTest, OtherCodesAreNotSentAgain) {
 
 INSTANTIATE_TEST_SUITE_P(Apis, StepSchedulerRetryTest,
                          ::testing::Values("--api=sync", "--api=callback",
-                                           "--api=stream"));
+                                           "--api=stream",
+                                           "--api=stream_spin"));
 
 }  // namespace
 }  // namespace kvdepot::testing
