@@ -36,6 +36,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -363,18 +364,18 @@ int Run(int argc, char** argv) {
   // On stderr, per step: each thread's CPU (the main thread's spinning
   // included) and the main thread's inside its steps.
   if (steps > 0) {
-    std::string line;
+    std::string by_thread;
     for (const auto& [name, us] : ThreadsCpuUs()) {
       const auto it = threads0.find(name);
       const double d = us - (it == threads0.end() ? 0.0 : it->second);
       if (d >= 0.05 * steps) {
-        line += absl::StrFormat(" %s %.1f", name, d / steps);
+        by_thread += absl::StrFormat(" %s %.1f", name, d / steps);
       }
     }
     std::fprintf(stderr,
                  "step_scheduler: CPU us per step by thread:%s; main thread "
                  "inside steps %.1f\n",
-                 line.c_str(), main_in_steps / steps);
+                 by_thread.c_str(), main_in_steps / steps);
   }
   std::printf("cpu_us %.1f steps %d retries %d\n", cpu, steps, retries);
   std::fflush(stdout);
