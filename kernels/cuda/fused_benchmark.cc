@@ -3,7 +3,8 @@
 // BF16, then the plain store) and against the plain store alone, as ratios
 // of the same run's device-to-device copy bandwidth:
 //  1. bandwidth at 64K and 1M tokens, L2 flushed before every timed launch;
-//  2. GPU time at 1..1024 tokens in CUDA-graph replay (goal: <= 3 us).
+//  2. GPU time at 1..1024 tokens in CUDA-graph replay (goal: <= 3 us),
+//     also with PDL on (fused+pdl), as the step path chains its launches.
 // Byte model of the fused kernel (each counted once):
 //   per token: input 2D + record bytes_per_token + slot 4
 //              + RoPE on: position 8 + its cos/sin row 4 rope_dim
@@ -211,10 +212,14 @@ Workload Make(const Config& c, int64_t n) {
   return w;
 }
 
-Launcher FusedOf(Workload& w) {
-  return [&w](cudaStream_t s) {
+// The fused kernel; with `pdl`, launched as the step path launches it
+// (Programmatic Dependent Launch: in a graph of back-to-back launches each
+// one starts while the previous runs and waits in the kernel for it).
+Launcher FusedOf(Workload& w, bool pdl = false) {
+  return [&w, pdl](cudaStream_t s) {
     LaunchOptions o;
     o.stream = s;
+    o.pdl = pdl;
     return FusedStore(
         w.layout, w.pool.get(), w.kv.as<uint16_t>(), w.p, w.slots.as<int32_t>(),
         w.n, w.cast.get() != nullptr ? w.cast.as<uint16_t>() : nullptr, o);
@@ -349,7 +354,7 @@ int Main() {
   json.push_back(
       absl::StrCat("\"bandwidth\": [", absl::StrJoin(rows, ", "), "]"));
 
-  std::printf("\n%-14s %-8s %7s %9s  (graph replay, warm)\n", "config",
+  std::printf("\n%-14s %-10s %7s %9s  (graph replay, warm)\n", "config",
               "kernel", "tokens", "us");
   std::vector<std::string> lat;
   for (const Config& c : Configs()) {
@@ -357,9 +362,10 @@ int Main() {
       Workload w = Make(c, n);
       for (const auto& [kernel, f] :
            {std::pair<const char*, Launcher>{"fused", FusedOf(w)},
+            {"fused+pdl", FusedOf(w, true)},
             {"stages", StagesOf(w)}}) {
         const double t = GraphSeconds(f, launches);
-        std::printf("%-14s %-8s %7lld %9.2f\n", c.name.c_str(), kernel,
+        std::printf("%-14s %-10s %7lld %9.2f\n", c.name.c_str(), kernel,
                     static_cast<long long>(n), t * 1e6);
         lat.push_back(absl::StrFormat(
             "{\"config\": \"%s\", \"kernel\": \"%s\", \"tokens\": %d, "
