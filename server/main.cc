@@ -12,6 +12,7 @@
 #include "absl/flags/usage.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/malloc_tuning.h"
 #include "server/backend/cuda_env.h"
 #include "server/command_line.h"
 #include "server/daemon.h"
@@ -92,6 +93,11 @@ ABSL_FLAG(int, max_step_streams_per_session, 4,
 ABSL_FLAG(bool, cuda_blocking_sync, true,
           "CUDA backend: host threads waiting for the GPU sleep "
           "(cudaDeviceScheduleBlockingSync) instead of spinning a core.");
+ABSL_FLAG(int32_t, malloc_keep_freed_mb, 64,
+          "Freed memory each glibc malloc arena keeps for reuse, in MiB "
+          "(1-2047), instead of returning it to the kernel after every "
+          "request (common/malloc_tuning.h says why); 0 = glibc's "
+          "defaults.");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20,
           "Largest gRPC message received or sent.");
 ABSL_FLAG(bool, grpc_reflection, true,
@@ -202,6 +208,16 @@ int main(int argc, char** argv) {
                                         absl::GetFlag(FLAGS_metrics_address),
                                         /*unix_allowed=*/false)}) {
     if (!s.ok()) return UsageError(s.message());
+  }
+  if (const int32_t mb = absl::GetFlag(FLAGS_malloc_keep_freed_mb); mb != 0) {
+    if (mb < 0 || mb > 2047) {
+      return UsageError("--malloc_keep_freed_mb must be in [0, 2047]");
+    }
+    // A missed optimization, not a reason to refuse to start.
+    if (absl::Status s = kvdepot::KeepFreedMemory(int64_t{mb} << 20); !s.ok()) {
+      spdlog::warn("--malloc_keep_freed_mb={}: {}", mb,
+                   std::string(s.message()));
+    }
   }
 
   // Before any CUDA call: the driver reads these when it initializes.

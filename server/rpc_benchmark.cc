@@ -61,6 +61,7 @@
 #include "server/backend/cuda_env.h"
 #include "server/daemon.h"
 #include "spdlog/spdlog.h"
+#include "tests/malloc_flag.h"
 #include "tests/rpc_timing.h"
 
 ABSL_FLAG(std::string, address, "",
@@ -753,6 +754,7 @@ int Run() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  kvdepot::testing::ApplyMallocKeepFreedFlag();
   if (!absl::GetFlag(FLAGS_mutex_deadlock_detection)) {
     // As kvdepotd's main (server/main.cc); before any thread or fork.
     absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);

@@ -39,6 +39,7 @@
 #include "kvdepot/v1/step.grpc.pb.h"
 #include "server/step/step_test_rig.h"
 #include "spdlog/spdlog.h"
+#include "tests/malloc_flag.h"
 
 ABSL_FLAG(std::string, batches, "1,256", "B values (decode tokens)");
 ABSL_FLAG(int, steps, 3000, "measured steps per mode and batch");
@@ -224,6 +225,7 @@ int Run() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  kvdepot::testing::ApplyMallocKeepFreedFlag();
   spdlog::set_level(spdlog::level::warn);
   return kvdepot::step::Run();
 }

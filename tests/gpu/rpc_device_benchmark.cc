@@ -49,6 +49,7 @@
 #include "tests/e2e_util.h"
 #include "tests/gpu/cuda_call_costs.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/malloc_flag.h"
 #include "tests/rpc_timing.h"
 
 ABSL_FLAG(int, iterations, 2000, "Measured requests per kind.");
@@ -344,5 +345,6 @@ int main(int argc, char** argv) {
   // as kvdepotd does; set before the first CUDA call.
   setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
   absl::ParseCommandLine(argc, argv);
+  kvdepot::testing::ApplyMallocKeepFreedFlag();
   return kvdepot::testing::Run();
 }

@@ -20,7 +20,9 @@
 // (step_scheduler.cc with the sync and the callback API and a StepStream,
 // step_scheduler.py)
 // sending the same StepRequests. Subsets: --modes, --batches, --work_us,
-// --index_formats, --external_schedulers.
+// --index_formats, --external_schedulers. --malloc_keep_freed_mb applies
+// to this process and its C++ scheduler processes (the daemon takes its
+// own flag of that name through --daemon_flags).
 #include <cuda_runtime_api.h>
 #include <dirent.h>
 #include <signal.h>
@@ -56,6 +58,7 @@
 #include "tests/gpu/step_bench_sched.h"
 #include "tests/gpu/step_harness.h"
 #include "tests/gpu/step_send_retry.h"
+#include "tests/malloc_flag.h"
 
 ABSL_FLAG(int, layers, 61, "layers per step");
 ABSL_FLAG(std::string, batches, "1,64,256,1024", "B values (decode tokens)");
@@ -529,8 +532,8 @@ std::vector<std::string> SchedulerArgv(const std::string& name,
   }
   if (api == "cpp_sync" || api == "cpp_callback" || api == "cpp_stream" ||
       api == "cpp_stream_spin") {
-    argv = {BesideSelf("step_scheduler"),
-            absl::StrCat("--api=", api.substr(4))};
+    argv = {BesideSelf("step_scheduler"), absl::StrCat("--api=", api.substr(4)),
+            absl::StrCat("--malloc_keep_freed_mb=", MallocKeepFreedMb())};
     argv.insert(argv.end(), flags.begin(), flags.end());
   } else if (name == "python") {
     argv = {absl::GetFlag(FLAGS_python), BesideSelf("step_scheduler.py")};
@@ -637,6 +640,7 @@ absl::StatusOr<Row> Measure(StepRig* rig, LibraryMode* lib,
 int Run(int argc, char** argv) {
   SetStepEnvironment();
   absl::ParseCommandLine(argc, argv);
+  ApplyMallocKeepFreedFlag();
   if (const std::string api = absl::GetFlag(FLAGS_scheduler_api);
       api != "stream" && api != "unary") {
     std::fprintf(stderr,

@@ -57,6 +57,7 @@
 #include "grpcpp/grpcpp.h"
 #include "kvdepot/v1/step.grpc.pb.h"
 #include "tests/gpu/step_send_retry.h"
+#include "tests/malloc_flag.h"
 
 ABSL_FLAG(std::string, socket, "", "kvdepotd's Unix socket");
 ABSL_FLAG(std::string, request, "", "a serialized kvdepot.v1.StepRequest");
@@ -216,6 +217,7 @@ class SpinningStream {
 
 int Run(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  ApplyMallocKeepFreedFlag();
   std::ifstream f(absl::GetFlag(FLAGS_request), std::ios::binary);
   std::stringstream bytes;
   bytes << f.rdbuf();

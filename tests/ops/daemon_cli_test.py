@@ -147,6 +147,9 @@ class BadFlagsTest(unittest.TestCase):
         self.assert_refused(["serve"], 'unexpected argument "serve"')
         self.assert_refused(["--step_timing_every=-1"],
                             "--step_timing_every must be >= 0")
+        for bad in ("-1", "2048"):
+            self.assert_refused(["--malloc_keep_freed_mb=" + bad],
+                                "--malloc_keep_freed_mb must be in [0, 2047]")
 
     def test_config_errors_carry_line_and_column(self):
         d = tempfile.mkdtemp(prefix="kvcfg", dir="/tmp")
