@@ -3,7 +3,6 @@
 #include <malloc.h>
 
 #include <algorithm>
-#include <climits>
 
 #include "absl/strings/str_cat.h"
 

@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -91,9 +92,9 @@ TEST(KeepFreedMemoryTest, FreedMemoryIsReusedWithoutNewPageFaults) {
 
   ASSERT_TRUE(KeepFreedMemory(int64_t{64} << 20).ok());
   const long tuned = ChurnFaults();
-  // 50 rounds of 600 KiB: about 7500 faults when the memory goes back to
-  // the kernel each round.
-  EXPECT_GT(untuned, 50 * 100) << "glibc's defaults no longer trim here";
+  // 50 rounds of 600 KiB: up to 7500 faults when the memory goes back to
+  // the kernel each round (5900 measured on the development VM).
+  EXPECT_GT(untuned, 50 * 40) << "glibc's defaults no longer trim here";
   EXPECT_LT(tuned, 50) << "untuned " << untuned;
 }
 
