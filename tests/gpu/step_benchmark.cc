@@ -21,8 +21,8 @@
 // step_scheduler.py)
 // sending the same StepRequests. Subsets: --modes, --batches, --work_us,
 // --index_formats, --external_schedulers. --malloc_keep_freed_mb applies
-// to this process and its C++ scheduler processes (the daemon takes its
-// own flag of that name through --daemon_flags).
+// to this process and its scheduler processes (the daemon takes its own
+// flag of that name through --daemon_flags).
 #include <cuda_runtime_api.h>
 #include <dirent.h>
 #include <signal.h>
@@ -536,7 +536,8 @@ std::vector<std::string> SchedulerArgv(const std::string& name,
             absl::StrCat("--malloc_keep_freed_mb=", MallocKeepFreedMb())};
     argv.insert(argv.end(), flags.begin(), flags.end());
   } else if (name == "python") {
-    argv = {absl::GetFlag(FLAGS_python), BesideSelf("step_scheduler.py")};
+    argv = {absl::GetFlag(FLAGS_python), BesideSelf("step_scheduler.py"),
+            absl::StrCat("--malloc_keep_freed_mb=", MallocKeepFreedMb())};
   } else {
     return {};
   }

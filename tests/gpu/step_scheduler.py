@@ -3,6 +3,7 @@
 protocol as step_scheduler.cc, which documents it).
 
   step_scheduler.py --socket=PATH --request=FILE [--in_flight_retry_ms=MS]
+                    [--malloc_keep_freed_mb=MB]
 
 FILE holds one serialized kvdepot.v1.StepRequest. Per stdin line "<step_id>"
 the script rebuilds the request's int32 arrays from its own arrays (as a
@@ -13,7 +14,9 @@ A Step refused with RESOURCE_EXHAUSTED (two steps of the registration in
 flight: the daemon's completion report of step s can come after the worker
 finished it) is sent again with a short backoff for up to
 --in_flight_retry_ms, as step_send_retry.h does for the C++ scheduler (it
-says why); <r> counts those sends. Needs grpcio and protobuf; the stubs are
+says why); <r> counts those sends. --malloc_keep_freed_mb (default 64; 0 =
+glibc's defaults) is kvdepot.keep_freed_memory, as step_scheduler.cc's flag
+of that name. Needs grpcio and protobuf; the stubs are
 the committed ones in client/python/kvdepot/v1 (found beside this file under
 ../python or from the repository).
 """
@@ -69,7 +72,13 @@ def main():
     ap.add_argument("--socket", required=True)
     ap.add_argument("--request", required=True)
     ap.add_argument("--in_flight_retry_ms", type=int, default=10000)
+    ap.add_argument("--malloc_keep_freed_mb", type=int, default=64)
     a = ap.parse_args()
+    if a.malloc_keep_freed_mb:
+        import kvdepot
+        if not kvdepot.keep_freed_memory(a.malloc_keep_freed_mb):
+            print("step_scheduler.py: --malloc_keep_freed_mb: refused by "
+                  "the C library", file=sys.stderr)
     req = step_pb2.StepRequest()
     with open(a.request, "rb") as f:
         req.ParseFromString(f.read())

@@ -9,6 +9,7 @@ from ._address import default_socket_path, resolve_target
 from ._arrays import pack_int32, unpack_int32
 from ._buffers import INLINE, Buffer, PoolMapping, Slice
 from ._errors import ClientClosed, KVCacheError, SessionLost
+from ._malloc import keep_freed_memory
 from .client import (TLS, Client, FusedStore, IndexResult, LoadResult, Plan,
                      PrefillIndexResult, PrefillLoadResult, connect)
 
@@ -32,6 +33,7 @@ __all__ = [
     "Buffer", "Client", "ClientClosed", "FusedStore", "INLINE", "IndexResult",
     "KVCacheError", "LoadResult", "Plan", "PoolMapping",
     "PrefillIndexResult", "PrefillLoadResult", "SessionLost", "Slice", "TLS",
-    "__version__", "connect", "default_socket_path", "pack_int32",
+    "__version__", "connect", "default_socket_path", "keep_freed_memory",
+    "pack_int32",
     "resolve_target", "unpack_int32",
 ]
