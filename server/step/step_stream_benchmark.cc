@@ -47,6 +47,9 @@ ABSL_FLAG(int, warmup, 300, "unmeasured steps first");
 ABSL_FLAG(int, idle_us, 0,
           "the scheduler sleeps this long after each step (outside the "
           "measured time), as it idles while the GPU runs an engine step");
+ABSL_FLAG(bool, idle_spin, false,
+          "spend --idle_us spinning on the clock (no system calls) instead "
+          "of sleeping: a scheduler whose core never idles");
 
 namespace kvdepot::step {
 namespace {
@@ -100,7 +103,13 @@ absl::StatusOr<Result> Measure(const SendFn& send, FakeEngine* engine,
     }
     engine->FinishOne();
     if (const int idle = absl::GetFlag(FLAGS_idle_us); idle > 0) {
-      absl::SleepFor(absl::Microseconds(idle));
+      if (absl::GetFlag(FLAGS_idle_spin)) {
+        const double until = Clock(CLOCK_MONOTONIC) + idle;
+        while (Clock(CLOCK_MONOTONIC) < until) {
+        }
+      } else {
+        absl::SleepFor(absl::Microseconds(idle));
+      }
     }
     if (i < warmup) continue;
     wall.push_back(t1 - t0);
