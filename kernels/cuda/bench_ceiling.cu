@@ -318,4 +318,48 @@ cudaError_t DsMlaLoadTraffic(const PoolLayout& layout, const uint8_t* layer,
   return cudaGetLastError();
 }
 
+namespace {
+__global__ void EmptyKernelBody() {}
+
+constexpr int kChains = 8, kLinks = 512;
+
+template <bool kUnrolled>
+__global__ void CodeFetchBody(float* out, int links) {
+  float v[kChains];
+#pragma unroll
+  for (int i = 0; i < kChains; ++i) v[i] = static_cast<float>(threadIdx.x + i);
+  if constexpr (kUnrolled) {
+#pragma unroll
+    for (int k = 0; k < kLinks; ++k) {
+#pragma unroll
+      for (int i = 0; i < kChains; ++i) v[i] = __fmaf_rn(v[i], 1.0001f, 0.5f);
+    }
+  } else {
+#pragma unroll 1
+    for (int k = 0; k < links; ++k) {
+#pragma unroll
+      for (int i = 0; i < kChains; ++i) v[i] = __fmaf_rn(v[i], 1.0001f, 0.5f);
+    }
+  }
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kChains; ++i) sum += v[i];
+  out[threadIdx.x] = sum;
+}
+}  // namespace
+
+cudaError_t EmptyKernel(cudaStream_t stream) {
+  EmptyKernelBody<<<1, kWarp, 0, stream>>>();
+  return cudaGetLastError();
+}
+
+cudaError_t CodeFetchKernel(bool unrolled, float* out, cudaStream_t stream) {
+  if (unrolled) {
+    CodeFetchBody<true><<<1, kWarp, 0, stream>>>(out, kLinks);
+  } else {
+    CodeFetchBody<false><<<1, kWarp, 0, stream>>>(out, kLinks);
+  }
+  return cudaGetLastError();
+}
+
 }  // namespace kvdepot::gpu::ceiling

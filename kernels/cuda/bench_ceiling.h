@@ -48,6 +48,16 @@ cudaError_t DsMlaLoadTrafficFlat(const PoolLayout& layout, const uint8_t* layer,
                                  const int32_t* segments, int64_t num_segments,
                                  uint16_t* out, cudaStream_t stream);
 
+// One warp that does nothing: the launch floor of a graph of back-to-back
+// launches (fused_benchmark's latency table).
+cudaError_t EmptyKernel(cudaStream_t stream);
+
+// One warp running 4096 independent fp32 fmas (8 chains of 512) whose code
+// is either straight (unrolled: 64 KB of instructions, each fetched once)
+// or a loop of 8 (the same work from a few hundred bytes of code): the
+// difference is what fetching a large kernel's code costs one warp.
+cudaError_t CodeFetchKernel(bool unrolled, float* out, cudaStream_t stream);
+
 }  // namespace kvdepot::gpu::ceiling
 
 #endif  // KVDEPOT_KERNELS_CUDA_BENCH_CEILING_H_

@@ -4,7 +4,9 @@
 // of the same run's device-to-device copy bandwidth:
 //  1. bandwidth at 64K and 1M tokens, L2 flushed before every timed launch;
 //  2. GPU time at 1..1024 tokens in CUDA-graph replay (goal: <= 3 us),
-//     also with PDL on (fused+pdl), as the step path chains its launches.
+//     also with PDL on (fused+pdl), as the step path chains its launches,
+//     next to the plain store of the same tokens and an empty kernel (the
+//     graph's launch floor).
 // Byte model of the fused kernel (each counted once):
 //   per token: input 2D + record bytes_per_token + slot 4
 //              + RoPE on: position 8 + its cos/sin row 4 rope_dim
@@ -29,6 +31,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/cuda/cuda_status.h"
+#include "kernels/cuda/bench_ceiling.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/fused_kernels.h"
 #include "kernels/cuda/fused_stages.h"
@@ -47,6 +50,7 @@ ABSL_FLAG(int64_t, profile_tokens, 0,
 namespace kvdepot::gpu {
 namespace {
 
+constexpr int kWarpLanes = 32;
 #define CHECK_OK(expr)                                        \
   do {                                                        \
     const absl::Status s_ = (expr);                           \
@@ -354,6 +358,30 @@ int Main() {
   json.push_back(
       absl::StrCat("\"bandwidth\": [", absl::StrJoin(rows, ", "), "]"));
 
+  // The floor of the latency table: an empty kernel in the same graph.
+  const double empty_s = GraphSeconds(
+      [](cudaStream_t s) {
+        return ToStatus(ceiling::EmptyKernel(s), "empty kernel");
+      },
+      launches);
+  std::printf("\nempty kernel: %.2f us per launch (graph replay, warm)\n",
+              empty_s * 1e6);
+  json.push_back(absl::StrFormat("\"empty_kernel_us\": %.3f", empty_s * 1e6));
+  // What a large kernel's code costs one warp to fetch (bench_ceiling.h).
+  DeviceBuffer fetch_out = *DeviceBuffer::Open(4 * kWarpLanes);
+  for (const bool unrolled : {false, true}) {
+    const double t = GraphSeconds(
+        [&](cudaStream_t s) {
+          return ToStatus(
+              ceiling::CodeFetchKernel(unrolled, fetch_out.as<float>(), s),
+              "code fetch kernel");
+        },
+        launches);
+    std::printf("4096 fmas, %s: %.2f us per launch\n",
+                unrolled ? "straight code (64 KB)" : "a loop", t * 1e6);
+    json.push_back(absl::StrFormat("\"fmas_%s_us\": %.3f",
+                                   unrolled ? "straight" : "loop", t * 1e6));
+  }
   std::printf("\n%-14s %-10s %7s %9s  (graph replay, warm)\n", "config",
               "kernel", "tokens", "us");
   std::vector<std::string> lat;
@@ -363,7 +391,8 @@ int Main() {
       for (const auto& [kernel, f] :
            {std::pair<const char*, Launcher>{"fused", FusedOf(w)},
             {"fused+pdl", FusedOf(w, true)},
-            {"stages", StagesOf(w)}}) {
+            {"stages", StagesOf(w)},
+            {"store", PlainStoreOf(w)}}) {
         const double t = GraphSeconds(f, launches);
         std::printf("%-14s %-10s %7lld %9.2f\n", c.name.c_str(), kernel,
                     static_cast<long long>(n), t * 1e6);
