@@ -202,6 +202,15 @@ __device__ __forceinline__ uint32_t HwBf16x2(float lo, float hi) {
   return r;
 }
 
+// HwBf16x2 with NaN halves canonical (0x7FC0), as FloatToBf16 gives: the
+// bits a BF16 record or row stores.
+__device__ __forceinline__ uint32_t HwBf16x2Canonical(float lo, float hi) {
+  uint32_t v = HwBf16x2(lo, hi);
+  if ((v & 0x7FFFu) > 0x7F80u) v = (v & 0xFFFF0000u) | 0x7FC0u;
+  if ((v & 0x7FFF0000u) > 0x7F800000u) v = (v & 0xFFFFu) | 0x7FC00000u;
+  return v;
+}
+
 // Two e4m3 codes (lo in bits 0-7) -> two exact fp32 by the hardware.
 __device__ __forceinline__ float2 HwE4M3x2ToFloat2(uint32_t codes) {
   uint32_t h;

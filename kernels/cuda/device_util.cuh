@@ -58,6 +58,13 @@ __device__ __forceinline__ void StoreStream4(void* p, uint32_t v) {
   __stcs(reinterpret_cast<unsigned int*>(p), v);
 }
 
+// A 16-byte store with the default policy: for outputs read again soon
+// (the fused store's cast-back rows, which the prefill attention reads
+// next), kept in L2.
+__device__ __forceinline__ void Store16(void* p, uint4 v) {
+  *reinterpret_cast<uint4*>(p) = v;
+}
+
 // Division by a positive int32 divisor d fixed per launch (the block size)
 // without a divide instruction: for 0 <= x < 2^31,
 // x / d = (umulhi(magic, x) + x) >> shift with shift = ceil(log2 d) and

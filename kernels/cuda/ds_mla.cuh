@@ -172,15 +172,16 @@ __device__ __forceinline__ void DsMlaPutRecord(uint8_t* layer,
 }
 
 // The cast-back row of what DsMlaPutRecord wrote (the BF16 a later load
-// returns): lane l's 16 decoded elements and, lanes 0-7, the tail.
+// returns): lane l's 16 decoded elements and, lanes 0-7, the tail. Default
+// store policy: the prefill attention reads the row next.
 __device__ __forceinline__ void DsMlaPutCastBack(uint16_t* row, uint4 q,
                                                  uint32_t scale_bits,
                                                  uint4 tail, int lane) {
   uint32_t w[8];
   DsMlaDecode16(q, scale_bits, w);
-  StoreStream16(row + 16 * lane, make_uint4(w[0], w[1], w[2], w[3]));
-  StoreStream16(row + 16 * lane + 8, make_uint4(w[4], w[5], w[6], w[7]));
-  if (lane < 8) StoreStream16(row + 512 + 8 * lane, tail);
+  Store16(row + 16 * lane, make_uint4(w[0], w[1], w[2], w[3]));
+  Store16(row + 16 * lane + 8, make_uint4(w[4], w[5], w[6], w[7]));
+  if (lane < 8) Store16(row + 512 + 8 * lane, tail);
 }
 
 // The coalesced layout of the plain store and load (ds_mla.cu) and the MLA
@@ -275,7 +276,9 @@ __device__ __forceinline__ void DsMlaPutRecordChunks(
 }
 
 // A BF16 row [576] of a record's lane part in the chunk layout (the load's
-// output, or the fused store's cast-back).
+// output with evict-first stores, or with kStreaming = false the fused
+// store's cast-back, which the prefill attention reads next).
+template <bool kStreaming = true>
 __device__ __forceinline__ void DsMlaPutRowChunks(uint16_t* row,
                                                   const DsMlaChunks& c,
                                                   uint4 tail, int lane) {
@@ -283,9 +286,17 @@ __device__ __forceinline__ void DsMlaPutRowChunks(uint16_t* row,
   uint32_t w0[4], w1[4];
   DsMlaDecode<2>(q0, c.sb0, w0);
   DsMlaDecode<2>(q1, c.sb1, w1);
-  StoreStream16(row + 8 * lane, make_uint4(w0[0], w0[1], w0[2], w0[3]));
-  StoreStream16(row + 256 + 8 * lane, make_uint4(w1[0], w1[1], w1[2], w1[3]));
-  if (lane < 8) StoreStream16(row + 512 + 8 * lane, tail);
+  const uint4 a = make_uint4(w0[0], w0[1], w0[2], w0[3]);
+  const uint4 b = make_uint4(w1[0], w1[1], w1[2], w1[3]);
+  if constexpr (kStreaming) {
+    StoreStream16(row + 8 * lane, a);
+    StoreStream16(row + 256 + 8 * lane, b);
+    if (lane < 8) StoreStream16(row + 512 + 8 * lane, tail);
+  } else {
+    Store16(row + 8 * lane, a);
+    Store16(row + 256 + 8 * lane, b);
+    if (lane < 8) Store16(row + 512 + 8 * lane, tail);
+  }
 }
 
 }  // namespace kvdepot::gpu::internal

@@ -422,10 +422,8 @@ __device__ __forceinline__ void QuantizeLaneValues(
     out[i] = FloatToBf16(__fmul_rn(v0, sc)) |
              (static_cast<uint32_t>(FloatToBf16(__fmul_rn(v1, sc))) << 16);
   }
-  StoreStream16(cast_row + 16 * sub,
-                make_uint4(out[0], out[1], out[2], out[3]));
-  StoreStream16(cast_row + 16 * sub + 8,
-                make_uint4(out[4], out[5], out[6], out[7]));
+  Store16(cast_row + 16 * sub, make_uint4(out[0], out[1], out[2], out[3]));
+  Store16(cast_row + 16 * sub + 8, make_uint4(out[4], out[5], out[6], out[7]));
 }
 
 // The same for the lane's 16 elements of the token in the swizzled buffer
@@ -478,7 +476,7 @@ __device__ __forceinline__ void StoreBf16Row(const PoolLayout& layout,
     RoundBf16<8>(y, 8 * c, x, w);
     const uint4 v = make_uint4(w[0], w[1], w[2], w[3]);
     if (row != nullptr) StoreStream16(row + 16 * c, v);
-    if (cast_row != nullptr) StoreStream16(cast_row + 8 * c, v);
+    if (cast_row != nullptr) Store16(cast_row + 8 * c, v);
   }
 }
 
@@ -657,13 +655,15 @@ __device__ __forceinline__ void HadamardQuad128(int lane, const float* y,
   for (int mm = 1; mm < 8; mm *= 2) {
     // The upper lane's a - b as o + (-v): IEEE defines a - b as a + (-b),
     // so the bits are the same for every number (a NaN stays a NaN, and
-    // the quantization maps every NaN alike); one add instead of an add,
-    // a subtract and a select.
-    const uint32_t flip = (m & mm) != 0 ? 0x80000000u : 0u;
+    // the quantization maps every NaN alike). Computed as one fma(v, ±1,
+    // o): v × ±1 is exact, so it rounds o ± v once, the add's bits
+    // (zeros' signs included); one instruction instead of an add, a
+    // subtract and a select.
+    const float sign = (m & mm) != 0 ? -1.0f : 1.0f;
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
       const float o = __shfl_xor_sync(kFullMask, v[i], mm);
-      v[i] = __fadd_rn(o, BitsToFloat(FloatBits(v[i]) ^ flip));
+      v[i] = __fmaf_rn(v[i], sign, o);
     }
   }
   const float scale = BitsToFloat(kHadamardScaleBits[Log2(128)]);
@@ -863,7 +863,8 @@ cudaError_t LaunchFusedStore(FormatId id, const PoolLayout& layout,
                              const FusedParams& p, const int32_t* slots,
                              int64_t n, uint16_t* cast_back,
                              const Launch& launch) {
-  if (FusedH512Applies(id, p)) {  // the register-only kernel, fused_h512.cu
+  // The register-only kernel, fused_h512.cu.
+  if (FusedH512Applies(id, layout.format.elements(), p)) {
     return LaunchFusedH512(id, layout, layer, kv, p, slots, n, cast_back,
                            launch);
   }

@@ -1,8 +1,10 @@
-// The fused store (SPEC §8) for the 512-element quantized formats (V41,
-// V41_FP4) when the Hadamard covers the whole token, [0, 512): registers
-// only, no shared memory and no second pass. One warp per token; lane l
-// holds chunks l and 32 + l, i.e. elements e = 256 j + 8 l + i (j = 0, 1;
-// i = 0 ... 7), the layout the loads, the norm tree and the stores take:
+// The fused store (SPEC §8) for the 512-element formats (V41, V41_FP4,
+// BF16(512)) when the Hadamard covers the whole token, [0, 512), or is off:
+// registers only, no second pass. One warp per token; lane l holds chunks l
+// and 32 + l, i.e. elements e = 256 j + 8 l + i (j = 0, 1; i = 0 ... 7),
+// the layout the loads, the norm tree and the stores take (up to one wave
+// of tokens, two warps per token instead, one chunk set each: see "Two
+// warps per token" below):
 //
 //   norm:     SPEC §8's slot l is lane l's two chunks, so the xor steps
 //             16 ... 1 give every lane the reference's sum (fused_mla.cu
@@ -16,13 +18,17 @@
 //             shuffles), h = 256 between the lane's two chunks, in that
 //             order (the reference's), then the fp32 constant. Across
 //             lanes the lower element takes a + b and the upper a - b,
-//             computed as o + (-v): IEEE defines a - b as a + (-b), so the
-//             bits are the same for every number, and a NaN is a NaN either
-//             way (step 4 makes it canonical, and no NaN payload is stored).
+//             computed as one fma(v, ±1, o): v × ±1 is exact, so the fma
+//             rounds o + v or o + (-v) once, and IEEE defines a - b as
+//             a + (-b): the bits are the add's and the subtract's for every
+//             number (zeros' signs included), and a NaN is a NaN either way
+//             (step 4 makes it canonical, and no NaN payload is stored).
 //   quantize: a group of G elements is G / 8 neighbouring lanes of one half
 //             (amax by xor shuffles); each lane encodes its 8 values and
 //             stores 8 (e4m3) or 4 (e2m1) bytes; lanes 0 ... words - 1
-//             gather the scale bytes into 4-byte words.
+//             gather the scale bytes into 4-byte words. BF16(512): each
+//             lane stores its two chunks' BF16 (16 bytes each), NaN
+//             canonical as FloatToBf16 gives.
 //
 // The math is QuantizeLaneValues's (fused.cu, device_quant.cuh) on 8 values
 // instead of 16, and every product and sum is a round-to-nearest intrinsic
@@ -31,6 +37,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/device_quant.cuh"
 #include "kernels/cuda/device_util.cuh"
@@ -50,6 +57,10 @@ constexpr int kHalf = kD / 2;  // elements per chunk set j
 // One token per warp in flight and 8 CTAs (32 warps) per SM at <= 64
 // registers, as fused_mla.cu: the math needs warps to hide its latency.
 constexpr int kMinCtas = 8;
+
+// The output tag of BF16(512) records (the quantized formats pass their
+// quant.h format class).
+struct Bf16Record {};
 
 // 8 BF16 (a uint4) -> 8 fp32.
 __device__ __forceinline__ void Unpack8(uint4 v, float (&x)[8]) {
@@ -82,15 +93,11 @@ struct In {
   int32_t slot;
 };
 
+// The cos/sin of the lane's RoPE pairs (the RoPE lanes of the second
+// chunk set; zeros elsewhere).
 template <RopeStyle kRope>
-__device__ __forceinline__ void LoadToken(const uint16_t* kv, int64_t token,
-                                          int64_t pos, const int32_t* slots,
-                                          const FusedParams& p, RopeLanes r,
-                                          int lane, In& in) {
-  const uint16_t* row = kv + token * kD;
-  in.slot = __ldg(slots + token);
-  in.a = LoadStream16(row + 8 * lane);
-  in.b = LoadStream16(row + kHalf + 8 * lane);
+__device__ __forceinline__ void LoadCosSin(int64_t pos, const FusedParams& p,
+                                           RopeLanes r, int lane, In& in) {
   in.c0 = in.c1 = in.s0 = in.s1 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   if constexpr (kRope != RopeStyle::kNone) {
     const int m = lane - r.first;  // the lane's chunk within the range
@@ -113,6 +120,35 @@ __device__ __forceinline__ void LoadToken(const uint16_t* kv, int64_t token,
   }
 }
 
+template <RopeStyle kRope>
+__device__ __forceinline__ void LoadToken(const uint16_t* kv, int64_t token,
+                                          int64_t pos, const int32_t* slots,
+                                          const FusedParams& p, RopeLanes r,
+                                          int lane, In& in) {
+  const uint16_t* row = kv + token * kD;
+  in.slot = __ldg(slots + token);
+  in.a = LoadStream16(row + 8 * lane);
+  in.b = LoadStream16(row + kHalf + 8 * lane);
+  LoadCosSin<kRope>(pos, p, r, lane, in);
+}
+
+// 1 / sqrt(mean + eps) of the sum over the range, from the lanes' slots
+// (SPEC §8's tree: xor steps 16 ... 1).
+__device__ __forceinline__ float InverseRms(const FusedParams& p, float slot) {
+#pragma unroll
+  for (int h = 16; h >= 1; h /= 2) {
+    slot = __fadd_rn(slot, __shfl_xor_sync(kFullMask, slot, h));
+  }
+  // slot / count; by a power of two, the product with its exact reciprocal
+  // is the same bits (scaling by 2^-k, no flush to zero here) without the
+  // division's slow path.
+  const int32_t count = p.norm_end - p.norm_begin;
+  const float mean = (count & (count - 1)) == 0
+                         ? __fmul_rn(slot, __frcp_rn(static_cast<float>(count)))
+                         : __fdiv_rn(slot, static_cast<float>(count));
+  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, p.eps)));
+}
+
 // Step 1 on the lane's chunks l (x0) and 32 + l (x1), chunks [c0, c1).
 __device__ __forceinline__ void Norm(const FusedParams& p, uint4 w0, uint4 w1,
                                      int lane, float (&x0)[8], float (&x1)[8]) {
@@ -122,13 +158,7 @@ __device__ __forceinline__ void Norm(const FusedParams& p, uint4 w0, uint4 w1,
   float slot = 0.0f;
   if (in0) slot = __fadd_rn(slot, SumSquares8(x0));
   if (in1) slot = __fadd_rn(slot, SumSquares8(x1));
-#pragma unroll
-  for (int h = 16; h >= 1; h /= 2) {
-    slot = __fadd_rn(slot, __shfl_xor_sync(kFullMask, slot, h));
-  }
-  const float mean =
-      __fdiv_rn(slot, static_cast<float>(p.norm_end - p.norm_begin));
-  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, p.eps)));
+  const float r = InverseRms(p, slot);
   float w[8];
   if (in0) {
     Unpack8(w0, w);
@@ -192,20 +222,35 @@ __device__ __forceinline__ void ChunkStages(float (&v)[8]) {
   }
 }
 
+// Stages h = 8 ... 128 on one chunk set: partner lane ^ m for h = 8 m.
+__device__ __forceinline__ void CrossLaneStages(int lane, float (&v)[8]) {
+#pragma unroll
+  for (int m = 1; m < kWarp; m *= 2) {
+    const float sign = (lane & m) != 0 ? -1.0f : 1.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float o = __shfl_xor_sync(kFullMask, v[i], m);
+      v[i] = __fmaf_rn(v[i], sign, o);  // o + v or o - v, exactly
+    }
+  }
+}
+
 // Step 3 over the whole token (SPEC §8's stage order).
 __device__ __forceinline__ void Hadamard512(int lane, float (&x0)[8],
                                             float (&x1)[8]) {
   ChunkStages(x0);
   ChunkStages(x1);
+  // CrossLaneStages on both sets, interleaved: twice the independent
+  // shuffles in flight per stage (this kernel is bound by its issue rate).
 #pragma unroll
-  for (int m = 1; m < kWarp; m *= 2) {  // h = 8 m: partner lane ^ m
-    const uint32_t flip = (lane & m) != 0 ? 0x80000000u : 0u;
+  for (int m = 1; m < kWarp; m *= 2) {
+    const float sign = (lane & m) != 0 ? -1.0f : 1.0f;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const float o0 = __shfl_xor_sync(kFullMask, x0[i], m);
       const float o1 = __shfl_xor_sync(kFullMask, x1[i], m);
-      x0[i] = __fadd_rn(o0, BitsToFloat(FloatBits(x0[i]) ^ flip));
-      x1[i] = __fadd_rn(o1, BitsToFloat(FloatBits(x1[i]) ^ flip));
+      x0[i] = __fmaf_rn(x0[i], sign, o0);
+      x1[i] = __fmaf_rn(x1[i], sign, o1);
     }
   }
   const float scale = BitsToFloat(kHadamardScaleBits[9]);  // 512^-1/2
@@ -269,8 +314,12 @@ __device__ __forceinline__ uint4 Decode8(uint2 codes, float sc) {
   return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
-// Steps 5-6: quantize the lane's two chunks, store codes and scales at
-// `slot` (skipped for -1), and the cast-back row when asked.
+// Steps 5-6 of the one-warp kernel: quantize the lane's two chunks, store
+// codes and scales at `slot` (skipped for -1), and the cast-back row when
+// asked. QuantizeHalf below does the same per chunk set for the two-warp
+// kernel; here one shuffle per scale byte gathers both sets' bytes, which
+// the issue-bound one-warp kernel needs (4 % of its bandwidth at 64K tokens
+// on the H200 with two QuantizeHalf calls instead).
 template <class Q>
 __device__ __forceinline__ void Quantize(const PoolLayout& layout,
                                          const FastDiv& div, uint8_t* layer,
@@ -322,12 +371,124 @@ __device__ __forceinline__ void Quantize(const PoolLayout& layout,
     }
   }
   if (cast_row == nullptr) return;
-  StoreStream16(cast_row + 8 * lane, Decode8<Q>(q0, ScaleValue<Q>(s0.stored)));
-  StoreStream16(cast_row + kHalf + 8 * lane,
-                Decode8<Q>(q1, ScaleValue<Q>(s1.stored)));
+  Store16(cast_row + 8 * lane, Decode8<Q>(q0, ScaleValue<Q>(s0.stored)));
+  Store16(cast_row + kHalf + 8 * lane,
+          Decode8<Q>(q1, ScaleValue<Q>(s1.stored)));
 }
 
-template <class Q, bool kNorm, RopeStyle kRope>
+// Steps 5-6 for chunk set `half` (the lane's chunk 32 half + l, x):
+// quantize, store codes and that half's scale words at `slot` (skipped for
+// -1), and its part of the cast-back row when asked. Every lane of the warp
+// calls it.
+template <class Q>
+__device__ __forceinline__ void QuantizeHalf(const PoolLayout& layout,
+                                             const FastDiv& div, uint8_t* layer,
+                                             const float (&x)[8], int half,
+                                             int32_t slot, int lane,
+                                             uint16_t* cast_row) {
+  constexpr int kG = Q::kGroup / 8;           // lanes per group
+  constexpr int kGroupsPerHalf = kWarp / kG;  // groups of one chunk set
+  constexpr int kWordsPerHalf = Q::kScaleWords / 2;
+  // Scale word w holds groups 4w ... 4w + 3 (one byte each), so each half's
+  // groups fill whole words: half h's are words [h W/2, (h + 1) W/2).
+  static_assert(Q::kElems == kD && (kG == 2 || kG == 4) &&
+                kGroupsPerHalf % 4 == 0 &&
+                Q::kScaleWords == kGroupsPerHalf / 2);
+  float amax = 0.0f;  // fmaxf ignores a NaN
+#pragma unroll
+  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(x[i]));
+#pragma unroll
+  for (int off = 1; off < kG; off *= 2) {
+    amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, off));
+  }
+  const GroupScale sc = ScaleOf<Q>(amax);
+  const uint2 q = Encode8<Q>(x, sc.multiplier);
+  // Lane l < W/2 gathers the half's word l: groups 4l ... 4l + 3, group g
+  // from lane g kG (other lanes gather what they never store).
+  uint32_t word = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int g = (4 * lane + i) % kGroupsPerHalf;
+    word |= (__shfl_sync(kFullMask, sc.stored, g * kG) & 0xFFu) << (8 * i);
+  }
+  if (slot >= 0) {
+    const int32_t block = div.Div(slot);
+    const int32_t t = slot - block * div.d;
+    uint8_t* data = layer + DataOffset<Q>(layout, block, t);
+    if constexpr (Q::kDtype == QuantDtype::kE4M3) {
+      StoreStream8(data + kHalf * half + 8 * lane, q);
+    } else {
+      StoreStream4(data + kHalf / 2 * half + 4 * lane, q.x);
+    }
+    if (lane < kWordsPerHalf) {
+      StoreStream4(layer + ScaleOffset<Q>(layout, block, t) +
+                       4 * (kWordsPerHalf * half + lane),
+                   word);
+    }
+  }
+  if (cast_row == nullptr) return;
+  Store16(cast_row + kHalf * half + 8 * lane,
+          Decode8<Q>(q, ScaleValue<Q>(sc.stored)));
+}
+
+// Steps 4-6 for BF16(512) on chunk set `half` (x): rounded to BF16 (NaN
+// canonical), stored at `slot` (skipped for -1) and in the cast-back row.
+__device__ __forceinline__ void StoreBf16Half(
+    const PoolLayout& layout, const FastDiv& div, uint8_t* layer,
+    const float (&x)[8], int half, int32_t slot, int lane, uint16_t* cast_row) {
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) w[i] = HwBf16x2Canonical(x[2 * i], x[2 * i + 1]);
+  const uint4 v = make_uint4(w[0], w[1], w[2], w[3]);
+  if (slot >= 0) {
+    const int32_t block = div.Div(slot);
+    uint8_t* row = layer + layout.data_offset(block, slot - block * div.d);
+    StoreStream16(row + 2 * kHalf * half + 16 * lane, v);
+  }
+  if (cast_row != nullptr) Store16(cast_row + kHalf * half + 8 * lane, v);
+}
+
+// StoreBf16Half for both chunk sets (the one-warp kernel), the row's
+// address computed once.
+__device__ __forceinline__ void StoreBf16(const PoolLayout& layout,
+                                          const FastDiv& div, uint8_t* layer,
+                                          const float (&x0)[8],
+                                          const float (&x1)[8], int32_t slot,
+                                          int lane, uint16_t* cast_row) {
+  uint32_t w[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    w[i] = HwBf16x2Canonical(x0[2 * i], x0[2 * i + 1]);
+    w[4 + i] = HwBf16x2Canonical(x1[2 * i], x1[2 * i + 1]);
+  }
+  const uint4 a = make_uint4(w[0], w[1], w[2], w[3]);
+  const uint4 b = make_uint4(w[4], w[5], w[6], w[7]);
+  if (slot >= 0) {
+    const int32_t block = div.Div(slot);
+    uint8_t* row = layer + layout.data_offset(block, slot - block * div.d);
+    StoreStream16(row + 16 * lane, a);
+    StoreStream16(row + 2 * kHalf + 16 * lane, b);
+  }
+  if (cast_row == nullptr) return;
+  Store16(cast_row + 8 * lane, a);
+  Store16(cast_row + kHalf + 8 * lane, b);
+}
+
+// Steps 4-6 of chunk set `half` (x) in format Q (Bf16Record: BF16(512)).
+template <class Q>
+__device__ __forceinline__ void Finish(const PoolLayout& layout,
+                                       const FastDiv& div, uint8_t* layer,
+                                       float (&x)[8], int half, int32_t slot,
+                                       int lane, uint16_t* cast_row) {
+  if constexpr (std::is_same_v<Q, Bf16Record>) {
+    StoreBf16Half(layout, div, layer, x, half, slot, lane, cast_row);
+  } else {
+    RoundBf16(x);
+    QuantizeHalf<Q>(layout, div, layer, x, half, slot, lane, cast_row);
+  }
+}
+
+template <class Q, bool kNorm, RopeStyle kRope, bool kHad>
 __global__ void __launch_bounds__(kThreads, kMinCtas)
     FusedH512Kernel(PoolLayout layout, FastDiv div, uint8_t* layer,
                     const uint16_t* kv,  // [n][512] BF16
@@ -368,25 +529,156 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
     Unpack8(in.b, x1);
     if constexpr (kNorm) Norm(p, w0, w1, lane, x0, x1);
     Rope<kRope>(in, rope, lane, x1);
-    Hadamard512(lane, x0, x1);
-    RoundBf16(x0);
-    RoundBf16(x1);
+    if constexpr (kHad) Hadamard512(lane, x0, x1);
     uint16_t* cast_row =
         cast_back == nullptr ? nullptr : cast_back + token * kD;
-    Quantize<Q>(layout, div, layer, x0, x1, in.slot, lane, cast_row);
+    if constexpr (std::is_same_v<Q, Bf16Record>) {
+      StoreBf16(layout, div, layer, x0, x1, in.slot, lane, cast_row);
+    } else {
+      RoundBf16(x0);
+      RoundBf16(x1);
+      Quantize<Q>(layout, div, layer, x0, x1, in.slot, lane, cast_row);
+    }
   }
 }
 
-template <class Q, bool kNorm, RopeStyle kRope>
+// ---- Two warps per token (up to one wave of tokens: latency) ----
+//
+// With few tokens a token's time is one warp's dependent chain of
+// instructions (a warp alone issues about one instruction per 1.2 ns on the
+// H200: fused_benchmark's "4096 fmas" rows). Here warp 2 p + j of a CTA
+// holds chunk set j of pair p's token (lane l: chunk 32 j + l, elements
+// 256 j + 8 l + i), so each warp runs about half of it. The two places
+// where the chunk sets meet go through shared memory behind a barrier of
+// the pair's 64 threads, with the one-warp kernel's operands and order:
+// the norm's slot l = (0 + S_l) + S_(32 + l), and the Hadamard's h = 256
+// stage (chunk l with chunk 32 + l). Every other stage stays within a chunk
+// set: RoPE (second set only), h <= 128, groups and their scale words
+// (QuantizeHalf). One token per pair, no loop: launched only when every
+// token has its pair resident.
+
+constexpr int kPairsPerCta = kWarpsPerCta / 2;
+
+struct PairShared {
+  float sums[2][kWarp];       // [half][lane]: 0 + S_l, S_(32 + l)
+  float values[2][8][kWarp];  // [half][i][lane]: before h = 256
+};
+
+__device__ __forceinline__ void PairBarrier(int pair) {
+  asm volatile("bar.sync %0, %1;" ::"r"(1 + pair), "r"(2 * kWarp) : "memory");
+}
+
+// Step 1 on the half's chunk 32 half + l (x), chunks [c0, c1): the two
+// terms of slot l from the two warps, then Norm's tree and scaling.
+__device__ __forceinline__ void NormPair(const FusedParams& p, uint4 w,
+                                         int half, int lane, PairShared& sh,
+                                         int pair, float (&x)[8]) {
+  const int c0 = p.norm_begin / 8, c1 = p.norm_end / 8;
+  const bool in0 = lane >= c0 && lane < c1;
+  const bool in1 = lane + 32 >= c0 && lane + 32 < c1;
+  const bool mine = half == 0 ? in0 : in1;
+  float part = 0.0f;
+  if (mine) {
+    part = half == 0 ? __fadd_rn(0.0f, SumSquares8(x)) : SumSquares8(x);
+  }
+  sh.sums[half][lane] = part;
+  PairBarrier(pair);
+  float slot = sh.sums[0][lane];
+  if (in1) slot = __fadd_rn(slot, sh.sums[1][lane]);
+  const float r = InverseRms(p, slot);
+  if (!mine) return;
+  float wv[8];
+  Unpack8(w, wv);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x[i] = __fmul_rn(__fmul_rn(x[i], r), wv[i]);
+}
+
+// Step 3 on the half's chunk: stages h <= 128 in the warp, then h = 256
+// with the other warp's values (chunk l: a + b; chunk 32 + l: a - b).
+__device__ __forceinline__ void HadamardPair(int half, int lane, PairShared& sh,
+                                             int pair, float (&x)[8]) {
+  ChunkStages(x);
+  CrossLaneStages(lane, x);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) sh.values[half][i][lane] = x[i];
+  PairBarrier(pair);
+  const float scale = BitsToFloat(kHadamardScaleBits[9]);  // 512^-1/2
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float o = sh.values[1 - half][i][lane];
+    x[i] = half == 0 ? __fmul_rn(__fadd_rn(x[i], o), scale)
+                     : __fmul_rn(__fsub_rn(o, x[i]), scale);
+  }
+}
+
+template <class Q, bool kNorm, RopeStyle kRope, bool kHad>
+__global__ void __launch_bounds__(kThreads, kMinCtas)
+    FusedH512PairKernel(PoolLayout layout, FastDiv div, uint8_t* layer,
+                        const uint16_t* kv,  // [n][512] BF16
+                        FusedParams p, RopeLanes rope,
+                        const int32_t* slots,  // [n]; -1 = skip
+                        int64_t n,
+                        uint16_t* cast_back) {  // [n][512] BF16 or null
+  __shared__ PairShared shared[kPairsPerCta];
+  PdlWait();
+  PdlLaunchDependents();
+  const int lane = threadIdx.x % kWarp;
+  const int pair = threadIdx.x / (2 * kWarp);
+  const int half = threadIdx.x / kWarp % 2;
+  const int64_t token = static_cast<int64_t>(blockIdx.x) * kPairsPerCta + pair;
+  if (token >= n) return;  // both warps of the pair
+  In in;
+  in.slot = __ldg(slots + token);
+  in.a = LoadStream16(kv + token * kD + kHalf * half + 8 * lane);
+  in.b = make_uint4(0, 0, 0, 0);
+  const bool rope_lane = kRope != RopeStyle::kNone && half == 1 &&
+                         lane - rope.first >= 0 &&
+                         lane - rope.first < rope.lanes;
+  if (half == 1) {
+    LoadCosSin<kRope>(rope_lane ? __ldg(p.positions + token) : 0, p, rope, lane,
+                      in);
+  } else {
+    in.c0 = in.c1 = in.s0 = in.s1 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  uint4 w = make_uint4(0, 0, 0, 0);
+  if constexpr (kNorm) {
+    const int c = kWarp * half + lane;
+    if (c >= p.norm_begin / 8 && c < p.norm_end / 8) {
+      w = __ldg(reinterpret_cast<const uint4*>(p.norm_weight +
+                                               (8 * c - p.norm_begin)));
+    }
+  }
+  float x[8];
+  Unpack8(in.a, x);
+  if constexpr (kNorm) NormPair(p, w, half, lane, shared[pair], pair, x);
+  if (half == 1) Rope<kRope>(in, rope, lane, x);  // warp-uniform
+  if constexpr (kHad) HadamardPair(half, lane, shared[pair], pair, x);
+  uint16_t* cast_row = cast_back == nullptr ? nullptr : cast_back + token * kD;
+  Finish<Q>(layout, div, layer, x, half, in.slot, lane, cast_row);
+}
+
+template <class Q, bool kNorm, RopeStyle kRope, bool kHad>
 cudaError_t Go(const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
                const FusedParams& p, const int32_t* slots, int64_t n,
                uint16_t* cast_back, const Launch& launch) {
-  constexpr auto kKernel = FusedH512Kernel<Q, kNorm, kRope>;
+  constexpr auto kKernel = FusedH512Kernel<Q, kNorm, kRope, kHad>;
+  constexpr auto kPairKernel = FusedH512PairKernel<Q, kNorm, kRope, kHad>;
   const FastDiv div = FastDiv::Of(static_cast<int32_t>(layout.block_size));
   RopeLanes rope;
   if (kRope != RopeStyle::kNone) {
     rope.first = (p.rope_offset - kHalf) / 8;
     rope.lanes = p.rope_dim / 8;
+  }
+  // Up to one wave of pairs, two warps per token (half the dependent
+  // chain); beyond it one warp per token, which issues fewer instructions
+  // in all (the pairs' exchanges) and keeps the next token's loads in
+  // flight.
+  const int pair_ctas = ResidentCtas<kPairKernel, kThreads>();
+  if (n <= int64_t{pair_ctas} * kPairsPerCta) {
+    const dim3 pair_grid(
+        static_cast<unsigned>((n + kPairsPerCta - 1) / kPairsPerCta));
+    return LaunchKernel(kPairKernel, pair_grid, dim3(kThreads), launch, layout,
+                        div, layer, kv, p, rope, slots, n, cast_back);
   }
   const dim3 grid(
       PersistentGrid(n, kWarpsPerCta, ResidentCtas<kKernel, kThreads>()));
@@ -394,39 +686,55 @@ cudaError_t Go(const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
                       kv, p, rope, slots, n, cast_back);
 }
 
-template <class Q, bool kNorm>
+template <class Q, bool kNorm, bool kHad>
 cudaError_t ByRope(const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
                    const FusedParams& p, const int32_t* slots, int64_t n,
                    uint16_t* cast_back, const Launch& launch) {
   switch (p.rope) {
     case RopeStyle::kNone:
-      return Go<Q, kNorm, RopeStyle::kNone>(layout, layer, kv, p, slots, n,
-                                            cast_back, launch);
+      return Go<Q, kNorm, RopeStyle::kNone, kHad>(layout, layer, kv, p, slots,
+                                                  n, cast_back, launch);
     case RopeStyle::kInterleaved:
-      return Go<Q, kNorm, RopeStyle::kInterleaved>(layout, layer, kv, p, slots,
-                                                   n, cast_back, launch);
+      return Go<Q, kNorm, RopeStyle::kInterleaved, kHad>(
+          layout, layer, kv, p, slots, n, cast_back, launch);
     case RopeStyle::kNeox:
-      return Go<Q, kNorm, RopeStyle::kNeox>(layout, layer, kv, p, slots, n,
-                                            cast_back, launch);
+      return Go<Q, kNorm, RopeStyle::kNeox, kHad>(layout, layer, kv, p, slots,
+                                                  n, cast_back, launch);
   }
   return cudaErrorInvalidValue;
 }
 
-template <class Q>
+template <class Q, bool kHad>
 cudaError_t ByNorm(const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
                    const FusedParams& p, const int32_t* slots, int64_t n,
                    uint16_t* cast_back, const Launch& launch) {
-  return p.norm() ? ByRope<Q, true>(layout, layer, kv, p, slots, n, cast_back,
-                                    launch)
-                  : ByRope<Q, false>(layout, layer, kv, p, slots, n, cast_back,
-                                     launch);
+  return p.norm() ? ByRope<Q, true, kHad>(layout, layer, kv, p, slots, n,
+                                          cast_back, launch)
+                  : ByRope<Q, false, kHad>(layout, layer, kv, p, slots, n,
+                                           cast_back, launch);
+}
+
+template <class Q>
+cudaError_t ByHadamard(const PoolLayout& layout, uint8_t* layer,
+                       const uint16_t* kv, const FusedParams& p,
+                       const int32_t* slots, int64_t n, uint16_t* cast_back,
+                       const Launch& launch) {
+  return p.hadamard() ? ByNorm<Q, true>(layout, layer, kv, p, slots, n,
+                                        cast_back, launch)
+                      : ByNorm<Q, false>(layout, layer, kv, p, slots, n,
+                                         cast_back, launch);
 }
 
 }  // namespace
 
-bool FusedH512Applies(FormatId id, const FusedParams& p) {
-  if (id != FormatId::kV41 && id != FormatId::kV41Fp4) return false;
-  if (p.hadamard_len != kD || p.hadamard_begin != 0) return false;
+bool FusedH512Applies(FormatId id, int32_t elements, const FusedParams& p) {
+  if (id != FormatId::kV41 && id != FormatId::kV41Fp4 &&
+      !(id == FormatId::kBf16 && elements == kD)) {
+    return false;
+  }
+  if (p.hadamard() && (p.hadamard_len != kD || p.hadamard_begin != 0)) {
+    return false;
+  }
   switch (p.rope) {
     case RopeStyle::kNone:
       return true;
@@ -445,12 +753,20 @@ cudaError_t LaunchFusedH512(FormatId id, const PoolLayout& layout,
                             const FusedParams& p, const int32_t* slots,
                             int64_t n, uint16_t* cast_back,
                             const Launch& launch) {
-  if (!FusedH512Applies(id, p)) return cudaErrorInvalidValue;
-  return id == FormatId::kV41
-             ? ByNorm<V41Format>(layout, layer, kv, p, slots, n, cast_back,
-                                 launch)
-             : ByNorm<V41Fp4Format>(layout, layer, kv, p, slots, n, cast_back,
+  if (!FusedH512Applies(id, layout.format.elements(), p)) {
+    return cudaErrorInvalidValue;
+  }
+  switch (id) {
+    case FormatId::kV41:
+      return ByHadamard<V41Format>(layout, layer, kv, p, slots, n, cast_back,
+                                   launch);
+    case FormatId::kV41Fp4:
+      return ByHadamard<V41Fp4Format>(layout, layer, kv, p, slots, n, cast_back,
+                                      launch);
+    default:
+      return ByHadamard<Bf16Record>(layout, layer, kv, p, slots, n, cast_back,
                                     launch);
+  }
 }
 
 }  // namespace kvdepot::gpu::internal

@@ -35,11 +35,11 @@ cudaError_t LaunchFusedMla(const PoolLayout& layout, uint8_t* layer,
                            const int32_t* slots, int64_t n, uint16_t* cast_back,
                            const Launch& launch);
 
-// V41 and V41_FP4 with a Hadamard over the whole token (RoPE, if any, in
-// [256, 512) from a multiple of 8; NeoX with rope_dim a multiple of 16):
-// fused_h512.cu's register-only kernel, the same bytes as the general one.
-// cos_sin 16-byte aligned.
-bool FusedH512Applies(FormatId id, const FusedParams& params);
+// V41, V41_FP4 and BF16(512) (`elements`: the format's) with a Hadamard
+// over the whole token or none (RoPE, if any, in [256, 512) from a multiple
+// of 8; NeoX with rope_dim a multiple of 16): fused_h512.cu's register-only
+// kernel, the same bytes as the general one. cos_sin 16-byte aligned.
+bool FusedH512Applies(FormatId id, int32_t elements, const FusedParams& params);
 cudaError_t LaunchFusedH512(FormatId id, const PoolLayout& layout,
                             uint8_t* layer, const uint16_t* kv,
                             const FusedParams& params, const int32_t* slots,

@@ -74,12 +74,8 @@ __device__ __forceinline__ void Unpack8(uint4 v, float* x) {
 template <int kN>
 __device__ __forceinline__ void RoundCanonical(const float* x, uint32_t* w) {
 #pragma unroll
-  for (int i = 0; i < kN / 2; ++i) {
-    uint32_t v = HwBf16x2(x[2 * i], x[2 * i + 1]);
-    if ((v & 0x7FFFu) > 0x7F80u) v = (v & 0xFFFF0000u) | 0x7FC0u;
-    if ((v & 0x7FFF0000u) > 0x7F800000u) v = (v & 0xFFFFu) | 0x7FC00000u;
-    w[i] = v;
-  }
+  for (int i = 0; i < kN / 2; ++i)
+    w[i] = HwBf16x2Canonical(x[2 * i], x[2 * i + 1]);
 }
 
 // Rounds 16 values that are only quantized afterwards to BF16 by the
@@ -184,7 +180,9 @@ __device__ __forceinline__ void ProcessMla(const PoolLayout& layout,
   const uint4 t4 = make_uint4(tw[0], tw[1], tw[2], tw[3]);
   DsMlaPutRecordChunks</*kStreaming=*/false>(layer, layout.block_stride, div,
                                              in.slot, c, t4, lane);
-  if (cast_row != nullptr) DsMlaPutRowChunks(cast_row, c, t4, lane);
+  if (cast_row != nullptr) {
+    DsMlaPutRowChunks</*kStreaming=*/false>(cast_row, c, t4, lane);
+  }
 }
 
 template <bool kNorm, RopeStyle kRope>

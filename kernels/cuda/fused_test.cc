@@ -332,7 +332,9 @@ TEST_P(FusedCudaTest, EveryStageSetMatchesTheReference) {
 }
 
 // Enough tokens that every warp of the persistent grid loops (the next
-// token's row is in flight while one is processed).
+// token's row is in flight while one is processed). For the 512-element
+// formats this is also fused_h512.cu's one-warp kernel: up to one wave of
+// tokens (every EveryStageSet case) takes its two-warp kernel.
 TEST_P(FusedCudaTest, ManyTokensLoop) {
   const auto [name, block_size] = GetParam();
   if (block_size != 64) GTEST_SKIP() << "one block size is enough";
@@ -340,6 +342,8 @@ TEST_P(FusedCudaTest, ManyTokensLoop) {
   const PoolLayout layout = Layout(name, block_size, 24000);
   CheckFused(layout, 20000, Stages::kAll, rng);
   CheckFused(layout, 20000, Stages::kMla, rng);
+  CheckFused(layout, 20000, Stages::kNormPart, rng);
+  CheckFused(layout, 20000, Stages::kInterleaved, rng);
   if (Fits(Stages::kMlaHadamard, layout.format.elements())) {
     CheckFused(layout, 20000, Stages::kMlaHadamard, rng);
   }
