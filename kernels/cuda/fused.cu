@@ -657,8 +657,8 @@ __device__ __forceinline__ void HadamardQuad128(int lane, const float* y,
     // so the bits are the same for every number (a NaN stays a NaN, and
     // the quantization maps every NaN alike). Computed as one fma(v, ±1,
     // o): v × ±1 is exact, so it rounds o ± v once, the add's bits
-    // (zeros' signs included); one instruction instead of an add, a
-    // subtract and a select.
+    // (zeros' signs included); one instruction where a sign-bit xor and
+    // an add were two.
     const float sign = (m & mm) != 0 ? -1.0f : 1.0f;
 #pragma unroll
     for (int i = 0; i < 16; ++i) {

@@ -74,8 +74,9 @@ __device__ __forceinline__ void Unpack8(uint4 v, float* x) {
 template <int kN>
 __device__ __forceinline__ void RoundCanonical(const float* x, uint32_t* w) {
 #pragma unroll
-  for (int i = 0; i < kN / 2; ++i)
+  for (int i = 0; i < kN / 2; ++i) {
     w[i] = HwBf16x2Canonical(x[2 * i], x[2 * i + 1]);
+  }
 }
 
 // Rounds 16 values that are only quantized afterwards to BF16 by the
