@@ -342,6 +342,7 @@ TEST_P(FusedCudaTest, ManyTokensLoop) {
   const PoolLayout layout = Layout(name, block_size, 24000);
   CheckFused(layout, 20000, Stages::kAll, rng);
   CheckFused(layout, 20000, Stages::kMla, rng);
+  CheckFused(layout, 20000, Stages::kMlaNeox, rng);
   CheckFused(layout, 20000, Stages::kNormPart, rng);
   CheckFused(layout, 20000, Stages::kInterleaved, rng);
   if (Fits(Stages::kMlaHadamard, layout.format.elements())) {
