@@ -292,7 +292,10 @@ __device__ __forceinline__ uint2 Encode8(const float (&x)[8], float mult) {
   }
 }
 
-// The dequantized BF16 of 8 codes (what a load returns), 4 words.
+// The dequantized BF16 of 8 codes (what a load returns), 4 words. e4m3
+// codes decode exactly by the hardware (a NaN code to a NaN, which the
+// BF16 rounding makes canonical, as after DecodeE4M3), the rounding of the
+// products is FloatToBf16's (RNE, NaN canonical): branch-free code.
 template <class Q>
 __device__ __forceinline__ uint4 Decode8(uint2 codes, float sc) {
   uint32_t out[4];
@@ -300,16 +303,16 @@ __device__ __forceinline__ uint4 Decode8(uint2 codes, float sc) {
   for (int i = 0; i < 4; ++i) {
     float v0, v1;
     if constexpr (Q::kDtype == QuantDtype::kE4M3) {
-      const uint32_t pair = (i < 2 ? codes.x : codes.y) >> (16 * (i % 2));
-      v0 = DecodeE4M3(static_cast<uint8_t>(pair & 0xFFu));
-      v1 = DecodeE4M3(static_cast<uint8_t>((pair >> 8) & 0xFFu));
+      const float2 f =
+          HwE4M3x2ToFloat2((i < 2 ? codes.x : codes.y) >> (16 * (i % 2)));
+      v0 = f.x;
+      v1 = f.y;
     } else {  // element 2i: low nibble of byte i
       const uint32_t byte = (codes.x >> (8 * i)) & 0xFFu;
       v0 = DecodeE2M1(static_cast<uint8_t>(byte & 0xFu));
       v1 = DecodeE2M1(static_cast<uint8_t>(byte >> 4));
     }
-    out[i] = FloatToBf16(__fmul_rn(v0, sc)) |
-             (static_cast<uint32_t>(FloatToBf16(__fmul_rn(v1, sc))) << 16);
+    out[i] = HwBf16x2Canonical(__fmul_rn(v0, sc), __fmul_rn(v1, sc));
   }
   return make_uint4(out[0], out[1], out[2], out[3]);
 }
