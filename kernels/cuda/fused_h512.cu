@@ -109,8 +109,10 @@ __device__ __forceinline__ void LoadCosSin(int64_t pos, const FusedParams& p,
         in.c0 = __ldg(reinterpret_cast<const float4*>(cs + 4 * m));
         in.s0 = __ldg(reinterpret_cast<const float4*>(cs + half + 4 * m));
       } else {
-        // Pairs (k, k + half), k in [8 m', 8 m' + 8), m' = m mod (half / 8).
-        const int k = 8 * (m % (r.lanes / 2));
+        // Pairs (k, k + half), k in [8 m', 8 m' + 8), m' = m mod (half / 8)
+        // (m < 2 (half / 8): a subtraction, not a division per token).
+        const int apart = r.lanes / 2;
+        const int k = 8 * (m >= apart ? m - apart : m);
         in.c0 = __ldg(reinterpret_cast<const float4*>(cs + k));
         in.c1 = __ldg(reinterpret_cast<const float4*>(cs + k + 4));
         in.s0 = __ldg(reinterpret_cast<const float4*>(cs + half + k));
@@ -189,7 +191,12 @@ __device__ __forceinline__ void Rope(const In& in, RopeLanes r, int lane,
       x1[2 * i + 1] = __fadd_rn(__fmul_rn(b, c[i]), __fmul_rn(a, s[i]));
     }
   } else if constexpr (kRope == RopeStyle::kNeox) {
-    // The first half's lanes hold a, the second's b, lanes / 2 apart.
+    // The first half's lanes hold a, the second's b, lanes / 2 apart, and
+    // take a c - b s and b c + a s: both x c + o s' with the partner's o and
+    // s' = -s on the first half. The bits are the reference's: o (-s) is
+    // -(o s) exactly, and IEEE defines p - q as p + (-q). Every lane runs
+    // the same instructions (no branch around the shuffles); the other lanes
+    // keep x.
     const int apart = r.lanes / 2;
     const bool second = m >= apart;
     const int src = !mine ? lane : (second ? lane - apart : lane + apart);
@@ -200,10 +207,9 @@ __device__ __forceinline__ void Rope(const In& in, RopeLanes r, int lane,
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const float o = __shfl_sync(kFullMask, x1[i], src);
-      if (!mine) continue;
-      const float a = second ? o : x1[i], b = second ? x1[i] : o;
-      x1[i] = second ? __fadd_rn(__fmul_rn(b, c[i]), __fmul_rn(a, s[i]))
-                     : __fsub_rn(__fmul_rn(a, c[i]), __fmul_rn(b, s[i]));
+      const float y = __fadd_rn(__fmul_rn(x1[i], c[i]),
+                                __fmul_rn(o, second ? s[i] : -s[i]));
+      x1[i] = mine ? y : x1[i];
     }
   }
 }

@@ -164,13 +164,15 @@ __device__ __forceinline__ void ProcessMla(const PoolLayout& layout,
                         in.c1.x, in.c1.y, in.c1.z, in.c1.w};
     const float s[8] = {in.s0.x, in.s0.y, in.s0.z, in.s0.w,
                         in.s1.x, in.s1.y, in.s1.z, in.s1.w};
+    // a c - b s (first half) and b c + a s (second) are both t c + o s'
+    // with the partner's o and s' = -s on the first half: the same bits,
+    // as fused_h512.cu's Rope says.
     const bool second = (lane & 4) != 0;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const float o = __shfl_xor_sync(kFullMask, t[i], 4);
-      const float a = second ? o : t[i], b = second ? t[i] : o;
-      t[i] = second ? __fadd_rn(__fmul_rn(b, c[i]), __fmul_rn(a, s[i]))
-                    : __fsub_rn(__fmul_rn(a, c[i]), __fmul_rn(b, s[i]));
+      t[i] =
+          __fadd_rn(__fmul_rn(t[i], c[i]), __fmul_rn(o, second ? s[i] : -s[i]));
     }
   }
   uint32_t tw[4],
