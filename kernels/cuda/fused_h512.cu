@@ -612,11 +612,13 @@ __device__ __forceinline__ void HadamardPair(int half, int lane, PairShared& sh,
   for (int i = 0; i < 8; ++i) sh.values[half][i][lane] = x[i];
   PairBarrier(pair);
   const float scale = BitsToFloat(kHadamardScaleBits[9]);  // 512^-1/2
+  // Chunk l: x + o; chunk 32 + l: o - x; both one fma(x, +-1, o), exact as
+  // in CrossLaneStages.
+  const float sign = half == 0 ? 1.0f : -1.0f;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const float o = sh.values[1 - half][i][lane];
-    x[i] = half == 0 ? __fmul_rn(__fadd_rn(x[i], o), scale)
-                     : __fmul_rn(__fsub_rn(o, x[i]), scale);
+    x[i] = __fmul_rn(__fmaf_rn(x[i], sign, o), scale);
   }
 }
 
