@@ -220,18 +220,47 @@ __device__ __forceinline__ float2 HwE4M3x2ToFloat2(uint32_t codes) {
   return __half22float2(*reinterpret_cast<const __half2*>(&h));
 }
 
+// Ue8m0Scale's exponent ceil(log2(a / qmax)) (clamped to 127) without the
+// division, from the bits of a = max(amax, 1e-4): a normal number or +Inf
+// (amax ignores NaN). With qmax = q 2^k (448 = 1.75 2^8, 6 = 1.5 2^2) and
+// a = m 2^E (m in [1, 2)), a / qmax = (m / q) 2^(E - k) lies in
+// (2^(E-k-1), 2^(E-k)] for m <= q and in (2^(E-k), 2^(E-k+1)) above, and
+// its rounding stays on that side of 2^(E-k): m > q means m >= q + 2^-23,
+// so the quotient exceeds 2^(E-k) by more than 2^-24 2^(E-k), its half-ulp
+// there. So e = E - k, plus one when m's fraction exceeds q's; every
+// quotient here is normal (>= 1e-4 / 448), and +Inf gives 127.
+// CheckEncoders compares it with quant.h's for every finite amax >= 0 and
+// +Inf on the device.
+template <QuantDtype kDtype>
+__device__ __forceinline__ int Ue8m0Exponent(uint32_t a_bits) {
+  static_assert(kE4M3Max == 448.0f && kE2M1Max == 6.0f);
+  constexpr int kK = kDtype == QuantDtype::kE4M3 ? 8 : 2;
+  constexpr uint32_t kQFraction =
+      kDtype == QuantDtype::kE4M3 ? 0x600000u : 0x400000u;
+  if (a_bits >= 0x7F800000u) return 127;
+  return static_cast<int>(a_bits >> 23) - 127 - kK +
+         ((a_bits & 0x7FFFFFu) > kQFraction ? 1 : 0);
+}
+
+// How ScaleOf finds a UE8M0 exponent: from the bits of a (Ue8m0Exponent,
+// fewer instructions) or by quant.h's division; the bytes are the same.
+enum class Ue8m0By { kBits, kDivision };
+
 // The group scale of format F from the group's amax (quant.h).
-template <class F>
+template <class F, Ue8m0By kBy = Ue8m0By::kBits>
 __device__ __forceinline__ GroupScale ScaleOf(float amax) {
   if constexpr (F::kSf == ScaleFormat::kUE8M0) {
-    // Ue8m0Scale without CeilLog2Clamped's subnormal loop: the quotient is
-    // at least 1e-4 / 448, a normal number (or Inf, giving 128 -> 127).
     constexpr float kQmax =
         F::kDtype == QuantDtype::kE4M3 ? kE4M3Max : kE2M1Max;
     const float a = amax > kAmaxFloor ? amax : kAmaxFloor;
-    const uint32_t u = FloatBits(__fdiv_rn(a, kQmax));
-    const int e = min(
-        static_cast<int>(u >> 23) - 127 + ((u & 0x7FFFFFu) != 0 ? 1 : 0), 127);
+    int e;
+    if constexpr (kBy == Ue8m0By::kBits) {
+      e = Ue8m0Exponent<F::kDtype>(FloatBits(a));
+    } else {  // a / qmax is normal (>= 1e-4 / 448) or Inf (128 -> 127)
+      const uint32_t u = FloatBits(__fdiv_rn(a, kQmax));
+      e = min(static_cast<int>(u >> 23) - 127 + ((u & 0x7FFFFFu) != 0 ? 1 : 0),
+              127);
+    }
     // Exp2i(-e): normal for e <= 126, 2^-127 (subnormal) for e = 127.
     const uint32_t m =
         e <= 126 ? static_cast<uint32_t>(127 - e) << 23 : 0x00400000u;

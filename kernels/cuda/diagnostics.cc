@@ -19,14 +19,14 @@ absl::StatusOr<EncoderCheck> CheckEncoders() {
   unsigned long long* counts = nullptr;
   uint32_t* first = nullptr;
   RETURN_IF_CUDA_ERROR(
-      cudaMalloc(reinterpret_cast<void**>(&counts), 3 * sizeof(*counts)),
+      cudaMalloc(reinterpret_cast<void**>(&counts), 4 * sizeof(*counts)),
       "allocating counters");
   RETURN_IF_CUDA_ERROR(
-      cudaMalloc(reinterpret_cast<void**>(&first), 3 * sizeof(*first)),
+      cudaMalloc(reinterpret_cast<void**>(&first), 4 * sizeof(*first)),
       "allocating counters");
   EncoderCheck check;
-  unsigned long long host_counts[3] = {0, 0, 0};
-  uint32_t host_first[3] = {0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu};
+  unsigned long long host_counts[4] = {0, 0, 0, 0};
+  uint32_t host_first[4] = {0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu};
   cudaError_t e = cudaMemcpy(counts, host_counts, sizeof(host_counts),
                              cudaMemcpyHostToDevice);
   if (e == cudaSuccess) {
@@ -51,6 +51,8 @@ absl::StatusOr<EncoderCheck> CheckEncoders() {
   check.first_e2m1 = host_first[1];
   check.ds_mla_scale_mismatches = host_counts[2];
   check.first_ds_mla_scale = host_first[2];
+  check.ue8m0_scale_mismatches = host_counts[3];
+  check.first_ue8m0_scale = host_first[3];
   return check;
 }
 

@@ -23,11 +23,15 @@ struct EncoderCheck {
   // amax >= 0 (fp32 bits of the first mismatch).
   uint64_t ds_mla_scale_mismatches = 0;
   uint32_t first_ds_mla_scale = 0xFFFFFFFFu;
+  // The device's UE8M0 group scales (e4m3 and e2m1 data) vs quant.h's
+  // Ue8m0Scale, every finite amax >= 0 and +Inf.
+  uint64_t ue8m0_scale_mismatches = 0;
+  uint32_t first_ue8m0_scale = 0xFFFFFFFFu;
 };
 
 // Runs the device encoders and quant.h's over all 2^32 fp32 bit patterns,
-// and DS_MLA_FP8's two scale exponents over every finite amax, on the
-// current device (synchronous, about a second).
+// and DS_MLA_FP8's scale exponents and the UE8M0 group scales over every
+// finite amax, on the current device (synchronous, a few seconds).
 absl::StatusOr<EncoderCheck> CheckEncoders();
 
 }  // namespace kvdepot::gpu

@@ -55,11 +55,11 @@ cudaError_t LaunchDsMlaLoad(const PoolLayout& layout, const uint8_t* layer,
 cudaError_t LaunchEmpty(const Launch& launch);
 
 // The exhaustive conversion check of the tests: runs the fast device e4m3 /
-// e2m1 encoders and quant.h's over all 2^32 fp32 bit patterns, and DS_MLA_FP8's
-// division-free scale exponent and quant.h's over every finite amax, and
-// counts mismatches. mismatches: [3] device counters (e4m3, e2m1, DS_MLA
-// scale); first: [3] the smallest mismatching bit pattern of each (init
-// 0xFFFFFFFF).
+// e2m1 encoders and quant.h's over all 2^32 fp32 bit patterns, and the
+// division-free DS_MLA_FP8 scale exponent and UE8M0 group scales and
+// quant.h's over every finite amax, and counts mismatches. mismatches: [4]
+// device counters (e4m3, e2m1, DS_MLA scale, UE8M0 scale); first: [4] the
+// smallest mismatching bit pattern of each (init 0xFFFFFFFF).
 cudaError_t LaunchEncodeCheck(unsigned long long* mismatches, uint32_t* first,
                               const Launch& launch);
 

@@ -1,7 +1,8 @@
 // The empty kernel (launch-overhead baseline of the benchmark) and the
 // exhaustive encoder check of the tests: every fp32 bit pattern through the
 // fast device encoders (device_quant.cuh) and through quant.h, and every
-// finite amax through DS_MLA_FP8's scale exponent (ds_mla.cuh).
+// finite amax through DS_MLA_FP8's scale exponent (ds_mla.cuh) and the
+// UE8M0 group scales (device_quant.cuh's ScaleOf).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -24,8 +25,8 @@ constexpr int kCheckThreads = 256;
 constexpr int kCheckBlocks = 4096;
 
 __global__ void __launch_bounds__(kCheckThreads)
-    EncodeCheckKernel(unsigned long long* mismatches,  // [3]
-                      uint32_t* first,                 // [3]
+    EncodeCheckKernel(unsigned long long* mismatches,  // [4]
+                      uint32_t* first,                 // [4]
                       float one) {  // 1.0f, not foldable: x * one is GPU
                                     // arithmetic (canonical NaN) like the
                                     // store's x * multiplier
@@ -55,9 +56,28 @@ __global__ void __launch_bounds__(kCheckThreads)
       atomicMin(first + 2, u);
     }
   }
+  // The UE8M0 group scales (e4m3 and e2m1 data), every finite amax >= 0
+  // and +Inf: stored byte and multiplier bits.
+  unsigned long long bad_ue8m0 = 0;
+  for (uint32_t u = blockIdx.x * kCheckThreads + threadIdx.x; u <= 0x7F800000u;
+       u += static_cast<uint32_t>(stride)) {
+    const float amax = BitsToFloat(u);
+    const GroupScale a = ScaleOf<V41Format>(amax);
+    const GroupScale b = ScaleOf<Fp4IndexFormat>(amax);
+    const GroupScale ra = Ue8m0Scale(amax, kE4M3Max);
+    const GroupScale rb = Ue8m0Scale(amax, kE2M1Max);
+    if (a.stored != ra.stored ||
+        FloatBits(a.multiplier) != FloatBits(ra.multiplier) ||
+        b.stored != rb.stored ||
+        FloatBits(b.multiplier) != FloatBits(rb.multiplier)) {
+      ++bad_ue8m0;
+      atomicMin(first + 3, u);
+    }
+  }
   if (bad_e4m3 != 0) atomicAdd(mismatches, bad_e4m3);
   if (bad_e2m1 != 0) atomicAdd(mismatches + 1, bad_e2m1);
   if (bad_scale != 0) atomicAdd(mismatches + 2, bad_scale);
+  if (bad_ue8m0 != 0) atomicAdd(mismatches + 3, bad_ue8m0);
 }
 
 }  // namespace

@@ -389,6 +389,9 @@ TEST(EncoderTest, FastEncodersEqualQuantHOverAllFloats) {
   EXPECT_EQ(c->ds_mla_scale_mismatches, 0u)
       << "first DS_MLA_FP8 scale mismatch at amax bits 0x" << std::hex
       << c->first_ds_mla_scale;
+  EXPECT_EQ(c->ue8m0_scale_mismatches, 0u)
+      << "first UE8M0 scale mismatch at amax bits 0x" << std::hex
+      << c->first_ue8m0_scale;
 }
 
 TEST(LauncherTest, RejectsBadArgumentsBeforeLaunching) {
