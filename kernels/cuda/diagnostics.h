@@ -31,7 +31,7 @@ struct EncoderCheck {
 
 // Runs the device encoders and quant.h's over all 2^32 fp32 bit patterns,
 // and DS_MLA_FP8's scale exponents and the UE8M0 group scales over every
-// finite amax, on the current device (synchronous, a few seconds).
+// finite amax, on the current device (synchronous; 28 ms on the H200).
 absl::StatusOr<EncoderCheck> CheckEncoders();
 
 }  // namespace kvdepot::gpu

@@ -55,10 +55,11 @@ __device__ __forceinline__ void StoreLane(const PoolLayout& layout,
   for (int off = 1; off < F::kLanesPerGroup; off *= 2) {
     amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, off));
   }
-  // V41 keeps the division: its store measured 84.3 -> 82.2 % of copy at 1M
-  // tokens on the H200 with the exponent from the bits (three runs), while
-  // MXFP8_INDEX rose 64.9 -> 68.3-68.9 % at 64K (docs/BENCHMARKS.md,
-  // 2026-12-02 ~16:30-16:50).
+  // V41 (the 512-element UE8M0 format; V41_FP4's scales are e4m3) keeps
+  // the division: its store measured 84.3 -> 81.9-82.2 % of copy at 1M
+  // tokens on the H200 with the exponent from the bits (four runs), while
+  // MXFP8_INDEX rose 64.9 -> 66.6-68.9 % at 64K (docs/BENCHMARKS.md,
+  // 2026-12-02 ~16:25-17:10).
   constexpr Ue8m0By kBy =
       F::kElems == 512 ? Ue8m0By::kDivision : Ue8m0By::kBits;
   const GroupScale scale = ScaleOf<F, kBy>(amax);
