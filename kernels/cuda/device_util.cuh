@@ -57,9 +57,6 @@ __device__ __forceinline__ void StoreStream8(void* p, uint2 v) {
 __device__ __forceinline__ void StoreStream4(void* p, uint32_t v) {
   __stcs(reinterpret_cast<unsigned int*>(p), v);
 }
-__device__ __forceinline__ void StoreStream1(void* p, uint32_t v) {
-  __stcs(reinterpret_cast<unsigned char*>(p), static_cast<unsigned char>(v));
-}
 
 // A 16-byte store with the default policy: for outputs read again soon
 // (the fused store's cast-back rows, which the prefill attention reads

@@ -326,10 +326,9 @@ __device__ __forceinline__ uint4 Decode8(uint2 codes, float sc) {
 // Steps 5-6 of the one-warp kernel: quantize the lane's two chunks, store
 // codes and scales at `slot` (skipped for -1), and the cast-back row when
 // asked. QuantizeHalf below does the same per chunk set for the two-warp
-// kernel (two QuantizeHalf calls here cost this issue-bound kernel 4 % of
-// its bandwidth at 64K tokens on the H200). Scales are one byte per group,
-// in group order: each group's first lane stores its byte (a warp's bytes
-// of one chunk set share a sector: one transaction, no gathering shuffles).
+// kernel; here one shuffle per scale byte gathers both sets' bytes, which
+// the issue-bound one-warp kernel needs (4 % of its bandwidth at 64K tokens
+// on the H200 with two QuantizeHalf calls instead).
 template <class Q>
 __device__ __forceinline__ void Quantize(const PoolLayout& layout,
                                          const FastDiv& div, uint8_t* layer,
@@ -338,8 +337,7 @@ __device__ __forceinline__ void Quantize(const PoolLayout& layout,
                                          int lane, uint16_t* cast_row) {
   constexpr int kG = Q::kGroup / 8;           // lanes per group
   constexpr int kGroupsPerHalf = kWarp / kG;  // groups of one chunk set
-  static_assert(Q::kElems == kD && (kG == 2 || kG == 4) &&
-                Q::kScaleBytes == 2 * kGroupsPerHalf);
+  static_assert(Q::kElems == kD && (kG == 2 || kG == 4));
   float amax0 = 0.0f, amax1 = 0.0f;  // fmaxf ignores a NaN
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
@@ -354,6 +352,18 @@ __device__ __forceinline__ void Quantize(const PoolLayout& layout,
   const GroupScale s0 = ScaleOf<Q>(amax0), s1 = ScaleOf<Q>(amax1);
   const uint2 q0 = Encode8<Q>(x0, s0.multiplier);
   const uint2 q1 = Encode8<Q>(x1, s1.multiplier);
+  // Scale word w (lanes w < kScaleWords): groups 4w ... 4w + 3, group g
+  // from lane (g mod kGroupsPerHalf) kG, byte g / kGroupsPerHalf of its
+  // packed pair (half 0 in bits 0-7, half 1 in bits 8-15).
+  const uint32_t packed = (s0.stored & 0xFFu) | ((s1.stored & 0xFFu) << 8);
+  uint32_t word = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int g = 4 * (lane % Q::kScaleWords) + i;
+    const uint32_t pair =
+        __shfl_sync(kFullMask, packed, (g % kGroupsPerHalf) * kG);
+    word |= ((pair >> (8 * (g / kGroupsPerHalf))) & 0xFFu) << (8 * i);
+  }
   if (slot >= 0) {
     const int32_t block = div.Div(slot);
     const int32_t t = slot - block * div.d;
@@ -365,10 +375,8 @@ __device__ __forceinline__ void Quantize(const PoolLayout& layout,
       StoreStream4(data + 4 * lane, q0.x);
       StoreStream4(data + kHalf / 2 + 4 * lane, q1.x);
     }
-    if (lane % kG == 0) {  // groups lane / kG and kGroupsPerHalf + lane / kG
-      uint8_t* scales = layer + ScaleOffset<Q>(layout, block, t) + lane / kG;
-      StoreStream1(scales, s0.stored);
-      StoreStream1(scales + kGroupsPerHalf, s1.stored);
+    if (lane < Q::kScaleWords) {
+      StoreStream4(layer + ScaleOffset<Q>(layout, block, t) + 4 * lane, word);
     }
   }
   if (cast_row == nullptr) return;
@@ -389,10 +397,12 @@ __device__ __forceinline__ void QuantizeHalf(const PoolLayout& layout,
                                              uint16_t* cast_row) {
   constexpr int kG = Q::kGroup / 8;           // lanes per group
   constexpr int kGroupsPerHalf = kWarp / kG;  // groups of one chunk set
-  // One scale byte per group, in group order: half h's are bytes
-  // [h kGroupsPerHalf, (h + 1) kGroupsPerHalf).
+  constexpr int kWordsPerHalf = Q::kScaleWords / 2;
+  // Scale word w holds groups 4w ... 4w + 3 (one byte each), so each half's
+  // groups fill whole words: half h's are words [h W/2, (h + 1) W/2).
   static_assert(Q::kElems == kD && (kG == 2 || kG == 4) &&
-                Q::kScaleBytes == 2 * kGroupsPerHalf);
+                kGroupsPerHalf % 4 == 0 &&
+                Q::kScaleWords == kGroupsPerHalf / 2);
   float amax = 0.0f;  // fmaxf ignores a NaN
 #pragma unroll
   for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(x[i]));
@@ -402,6 +412,14 @@ __device__ __forceinline__ void QuantizeHalf(const PoolLayout& layout,
   }
   const GroupScale sc = ScaleOf<Q>(amax);
   const uint2 q = Encode8<Q>(x, sc.multiplier);
+  // Lane l < W/2 gathers the half's word l: groups 4l ... 4l + 3, group g
+  // from lane g kG (other lanes gather what they never store).
+  uint32_t word = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int g = (4 * lane + i) % kGroupsPerHalf;
+    word |= (__shfl_sync(kFullMask, sc.stored, g * kG) & 0xFFu) << (8 * i);
+  }
   if (slot >= 0) {
     const int32_t block = div.Div(slot);
     const int32_t t = slot - block * div.d;
@@ -411,10 +429,10 @@ __device__ __forceinline__ void QuantizeHalf(const PoolLayout& layout,
     } else {
       StoreStream4(data + kHalf / 2 * half + 4 * lane, q.x);
     }
-    if (lane % kG == 0) {  // group kGroupsPerHalf half + lane / kG
-      StoreStream1(layer + ScaleOffset<Q>(layout, block, t) +
-                       kGroupsPerHalf * half + lane / kG,
-                   sc.stored);
+    if (lane < kWordsPerHalf) {
+      StoreStream4(layer + ScaleOffset<Q>(layout, block, t) +
+                       4 * (kWordsPerHalf * half + lane),
+                   word);
     }
   }
   if (cast_row == nullptr) return;
