@@ -59,7 +59,7 @@ __device__ __forceinline__ void StoreLane(const PoolLayout& layout,
   // the division: its store measured 84.3 -> 81.9-82.2 % of copy at 1M
   // tokens on the H200 with the exponent from the bits (four runs), while
   // MXFP8_INDEX rose 64.9 -> 66.6-68.9 % at 64K (docs/BENCHMARKS.md,
-  // 2026-12-02 ~16:25-17:10).
+  // 2026-12-02 ~16:25-17:25).
   constexpr Ue8m0By kBy =
       F::kElems == 512 ? Ue8m0By::kDivision : Ue8m0By::kBits;
   const GroupScale scale = ScaleOf<F, kBy>(amax);
