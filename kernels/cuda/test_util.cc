@@ -22,7 +22,7 @@ constexpr int64_t kDistinctTokens = 8192;
 }  // namespace
 
 std::vector<uint8_t> RandomKv(std::mt19937& rng, int64_t n, int32_t elements,
-                              InputDtype dtype) {
+                              InputDtype dtype, bool specials) {
   const size_t size = dtype == InputDtype::kBF16 ? 2 : 4;
   std::vector<uint8_t> out(static_cast<size_t>(n) * elements * size);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -35,7 +35,8 @@ std::vector<uint8_t> RandomKv(std::mt19937& rng, int64_t n, int32_t elements,
     }
     const float magnitude = std::pow(10.0f, exponent(rng));
     for (int32_t i = 0; i < elements; ++i) {
-      const float v = rng() % 256 == 0 ? Special(rng) : normal(rng) * magnitude;
+      const float v =
+          specials && rng() % 256 == 0 ? Special(rng) : normal(rng) * magnitude;
       const size_t at = (static_cast<size_t>(t) * elements + i) * size;
       if (dtype == InputDtype::kBF16) {
         const uint16_t h = FloatToBf16(v);

@@ -14,10 +14,11 @@
 namespace kvdepot::gpu {
 
 // n * elements input values of `dtype` as raw bytes: normal values times a
-// per-token magnitude in [1e-6, 1e4], with about 1 in 256 special (NaN, +-Inf,
-// +-0, subnormal, huge). Tokens past the first 8192 repeat earlier ones.
+// per-token magnitude in [1e-6, 1e4], with `specials` about 1 in 256 special
+// (NaN, +-Inf, +-0, subnormal, huge). Tokens past the first 8192 repeat
+// earlier ones.
 std::vector<uint8_t> RandomKv(std::mt19937& rng, int64_t n, int32_t elements,
-                              InputDtype dtype);
+                              InputDtype dtype, bool specials = true);
 
 // n slots: distinct slots of [0, num_slots) in random order, about
 // padding_percent % of them replaced by -1. REQUIRES n <= num_slots.
