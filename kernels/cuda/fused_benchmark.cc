@@ -438,7 +438,7 @@ int Main() {
   }
   // Every launch in graph replay measured ~0.17 us slower after the
   // bandwidth table than in a fresh process (the empty kernel too: 0.68
-  // against 0.51 us on the H200, BENCHMARKS.md 2026-12-02 ~18:10), so the
+  // against 0.51 us on the H200, BENCHMARKS.md, 2026-12-02 ~18:04), so the
   // latency table runs in both states and reports both.
   LatencyTable("fresh", json);
   if (absl::GetFlag(FLAGS_bandwidth)) {
