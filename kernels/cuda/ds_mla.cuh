@@ -106,6 +106,10 @@ __device__ __forceinline__ uint4 DsMlaEncode16(const float (&x)[16],
 
 // n / 2 words of codes with their tile's fp32 scale -> n BF16 (n / 2 words):
 // bf16_rne(q x s) as quant.h computes it; NaN results canonical (0x7FC0).
+// The hardware decodes every e4m3 code exactly as DecodeE4M3 does (the NaN
+// codes to a NaN) and rounds like FloatToBf16 but for a NaN's bits, so only
+// a tile with a NaN code or a NaN / Inf scale, whose products can be NaN,
+// takes the canonicalizing rounding; the common path skips its selects.
 template <int kWords>
 __device__ __forceinline__ void DsMlaDecode(const uint32_t (&q)[kWords],
                                             uint32_t scale_bits,
@@ -117,11 +121,8 @@ __device__ __forceinline__ void DsMlaDecode(const uint32_t (&q)[kWords],
   if ((nan & 0x80808080u) != 0 || (scale_bits & 0x7F800000u) == 0x7F800000u) {
 #pragma unroll
     for (int i = 0; i < 2 * kWords; ++i) {
-      const uint32_t w = q[i / 2] >> (16 * (i % 2));
-      out[i] = FloatToBf16(__fmul_rn(DecodeE4M3(w & 0xFFu), scale)) |
-               (static_cast<uint32_t>(
-                    FloatToBf16(__fmul_rn(DecodeE4M3((w >> 8) & 0xFFu), scale)))
-                << 16);
+      const float2 f = HwE4M3x2ToFloat2(q[i / 2] >> (16 * (i % 2)));
+      out[i] = HwBf16x2Canonical(__fmul_rn(f.x, scale), __fmul_rn(f.y, scale));
     }
     return;
   }

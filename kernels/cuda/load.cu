@@ -46,9 +46,10 @@ __device__ __forceinline__ uint8_t LoadByte(const uint8_t* p) {
 
 // Dequantizes the 16 codes of one lane with its scale byte `sf` into 16
 // BF16 (8 words), equal to FloatToBf16(Decode(q) * Decode(sf)) of quant.h.
-// Fast path: hardware e4m3 -> f16x2 (exact), fp32 multiply, hardware RNE
-// bf16x2; NaN results (a NaN code, NaN scale, Inf scale times zero), which
-// the hardware would not make canonical, take quant.h's path instead.
+// Hardware e4m3 -> f16x2 (exact, a NaN code to a NaN), fp32 multiply,
+// hardware RNE bf16x2; when the products can be NaN (a NaN code, the 0xFF
+// scale: Inf times zero), whose bits the hardware does not make canonical,
+// the rounding replaces NaN halves by quant.h's 0x7FC0.
 template <class F>
 __device__ __forceinline__ void Dequant16(uint4 q, uint8_t sf,
                                           uint32_t (&out)[8]) {
@@ -59,14 +60,11 @@ __device__ __forceinline__ void Dequant16(uint4 q, uint8_t sf,
                           ((q.z & 0x7F7F7F7Fu) + 0x01010101u) |
                           ((q.w & 0x7F7F7F7Fu) + 0x01010101u)) &
                          0x80808080u;
-    if (nan != 0 || sf == 0xFF) {
+    if (nan != 0 || sf == 0xFF) {  // products may be NaN: canonical bits
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        const uint32_t w = (&q.x)[i / 2] >> (16 * (i % 2));
-        out[i] = FloatToBf16(DecodeE4M3(w & 0xFFu) * scale) |
-                 (static_cast<uint32_t>(
-                      FloatToBf16(DecodeE4M3((w >> 8) & 0xFFu) * scale))
-                  << 16);
+        const float2 f = HwE4M3x2ToFloat2((&q.x)[i / 2] >> (16 * (i % 2)));
+        out[i] = HwBf16x2Canonical(f.x * scale, f.y * scale);
       }
       return;
     }
