@@ -294,6 +294,32 @@ __device__ __forceinline__ float ScaleValue(uint32_t stored) {
   }
 }
 
+// The dequantized BF16 of 8 codes with their group's scale value sc (what
+// a load returns), 4 words: e4m3 in codes.x / .y, e2m1 in codes.x (element
+// 2i the low nibble of byte i). e4m3 codes decode exactly by the hardware
+// (a NaN code to a NaN), and the rounding of the products is FloatToBf16's
+// (RNE, NaN canonical): the reference's bits, branch-free.
+template <class Q>
+__device__ __forceinline__ uint4 DequantBf16x8(uint2 codes, float sc) {
+  uint32_t out[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float v0, v1;
+    if constexpr (Q::kDtype == QuantDtype::kE4M3) {
+      const float2 f =
+          HwE4M3x2ToFloat2((i < 2 ? codes.x : codes.y) >> (16 * (i % 2)));
+      v0 = f.x;
+      v1 = f.y;
+    } else {
+      const uint32_t byte = (codes.x >> (8 * i)) & 0xFFu;
+      v0 = DecodeE2M1(static_cast<uint8_t>(byte & 0xFu));
+      v1 = DecodeE2M1(static_cast<uint8_t>(byte >> 4));
+    }
+    out[i] = HwBf16x2Canonical(__fmul_rn(v0, sc), __fmul_rn(v1, sc));
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
 // Quantizes x * multiplier: e4m3 -> 16 bytes, e2m1 -> 8 bytes (low nibble =
 // even element), returned in a uint4 (e2m1 uses .x and .y).
 template <class F, bool kHw>

@@ -405,25 +405,13 @@ __device__ __forceinline__ void QuantizeLaneValues(
   }
   if (cast_row == nullptr) return;
   const float sc = ScaleValue<Q>(scale.stored);
-  const uint32_t qw[4] = {q.x, q.y, q.z, q.w};
-  uint32_t out[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    float v0, v1;
-    if constexpr (Q::kDtype == QuantDtype::kE4M3) {
-      const uint32_t pair = qw[i / 2] >> (16 * (i % 2));
-      v0 = DecodeE4M3(static_cast<uint8_t>(pair & 0xFFu));
-      v1 = DecodeE4M3(static_cast<uint8_t>((pair >> 8) & 0xFFu));
-    } else {  // element 2i: low nibble of byte i
-      const uint32_t byte = (qw[i / 4] >> (8 * (i % 4))) & 0xFFu;
-      v0 = DecodeE2M1(static_cast<uint8_t>(byte & 0xFu));
-      v1 = DecodeE2M1(static_cast<uint8_t>(byte >> 4));
-    }
-    out[i] = FloatToBf16(__fmul_rn(v0, sc)) |
-             (static_cast<uint32_t>(FloatToBf16(__fmul_rn(v1, sc))) << 16);
-  }
-  Store16(cast_row + 16 * sub, make_uint4(out[0], out[1], out[2], out[3]));
-  Store16(cast_row + 16 * sub + 8, make_uint4(out[4], out[5], out[6], out[7]));
+  // Elements [0, 8) and [8, 16): e4m3 codes in q.x, q.y and q.z, q.w;
+  // e2m1 nibbles in q.x and q.y.
+  const bool e4m3 = Q::kDtype == QuantDtype::kE4M3;
+  const uint2 lo = e4m3 ? make_uint2(q.x, q.y) : make_uint2(q.x, 0);
+  const uint2 hi = e4m3 ? make_uint2(q.z, q.w) : make_uint2(q.y, 0);
+  Store16(cast_row + 16 * sub, DequantBf16x8<Q>(lo, sc));
+  Store16(cast_row + 16 * sub + 8, DequantBf16x8<Q>(hi, sc));
 }
 
 // The same for the lane's 16 elements of the token in the swizzled buffer

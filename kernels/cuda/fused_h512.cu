@@ -298,31 +298,6 @@ __device__ __forceinline__ uint2 Encode8(const float (&x)[8], float mult) {
   }
 }
 
-// The dequantized BF16 of 8 codes (what a load returns), 4 words. e4m3
-// codes decode exactly by the hardware (a NaN code to a NaN, which the
-// BF16 rounding makes canonical, as after DecodeE4M3), the rounding of the
-// products is FloatToBf16's (RNE, NaN canonical): branch-free code.
-template <class Q>
-__device__ __forceinline__ uint4 Decode8(uint2 codes, float sc) {
-  uint32_t out[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float v0, v1;
-    if constexpr (Q::kDtype == QuantDtype::kE4M3) {
-      const float2 f =
-          HwE4M3x2ToFloat2((i < 2 ? codes.x : codes.y) >> (16 * (i % 2)));
-      v0 = f.x;
-      v1 = f.y;
-    } else {  // element 2i: low nibble of byte i
-      const uint32_t byte = (codes.x >> (8 * i)) & 0xFFu;
-      v0 = DecodeE2M1(static_cast<uint8_t>(byte & 0xFu));
-      v1 = DecodeE2M1(static_cast<uint8_t>(byte >> 4));
-    }
-    out[i] = HwBf16x2Canonical(__fmul_rn(v0, sc), __fmul_rn(v1, sc));
-  }
-  return make_uint4(out[0], out[1], out[2], out[3]);
-}
-
 // Steps 5-6 of the one-warp kernel: quantize the lane's two chunks, store
 // codes and scales at `slot` (skipped for -1), and the cast-back row when
 // asked. QuantizeHalf below does the same per chunk set for the two-warp
@@ -380,9 +355,9 @@ __device__ __forceinline__ void Quantize(const PoolLayout& layout,
     }
   }
   if (cast_row == nullptr) return;
-  Store16(cast_row + 8 * lane, Decode8<Q>(q0, ScaleValue<Q>(s0.stored)));
+  Store16(cast_row + 8 * lane, DequantBf16x8<Q>(q0, ScaleValue<Q>(s0.stored)));
   Store16(cast_row + kHalf + 8 * lane,
-          Decode8<Q>(q1, ScaleValue<Q>(s1.stored)));
+          DequantBf16x8<Q>(q1, ScaleValue<Q>(s1.stored)));
 }
 
 // Steps 5-6 for chunk set `half` (the lane's chunk 32 half + l, x):
@@ -437,7 +412,7 @@ __device__ __forceinline__ void QuantizeHalf(const PoolLayout& layout,
   }
   if (cast_row == nullptr) return;
   Store16(cast_row + kHalf * half + 8 * lane,
-          Decode8<Q>(q, ScaleValue<Q>(sc.stored)));
+          DequantBf16x8<Q>(q, ScaleValue<Q>(sc.stored)));
 }
 
 // Steps 4-6 for BF16(512) on chunk set `half` (x): rounded to BF16 (NaN
