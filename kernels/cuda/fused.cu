@@ -28,7 +28,8 @@
 //
 // Two tokens in flight per warp with their first cos/sin pair, the norm
 // weights kept in registers for the whole grid-stride loop; the 128-element
-// index formats take four tokens per warp (FusedStoreKernelQuad), where a
+// index formats take four tokens per warp (FusedStoreKernelQuad, the next
+// four loaded while these are processed), where a
 // Hadamard over the whole token ends in registers (HadamardQuad128: xor
 // shuffles for h = 16 ... 64) and is quantized from there. (The
 // round-1 shape, an unswizzled buffer with a one-pass Hadamard, one token
@@ -764,8 +765,16 @@ __device__ __forceinline__ void ProcessQuad(const PoolLayout& layout,
   }
 }
 
+// Seven CTAs per SM (registers <= 72, no spills) with one quad in flight
+// ahead, where kMinCtas and two ahead left five (90 registers): on the
+// H200, hadamard (MXFP8_INDEX, L = 128) 43.0 -> 44.5 % of copy at 64K
+// tokens, 55.0 -> 56.7 % at 1M, graph replay at 1-1024 tokens within
+// 0.01 us (docs/BENCHMARKS.md, 2026-12-03). Eight CTAs (64 registers)
+// measured the same as seven; eight with two ahead spills and was slower.
+constexpr int kQuadMinCtas = 7;
+
 template <FormatId kId, int kHad>
-__global__ void __launch_bounds__(kThreads, kMinCtas)
+__global__ void __launch_bounds__(kThreads, kQuadMinCtas)
     FusedStoreKernelQuad(PoolLayout layout, FastDiv div, uint8_t* layer,
                          const uint16_t* kv, FusedParams p,
                          const int32_t* slots, int64_t n, uint16_t* cast_back) {
@@ -780,21 +789,16 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
   if (base >= n) return;  // warp-uniform
   QuadIn cur, next;
   LoadQuad(kv, base, n, slots, p, lane, cur);
-  if (base + step < n) LoadQuad(kv, base + step, n, slots, p, lane, next);
   const int c = lane % 16;
   const uint4 weight = p.norm() && c >= p.norm_begin / 8 && c < p.norm_end / 8
                            ? __ldg(reinterpret_cast<const uint4*>(
                                  p.norm_weight + (8 * c - p.norm_begin)))
                            : make_uint4(0, 0, 0, 0);
   for (; base < n; base += step) {
-    QuadIn after;
-    if (base + 2 * step < n) {
-      LoadQuad(kv, base + 2 * step, n, slots, p, lane, after);
-    }
+    if (base + step < n) LoadQuad(kv, base + step, n, slots, p, lane, next);
     ProcessQuad<kId, kHad>(layout, div, layer, p, cur, weight, base, n, lane, y,
                            cast_back);
     cur = next;
-    next = after;
   }
 }
 
