@@ -769,7 +769,7 @@ __device__ __forceinline__ void ProcessQuad(const PoolLayout& layout,
 // ahead, where kMinCtas and two ahead left five (90 registers): on the
 // H200, hadamard (MXFP8_INDEX, L = 128) 43.0 -> 44.5 % of copy at 64K
 // tokens, 55.0 -> 56.7 % at 1M, graph replay at 1-1024 tokens within
-// 0.01 us (docs/BENCHMARKS.md, 2026-12-03). Eight CTAs (64 registers)
+// 0.02 us (docs/BENCHMARKS.md, 2026-12-03). Eight CTAs (64 registers)
 // measured the same as seven; eight with two ahead spills and was slower.
 constexpr int kQuadMinCtas = 7;
 
