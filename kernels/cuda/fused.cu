@@ -28,8 +28,10 @@
 //
 // Two tokens in flight per warp with their first cos/sin pair, the norm
 // weights kept in registers for the whole grid-stride loop; the 128-element
-// index formats take four tokens per warp (FusedStoreKernelQuad, the next
-// four loaded while these are processed), where a
+// index formats take four tokens per warp
+// (FusedStoreKernelQuad, the next four loaded while these are processed;
+// above 64K tokens without RoPE and with a Hadamard of 128 or none they go
+// to fused_row.cu's one-thread-per-token kernel), where a
 // Hadamard over the whole token ends in registers (HadamardQuad128: xor
 // shuffles for h = 16 ... 64) and is quantized from there. (The
 // round-1 shape, an unswizzled buffer with a one-pass Hadamard, one token
@@ -859,6 +861,11 @@ cudaError_t LaunchFusedStore(FormatId id, const PoolLayout& layout,
   if (FusedH512Applies(id, layout.format.elements(), p)) {
     return LaunchFusedH512(id, layout, layer, kv, p, slots, n, cast_back,
                            launch);
+  }
+  // The one-thread-per-token kernel, fused_row.cu.
+  if (FusedRowApplies(id, p, n)) {
+    return LaunchFusedRow(id, layout, layer, kv, p, slots, n, cast_back,
+                          launch);
   }
   switch (id) {
     case FormatId::kV41:

@@ -46,6 +46,17 @@ cudaError_t LaunchFusedH512(FormatId id, const PoolLayout& layout,
                             int64_t n, uint16_t* cast_back,
                             const Launch& launch);
 
+// FP4_INDEX, FP8_FP32SF_INDEX and MXFP8_INDEX without RoPE, with a
+// Hadamard over the whole token or none, above 64K tokens: fused_row.cu's
+// one-thread-per-token kernel, the same bytes as the general one (which
+// keeps the smaller batches).
+bool FusedRowApplies(FormatId id, const FusedParams& params, int64_t n);
+cudaError_t LaunchFusedRow(FormatId id, const PoolLayout& layout,
+                           uint8_t* layer, const uint16_t* kv,
+                           const FusedParams& params, const int32_t* slots,
+                           int64_t n, uint16_t* cast_back,
+                           const Launch& launch);
+
 }  // namespace kvdepot::gpu::internal
 
 #endif  // KVDEPOT_KERNELS_CUDA_FUSED_INTERNAL_H_

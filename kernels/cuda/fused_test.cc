@@ -53,13 +53,17 @@ enum class Stages {
   // kernel with interleaved RoPE and a partial norm, as the reference
   // worker registers V41 plus a Hadamard)
   kMlaHadamard,
+  // kNormPart with a Hadamard of 128 (at 0 on the 128-element index
+  // formats, where RowKernelLoops also runs it through fused_row.cu's
+  // kernel; at 8 elsewhere)
+  kNormHadamard,
 };
 constexpr Stages kAllStages[] = {
     Stages::kNone,        Stages::kNormAll,     Stages::kNormPart,
     Stages::kNeox,        Stages::kInterleaved, Stages::kHadamard64,
     Stages::kHadamard128, Stages::kHadamard256, Stages::kHadamard512,
     Stages::kAll,         Stages::kMla,         Stages::kMlaNeox,
-    Stages::kHadamardOdd, Stages::kMlaHadamard};
+    Stages::kHadamardOdd, Stages::kMlaHadamard, Stages::kNormHadamard};
 
 int HadamardOf(Stages s, int32_t d) {
   switch (s) {
@@ -68,6 +72,7 @@ int HadamardOf(Stages s, int32_t d) {
     case Stages::kHadamardOdd:  // 128: pass A's scalar path
       return d >= 128 + 3 ? 128 : 64;
     case Stages::kHadamard128:
+    case Stages::kNormHadamard:
       return 128;
     case Stages::kHadamard256:
       return 256;
@@ -145,6 +150,7 @@ Inputs MakeInputs(std::mt19937& rng, const PoolLayout& layout, int64_t n,
       p.norm_end = d;
       break;
     case Stages::kNormPart:
+    case Stages::kNormHadamard:
       p.norm_begin = d >= 24 ? 8 : 0;
       p.norm_end = d >= 24 ? d - 8 : d;
       break;
@@ -311,7 +317,7 @@ void CheckKernel(const PoolLayout& layout, int64_t n, const Inputs& in,
 bool Fits(Stages s, int32_t d) {
   const int h = HadamardOf(s, d);
   if ((s >= Stages::kHadamard64 && s <= Stages::kHadamard512) ||
-      s == Stages::kMlaHadamard) {
+      s == Stages::kMlaHadamard || s == Stages::kNormHadamard) {
     return h <= d;
   }
   if (s == Stages::kHadamardOdd) return h + 3 <= d;
@@ -347,6 +353,24 @@ TEST_P(FusedCudaTest, ManyTokensLoop) {
   CheckFused(layout, 20000, Stages::kInterleaved, rng);
   if (Fits(Stages::kMlaHadamard, layout.format.elements())) {
     CheckFused(layout, 20000, Stages::kMlaHadamard, rng);
+  }
+}
+
+// fused_row.cu's kernel (the 128-element index formats without RoPE, above
+// 64K tokens) with more tiles of 32 tokens than its grid has warps (an H200
+// holds 132 x 12 of them, 132 x 8 for FP4_INDEX), so each warp processes a tile
+// while the next one arrives, and n is not a multiple of 32: the last tile is
+// partial.
+TEST_P(FusedCudaTest, RowKernelLoops) {
+  const auto [name, block_size] = GetParam();
+  if (block_size != 64) GTEST_SKIP() << "one block size is enough";
+  std::mt19937 rng(1403);
+  const PoolLayout layout = Layout(name, block_size, 140000);
+  if (layout.format.elements() != 128)
+    GTEST_SKIP() << "not a 128-element format";
+  for (Stages s :
+       {Stages::kNone, Stages::kHadamard128, Stages::kNormHadamard}) {
+    CheckFused(layout, 130011, s, rng);
   }
 }
 
