@@ -320,6 +320,21 @@ __device__ __forceinline__ uint4 DequantBf16x8(uint2 codes, float sc) {
   return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
+// Writes the cast-back of 16 elements that Encode16 encoded as q with the
+// group's stored scale: their dequantized BF16 (what a load returns) into
+// out[0, 16). e4m3 codes of elements [0, 8) are in q.x, q.y and of [8, 16)
+// in q.z, q.w; e2m1 nibbles in q.x and q.y.
+template <class Q>
+__device__ __forceinline__ void CastBack16(uint4 q, uint32_t stored,
+                                           uint16_t* out) {
+  const float sc = ScaleValue<Q>(stored);
+  const bool e4m3 = Q::kDtype == QuantDtype::kE4M3;
+  const uint2 lo = e4m3 ? make_uint2(q.x, q.y) : make_uint2(q.x, 0);
+  const uint2 hi = e4m3 ? make_uint2(q.z, q.w) : make_uint2(q.y, 0);
+  Store16(out, DequantBf16x8<Q>(lo, sc));
+  Store16(out + 8, DequantBf16x8<Q>(hi, sc));
+}
+
 // Quantizes x * multiplier: e4m3 -> 16 bytes, e2m1 -> 8 bytes (low nibble =
 // even element), returned in a uint4 (e2m1 uses .x and .y).
 template <class F, bool kHw>

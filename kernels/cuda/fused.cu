@@ -406,15 +406,7 @@ __device__ __forceinline__ void QuantizeLaneValues(
       StoreStream4(layer + ScaleOffset<Q>(layout, block, t) + 4 * sub, word);
     }
   }
-  if (cast_row == nullptr) return;
-  const float sc = ScaleValue<Q>(scale.stored);
-  // Elements [0, 8) and [8, 16): e4m3 codes in q.x, q.y and q.z, q.w;
-  // e2m1 nibbles in q.x and q.y.
-  const bool e4m3 = Q::kDtype == QuantDtype::kE4M3;
-  const uint2 lo = e4m3 ? make_uint2(q.x, q.y) : make_uint2(q.x, 0);
-  const uint2 hi = e4m3 ? make_uint2(q.z, q.w) : make_uint2(q.y, 0);
-  Store16(cast_row + 16 * sub, DequantBf16x8<Q>(lo, sc));
-  Store16(cast_row + 16 * sub + 8, DequantBf16x8<Q>(hi, sc));
+  if (cast_row != nullptr) CastBack16<Q>(q, scale.stored, cast_row + 16 * sub);
 }
 
 // The same for the lane's 16 elements of the token in the swizzled buffer

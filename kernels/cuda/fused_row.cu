@@ -230,14 +230,7 @@ __device__ __forceinline__ uint32_t QuantizeRow(const uint32_t (&bf)[kD / 2],
         *reinterpret_cast<uint2*>(rec + 8 * piece) = make_uint2(q.x, q.y);
       }
       if (cast_row != nullptr) {
-        const float sc = ScaleValue<Q>(scale.stored);
-        // e4m3 codes of elements [0, 8) in q.x, q.y and [8, 16) in q.z,
-        // q.w; e2m1 nibbles in q.x and q.y.
-        const bool e4m3 = Q::kDtype == QuantDtype::kE4M3;
-        const uint2 lo = e4m3 ? make_uint2(q.x, q.y) : make_uint2(q.x, 0);
-        const uint2 hi = e4m3 ? make_uint2(q.z, q.w) : make_uint2(q.y, 0);
-        Store16(cast_row + 16 * piece, DequantBf16x8<Q>(lo, sc));
-        Store16(cast_row + 16 * piece + 8, DequantBf16x8<Q>(hi, sc));
+        CastBack16<Q>(q, scale.stored, cast_row + 16 * piece);
       }
     }
   }
