@@ -2,7 +2,8 @@
 // separate kernels (fused_stages.h: RMSNorm, RoPE, Hadamard, each writing
 // BF16, then the plain store) and against the plain store alone, as ratios
 // of the same run's device-to-device copy bandwidth:
-//  1. bandwidth at 64K and 1M tokens, L2 flushed before every timed launch;
+//  1. bandwidth at 64K and 1M tokens (--bandwidth_tokens), L2 flushed
+//     before every timed launch;
 //  2. GPU time at 1..1024 tokens in CUDA-graph replay (goal: <= 3 us),
 //     also with PDL on (fused+pdl), as the step path chains its launches,
 //     next to the plain store of the same tokens and an empty kernel (the
@@ -24,6 +25,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <random>
 #include <string>
@@ -32,6 +34,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -54,6 +57,10 @@ ABSL_FLAG(int64_t, profile_tokens, 0,
 ABSL_FLAG(bool, bandwidth, true,
           "also the copy and the 64K / 1M bandwidth table, then the latency "
           "table again (--nobandwidth: the latency table alone)");
+ABSL_FLAG(std::vector<std::string>, bandwidth_tokens,
+          std::vector<std::string>({"65536", "1048576"}),
+          "token counts of the bandwidth table (e.g. 65536,65537 puts "
+          "fused_row.cu's threshold between two rows)");
 ABSL_FLAG(bool, specials, false,
           "inputs with about 1 in 256 values special (NaN, +-Inf, ...), as "
           "the tests use; default: finite activations");
@@ -294,6 +301,16 @@ Launcher PlainStoreOf(Workload& w) {
 void BandwidthTable(const cudaDeviceProp& prop,
                     std::vector<std::string>& json) {
   const int iters = absl::GetFlag(FLAGS_iters);
+  std::vector<int64_t> tokens;
+  for (const std::string& t : absl::GetFlag(FLAGS_bandwidth_tokens)) {
+    int64_t n = 0;
+    if (!absl::SimpleAtoi(t, &n) || n <= 0 || n > (int64_t{1} << 24)) {
+      std::fprintf(stderr, "--bandwidth_tokens: '%s' is not in [1, 2^24]\n",
+                   t.c_str());
+      std::exit(2);
+    }
+    tokens.push_back(n);
+  }
   const int64_t copy_bytes = int64_t{1} << 30;
   DeviceBuffer src = *DeviceBuffer::Open(copy_bytes);
   DeviceBuffer dst = *DeviceBuffer::Open(copy_bytes);
@@ -327,7 +344,7 @@ void BandwidthTable(const cudaDeviceProp& prop,
               "kernel", "tokens", "us", "GB/s", "of copy");
   std::vector<std::string> rows;
   for (const Config& c : Configs()) {
-    for (int64_t n : {int64_t{1} << 16, int64_t{1} << 20}) {
+    for (int64_t n : tokens) {
       Workload w = Make(c, n);
       const std::pair<const char*, Launcher> ks[] = {
           {"fused", FusedOf(w)},
