@@ -78,7 +78,8 @@ tar czf gpu_pack/bundle.tgz gpu_bundle
 cp kernels/cuda/fused_torch_bench.py gpu_pack/
 # The Python client as a wheel (pure Python; it carries the worker library
 # next to the package, where kvdepot.torch looks for it) and its CUDA test.
-# There: PYTHONPATH=$(ls gpu_pack/kvdepot-*.whl):gpu_pack (docs/PYTHON.md).
+# There: the wheel unpacked onto PYTHONPATH (docs/PYTHON.md: the host's
+# python3 is a venv, so a new venv would not see its grpcio).
 wheel_src=$(mktemp -d)
 cp -r client/python/pyproject.toml client/python/README.md \
   client/python/kvdepot "$wheel_src/"

@@ -2,11 +2,11 @@
 torch.cuda, as in CI). Run there from the GPU pack (docs/PYTHON.md):
 
     tar xzf gpu_pack/bundle.tgz
-    python3 -m venv --system-site-packages /tmp/kvenv
-    /tmp/kvenv/bin/pip install --no-index --no-deps gpu_pack/kvdepot-*.whl
-    cd gpu_pack && LD_LIBRARY_PATH=$PWD/../gpu_bundle/lib \
+    python3 -m zipfile -e gpu_pack/kvdepot-*.whl /tmp/kvwheel
+    cd gpu_pack && PYTHONPATH=/tmp/kvwheel \
+      LD_LIBRARY_PATH=$PWD/../gpu_bundle/lib \
       KVDEPOT_BIN=$PWD/../gpu_bundle/bin/kvdepotd \
-      /tmp/kvenv/bin/python -m unittest -v gpu_torch_test
+      python3 -m unittest -v gpu_torch_test
 
 (the wheel carries libkvdepot_worker.so; KVDEPOT_WORKER_LIB overrides it).
 
