@@ -60,7 +60,9 @@ constexpr int MinCtas() {
 // dependent instructions: at 1-1024 tokens (graph replay) this kernel
 // took 3.8-4.5 us where that one takes 1.6-1.9, and at 64K tokens 43.5 %
 // of copy against 44.6 %; at 1M 73.6 % against 56.8 % (H200,
-// docs/BENCHMARKS.md, 2026-12-03 ~12:10).
+// docs/BENCHMARKS.md, 2026-12-03 ~12:10). The two cross between 64K and
+// 96K tokens (2026-12-03 ~13:32: 14.1 us at 65,537 tokens here against
+// 13.6 at 65,536 there), so this threshold costs at most ~0.5 us.
 constexpr int64_t kMaxQuadTokens = 65536;
 
 struct WarpTiles {
