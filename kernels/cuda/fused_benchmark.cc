@@ -55,8 +55,8 @@ ABSL_FLAG(int64_t, profile_tokens, 0,
           "> 0: only launch the fused kernel of each config at this many "
           "tokens, three times, and exit (for a profiler such as ncu)");
 ABSL_FLAG(bool, bandwidth, true,
-          "also the copy and the 64K / 1M bandwidth table, then the latency "
-          "table again (--nobandwidth: the latency table alone)");
+          "also the copy and the bandwidth table (--bandwidth_tokens), then "
+          "the latency table again (--nobandwidth: the latency table alone)");
 ABSL_FLAG(std::vector<std::string>, bandwidth_tokens,
           std::vector<std::string>({"65536", "1048576"}),
           "token counts of the bandwidth table (e.g. 65536,65537 puts "
