@@ -184,6 +184,25 @@ cudaError_t LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block,
                           std::forward<Args>(args)...);
 }
 
+// The Hadamard stages s = kS, 2 kS, ... < kN on a lane's registers: each
+// pairs (j, j + s) for every j with bit s clear, a + b low, a - b high.
+// Recursion on the stage, a fixed trip count inside: every index is a
+// constant, so v stays in registers (loops stepping by s *= 2 were left
+// rolled for kN = 16 and put v in local memory).
+template <int kS, int kN>
+__device__ __forceinline__ void RegisterButterflies(float (&v)[kN]) {
+  if constexpr (kS < kN) {
+#pragma unroll
+    for (int p = 0; p < kN / 2; ++p) {
+      const int j = (p / kS) * 2 * kS + p % kS;
+      const float a = v[j], b = v[j + kS];
+      v[j] = __fadd_rn(a, b);
+      v[j + kS] = __fsub_rn(a, b);
+    }
+    RegisterButterflies<2 * kS, kN>(v);
+  }
+}
+
 }  // namespace kvdepot::gpu::internal
 
 #endif  // KVDEPOT_KERNELS_CUDA_DEVICE_UTIL_CUH_

@@ -256,25 +256,6 @@ __device__ __forceinline__ void Rope(const FusedParams& p, int64_t pos,
   __syncwarp();
 }
 
-// The Hadamard stages s = kS, 2 kS, ... < kN on a lane's registers: each
-// pairs (j, j + s) for every j with bit s clear, a + b low, a - b high.
-// Recursion on the stage, a fixed trip count inside: every index is a
-// constant, so v stays in registers (loops stepping by s *= 2 were left
-// rolled for kN = 16 and put v in local memory).
-template <int kS, int kN>
-__device__ __forceinline__ void RegisterButterflies(float (&v)[kN]) {
-  if constexpr (kS < kN) {
-#pragma unroll
-    for (int p = 0; p < kN / 2; ++p) {
-      const int j = (p / kS) * 2 * kS + p % kS;
-      const float a = v[j], b = v[j + kS];
-      v[j] = __fadd_rn(a, b);
-      v[j + kS] = __fsub_rn(a, b);
-    }
-    RegisterButterflies<2 * kS, kN>(v);
-  }
-}
-
 // Step 3 on shared memory: stages h = 1, 2, 4, ... in order, in two passes
 // over the swizzled buffer. Pass A: lane l holds elements begin + [l kPer,
 // l kPer + kPer), stages h = 1 ... kPer / 2 in registers. Pass B: lane l,

@@ -172,16 +172,7 @@ __device__ __forceinline__ void LoadChunk(const FusedParams& p,
 
 // Step 3 over the whole token: stages h = 1 ... 64, then the scale.
 __device__ __forceinline__ void HadamardRow(float (&v)[kD]) {
-#pragma unroll
-  for (int h = 1; h < kD; h *= 2) {
-#pragma unroll
-    for (int p = 0; p < kD / 2; ++p) {
-      const int j = (p / h) * 2 * h + p % h;
-      const float a = v[j], b = v[j + h];
-      v[j] = __fadd_rn(a, b);
-      v[j + h] = __fsub_rn(a, b);
-    }
-  }
+  RegisterButterflies<1, kD>(v);
   const float scale = BitsToFloat(kHadamardScaleBits[7]);  // 128^(-1/2)
 #pragma unroll
   for (int i = 0; i < kD; ++i) v[i] = __fmul_rn(v[i], scale);
