@@ -61,6 +61,12 @@ ABSL_FLAG(std::vector<std::string>, bandwidth_tokens,
           std::vector<std::string>({"65536", "1048576"}),
           "token counts of the bandwidth table (e.g. 65536,65537 puts "
           "fused_row.cu's threshold between two rows)");
+ABSL_FLAG(std::vector<std::string>, configs,
+          std::vector<std::string>({"mla", "mla+cast_back", "all_stages",
+                                    "hadamard", "norm+rope"}),
+          "configurations to run, in this order; also hadamard_fp4 and "
+          "hadamard_fp32sf (the Hadamard of 128 on FP4_INDEX and "
+          "FP8_FP32SF_INDEX)");
 ABSL_FLAG(bool, specials, false,
           "inputs with about 1 in 256 values special (NaN, +-Inf, ...), as "
           "the tests use; default: finite activations");
@@ -138,7 +144,8 @@ struct Config {
   bool cast_back = false;
 };
 
-std::vector<Config> Configs() {
+// Every configuration --configs can name.
+std::vector<Config> AllConfigs() {
   std::vector<Config> c;
   Config mla{"mla", "DS_MLA_FP8"};
   mla.p.norm_end = 512;
@@ -166,7 +173,34 @@ std::vector<Config> Configs() {
   bf.p.rope_offset = 448;
   bf.p.rope_dim = 64;
   c.push_back(bf);
+  Config fp4{"hadamard_fp4", "FP4_INDEX"};
+  fp4.p.hadamard_len = 128;
+  c.push_back(fp4);
+  Config fp32sf{"hadamard_fp32sf", "FP8_FP32SF_INDEX"};
+  fp32sf.p.hadamard_len = 128;
+  c.push_back(fp32sf);
   return c;
+}
+
+// The configurations of --configs; exits on a name it does not know.
+const std::vector<Config>& Configs() {
+  static const std::vector<Config>* configs = [] {
+    const std::vector<Config> all = AllConfigs();
+    auto* chosen = new std::vector<Config>();
+    for (const std::string& name : absl::GetFlag(FLAGS_configs)) {
+      const auto it =
+          std::find_if(all.begin(), all.end(),
+                       [&](const Config& c) { return c.name == name; });
+      if (it == all.end()) {
+        std::fprintf(stderr, "--configs: no configuration '%s'\n",
+                     name.c_str());
+        std::exit(2);
+      }
+      chosen->push_back(*it);
+    }
+    return chosen;
+  }();
+  return *configs;
 }
 
 struct Workload {
