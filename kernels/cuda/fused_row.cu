@@ -6,17 +6,19 @@
 // same arithmetic in shuffles (48 per four tokens for the Hadamard alone),
 // shared-memory round trips and per-lane bookkeeping; here those go, and at
 // 1M tokens the store runs at 73.6 % of copy instead of 56.8 %
-// (docs/BENCHMARKS.md, 2026-12-03 ~12:10).
+// (docs/BENCHMARKS.md, 2026-12-03 ~12:10), and at 75.5-76.5 % since the
+// quantization reads the row back from shared memory in a loop (~15:25).
 //
 // Per warp, 32 consecutive tokens (8 KB of BF16 input) arrive in shared
 // memory by cp.async, 16 bytes per lane and 512 contiguous bytes per
 // instruction, the next tile's fetch in flight while this one is
 // processed. Each lane then reads its own token's row (the 16-byte pad per
 // row makes the 8 lanes of a quarter-warp hit 8 different bank groups),
-// computes in registers with the reference's operations and order, puts
-// the record's data bytes back into its own row, and the warp writes the
-// records out together (8 or 4 lanes per record, 16 bytes each); the
-// scale word and the cast_back row are written by the token's lane.
+// computes steps 1-4 in registers with the reference's operations and
+// order, puts the BF16 values back into its row, quantizes them from there
+// one group at a time into the record's data bytes at the row's start, and
+// the warp writes the records out together (8 or 4 lanes per record, 16 bytes
+// each); the scale word and the cast_back row are written by the token's lane.
 //
 // Bit-exactness with kernels/reference/fused.cc is fused.cu's: explicit
 // round-to-nearest intrinsics, no contraction (-fmad=false too), the
@@ -47,13 +49,9 @@ constexpr int kTile = kWarp;         // tokens per warp iteration
 constexpr int kPitch = 2 * kD + 16;  // bytes per token row in shared memory
 // ~35 KB of shared memory per CTA: six CTAs (12 warps, three per
 // scheduler: at most 168 registers) fill an H100/H200 SM's 228 KB. The
-// 128 values per thread fit in that, except for FP4_INDEX, whose e2m1
-// encoding then spilled (40-52 bytes): four CTAs (two warps per
-// scheduler) give it room.
-template <class Q>
-constexpr int MinCtas() {
-  return Q::kDtype == QuantDtype::kE2M1 ? 4 : 6;
-}
+// 128 values per thread fit in that. (While the quantization was unrolled,
+// FP4_INDEX's e2m1 encoding spilled at six and ran at four.)
+constexpr int kMinCtas = 6;
 
 // Up to this many tokens fused.cu's four-tokens-per-warp kernel runs
 // instead. A thread here works through its whole token alone, ~2 us of
@@ -178,27 +176,43 @@ __device__ __forceinline__ void HadamardRow(float (&v)[kD]) {
   for (int i = 0; i < kD; ++i) v[i] = __fmul_rn(v[i], scale);
 }
 
-// Steps 5-6: the record's data bytes to rec (shared memory), cast_back's
+// Steps 5-6 for the token whose BF16 values (step 4's rounding) are in
+// `row` (shared memory, element 2i in the low half of word i): the
+// record's data bytes go back into the same row from its start, cast_back's
 // row (if any) to global memory; returns the token's scale word (one per
 // token in these formats: four UE8M0 bytes, group g in byte g, or one
-// fp32). bf holds the values rounded to BF16, element 2i in the low half
-// of word i (half the registers of the floats, which are unpacked one
-// group at a time).
+// fp32). The loop over groups is not unrolled: a token's whole work as
+// straight-line code (~38 KB) did not stay in the instruction cache (ncu:
+// a quarter of the time waiting for instruction fetch,
+// docs/BENCHMARKS.md, 2026-12-03 ~13:32), and the values now come from
+// shared memory, so nothing is indexed by the loop counter in registers.
+// Group g's data bytes land on bytes every group up to g has already
+// read, and depend on group g's own reads, so the row is never read after
+// it is overwritten.
 template <class Q>
-__device__ __forceinline__ uint32_t QuantizeRow(const uint32_t (&bf)[kD / 2],
-                                                uint8_t* rec,
+__device__ __forceinline__ uint32_t QuantizeRow(uint8_t* row,
                                                 uint16_t* cast_row) {
   constexpr int kGroup = Q::kGroup;  // 32 or 128
+  constexpr int kWords = kGroup / 2;
   static_assert(Q::kElems == kD && Q::kScaleWords == 1 && kD % kGroup == 0);
   uint32_t word = 0;
-#pragma unroll
+#pragma unroll 1
   for (int g = 0; g < kD / kGroup; ++g) {
+    uint32_t bf[kWords];
+#pragma unroll
+    for (int i = 0; i < kWords / 4; ++i) {
+      const uint4 w4 =
+          *reinterpret_cast<const uint4*>(row + 2 * kGroup * g + 16 * i);
+      bf[4 * i] = w4.x;
+      bf[4 * i + 1] = w4.y;
+      bf[4 * i + 2] = w4.z;
+      bf[4 * i + 3] = w4.w;
+    }
     float amax = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kGroup / 2; ++i) {
-      const uint32_t w = bf[kGroup / 2 * g + i];
-      amax = fmaxf(amax, fabsf(BitsToFloat(w << 16)));  // NaN ignored
-      amax = fmaxf(amax, fabsf(BitsToFloat(w & 0xFFFF0000u)));
+    for (int i = 0; i < kWords; ++i) {
+      amax = fmaxf(amax, fabsf(BitsToFloat(bf[i] << 16)));  // NaN ignored
+      amax = fmaxf(amax, fabsf(BitsToFloat(bf[i] & 0xFFFF0000u)));
     }
     const GroupScale scale = ScaleOf<Q>(amax);
     if constexpr (Q::kSf == ScaleFormat::kFP32) {
@@ -212,15 +226,14 @@ __device__ __forceinline__ uint32_t QuantizeRow(const uint32_t (&bf)[kD / 2],
       float x[16];
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        const uint32_t w = bf[8 * piece + i];
-        x[2 * i] = BitsToFloat(w << 16);
-        x[2 * i + 1] = BitsToFloat(w & 0xFFFF0000u);
+        x[2 * i] = BitsToFloat(bf[8 * h + i] << 16);
+        x[2 * i + 1] = BitsToFloat(bf[8 * h + i] & 0xFFFF0000u);
       }
       const uint4 q = Encode16<Q, true>(x, scale.multiplier);
       if constexpr (Q::kDataBytesPerLane == 16) {
-        *reinterpret_cast<uint4*>(rec + 16 * piece) = q;
+        *reinterpret_cast<uint4*>(row + 16 * piece) = q;
       } else {
-        *reinterpret_cast<uint2*>(rec + 8 * piece) = make_uint2(q.x, q.y);
+        *reinterpret_cast<uint2*>(row + 8 * piece) = make_uint2(q.x, q.y);
       }
       if (cast_row != nullptr) {
         CastBack16<Q>(q, scale.stored, cast_row + 16 * piece);
@@ -231,9 +244,9 @@ __device__ __forceinline__ uint32_t QuantizeRow(const uint32_t (&bf)[kD / 2],
 }
 
 // Steps 1-6 of the lane's token (active: < n) whose BF16 row is `row`
-// (shared memory; its first bytes receive the record's data). Returns the
-// record's byte offset in the layer, -1 if nothing is stored. cast_row:
-// null for an inactive token.
+// (shared memory; step 4's values replace it, then its first bytes
+// receive the record's data). Returns the record's byte offset in the
+// layer, -1 if nothing is stored. cast_row: null for an inactive token.
 template <class Q, int kHad>
 __device__ __forceinline__ int64_t
 ProcessRow(const PoolLayout& layout, const FastDiv& div, uint8_t* layer,
@@ -242,7 +255,6 @@ ProcessRow(const PoolLayout& layout, const FastDiv& div, uint8_t* layer,
   const float r = p.norm() ? NormScale(p, row) : 0.0f;
   // Step 4 by the hardware (RNE): a NaN stays a NaN, which the
   // quantization ignores in amax and encodes alike whatever its bits.
-  uint32_t bf[kD / 2];
   if constexpr (kHad == kD) {
     float v[kD];
 #pragma unroll
@@ -254,18 +266,25 @@ ProcessRow(const PoolLayout& layout, const FastDiv& div, uint8_t* layer,
     }
     HadamardRow(v);
 #pragma unroll
-    for (int i = 0; i < kD / 2; ++i) bf[i] = HwBf16x2(v[2 * i], v[2 * i + 1]);
-  } else {  // each element on its own: one chunk at a time
-#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      *reinterpret_cast<uint4*>(row + 16 * c) =
+          make_uint4(HwBf16x2(v[8 * c], v[8 * c + 1]),
+                     HwBf16x2(v[8 * c + 2], v[8 * c + 3]),
+                     HwBf16x2(v[8 * c + 4], v[8 * c + 5]),
+                     HwBf16x2(v[8 * c + 6], v[8 * c + 7]));
+    }
+  } else if (p.norm()) {  // each element on its own: one chunk at a time
+#pragma unroll 1
     for (int c = 0; c < kChunks; ++c) {
       float x[8];
       LoadChunk(p, weights, r, row, c, x);
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        bf[4 * c + i] = HwBf16x2(x[2 * i], x[2 * i + 1]);
+      *reinterpret_cast<uint4*>(row + 16 * c) =
+          make_uint4(HwBf16x2(x[0], x[1]), HwBf16x2(x[2], x[3]),
+                     HwBf16x2(x[4], x[5]), HwBf16x2(x[6], x[7]));
     }
-  }
-  const uint32_t word = QuantizeRow<Q>(bf, row, cast_row);
+  }  // else the row holds step 4's values already (BF16 in, nothing done;
+     // a NaN keeps its sign and payload, which the quantization ignores)
+  const uint32_t word = QuantizeRow<Q>(row, cast_row);
   if (!active || slot < 0) return -1;
   const int32_t block = div.Div(slot);
   const int32_t t = slot - block * div.d;
@@ -274,7 +293,7 @@ ProcessRow(const PoolLayout& layout, const FastDiv& div, uint8_t* layer,
 }
 
 template <class Q, int kHad>
-__global__ void __launch_bounds__(kThreads, MinCtas<Q>())
+__global__ void __launch_bounds__(kThreads, kMinCtas)
     FusedStoreKernelRow(PoolLayout layout, FastDiv div, uint8_t* layer,
                         const uint16_t* kv, FusedParams p, const int32_t* slots,
                         int64_t n, uint16_t* cast_back) {

@@ -358,9 +358,9 @@ TEST_P(FusedCudaTest, ManyTokensLoop) {
 
 // fused_row.cu's kernel (the 128-element index formats without RoPE, above
 // 64K tokens) with more tiles of 32 tokens than its grid has warps (an H200
-// holds 132 x 12 of them, 132 x 8 for FP4_INDEX), so each warp processes a tile
-// while the next one arrives, and n is not a multiple of 32: the last tile is
-// partial.
+// holds 132 x 12 of them), so each warp processes a tile while the next one
+// arrives, and n is not a multiple of 32: the last tile is partial. Each of the kernel's paths: no stage (the row quantized as it
+// arrived), the norm alone (chunk by chunk), the Hadamard, both.
 TEST_P(FusedCudaTest, RowKernelLoops) {
   const auto [name, block_size] = GetParam();
   if (block_size != 64) GTEST_SKIP() << "one block size is enough";
@@ -368,8 +368,8 @@ TEST_P(FusedCudaTest, RowKernelLoops) {
   const PoolLayout layout = Layout(name, block_size, 140000);
   if (layout.format.elements() != 128)
     GTEST_SKIP() << "not a 128-element format";
-  for (Stages s :
-       {Stages::kNone, Stages::kHadamard128, Stages::kNormHadamard}) {
+  for (Stages s : {Stages::kNone, Stages::kNormPart, Stages::kHadamard128,
+                   Stages::kNormHadamard}) {
     CheckFused(layout, 130011, s, rng);
   }
 }
