@@ -129,10 +129,12 @@ void FuzzToken(FuzzInput& in, const KVCacheFormat& format) {
   const std::string bytes = in.Bytes(x.size() * 4);
   std::memcpy(x.data(), bytes.data(), bytes.size());  // NaN, Inf, denormals
   std::vector<uint8_t> data(format.data_bytes() + 1, 0xEE);
-  std::vector<uint8_t> scales(format.sf_bytes() + 1, 0xEE);
+  // A BF16 tail (DS_MLA_FP8) follows the scales, as in the record.
+  std::vector<uint8_t> scales(format.sf_bytes() + format.tail_bytes() + 1,
+                              0xEE);
   EncodeToken(format, x.data(), data.data(), scales.data());
   FUZZ_CHECK(data.back() == 0xEE && scales.back() == 0xEE,
-             "EncodeToken wrote past data_bytes or sf_bytes");
+             "EncodeToken wrote past data_bytes or sf_bytes + tail_bytes");
   std::vector<float> out(format.elements() + 1, 1.5f);
   DecodeToken(format, data.data(), scales.data(), out.data());
   FUZZ_CHECK(out.back() == 1.5f, "DecodeToken wrote past elements()");
