@@ -1,31 +1,38 @@
 // The fused store (SPEC §8) for the 128-element index formats (FP4_INDEX,
 // FP8_FP32SF_INDEX, MXFP8_INDEX) without RoPE, with a Hadamard over the
-// whole token or none, above 64K tokens: one thread per token, the whole
-// token in 128 registers, so no step crosses lanes. fused.cu's
-// four-tokens-per-warp kernel, which keeps the smaller batches, wraps the
-// same arithmetic in shuffles (48 per four tokens for the Hadamard alone),
-// shared-memory round trips and per-lane bookkeeping; here those go, and at
-// 1M tokens the store runs at 73.6 % of copy instead of 56.8 %
-// (docs/BENCHMARKS.md, 2026-12-03 ~12:10), and at 75.5-76.5 % since the
-// quantization reads the row back from shared memory in a loop (~15:25).
+// whole token or none, above 64K tokens: one or two lanes per token, the
+// token's values in registers. fused.cu's four-tokens-per-warp kernel
+// (eight lanes per token), which keeps the smaller batches, wraps the same
+// arithmetic in shuffles (48 per four tokens for the Hadamard alone),
+// shared-memory round trips and per-lane bookkeeping; here almost all of
+// that goes. One lane per token: every step in the thread, no shuffle.
+// Two lanes (lanes j and j + 16, 64 values each): the norm's tree joins the
+// halves' slots once, the Hadamard's last stage (h = 64) pairs the lanes,
+// and a group of 128 joins its amax; the thread's chain is half as long
+// and its registers fit 16 warps per SM instead of 12. Two lanes win up to
+// 256K tokens, and at every size for FP8_FP32SF_INDEX, whose one group of
+// 128 per token is one long block in a single thread; one lane wins at 1M
+// for the groups of 32 (docs/BENCHMARKS.md, 2026-12-03 ~16:00).
 //
-// Per warp, 32 consecutive tokens (8 KB of BF16 input) arrive in shared
-// memory by cp.async, 16 bytes per lane and 512 contiguous bytes per
-// instruction, the next tile's fetch in flight while this one is
-// processed. Each lane then reads its own token's row (the 16-byte pad per
-// row makes the 8 lanes of a quarter-warp hit 8 different bank groups),
-// computes steps 1-4 in registers with the reference's operations and
-// order, puts the BF16 values back into its row, quantizes them from there
-// one group at a time into the record's data bytes at the row's start, and
-// the warp writes the records out together (8 or 4 lanes per record, 16 bytes
-// each); the scale word and the cast_back row are written by the token's lane.
+// Per warp, 32 (or 16) consecutive tokens arrive in shared memory by
+// cp.async, 16 bytes per lane and 512 contiguous bytes per instruction, the
+// next tile's fetch in flight while this one is processed. Each lane then
+// reads its part of its token's row (the 16-byte pad per row makes the 8
+// lanes of a quarter-warp hit 8 different bank groups), computes steps 1-4
+// in registers with the reference's operations and order, puts the BF16
+// values back into its part of the row, quantizes them from there one group
+// at a time (a loop: straight-line code did not stay in the instruction
+// cache) into record data bytes at the start of its part, and the warp
+// writes the records out together (8 or 4 lanes per record, 16 bytes each);
+// the scale word is written by the token's first lane, the cast_back row by
+// each lane for its part.
 //
 // Bit-exactness with kernels/reference/fused.cc is fused.cu's: explicit
 // round-to-nearest intrinsics, no contraction (-fmad=false too), the
 // RMSNorm tree of SPEC §8 (for 128 elements: slot j is chunk j's sum,
-// slots 16-31 are 0, then the pairwise steps 8 ... 1, done here in one
-// thread in that order), the Hadamard stages h = 1, 2, ..., 64 each as
-// (a + b, a - b), and the store kernels' quantization math (quant.h).
+// slots 16-31 are 0, then the pairwise steps 8 ... 1 in that order), the
+// Hadamard stages h = 1, 2, ..., 64 each as (a + b, a - b), and the store
+// kernels' quantization math (quant.h).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -41,28 +48,45 @@
 namespace kvdepot::gpu::internal {
 namespace {
 
-constexpr int kD = 128;          // elements per token
-constexpr int kChunks = kD / 8;  // 16-byte chunks of a BF16 row
-constexpr int kWarps = 2;        // per CTA
-constexpr int kThreads = kWarps * kWarp;
-constexpr int kTile = kWarp;         // tokens per warp iteration
+constexpr int kD = 128;              // elements per token
+constexpr int kChunks = kD / 8;      // 16-byte chunks of a BF16 row
 constexpr int kPitch = 2 * kD + 16;  // bytes per token row in shared memory
-// ~35 KB of shared memory per CTA: six CTAs (12 warps, three per
-// scheduler: at most 168 registers) fill an H100/H200 SM's 228 KB. The
-// 128 values per thread fit in that. (While the quantization was unrolled,
-// FP4_INDEX's e2m1 encoding spilled at six and ran at four.)
-constexpr int kMinCtas = 6;
+
+// The kernel's shape for kLanes lanes per token (1 or 2). Either way a CTA
+// holds ~35 KB of shared memory (two tiles of rows per warp), so six
+// 2-warp CTAs or four 4-warp CTAs fit an H100/H200 SM's 228 KB. One lane:
+// 128 values per thread, at most 168 registers; two lanes: 64 values, at
+// most 128 (at 80, five CTAs, the Hadamard kernel spilled).
+template <int kLanes>
+struct Shape {
+  static_assert(kLanes == 1 || kLanes == 2);
+  static constexpr int kWarps = kLanes == 1 ? 2 : 4;  // per CTA
+  static constexpr int kThreads = kWarps * kWarp;
+  static constexpr int kMinCtas = kLanes == 1 ? 6 : 4;
+  static constexpr int kTile = kWarp / kLanes;  // tokens per warp iteration
+  static constexpr int kElems = kD / kLanes;    // elements per lane
+  static constexpr int kLaneChunks = kChunks / kLanes;
+};
 
 // Up to this many tokens fused.cu's four-tokens-per-warp kernel runs
-// instead. A thread here works through its whole token alone, ~2 us of
-// dependent instructions: at 1-1024 tokens (graph replay) this kernel
-// took 3.8-4.5 us where that one takes 1.6-1.9, and at 64K tokens 43.5 %
-// of copy against 44.6 %; at 1M 73.6 % against 56.8 % (H200,
-// docs/BENCHMARKS.md, 2026-12-03 ~12:10). The two cross between 64K and
-// 96K tokens (2026-12-03 ~13:32: 14.1 us at 65,537 tokens here against
-// 13.6 at 65,536 there), so this threshold costs at most ~0.5 us.
+// instead. At 1-1024 tokens (graph replay) the one-lane kernel here took
+// 3.8-4.5 us where that one takes 1.6-1.9 (H200, docs/BENCHMARKS.md,
+// 2026-12-03 ~12:10). At 64K + 1 tokens the two-lane kernel measured 46.5 %
+// (MXFP8_INDEX), 36.5 % (FP4_INDEX) and 48.4 % (FP8_FP32SF_INDEX) of copy
+// against the four-tokens-per-warp kernel's 44.8, 32.1 and 44.1 % at 64K
+// (~15:45 and ~16:00), so the two cross below 64K; where is not measured,
+// and the threshold stays.
 constexpr int64_t kMaxQuadTokens = 65536;
 
+// Above kMaxQuadTokens and up to this many, two lanes per token; above,
+// one (FP8_FP32SF_INDEX: always two). On the H200 (docs/BENCHMARKS.md,
+// 2026-12-03 ~16:00), % of copy at 64K + 1 / 256K / 1M tokens, one lane
+// against two: MXFP8_INDEX 44.0 / 63.9 / 76.3 against 46.5 / 64.3 / 72.3,
+// FP4_INDEX 33.0 / 47.7 / 54.4 against 36.5 / 48.7 / 52.8,
+// FP8_FP32SF_INDEX 40.5 / 59.9 / 71.6 against 48.4 / 68.3 / 77.2.
+constexpr int64_t kMaxPairTokens = 262144;
+
+template <int kTile>
 struct WarpTiles {
   uint8_t rows[2][kTile * kPitch];  // one tile processed, the next arriving
   int64_t data_offset[kTile];       // each token's record offset, -1: none
@@ -83,8 +107,9 @@ __device__ __forceinline__ void CpAsyncWaitAllButNewest() {
   asm volatile("cp.async.wait_group 1;" ::: "memory");
 }
 
-// Tokens [base, base + 32) ∩ [0, n) into rows, one group: 16-byte unit
+// Tokens [base, base + kTile) ∩ [0, n) into rows, one group: 16-byte unit
 // u = 32 r + lane is chunk u % 16 of token u / 16.
+template <int kTile>
 __device__ __forceinline__ void FetchTile(const uint16_t* kv, int64_t base,
                                           int64_t n, int lane, uint8_t* rows) {
 #pragma unroll
@@ -99,23 +124,30 @@ __device__ __forceinline__ void FetchTile(const uint16_t* kv, int64_t base,
 }
 
 // One step of SPEC §8's tree: slot[j] += slot[j + kH] for j < kH.
-template <int kH>
-__device__ __forceinline__ void TreeStep(float (&slot)[16]) {
+template <int kH, int kN>
+__device__ __forceinline__ void TreeStep(float (&slot)[kN]) {
 #pragma unroll
   for (int j = 0; j < kH; ++j) slot[j] = __fadd_rn(slot[j], slot[j + kH]);
 }
 
 // Step 1's scale r = 1 / sqrt(mean + eps) of the BF16 row in shared
-// memory: SPEC §8's tree for a 128-element token. Read from the row, not
-// from the token's registers, so that the division and square root (whose
-// slow paths are calls) run with few live registers: with all 128 values
-// live across them the kernel spilled.
+// memory: SPEC §8's tree for a 128-element token. Slot c is chunk c's sum
+// (slots 16-31 are 0). With two lanes per token each sums the chunks of
+// its half, the step h = 8 adds the other half's slots (from the partner
+// lane: a sum of two floats is the same in either order), and both lanes
+// finish the tree. Read from the row, not from the token's registers, so
+// that the division and square root (whose slow paths are calls) run with
+// few live registers: with all 128 values live across them the one-lane
+// kernel spilled.
+template <int kLanes>
 __device__ __forceinline__ float NormScale(const FusedParams& p,
-                                           const uint8_t* row) {
+                                           const uint8_t* row, int half) {
+  constexpr int kN = Shape<kLanes>::kLaneChunks;
   const int c0 = p.norm_begin / 8, c1 = p.norm_end / 8;
-  float slot[kChunks];
+  float slot[kN];
 #pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
+  for (int k = 0; k < kN; ++k) {
+    const int c = kN * half + k;
     float s = 0.0f;
     if (c >= c0 && c < c1) {
       const uint4 w4 = *reinterpret_cast<const uint4*>(row + 16 * c);
@@ -130,11 +162,18 @@ __device__ __forceinline__ float NormScale(const FusedParams& p,
       }
       s = __fadd_rn(s, sq);
     }
-    slot[c] = __fadd_rn(s, 0.0f);  // step h = 16: slots 16-31 are 0
+    slot[k] = __fadd_rn(s, 0.0f);  // step h = 16: slots 16-31 are 0
   }
   // h = 8, 4, 2, 1 written out: a loop over h kept the array in local
   // memory (it was not unrolled).
-  TreeStep<8>(slot);
+  if constexpr (kLanes == 1) {
+    TreeStep<8>(slot);
+  } else {
+#pragma unroll
+    for (int k = 0; k < kN; ++k) {
+      slot[k] = __fadd_rn(slot[k], __shfl_xor_sync(0xFFFFFFFFu, slot[k], 16));
+    }
+  }
   TreeStep<4>(slot);
   TreeStep<2>(slot);
   TreeStep<1>(slot);
@@ -168,41 +207,58 @@ __device__ __forceinline__ void LoadChunk(const FusedParams& p,
   }
 }
 
-// Step 3 over the whole token: stages h = 1 ... 64, then the scale.
-__device__ __forceinline__ void HadamardRow(float (&v)[kD]) {
-  RegisterButterflies<1, kD>(v);
+// Step 3 over the whole token, this lane's part of it in v: the stages
+// within the part in registers (h = 1 ... 64, or ... 32 with two lanes),
+// then with two lanes h = 64 with the partner (element i of the low half
+// is a, of the high half b: the low lane keeps a + b, the high one
+// b (-1) + a = a - b, one rounding each), then the scale.
+template <int kLanes>
+__device__ __forceinline__ void HadamardPart(float (&v)[Shape<kLanes>::kElems],
+                                             int half) {
+  constexpr int kN = Shape<kLanes>::kElems;
+  RegisterButterflies<1, kN>(v);
+  if constexpr (kLanes == 2) {
+    const float sign = half == 0 ? 1.0f : -1.0f;
+#pragma unroll
+    for (int i = 0; i < kN; ++i) {
+      v[i] = __fmaf_rn(v[i], sign, __shfl_xor_sync(0xFFFFFFFFu, v[i], 16));
+    }
+  }
   const float scale = BitsToFloat(kHadamardScaleBits[7]);  // 128^(-1/2)
 #pragma unroll
-  for (int i = 0; i < kD; ++i) v[i] = __fmul_rn(v[i], scale);
+  for (int i = 0; i < kN; ++i) v[i] = __fmul_rn(v[i], scale);
 }
 
-// Steps 5-6 for the token whose BF16 values (step 4's rounding) are in
-// `row` (shared memory, element 2i in the low half of word i): the
-// record's data bytes go back into the same row from its start, cast_back's
-// row (if any) to global memory; returns the token's scale word (one per
-// token in these formats: four UE8M0 bytes, group g in byte g, or one
-// fp32). The loop over groups is not unrolled: a token's whole work as
-// straight-line code (~38 KB) did not stay in the instruction cache (ncu:
-// a quarter of the time waiting for instruction fetch,
-// docs/BENCHMARKS.md, 2026-12-03 ~13:32), and the values now come from
-// shared memory, so nothing is indexed by the loop counter in registers.
-// Group g's data bytes land on bytes every group up to g has already
-// read, and depend on group g's own reads, so the row is never read after
-// it is overwritten.
-template <class Q>
-__device__ __forceinline__ uint32_t QuantizeRow(uint8_t* row,
-                                                uint16_t* cast_row) {
+// Steps 5-6 for this lane's part of the token whose BF16 values (step 4's
+// rounding) are in `row` (shared memory, element 2i in the low half of
+// word i): the part's record data bytes go back to the start of its own
+// part of the row (with two lanes the low lane's first, then the high
+// lane's: together the record), cast_back's row (if any) to global memory;
+// returns the token's scale word (one per token in these formats: four
+// UE8M0 bytes, group g in byte g, or one fp32) in every lane of the token.
+// With two lanes a group of 128 spans both halves: its amax is joined with
+// the partner's (a maximum is exact in any order). The loop over groups is not
+// unrolled: straight-line code did not stay in the instruction cache (ncu,
+// docs/BENCHMARKS.md, 2026-12-03 ~13:32), and the values come from shared
+// memory, so nothing is indexed by the loop counter in registers. Group g's
+// data bytes land on bytes that groups up to g have already read.
+template <class Q, int kLanes>
+__device__ __forceinline__ uint32_t QuantizePart(uint8_t* row, int half,
+                                                 uint16_t* cast_row) {
   constexpr int kGroup = Q::kGroup;  // 32 or 128
-  constexpr int kWords = kGroup / 2;
+  constexpr int kN = Shape<kLanes>::kElems;
   static_assert(Q::kElems == kD && Q::kScaleWords == 1 && kD % kGroup == 0);
+  constexpr int kSpan = kGroup < kN ? kGroup : kN;  // elements per step
+  constexpr int kWords = kSpan / 2;
+  uint8_t* mine = row + 2 * kN * half;
   uint32_t word = 0;
 #pragma unroll 1
-  for (int g = 0; g < kD / kGroup; ++g) {
+  for (int g = 0; g < kN / kSpan; ++g) {
     uint32_t bf[kWords];
 #pragma unroll
     for (int i = 0; i < kWords / 4; ++i) {
       const uint4 w4 =
-          *reinterpret_cast<const uint4*>(row + 2 * kGroup * g + 16 * i);
+          *reinterpret_cast<const uint4*>(mine + 2 * kSpan * g + 16 * i);
       bf[4 * i] = w4.x;
       bf[4 * i + 1] = w4.y;
       bf[4 * i + 2] = w4.z;
@@ -214,15 +270,18 @@ __device__ __forceinline__ uint32_t QuantizeRow(uint8_t* row,
       amax = fmaxf(amax, fabsf(BitsToFloat(bf[i] << 16)));  // NaN ignored
       amax = fmaxf(amax, fabsf(BitsToFloat(bf[i] & 0xFFFF0000u)));
     }
+    if constexpr (kGroup > kN) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 16));
+    }
     const GroupScale scale = ScaleOf<Q>(amax);
     if constexpr (Q::kSf == ScaleFormat::kFP32) {
       word = scale.stored;
     } else {
-      word |= (scale.stored & 0xFFu) << (8 * g);
+      word |= (scale.stored & 0xFFu) << (8 * ((kN / kSpan) * half + g));
     }
 #pragma unroll
-    for (int h = 0; h < kGroup / 16; ++h) {
-      const int piece = g * (kGroup / 16) + h;  // elements [16 piece, +16)
+    for (int h = 0; h < kSpan / 16; ++h) {
+      const int piece = g * (kSpan / 16) + h;  // of this half
       float x[16];
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
@@ -231,51 +290,57 @@ __device__ __forceinline__ uint32_t QuantizeRow(uint8_t* row,
       }
       const uint4 q = Encode16<Q, true>(x, scale.multiplier);
       if constexpr (Q::kDataBytesPerLane == 16) {
-        *reinterpret_cast<uint4*>(row + 16 * piece) = q;
+        *reinterpret_cast<uint4*>(mine + 16 * piece) = q;
       } else {
-        *reinterpret_cast<uint2*>(row + 8 * piece) = make_uint2(q.x, q.y);
+        *reinterpret_cast<uint2*>(mine + 8 * piece) = make_uint2(q.x, q.y);
       }
       if (cast_row != nullptr) {
-        CastBack16<Q>(q, scale.stored, cast_row + 16 * piece);
+        CastBack16<Q>(q, scale.stored, cast_row + kN * half + 16 * piece);
       }
     }
+  }
+  if constexpr (kLanes == 2 && Q::kSf != ScaleFormat::kFP32) {
+    word |= __shfl_xor_sync(0xFFFFFFFFu, word, 16);  // the other half's bytes
   }
   return word;
 }
 
-// Steps 1-6 of the lane's token (active: < n) whose BF16 row is `row`
-// (shared memory; step 4's values replace it, then its first bytes
-// receive the record's data). Returns the record's byte offset in the
-// layer, -1 if nothing is stored. cast_row: null for an inactive token.
-template <class Q, int kHad>
+// Steps 1-6 of this lane's part of the token (active: < n) whose BF16 row
+// is `row` (shared memory; step 4's values replace it, then each part's
+// first bytes receive its record data). Returns, in the token's first
+// lane, the record's byte offset in the layer, -1 if nothing is stored
+// (and -1 in the other lane). cast_row: null for an inactive token.
+template <class Q, int kHad, int kLanes>
 __device__ __forceinline__ int64_t
-ProcessRow(const PoolLayout& layout, const FastDiv& div, uint8_t* layer,
-           const FusedParams& p, const uint16_t* weights, uint8_t* row,
-           int32_t slot, bool active, uint16_t* cast_row) {
-  const float r = p.norm() ? NormScale(p, row) : 0.0f;
+ProcessPart(const PoolLayout& layout, const FastDiv& div, uint8_t* layer,
+            const FusedParams& p, const uint16_t* weights, uint8_t* row,
+            int half, int32_t slot, bool active, uint16_t* cast_row) {
+  using S = Shape<kLanes>;
+  const float r = p.norm() ? NormScale<kLanes>(p, row, half) : 0.0f;
   // Step 4 by the hardware (RNE): a NaN stays a NaN, which the
   // quantization ignores in amax and encodes alike whatever its bits.
   if constexpr (kHad == kD) {
-    float v[kD];
+    float v[S::kElems];
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
+    for (int k = 0; k < S::kLaneChunks; ++k) {
       float x[8];
-      LoadChunk(p, weights, r, row, c, x);
+      LoadChunk(p, weights, r, row, S::kLaneChunks * half + k, x);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) v[8 * c + i] = x[i];
+      for (int i = 0; i < 8; ++i) v[8 * k + i] = x[i];
     }
-    HadamardRow(v);
+    HadamardPart<kLanes>(v, half);
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      *reinterpret_cast<uint4*>(row + 16 * c) =
-          make_uint4(HwBf16x2(v[8 * c], v[8 * c + 1]),
-                     HwBf16x2(v[8 * c + 2], v[8 * c + 3]),
-                     HwBf16x2(v[8 * c + 4], v[8 * c + 5]),
-                     HwBf16x2(v[8 * c + 6], v[8 * c + 7]));
+    for (int k = 0; k < S::kLaneChunks; ++k) {
+      *reinterpret_cast<uint4*>(row + 16 * (S::kLaneChunks * half + k)) =
+          make_uint4(HwBf16x2(v[8 * k], v[8 * k + 1]),
+                     HwBf16x2(v[8 * k + 2], v[8 * k + 3]),
+                     HwBf16x2(v[8 * k + 4], v[8 * k + 5]),
+                     HwBf16x2(v[8 * k + 6], v[8 * k + 7]));
     }
   } else if (p.norm()) {  // each element on its own: one chunk at a time
 #pragma unroll 1
-    for (int c = 0; c < kChunks; ++c) {
+    for (int k = 0; k < S::kLaneChunks; ++k) {
+      const int c = S::kLaneChunks * half + k;
       float x[8];
       LoadChunk(p, weights, r, row, c, x);
       *reinterpret_cast<uint4*>(row + 16 * c) =
@@ -284,25 +349,28 @@ ProcessRow(const PoolLayout& layout, const FastDiv& div, uint8_t* layer,
     }
   }  // else the row holds step 4's values already (BF16 in, nothing done;
      // a NaN keeps its sign and payload, which the quantization ignores)
-  const uint32_t word = QuantizeRow<Q>(row, cast_row);
-  if (!active || slot < 0) return -1;
+  const uint32_t word = QuantizePart<Q, kLanes>(row, half, cast_row);
+  if (!active || slot < 0 || half != 0) return -1;
   const int32_t block = div.Div(slot);
   const int32_t t = slot - block * div.d;
   StoreStream4(layer + ScaleOffset<Q>(layout, block, t), word);
   return DataOffset<Q>(layout, block, t);
 }
 
-template <class Q, int kHad>
-__global__ void __launch_bounds__(kThreads, kMinCtas)
+template <class Q, int kHad, int kLanes>
+__global__ void __launch_bounds__(Shape<kLanes>::kThreads,
+                                  Shape<kLanes>::kMinCtas)
     FusedStoreKernelRow(PoolLayout layout, FastDiv div, uint8_t* layer,
                         const uint16_t* kv, FusedParams p, const int32_t* slots,
                         int64_t n, uint16_t* cast_back) {
-  __shared__ __align__(16) WarpTiles tiles[kWarps];
+  using S = Shape<kLanes>;
+  constexpr int kTile = S::kTile, kWarps = S::kWarps;
+  __shared__ __align__(16) WarpTiles<kTile> tiles[kWarps];
   __shared__ __align__(16) uint16_t weights[kD];  // 0 outside the range
   PdlWait();
   PdlLaunchDependents();
   if (p.norm()) {
-    for (int e = threadIdx.x; e < kD; e += kThreads) {
+    for (int e = threadIdx.x; e < kD; e += S::kThreads) {
       weights[e] = e >= p.norm_begin && e < p.norm_end
                        ? __ldg(p.norm_weight + (e - p.norm_begin))
                        : uint16_t{0};
@@ -310,42 +378,50 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
   }
   __syncthreads();  // the only CTA-wide barrier
   const int lane = threadIdx.x % kWarp;
-  WarpTiles& w = tiles[threadIdx.x / kWarp];
+  // Token j of the tile; with two lanes, in lanes j and j + 16: the 8 lanes
+  // of a quarter-warp read 8 different rows (no bank conflicts).
+  const int j = lane % kTile, half = lane / kTile;
+  WarpTiles<kTile>& w = tiles[threadIdx.x / kWarp];
   const int64_t step = int64_t{kTile} * gridDim.x * kWarps;
   int64_t base =
       kTile * (static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / kWarp);
   if (base >= n) return;  // warp-uniform
-  FetchTile(kv, base, n, lane, w.rows[0]);
-  int32_t slot = base + lane < n ? __ldg(slots + base + lane) : -1;
+  FetchTile<kTile>(kv, base, n, lane, w.rows[0]);
+  int32_t slot = base + j < n ? __ldg(slots + base + j) : -1;
   constexpr int kPieces = Q::kDataBytes / 16;  // 16-byte pieces per record
   constexpr int kPerPass = kWarp / kPieces;    // records per store pass
   for (int buf = 0; base < n; base += step, buf ^= 1) {
     const int64_t next = base + step;
     int32_t next_slot = -1;
     if (next < n) {  // warp-uniform
-      FetchTile(kv, next, n, lane, w.rows[buf ^ 1]);
-      if (next + lane < n) next_slot = __ldg(slots + next + lane);
+      FetchTile<kTile>(kv, next, n, lane, w.rows[buf ^ 1]);
+      if (next + j < n) next_slot = __ldg(slots + next + j);
     } else {
       CpAsyncCommit();  // an empty group, so the wait below is the same
     }
     CpAsyncWaitAllButNewest();
     __syncwarp();  // every lane's copies of this tile have landed
-    const int64_t token = base + lane;
+    const int64_t token = base + j;
     const bool active = token < n;
     uint8_t* rows = w.rows[buf];
     uint16_t* cast_row =
         cast_back != nullptr && active ? cast_back + token * kD : nullptr;
-    w.data_offset[lane] =
-        ProcessRow<Q, kHad>(layout, div, layer, p, weights,
-                            rows + lane * kPitch, slot, active, cast_row);
+    const int64_t offset = ProcessPart<Q, kHad, kLanes>(
+        layout, div, layer, p, weights, rows + j * kPitch, half, slot, active,
+        cast_row);
+    if (half == 0) w.data_offset[j] = offset;
     __syncwarp();  // the records and offsets are in shared memory
 #pragma unroll
     for (int r = 0; r < kTile / kPerPass; ++r) {
-      const int j = kPerPass * r + lane / kPieces, c = lane % kPieces;
-      const int64_t offset = w.data_offset[j];
-      if (offset >= 0) {
-        StoreStream16(layer + offset + 16 * c, *reinterpret_cast<const uint4*>(
-                                                   rows + j * kPitch + 16 * c));
+      const int t = kPerPass * r + lane / kPieces, c = lane % kPieces;
+      const int64_t out = w.data_offset[t];
+      // Piece c of the record: in its lane's part of the row.
+      constexpr int kPartPieces = kPieces / kLanes;
+      const int from =
+          2 * S::kElems * (c / kPartPieces) + 16 * (c % kPartPieces);
+      if (out >= 0) {
+        StoreStream16(layer + out + 16 * c, *reinterpret_cast<const uint4*>(
+                                                rows + t * kPitch + from));
       }
     }
     __syncwarp();  // rows[buf] is free for the fetch after next
@@ -354,9 +430,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
 }
 
 // Resident CTAs of a row kernel, with the shared-memory carveout at its
-// maximum first (six CTAs need ~213 KB of it). Once per process, on the
-// device current then, as ResidentCtas assumes.
-template <auto kKernel>
+// maximum first (six 2-warp CTAs need ~213 KB of it). Once per process, on
+// the device current then, as ResidentCtas assumes.
+template <auto kKernel, int kThreads>
 int RowResidentCtas() {
   static const int ctas = [] {
     cudaFuncSetAttribute(kKernel,
@@ -368,16 +444,34 @@ int RowResidentCtas() {
   return ctas;
 }
 
-template <class Q, int kHad>
+template <class Q, int kHad, int kLanes>
 cudaError_t Go(const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
                const FusedParams& p, const int32_t* slots, int64_t n,
                uint16_t* cast_back, const Launch& launch) {
-  constexpr auto kKernel = FusedStoreKernelRow<Q, kHad>;
+  using S = Shape<kLanes>;
+  constexpr auto kKernel = FusedStoreKernelRow<Q, kHad, kLanes>;
   const FastDiv div = FastDiv::Of(static_cast<int32_t>(layout.block_size));
-  const dim3 grid(
-      PersistentGrid(n, int64_t{kTile} * kWarps, RowResidentCtas<kKernel>()));
-  return LaunchKernel(kKernel, grid, dim3(kThreads), launch, layout, div, layer,
-                      kv, p, slots, n, cast_back);
+  const dim3 grid(PersistentGrid(n, int64_t{S::kTile} * S::kWarps,
+                                 RowResidentCtas<kKernel, S::kThreads>()));
+  return LaunchKernel(kKernel, grid, dim3(S::kThreads), launch, layout, div,
+                      layer, kv, p, slots, n, cast_back);
+}
+
+// Two lanes per token for FP8_FP32SF_INDEX (its one group of 128 per
+// token) and up to kMaxPairTokens for the others; one lane above that.
+template <class Q, int kHad>
+cudaError_t ByLanes(const PoolLayout& layout, uint8_t* layer,
+                    const uint16_t* kv, const FusedParams& p,
+                    const int32_t* slots, int64_t n, uint16_t* cast_back,
+                    const Launch& launch) {
+  if constexpr (Q::kGroup == kD) {
+    return Go<Q, kHad, 2>(layout, layer, kv, p, slots, n, cast_back, launch);
+  } else {
+    return n <= kMaxPairTokens ? Go<Q, kHad, 2>(layout, layer, kv, p, slots, n,
+                                                cast_back, launch)
+                               : Go<Q, kHad, 1>(layout, layer, kv, p, slots, n,
+                                                cast_back, launch);
+  }
 }
 
 template <class Q>
@@ -386,8 +480,8 @@ cudaError_t ByHadamard(const PoolLayout& layout, uint8_t* layer,
                        const int32_t* slots, int64_t n, uint16_t* cast_back,
                        const Launch& launch) {
   return p.hadamard()
-             ? Go<Q, kD>(layout, layer, kv, p, slots, n, cast_back, launch)
-             : Go<Q, 0>(layout, layer, kv, p, slots, n, cast_back, launch);
+             ? ByLanes<Q, kD>(layout, layer, kv, p, slots, n, cast_back, launch)
+             : ByLanes<Q, 0>(layout, layer, kv, p, slots, n, cast_back, launch);
 }
 
 }  // namespace

@@ -356,21 +356,26 @@ TEST_P(FusedCudaTest, ManyTokensLoop) {
   }
 }
 
-// fused_row.cu's kernel (the 128-element index formats without RoPE, above
-// 64K tokens) with more tiles of 32 tokens than its grid has warps (an H200
-// holds 132 x 12 of them), so each warp processes a tile while the next one
-// arrives, and n is not a multiple of 32: the last tile is partial. Each of the kernel's paths: no stage (the row quantized as it
-// arrived), the norm alone (chunk by chunk), the Hadamard, both.
+// fused_row.cu's kernels (the 128-element index formats without RoPE,
+// above 64K tokens; two lanes per token up to 256K tokens, or always for
+// FP8_FP32SF_INDEX, one above) with more tiles than their grids have warps
+// (an H200 holds 132 x 12 or 132 x 16 of them), so each warp processes a
+// tile while the next one arrives, and n is not a multiple of the tile:
+// the last tile is partial. Each of the kernels' paths: no stage (the row
+// quantized as it arrived), the norm alone (chunk by chunk), the Hadamard,
+// both.
 TEST_P(FusedCudaTest, RowKernelLoops) {
   const auto [name, block_size] = GetParam();
   if (block_size != 64) GTEST_SKIP() << "one block size is enough";
   std::mt19937 rng(1403);
-  const PoolLayout layout = Layout(name, block_size, 140000);
+  const PoolLayout layout = Layout(name, block_size, 310000);
   if (layout.format.elements() != 128)
     GTEST_SKIP() << "not a 128-element format";
-  for (Stages s : {Stages::kNone, Stages::kNormPart, Stages::kHadamard128,
-                   Stages::kNormHadamard}) {
-    CheckFused(layout, 130011, s, rng);
+  for (int64_t n : {130011, 300007}) {
+    for (Stages s : {Stages::kNone, Stages::kNormPart, Stages::kHadamard128,
+                     Stages::kNormHadamard}) {
+      CheckFused(layout, n, s, rng);
+    }
   }
 }
 
