@@ -56,7 +56,8 @@ constexpr int kPitch = 2 * kD + 16;  // bytes per token row in shared memory
 // holds ~35 KB of shared memory (two tiles of rows per warp), so six
 // 2-warp CTAs or four 4-warp CTAs fit an H100/H200 SM's 228 KB. One lane:
 // 128 values per thread, at most 168 registers; two lanes: 64 values, at
-// most 128 (at 80, five CTAs, the Hadamard kernel spilled).
+// most 128 (at five CTAs, 96 registers, the Hadamard kernel spilled 8
+// bytes and was no faster).
 template <int kLanes>
 struct Shape {
   static_assert(kLanes == 1 || kLanes == 2);
