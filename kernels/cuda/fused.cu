@@ -31,7 +31,7 @@
 // index formats take four tokens per warp
 // (FusedStoreKernelQuad, the next four loaded while these are processed;
 // above 64K tokens without RoPE and with a Hadamard of 128 or none they go
-// to fused_row.cu's one-thread-per-token kernel), where a
+// to fused_row.cu's kernels, one or two lanes per token), where a
 // Hadamard over the whole token ends in registers (HadamardQuad128: xor
 // shuffles for h = 16 ... 64) and is quantized from there. (The
 // round-1 shape, an unswizzled buffer with a one-pass Hadamard, one token
@@ -835,7 +835,7 @@ cudaError_t LaunchFusedStore(FormatId id, const PoolLayout& layout,
     return LaunchFusedH512(id, layout, layer, kv, p, slots, n, cast_back,
                            launch);
   }
-  // The one-thread-per-token kernel, fused_row.cu.
+  // One or two lanes per token, fused_row.cu.
   if (FusedRowApplies(id, p, n)) {
     return LaunchFusedRow(id, layout, layer, kv, p, slots, n, cast_back,
                           launch);

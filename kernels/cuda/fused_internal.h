@@ -48,8 +48,8 @@ cudaError_t LaunchFusedH512(FormatId id, const PoolLayout& layout,
 
 // FP4_INDEX, FP8_FP32SF_INDEX and MXFP8_INDEX without RoPE, with a
 // Hadamard over the whole token or none, above 64K tokens: fused_row.cu's
-// one-thread-per-token kernel, the same bytes as the general one (which
-// keeps the smaller batches).
+// kernels (one or two lanes per token), the same bytes as the general one
+// (which keeps the smaller batches).
 bool FusedRowApplies(FormatId id, const FusedParams& params, int64_t n);
 cudaError_t LaunchFusedRow(FormatId id, const PoolLayout& layout,
                            uint8_t* layer, const uint16_t* kv,
