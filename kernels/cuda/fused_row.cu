@@ -81,10 +81,11 @@ constexpr int64_t kMaxQuadTokens = 65536;
 
 // Above kMaxQuadTokens and up to this many, two lanes per token; above,
 // one (FP8_FP32SF_INDEX: always two). On the H200 (docs/BENCHMARKS.md,
-// 2026-12-03 ~16:00), % of copy at 64K + 1 / 256K / 1M tokens, one lane
-// against two: MXFP8_INDEX 44.0 / 63.9 / 76.3 against 46.5 / 64.3 / 72.3,
-// FP4_INDEX 33.0 / 47.7 / 54.4 against 36.5 / 48.7 / 52.8,
-// FP8_FP32SF_INDEX 40.5 / 59.9 / 71.6 against 48.4 / 68.3 / 77.2.
+// 2026-12-03 ~16:00, means of two runs), % of copy at 64K + 1, 256K and
+// 1M tokens, one lane -> two lanes:
+//   MXFP8_INDEX       44.0 -> 46.5, 63.9 -> 64.3, 76.3 -> 72.3
+//   FP4_INDEX         33.0 -> 36.5, 47.7 -> 48.7, 54.4 -> 52.8
+//   FP8_FP32SF_INDEX  40.5 -> 48.4, 59.9 -> 68.3, 71.6 -> 77.2
 constexpr int64_t kMaxPairTokens = 262144;
 
 template <int kTile>
