@@ -17,7 +17,8 @@ const CommandSpec kRegistrationsSpec{
     "Lists the decode step path's registrations this identity may see (its\n"
     "own, those granted to it; all for an admin): layers, last accepted and\n"
     "finished step, steps in flight, sticky status bits (1 step-id\n"
-    "mismatch, 2 cancelled, 4 out-of-range entries, 16 daemon error),\n"
+    "mismatch, 2 cancelled, 4 out-of-range entries, 8 worker watchdog,\n"
+    "16 daemon error),\n"
     "out-of-range count, watchdog expiries, the median GPU time of a\n"
     "layer's phase (timed steps: kvdepotd --step_timing_every; - before\n"
     "the first) and the cancel reason.",

@@ -197,6 +197,7 @@ class OpsTest(unittest.TestCase):
         self.check_validation()
         self.check_metrics_during_traffic()
         self.check_stats()
+        self.check_registrations()
         self.check_drain_and_exit_codes()
         self.check_json_schema()
 
@@ -214,7 +215,8 @@ class OpsTest(unittest.TestCase):
     def check_help(self):
         for cmd in (["status"], ["pool"], ["pool", "list"], ["pool", "get"],
                     ["pool", "create"], ["pool", "delete"], ["stats"], ["plan"],
-                    ["inspect"], ["verify"], ["drain"], ["format"]):
+                    ["inspect"], ["verify"], ["drain"], ["format"],
+                    ["registrations"]):
             rc, out, err = ctl(*cmd, "--help")
             self.assertEqual(rc, 0, (cmd, err))
             self.assertIn("Usage: kvcachectl", out, cmd)
@@ -460,6 +462,24 @@ class OpsTest(unittest.TestCase):
         self.assertRegex(last, r"kvdepot_step_registrations 0\n")
         self.assertRegex(last, r"kvdepot_step_streams_open 0\n")
         self.assertRegex(last, r"kvdepot_step_streams_refused_total 0\n")
+
+    def check_registrations(self):
+        # No worker has registered with this daemon: the header alone, and
+        # the help names every sticky status bit.
+        out = self.ctl_ok("registrations")
+        lines = out.strip().splitlines()
+        self.assertEqual(len(lines), 1, out)
+        for col in ("ID", "NAME", "LAYERS", "STATUS", "WATCHDOG",
+                    "PHASE P50 US", "CANCELLED"):
+            self.assertIn(col, lines[0])
+        rc, out, err = ctl("registrations", "extra", *self.addr)
+        self.assertEqual(rc, 2, (out, err))
+        self.assertIn("takes no arguments", err)
+        rc, out, _ = ctl("registrations", "--help")
+        self.assertEqual(rc, 0)
+        for bit in ("1 step-id", "2 cancelled", "4 out-of-range",
+                    "8 worker watchdog", "16 daemon error"):
+            self.assertIn(bit, out.replace("\n", " "))
 
     def check_stats(self):
         out = self.ctl_ok("stats")
