@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "server/backend/inline_call.h"
 #include "server/error_details.h"
 #include "server/limits.h"
 #include "server/logging.h"
@@ -133,6 +134,9 @@ grpc::Status KVCacheService::Run(Rpc rpc, Ctx* ctx, absl::string_view pool,
       status = caller.ok() ? body(*caller) : caller.status();
     }
   }
+  // A deferred inline attempt runs again on a worker (inline_call.h): the
+  // call is counted and logged once, there.
+  if (InlineCallDeferred()) return ToGrpcStatus(status);
   const int64_t latency_us = absl::ToInt64Microseconds(absl::Now() - start);
   metrics_->RecordCall(static_cast<int>(rpc), status.code(), latency_us,
                        refused_by_drain, LimitOf(status));

@@ -10,6 +10,7 @@
 #include "kernels/store_load_host.h"
 #include "planner/prefill_layout.h"
 #include "proto/wire.h"
+#include "server/backend/inline_call.h"
 #include "server/data_refs.h"
 #include "server/fused_store.h"
 #include "server/request_checks.h"
@@ -38,6 +39,38 @@ Scratch& ThreadScratch() {
   thread_local Scratch scratch;
   return scratch;
 }
+
+// A pool's lock for one data call, shared (Load) or exclusive (Store). A
+// holder may be waiting for the GPU (a synchronous call waits for its
+// kernels under it), so an inline call only tries the lock and, when it is
+// taken, is deferred to a worker (server/backend/inline_call.h).
+class PoolLock {
+ public:
+  PoolLock(absl::Mutex& mu, bool shared) : mu_(mu), shared_(shared) {
+    if (MayWait()) {
+      shared ? mu_.ReaderLock() : mu_.Lock();
+      held_ = true;
+    } else {
+      held_ = shared ? mu_.ReaderTryLock() : mu_.TryLock();
+    }
+  }
+  ~PoolLock() {
+    if (held_) shared_ ? mu_.ReaderUnlock() : mu_.Unlock();
+  }
+  PoolLock(const PoolLock&) = delete;
+  PoolLock& operator=(const PoolLock&) = delete;
+
+  // OK when held; else the inline call's deferral.
+  absl::Status status() const {
+    return held_ ? absl::OkStatus()
+                 : DeferInlineCall("another call holds the pool's lock");
+  }
+
+ private:
+  absl::Mutex& mu_;
+  const bool shared_;
+  bool held_ = false;
+};
 
 // GPU ordering fields need a backend with CUDA events.
 absl::Status CheckOrdering(const Backend& backend, absl::string_view wait_event,
@@ -131,7 +164,8 @@ absl::Status KVCacheService::DoStore(Ctx* ctx, const Caller& caller,
   absl::StatusOr<GpuOrdering> queued =
       AwaitOrdering(ctx, caller, **pool, ordering);
   if (!queued.ok()) return queued.status();
-  absl::MutexLock lock(&(*pool)->mu);
+  const PoolLock lock((*pool)->mu, /*shared=*/false);
+  RETURN_IF_ERROR(lock.status());
   return backend_->StoreOrdered(layout, *(*pool)->memory, r.layer(), kv->data,
                                 *dtype, sc.slots, *queued,
                                 out->mutable_recorded_event_ipc_handle());
@@ -203,7 +237,8 @@ absl::Status KVCacheService::DoLoad(Ctx* ctx, const Caller& caller,
   absl::StatusOr<GpuOrdering> queued =
       AwaitOrdering(ctx, caller, **pool, ordering);
   if (!queued.ok()) return queued.status();
-  absl::ReaderMutexLock lock(&(*pool)->mu);
+  const PoolLock lock((*pool)->mu, /*shared=*/true);
+  RETURN_IF_ERROR(lock.status());
   return backend_->LoadOrdered(layout, *(*pool)->memory, r.layer(), segments,
                                total_k, data->data,
                                f.do_cast ? nullptr : scales->data, *queued,

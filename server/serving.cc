@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "google/protobuf/message.h"
+#include "server/backend/inline_call.h"
 #include "server/worker_pool.h"
 
 namespace kvdepot {
@@ -96,15 +98,29 @@ class CallbackServing final : public Serving,
     ops_pool_.Shutdown();
   }
 
-  // Runs `call` here, or on `pool` when `offload`; its status finishes
-  // the call.
+  // Runs `call` here, or on `pool` when `offload` or when the inline
+  // attempt would have had to wait (server/backend/inline_call.h: then it
+  // wrote nothing, and `out` is cleared for the second run); its status
+  // finishes the call.
   template <typename Call>
   grpc::ServerUnaryReactor* Dispatch(CallbackCtx* ctx, WorkerPool* pool,
-                                     bool offload, Call call) {
+                                     bool offload,
+                                     google::protobuf::Message* out,
+                                     Call call) {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     if (!offload) {
-      reactor->Finish(call());
-      return reactor;
+      grpc::Status status;
+      bool deferred = false;
+      {
+        InlineCall inline_call;
+        status = call();
+        deferred = inline_call.deferred();
+      }
+      if (!deferred) {
+        reactor->Finish(status);
+        return reactor;
+      }
+      out->Clear();
     }
     if (!pool->TrySubmit([reactor, call] { reactor->Finish(call()); })) {
       reactor->Finish(grpc::Status(
@@ -118,7 +134,7 @@ class CallbackServing final : public Serving,
 #define KVDEPOT_UNARY(Method, Req, Resp, pool, offload)                \
   grpc::ServerUnaryReactor* Method(CallbackCtx* ctx, const v1::Req* r, \
                                    v1::Resp* out) override {           \
-    return Dispatch(ctx, pool, offload, [this, ctx, r, out] {          \
+    return Dispatch(ctx, pool, offload, out, [this, ctx, r, out] {     \
       return impl_->Method(ctx, r, out);                               \
     });                                                                \
   }
