@@ -2,7 +2,9 @@
 // one CallEvent per call shared by the staging and the UseFences, recycled
 // when dropped, and each holder's wait exactly the end of the call it
 // noted: not earlier (a gated stream holds it back), not later (work queued
-// on the same stream after the call does not hold it back).
+// on the same stream after the call does not hold it back). The staging
+// pool hands out only Stagings whose call finished, below its bound a new
+// one, and never makes an inline call wait.
 #include "server/cuda/call_events.h"
 
 #include <cuda_runtime_api.h>
@@ -13,6 +15,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "server/backend/inline_call.h"
 #include "server/cuda/cuda_memory.h"
 #include "server/cuda/staging.h"
 
@@ -147,9 +150,9 @@ TEST_F(CallEventsTest, FenceOnTheSameStreamAddsNoWait) {
   ASSERT_TRUE(fence.Wait().ok());
 }
 
-TEST_F(CallEventsTest, StagingWaitsForItsPreviousUser) {
+TEST_F(CallEventsTest, StagingWaitsForItsPreviousUserAtTheBound) {
   CallEvents events;
-  StagingPool pool;
+  StagingPool pool(/*max_per_device=*/1);
   Gate gate;
   {
     absl::StatusOr<StagingPool::Lease> lease = pool.Acquire(0, 1024);
@@ -170,6 +173,86 @@ TEST_F(CallEventsTest, StagingWaitsForItsPreviousUser) {
   gate.Release();
   user.join();
   EXPECT_TRUE(acquired.HasBeenNotified());
+}
+
+// Returns a Staging of `pool` to it marked with an event behind `gate`
+// (its call still running), and its host pointer.
+uint8_t* ReturnBusy(StagingPool& pool, CallEvents& events, Gate& gate,
+                    cudaStream_t stream, int64_t bytes) {
+  absl::StatusOr<StagingPool::Lease> lease = pool.Acquire(0, bytes);
+  EXPECT_TRUE(lease.ok()) << lease.status();
+  if (!lease.ok()) return nullptr;
+  gate.Park(stream);
+  absl::StatusOr<CallEvent> done = events.Record(0, stream);
+  EXPECT_TRUE(done.ok()) << done.status();
+  if (done.ok()) (*lease)->MarkUsed(*done);
+  return (*lease)->host();
+}
+
+TEST_F(CallEventsTest, BusyStagingIsNotHandedOutBelowTheBound) {
+  CallEvents events;
+  StagingPool pool(/*max_per_device=*/2);
+  Gate gate;
+  uint8_t* busy = ReturnBusy(pool, events, gate, a_, 1024);
+  ASSERT_NE(busy, nullptr);
+  {
+    // A worker thread and an inline call alike get a new one at once.
+    InlineCall inline_call;
+    absl::StatusOr<StagingPool::Lease> lease = pool.Acquire(0, 1024);
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    EXPECT_NE((*lease)->host(), busy);
+    EXPECT_FALSE(inline_call.deferred());
+  }
+  gate.Release();
+  ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+  // Its call finished: the longest-returned one is reused.
+  absl::StatusOr<StagingPool::Lease> again = pool.Acquire(0, 1024);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)->host(), busy);
+}
+
+TEST_F(CallEventsTest, InlineCallIsDeferredInsteadOfWaitingAtTheBound) {
+  CallEvents events;
+  StagingPool pool(/*max_per_device=*/1);
+  Gate gate;
+  uint8_t* busy = ReturnBusy(pool, events, gate, a_, 1024);
+  ASSERT_NE(busy, nullptr);
+  {
+    InlineCall inline_call;
+    const absl::Time start = absl::Now();
+    absl::StatusOr<StagingPool::Lease> lease = pool.Acquire(0, 1024);
+    EXPECT_EQ(lease.status().code(), absl::StatusCode::kUnavailable)
+        << lease.status();
+    EXPECT_TRUE(inline_call.deferred());
+    EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  }
+  gate.Release();
+  absl::StatusOr<StagingPool::Lease> lease = pool.Acquire(0, 1024);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_EQ((*lease)->host(), busy);
+}
+
+TEST_F(CallEventsTest, InlineCallDoesNotGrowAStaging) {
+  StagingPool pool(/*max_per_device=*/1);
+  uint8_t* small = nullptr;
+  {
+    absl::StatusOr<StagingPool::Lease> lease = pool.Acquire(0, 1024);
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    small = (*lease)->host();
+  }
+  {
+    // Growing frees the old buffers, and cudaFree waits for the device.
+    InlineCall inline_call;
+    absl::StatusOr<StagingPool::Lease> lease = pool.Acquire(0, 1 << 20);
+    EXPECT_EQ(lease.status().code(), absl::StatusCode::kUnavailable)
+        << lease.status();
+    EXPECT_TRUE(inline_call.deferred());
+  }
+  // Unchanged by the deferred attempt; a worker grows it.
+  absl::StatusOr<StagingPool::Lease> lease = pool.Acquire(0, 1 << 20);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_GE((*lease)->capacity(), 1 << 20);
+  EXPECT_NE(small, nullptr);
 }
 
 TEST_F(CallEventsTest, WaitUsedBeforeAnyMarkIsAnError) {

@@ -1,6 +1,7 @@
 #include "server/cuda/cuda_memory.h"
 
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda/cuda_status.h"
@@ -15,8 +16,16 @@ void UseFence::Note(cudaStream_t stream, CallEvent done) {
 }
 
 absl::Status UseFence::Wait() {
-  absl::MutexLock lock(&mu_);
-  for (auto& [stream, event] : points_) {
+  // The points as they are now, waited for without the lock: Note and
+  // OrderAfter run on gRPC's threads (inline calls), which must never wait
+  // for the GPU, not even behind this lock.
+  std::vector<CallEvent> points;
+  {
+    absl::MutexLock lock(&mu_);
+    points.reserve(points_.size());
+    for (const auto& [stream, event] : points_) points.push_back(event);
+  }
+  for (const CallEvent& event : points) {
     RETURN_IF_CUDA_ERROR(cudaEventSynchronize(event.get()),
                          "waiting for work queued on the memory");
   }

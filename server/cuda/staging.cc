@@ -7,6 +7,7 @@
 #include "common/cuda/cuda_mappings.h"
 #include "common/cuda/cuda_status.h"
 #include "common/status_macros.h"
+#include "server/backend/inline_call.h"
 
 namespace kvdepot {
 namespace {
@@ -35,13 +36,27 @@ absl::Status Staging::WaitUsed() {
   return absl::OkStatus();
 }
 
+bool Staging::Ready() const {
+  if (used_ == nullptr) return true;
+  const cudaError_t e = cudaEventQuery(used_.get());
+  // Not an error: not this thread's last error either.
+  if (e == cudaErrorNotReady) (void)cudaGetLastError();
+  return e == cudaSuccess;
+}
+
 absl::Status Staging::Prepare(int64_t bytes) {
   if (used_ != nullptr) {
+    if (!MayWait() && !Ready()) {
+      return DeferInlineCall("a staging buffer's last call is still running");
+    }
     RETURN_IF_CUDA_ERROR(cudaEventSynchronize(used_.get()),
                          "waiting for the previous use of a staging buffer");
     used_.reset();  // recycled once no fence holds it either
   }
   if (bytes <= capacity_) return absl::OkStatus();
+  if (capacity_ > 0 && !MayWait()) {
+    return DeferInlineCall("a staging buffer must grow (cudaFree waits)");
+  }
   const int64_t want =
       StagingRound(std::max({bytes, 2 * capacity_, kMinCapacity}));
   if (host_ != nullptr) (void)cudaFreeHost(host_);
@@ -72,15 +87,28 @@ absl::StatusOr<StagingPool::Lease> StagingPool::Acquire(int device,
   std::unique_ptr<Staging> staging;
   {
     absl::MutexLock lock(&mu_);
-    std::vector<std::unique_ptr<Staging>>& list = free_[device];
-    if (!list.empty()) {
-      staging = std::move(list.back());
-      list.pop_back();
+    Device& d = devices_[device];
+    const bool fits = !d.free.empty() && d.free.front()->Ready() &&
+                      d.free.front()->capacity() >= bytes;
+    if (fits || (!d.free.empty() && d.created >= max_per_device_)) {
+      if (!fits && !MayWait()) {
+        return DeferInlineCall(
+            absl::StrCat("all ", d.created, " staging buffers of cuda:", device,
+                         " are in use by calls still running"));
+      }
+      staging = std::move(d.free.front());
+      d.free.pop_front();
+    } else {
+      ++d.created;  // below the bound, or every Staging held by a thread
     }
   }
   if (staging == nullptr) {
     absl::StatusOr<std::unique_ptr<Staging>> created = Staging::Create(device);
-    if (!created.ok()) return created.status();
+    if (!created.ok()) {
+      absl::MutexLock lock(&mu_);
+      --devices_[device].created;
+      return created.status();
+    }
     staging = *std::move(created);
   }
   // On failure the Staging goes back to the pool (its event is valid).
@@ -91,7 +119,7 @@ absl::StatusOr<StagingPool::Lease> StagingPool::Acquire(int device,
 
 void StagingPool::Return(std::unique_ptr<Staging> staging) {
   absl::MutexLock lock(&mu_);
-  free_[staging->device()].push_back(std::move(staging));
+  devices_[staging->device()].free.push_back(std::move(staging));
 }
 
 }  // namespace kvdepot

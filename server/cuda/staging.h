@@ -3,18 +3,21 @@
 // device memory. Each in-flight call takes a Staging (a pinned host buffer
 // and a device buffer of the same capacity) from the pool, copies through
 // it on its stream, marks it with the call's event (recorded after the
-// call's last work) and gives it back. A later call waits on that event
-// before reusing the buffers, so calls that return without synchronizing (GPU
-// ordering by events) never see their staged bytes overwritten. Buffers only
-// grow: steady-state requests allocate nothing.
+// call's last work) and gives it back. Calls that return without
+// synchronizing (GPU ordering by events) leave their Staging in use by the
+// GPU: the pool hands out only Stagings whose last call finished, or makes
+// a new one, up to a bound per device; beyond it a worker thread waits for
+// the longest-returned one, and an inline call is deferred instead
+// (server/backend/inline_call.h: gRPC's threads never wait for the GPU).
+// Buffers only grow: steady-state requests allocate nothing.
 #ifndef KVDEPOT_SERVER_CUDA_STAGING_H_
 #define KVDEPOT_SERVER_CUDA_STAGING_H_
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <deque>
 #include <memory>
-#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -41,8 +44,12 @@ class Staging {
   uint8_t* dev() const { return dev_; }
   int64_t capacity() const { return capacity_; }
 
+  // Whether the previous user's work finished (never blocks).
+  bool Ready() const;
   // Waits for the work of the previous user, then grows both buffers to at
-  // least `bytes`. REQUIRES: device() is current.
+  // least `bytes`. In an inline call, where either would wait (growing
+  // frees the old buffers, and cudaFree waits for the device), it defers
+  // the call instead. REQUIRES: device() is current.
   absl::Status Prepare(int64_t bytes);
   // `done` marks the end of this user's work (its call's event).
   void MarkUsed(CallEvent done) { used_ = std::move(done); }
@@ -77,20 +84,35 @@ class StagingPool {
     std::unique_ptr<Staging> staging_;
   };
 
-  StagingPool() = default;
+  // Stagings per device before a call waits (or is deferred) for one in
+  // use by the GPU: as many asynchronous calls in flight per device (a
+  // 61-layer step of per-layer calls is 183), 64 KiB of pinned and of
+  // device memory each at the least.
+  static constexpr int kDefaultMaxPerDevice = 256;
+
+  explicit StagingPool(int max_per_device = kDefaultMaxPerDevice)
+      : max_per_device_(max_per_device) {}
   StagingPool(const StagingPool&) = delete;
   StagingPool& operator=(const StagingPool&) = delete;
 
   // A Staging of `device` holding at least `bytes`, its previous user's
-  // work finished. REQUIRES: `device` is current.
+  // work finished: the longest-returned one if its call finished and it is
+  // large enough, else a new one while the device has fewer than
+  // max_per_device, else the longest-returned one once its call finishes
+  // (an inline call: deferred, UNAVAILABLE). REQUIRES: `device` is current.
   absl::StatusOr<Lease> Acquire(int device, int64_t bytes);
 
  private:
+  struct Device {
+    std::deque<std::unique_ptr<Staging>> free;  // oldest return first
+    int created = 0;
+  };
+
   void Return(std::unique_ptr<Staging> staging);
 
+  const int max_per_device_;
   absl::Mutex mu_;
-  absl::flat_hash_map<int, std::vector<std::unique_ptr<Staging>>> free_
-      ABSL_GUARDED_BY(mu_);  // key: device ordinal
+  absl::flat_hash_map<int, Device> devices_ ABSL_GUARDED_BY(mu_);  // ordinal
 };
 
 // Bytes rounded up to kStagingAlignment.
