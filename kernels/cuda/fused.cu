@@ -30,7 +30,7 @@
 // weights kept in registers for the whole grid-stride loop; the 128-element
 // index formats take four tokens per warp
 // (FusedStoreKernelQuad, the next four loaded while these are processed;
-// above 64K tokens without RoPE and with a Hadamard of 128 or none they go
+// above 23K tokens without RoPE and with a Hadamard of 128 or none they go
 // to fused_row.cu's kernels, one or two lanes per token), where a
 // Hadamard over the whole token ends in registers (HadamardQuad128: xor
 // shuffles for h = 16 ... 64) and is quantized from there. (The

@@ -47,9 +47,27 @@ cudaError_t LaunchFusedH512(FormatId id, const PoolLayout& layout,
                             const Launch& launch);
 
 // FP4_INDEX, FP8_FP32SF_INDEX and MXFP8_INDEX without RoPE, with a
-// Hadamard over the whole token or none, above 64K tokens: fused_row.cu's
-// kernels (one or two lanes per token), the same bytes as the general one
-// (which keeps the smaller batches).
+// Hadamard over the whole token or none, above kMaxQuadTokens
+// tokens: fused_row.cu's kernels (one or two lanes per token), the same
+// bytes as the general one (which keeps the smaller batches).
+//
+// Up to kMaxQuadTokens tokens fused.cu's four-tokens-per-warp kernel runs.
+// At 1-1024 tokens (graph replay, H200) it takes 1.6-2.0 us, the two-lane
+// kernel 2.3-3.2 and the one-lane kernel 3.8-4.5. The two cross between
+// 22K and 24K tokens; % of copy, four per warp -> two lanes, means of two
+// runs (docs/BENCHMARKS.md, 2026-12-03 ~18:05; 32K and 64K ~17:50):
+//                     16K          22K          24K          32K   64K
+//   MXFP8_INDEX       29.3 -> 26.2 32.4 -> 30.8 31.8 -> 34.2 +1.9  +1.1
+//   FP4_INDEX         21.8 -> 20.9 25.4 -> 24.2 23.6 -> 26.0 +2.4  +3.9
+//   FP8_FP32SF_INDEX  28.2 -> 26.7 31.4 -> 30.6 30.5 -> 33.3 +3.0  +4.5
+inline constexpr int64_t kMaxQuadTokens = 23552;
+// Above kMaxQuadTokens and up to this many, two lanes per token; above,
+// one (FP8_FP32SF_INDEX: always two). % of copy at 64K + 1, 256K and 1M
+// tokens, one lane -> two lanes (means of two runs, 2026-12-03 ~16:00):
+//   MXFP8_INDEX       44.0 -> 46.5, 63.9 -> 64.3, 76.3 -> 72.3
+//   FP4_INDEX         33.0 -> 36.5, 47.7 -> 48.7, 54.4 -> 52.8
+//   FP8_FP32SF_INDEX  40.5 -> 48.4, 59.9 -> 68.3, 71.6 -> 77.2
+inline constexpr int64_t kMaxPairTokens = 262144;
 bool FusedRowApplies(FormatId id, const FusedParams& params, int64_t n);
 cudaError_t LaunchFusedRow(FormatId id, const PoolLayout& layout,
                            uint8_t* layer, const uint16_t* kv,

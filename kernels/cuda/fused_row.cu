@@ -1,6 +1,6 @@
 // The fused store (SPEC §8) for the 128-element index formats (FP4_INDEX,
 // FP8_FP32SF_INDEX, MXFP8_INDEX) without RoPE, with a Hadamard over the
-// whole token or none, above 64K tokens: one or two lanes per token, the
+// whole token or none, above 23K tokens: one or two lanes per token, the
 // token's values in registers. fused.cu's four-tokens-per-warp kernel
 // (eight lanes per token), which keeps the smaller batches, wraps the same
 // arithmetic in shuffles (48 per four tokens for the Hadamard alone),
@@ -12,7 +12,8 @@
 // and its registers fit 16 warps per SM instead of 12. Two lanes win up to
 // 256K tokens, and at every size for FP8_FP32SF_INDEX, whose one group of
 // 128 per token is one long block in a single thread; one lane wins at 1M
-// for the groups of 32 (docs/BENCHMARKS.md, 2026-12-03 ~16:00).
+// for the groups of 32 (docs/BENCHMARKS.md, 2026-12-03 ~16:00). The
+// thresholds and their figures: fused_internal.h.
 //
 // Per warp, 32 (or 16) consecutive tokens arrive in shared memory by
 // cp.async, 16 bytes per lane and 512 contiguous bytes per instruction, the
@@ -68,25 +69,6 @@ struct Shape {
   static constexpr int kElems = kD / kLanes;    // elements per lane
   static constexpr int kLaneChunks = kChunks / kLanes;
 };
-
-// Up to this many tokens fused.cu's four-tokens-per-warp kernel runs
-// instead. At 1-1024 tokens (graph replay) the one-lane kernel here took
-// 3.8-4.5 us where that one takes 1.6-1.9 (H200, docs/BENCHMARKS.md,
-// 2026-12-03 ~12:10). At 64K + 1 tokens the two-lane kernel measured 46.5 %
-// (MXFP8_INDEX), 36.5 % (FP4_INDEX) and 48.4 % (FP8_FP32SF_INDEX) of copy
-// against the four-tokens-per-warp kernel's 44.8, 32.1 and 44.1 % at 64K
-// (~15:45 and ~16:00), so the two cross below 64K; where is not measured,
-// and the threshold stays.
-constexpr int64_t kMaxQuadTokens = 65536;
-
-// Above kMaxQuadTokens and up to this many, two lanes per token; above,
-// one (FP8_FP32SF_INDEX: always two). On the H200 (docs/BENCHMARKS.md,
-// 2026-12-03 ~16:00, means of two runs), % of copy at 64K + 1, 256K and
-// 1M tokens, one lane -> two lanes:
-//   MXFP8_INDEX       44.0 -> 46.5, 63.9 -> 64.3, 76.3 -> 72.3
-//   FP4_INDEX         33.0 -> 36.5, 47.7 -> 48.7, 54.4 -> 52.8
-//   FP8_FP32SF_INDEX  40.5 -> 48.4, 59.9 -> 68.3, 71.6 -> 77.2
-constexpr int64_t kMaxPairTokens = 262144;
 
 template <int kTile>
 struct WarpTiles {

@@ -18,6 +18,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/fused_internal.h"
 #include "kernels/cuda/fused_kernels.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/test_util.h"
@@ -356,8 +357,17 @@ TEST_P(FusedCudaTest, ManyTokensLoop) {
   }
 }
 
+// The sizes RowKernelLoops runs: one for each of fused_row.cu's shapes.
+constexpr int64_t kPairShapeTokens = 130011;
+constexpr int64_t kOneLaneShapeTokens = 300007;
+static_assert(kPairShapeTokens > gpu::internal::kMaxQuadTokens &&
+                  kPairShapeTokens <= gpu::internal::kMaxPairTokens,
+              "RowKernelLoops must run the two-lane kernel");
+static_assert(kOneLaneShapeTokens > gpu::internal::kMaxPairTokens,
+              "RowKernelLoops must run the one-lane kernel");
+
 // fused_row.cu's kernels (the 128-element index formats without RoPE,
-// above 64K tokens; two lanes per token up to 256K tokens, or always for
+// above 23K tokens; two lanes per token up to 256K tokens, or always for
 // FP8_FP32SF_INDEX, one above) with more tiles than their grids have warps
 // (an H200 holds 132 x 12 or 132 x 16 of them), so each warp processes a
 // tile while the next one arrives, and n is not a multiple of the tile:
@@ -371,7 +381,7 @@ TEST_P(FusedCudaTest, RowKernelLoops) {
   const PoolLayout layout = Layout(name, block_size, 310000);
   if (layout.format.elements() != 128)
     GTEST_SKIP() << "not a 128-element format";
-  for (int64_t n : {130011, 300007}) {
+  for (int64_t n : {kPairShapeTokens, kOneLaneShapeTokens}) {
     for (Stages s : {Stages::kNone, Stages::kNormPart, Stages::kHadamard128,
                      Stages::kNormHadamard}) {
       CheckFused(layout, n, s, rng);
