@@ -314,6 +314,12 @@ INSTANTIATE_TEST_SUITE_P(
              Place::kMisaligned, Place::kMisaligned},
         Case{"fp4idx_bs1_events_inline", "FP4_INDEX", 0, 1, 300, 2, 250, true,
              Place::kInline, Place::kInline},
+        // The 656-byte record engines read (SPEC §2.1), FlashMLA's block
+        // size and an awkward one.
+        Case{"dsmla_bs64_events", "DS_MLA_FP8", 0, 64, 12, 2, 300, true,
+             Place::kSlice, Place::kSlice},
+        Case{"dsmla_bs7_misaligned_inline", "DS_MLA_FP8", 0, 7, 60, 1, 200,
+             false, Place::kMisaligned, Place::kInline},
         // One layer of 4.5 GiB: 64-bit offsets through IPC, staging, kernels.
         Case{"v41_bs64_over4GiB", "V41", 0, 64, 143000, 1, 300, false,
              Place::kSlice, Place::kSlice}),

@@ -130,6 +130,43 @@ TEST_F(StepE2eTest, RandomStepsMatchTheReference) {
   EXPECT_LT(info->handoff_p50_us(), 100000.0);
 }
 
+// A worker one step ahead of its scheduler (it began a step twice, so its
+// step-id word says 3 while the daemon runs step 2): every phase's gate
+// finds the word wrong, so step 2 writes nothing to the pools, its waits
+// are still released, and the sticky status word and StepStatus say
+// step_mismatch.
+TEST_F(StepE2eTest, AWorkerOutOfStepWritesNothingAndIsFlagged) {
+  RigOptions o;
+  o.prefix = "mismatch";
+  o.layers = 2;
+  std::unique_ptr<StepRig> rig = MakeRig(o);
+  ASSERT_NE(rig, nullptr);
+  std::mt19937 rng(1307);
+  const StepInput first = rig->RandomStep(1, rng);
+  ASSERT_OK(RunStep(rig.get(), first));
+  ASSERT_OK(rig->CheckPools());
+  uint64_t bits = 0;
+  ASSERT_EQ(kvd_status(rig->worker(), &bits, nullptr, nullptr, nullptr),
+            KVD_OK);
+  ASSERT_EQ(bits & doorbell::kStatusStepMismatch, 0u);
+
+  const StepInput second = rig->RandomStep(2, rng);
+  rig->StageInputs(second);
+  ASSERT_OK(rig->SendStep(second).status());
+  ASSERT_EQ(kvd_step_begin(rig->worker(), stream_->get()), KVD_OK);
+  ASSERT_OK(rig->EnqueueWorker(stream_->get()));
+  // A closed gate must still release the worker's waits.
+  ASSERT_OK(SyncWithin(stream_->get(), absl::Seconds(30)));
+  // The pools still hold step 1 only (the reference was not advanced).
+  ASSERT_OK(rig->CheckPools());
+  ASSERT_EQ(kvd_status(rig->worker(), &bits, nullptr, nullptr, nullptr),
+            KVD_OK);
+  EXPECT_NE(bits & doorbell::kStatusStepMismatch, 0u);
+  const v1::RegistrationInfo info = StatusAfter(rig.get(), 2);
+  EXPECT_EQ(info.completed_step_id(), 2u);
+  EXPECT_NE(info.status_bits() & doorbell::kStatusStepMismatch, 0u);
+}
+
 // Block tables in device memory (RegisterWorkerRequest.block_tables, rows
 // 13 int32 apart, offset 256): the worker's stream writes each step's rows
 // before mark(B_0); the Step carries block_tables_in_buffer and a random
