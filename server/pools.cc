@@ -56,6 +56,8 @@ void LayoutToProto(const PoolLayout& l, v1::PoolLayout* out) {
   out->set_total_bytes(l.total_bytes);
   out->set_load_data_row_bytes(LoadDataRowBytes(f));
   out->set_load_scale_row_bytes(f.do_cast ? 0 : LoadScaleRowBytes(f));
+  out->set_tail_bytes(f.tail_bytes());
+  out->set_scale_rounding(std::string(ScaleRoundingName(f.scale_rounding)));
 }
 
 void Pool::ToProto(v1::PoolInfo* info) const {

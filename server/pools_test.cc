@@ -6,6 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/format_host.h"
 
 namespace kvdepot {
 namespace {
@@ -29,6 +30,34 @@ TEST(ValidatePoolNameTest, BoundedNamesAndBoundedMessages) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("a\\x0arpc=forged"));
   EXPECT_THAT(std::string(s.message()), Not(HasSubstr("\n")));
   EXPECT_THAT(std::string(s.message()), HasSubstr("character 1"));
+}
+
+// PoolInfo.layout describes every byte of a record: data, scales and the
+// BF16 tail (DS_MLA_FP8), and the scale rounding.
+TEST(LayoutToProtoTest, TheRecordsPartsAddUp) {
+  struct Want {
+    const char* format;
+    int32_t data, sf, tail;
+    const char* rounding;
+  };
+  for (const Want& w : {Want{"DS_MLA_FP8", 512, 16, 128, "pow2_ceil"},
+                        Want{"V41", 512, 16, 0, "none"},
+                        Want{"FP8_FP32SF_INDEX", 128, 4, 0, "none"}}) {
+    SCOPED_TRACE(w.format);
+    absl::StatusOr<KVCacheFormat> f = FormatFromName(w.format);
+    ASSERT_TRUE(f.ok()) << f.status();
+    absl::StatusOr<PoolLayout> l = MakePoolLayout(*f, 64, 4, 2);
+    ASSERT_TRUE(l.ok()) << l.status();
+    v1::PoolLayout out;
+    LayoutToProto(*l, &out);
+    EXPECT_EQ(out.format(), w.format);
+    EXPECT_EQ(out.data_bytes(), w.data);
+    EXPECT_EQ(out.sf_bytes(), w.sf);
+    EXPECT_EQ(out.tail_bytes(), w.tail);
+    EXPECT_EQ(out.scale_rounding(), w.rounding);
+    EXPECT_EQ(out.data_bytes() + out.sf_bytes() + out.tail_bytes(),
+              out.bytes_per_token());
+  }
 }
 
 }  // namespace

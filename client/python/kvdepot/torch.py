@@ -524,6 +524,8 @@ class PoolLayerView:
     data:    uint8 [num_blocks, block_size, data_bytes], the tokens' data
              (e4m3 bytes, packed e2m1 pairs or BF16 bit patterns)
     scales:  uint8 [num_blocks, block_size, sf_bytes], or None (sf_bytes 0)
+    tail:    uint8 [num_blocks, block_size, tail_bytes], the BF16 tail after
+             the scales (DS_MLA_FP8's 64 RoPE values), or None (tail_bytes 0)
     Slot s is [s // block_size, s % block_size]. Reinterpret with
     .view(torch.bfloat16) (BF16 pools) or .view(torch.float8_e4m3fn)
     (torch >= 2.1).
@@ -535,6 +537,7 @@ class PoolLayerView:
     records: Optional["torch.Tensor"]
     data: "torch.Tensor"
     scales: Optional["torch.Tensor"]
+    tail: Optional["torch.Tensor"] = None
 
 
 class PoolTensors:
@@ -590,11 +593,18 @@ def layer_view(base: "torch.Tensor", layout: Any,
                                (L.block_stride, token_stride, 1),
                                base.storage_offset() + start + offset)
 
+    # Layouts without the field (library mode's kvdk_layout_info) have no
+    # tail.
+    tail_bytes = getattr(L, "tail_bytes", 0)
+    tail = None
     if L.token_interleaved:
         records = view(L.bytes_per_token, L.bytes_per_token, 0)
         data = view(L.data_bytes, L.bytes_per_token, 0)
         scales = view(L.sf_bytes, L.bytes_per_token, L.data_bytes) \
             if L.sf_bytes else None
+        if tail_bytes:
+            tail = view(tail_bytes, L.bytes_per_token,
+                        L.data_bytes + L.sf_bytes)
     else:
         records = None
         data = view(L.data_bytes, L.data_bytes, 0)
@@ -602,7 +612,8 @@ def layer_view(base: "torch.Tensor", layout: Any,
             if L.sf_bytes else None
     return PoolLayerView(layout=L, layer=layer,
                          raw=base[start:start + L.layer_bytes],
-                         records=records, data=data, scales=scales)
+                         records=records, data=data, scales=scales,
+                         tail=tail)
 
 
 def map_pool_tensors(client: Client, pool_name: str) -> PoolTensors:

@@ -61,7 +61,9 @@ class ImportWithoutTorchTest(unittest.TestCase):
 class TorchTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.daemon = Daemon()
+        # The CPU backend here even on a GPU host (auto would pick CUDA,
+        # whose pools are device memory: gpu_torch_test covers those).
+        cls.daemon = Daemon("--backend=cpu")
         cls.kv = cls.daemon.connect(client_name="torch_test")
 
     @classmethod
@@ -301,7 +303,7 @@ class TorchTest(unittest.TestCase):
 
     def test_pool_layer_views_alias_the_pool(self):
         kv = self.kv
-        for fmt in ("V41", "FP4_INDEX", "MXFP8_INDEX"):
+        for fmt in ("V41", "FP4_INDEX", "MXFP8_INDEX", "DS_MLA_FP8"):
             with self.subTest(fmt=fmt):
                 name = f"view_{fmt}"
                 kv.create_pool(name, fmt, block_size=5, num_blocks=4,
@@ -319,11 +321,22 @@ class TorchTest(unittest.TestCase):
                         b, t = divmod(slot, 5)
                         rec = raw(v.data[b, t]) + (
                             raw(v.scales[b, t]) if v.scales is not None
+                            else b"") + (
+                            raw(v.tail[b, t]) if v.tail is not None
                             else b"")
                         self.assertEqual(rec, record_bytes(m.view, L, 2,
                                                            slot), slot)
                         if v.records is not None:
                             self.assertEqual(raw(v.records[b, t]), rec)
+                    # DS_MLA_FP8's tail: the input's 64 RoPE values as
+                    # stored (BF16, unchanged).
+                    self.assertEqual(v.tail is not None,
+                                     fmt == "DS_MLA_FP8")
+                    if v.tail is not None:
+                        self.assertEqual(L.tail_bytes, 128)
+                        self.assertEqual(L.scale_rounding, "pow2_ceil")
+                        self.assertEqual(raw(v.tail[1, 2]),
+                                         raw(x[7, 512:].contiguous()))
                     self.assertEqual(v.raw.numel(), L.layer_bytes)
                     self.assertEqual(raw(v.raw), bytes(
                         m.view[2 * L.layer_stride:
