@@ -5,8 +5,11 @@
 // work (Verify, Inspect, PrefillLoad, large Store/Load/index requests,
 // pool and buffer creation and release, and on a device backend every call
 // that may wait for the GPU) goes to a bounded WorkerPool, so a gRPC thread
-// never blocks on GPU completion or on large CPU work. A full pool answers
-// RESOURCE_EXHAUSTED at once. The sync API (one handler thread per call
+// never blocks on GPU completion or on large CPU work. An inline call that
+// would have to wait after all (a pool's lock or a staging buffer held by
+// a call waiting for the GPU) is deferred and runs again on the pool
+// (server/backend/inline_call.h). A full pool answers RESOURCE_EXHAUSTED
+// at once. The sync API (one handler thread per call
 // from gRPC's own pool) stays selectable for comparison (rpc_benchmark
 // --serving=sync).
 #ifndef KVDEPOT_SERVER_SERVING_H_
