@@ -6,6 +6,7 @@
 // (registry_fixture.h).
 #include "server/step/step_registry.h"
 
+#include <algorithm>
 #include <deque>
 #include <memory>
 #include <set>
@@ -131,6 +132,41 @@ TEST_F(StepRegistryTest, StepBuildsOnePlanWithEverySection) {
   EXPECT_EQ(p.blob.size() % 4, 0u);
   EXPECT_LE(static_cast<int64_t>(p.blob.size()),
             MaxBlobElements(factory_.last_config));
+}
+
+// A mixed step: a decode token, a new sequence's prefill chunk of four
+// tokens (positions 0-3) and a chunk of two in the middle of a long
+// sequence (positions 44, 45: the SWA ring of 32 wraps), in one request.
+TEST_F(StepRegistryTest, MixedPrefillAndDecodeRowsGetTheirOwnPositions) {
+  const uint64_t id = Register();
+  ASSERT_NE(id, 0u);
+  v1::StepRequest r = Step(id, 1);
+  r.set_num_tokens(7);
+  r.set_slot_mapping(PackInt32s({5, 100, 101, 102, 103, 700, 701}));
+  r.set_num_seqs(3);
+  r.set_seq_lens(PackInt32s({10, 4, 46}));
+  r.set_query_lens(PackInt32s({1, 4, 2}));
+  r.set_swa_state_ids(PackInt32s({3, 7, 9}));
+  r.set_block_tables(PackInt32s({1, 2, -1, -1, 4, -1, -1, -1, 8, 9, 10, 11}));
+  absl::StatusOr<v1::StepResponse> resp = registry_->Step(owner_, r);
+  ASSERT_TRUE(resp.ok()) << resp.status();
+  const StepPlan& p = factory_.last->plans.front();
+  const StepSections& s = p.sections;
+  auto at = [&](int64_t off, int i) { return p.blob[off + i]; };
+  const int row_seq[] = {0, 1, 1, 1, 1, 2, 2};
+  const int position[] = {9, 0, 1, 2, 3, 44, 45};
+  const int state[] = {3, 7, 7, 7, 7, 9, 9};
+  for (int i = 0; i < 7; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(at(s.row_seq, i), row_seq[i]);
+    EXPECT_EQ(at(s.slots, i),
+              (std::vector<int>{5, 100, 101, 102, 103, 700, 701}[i]));
+    EXPECT_EQ(at(s.swa_slots, i), state[i] * 32 + position[i] % 32);
+    // Window 8: position q sees [max(0, q - 7), q].
+    EXPECT_EQ(at(s.swa_start, i), std::max(0, position[i] - 7));
+    EXPECT_EQ(at(s.swa_valid, i), std::min(8, position[i] + 1));
+  }
+  EXPECT_EQ(at(s.seq_lens, 2), 46);
 }
 
 TEST_F(StepRegistryTest, StepIdsAreConsecutiveAndTwoDeep) {
