@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "kernels/format_host.h"
 #include "kernels/store_load_host.h"
+#include "server/backend/inline_call.h"
 #include "server/limits.h"
 #include "server/logging.h"
 
@@ -166,7 +167,12 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(
   absl::StatusOr<std::unique_ptr<Memory>> memory =
       backend_->Allocate(layout->total_bytes, *device);
   if (!memory.ok()) return memory.status();
-  auto pool = std::make_shared<Pool>();
+  // Device memory is freed off gRPC's threads: an inline call may drop the
+  // last reference (a DeletePool meanwhile), and freeing waits for the
+  // memory's queued work.
+  std::shared_ptr<Pool> pool(new Pool, [](Pool* p) {
+    DeleteOffInline(p, p->memory != nullptr && p->memory->device() != "cpu");
+  });
   pool->reservation = std::move(reservation);
   pool->name = r.name();
   pool->device = *device;

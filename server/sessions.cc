@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "server/backend/inline_call.h"
 #include "server/limits.h"
 #include "server/logging.h"
 
@@ -291,7 +292,10 @@ absl::StatusOr<std::shared_ptr<Buffer>> SessionManager::AddBuffer(
         absl::StrCat("this session already holds ",
                      limits_.max_buffers_per_session, " buffers"));
   }
-  auto buffer = std::make_shared<Buffer>();
+  // Device memory is freed off gRPC's threads (see pools.cc).
+  std::shared_ptr<Buffer> buffer(new Buffer, [](Buffer* b) {
+    DeleteOffInline(b, b->memory != nullptr && b->memory->device() != "cpu");
+  });
   buffer->id = next_buffer_id_++;
   buffer->owner_session = caller.session;
   buffer->reservation = std::move(reservation);

@@ -13,6 +13,8 @@
 #ifndef KVDEPOT_SERVER_BACKEND_INLINE_CALL_H_
 #define KVDEPOT_SERVER_BACKEND_INLINE_CALL_H_
 
+#include <functional>
+
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
@@ -43,6 +45,30 @@ absl::Status DeferInlineCall(absl::string_view why);
 // Whether this thread's current inline call was deferred (false outside
 // one): the service skips the attempt's metrics and logs.
 bool InlineCallDeferred();
+
+// Runs `task` now, or, inside an InlineCall, on the daemon's release
+// thread, in order: for work that may wait, such as dropping the last
+// reference to a pool or buffer whose device memory is freed only after its
+// queued work (an inline call may hold that reference when another call
+// deletes the pool). The release thread starts on first use and lives as
+// long as the process.
+void RunOffInline(std::function<void()> task);
+
+// Returns once every task posted before the call has run (tests).
+void WaitForReleases();
+
+// Deletes `p` on this thread, or on the release thread when this is an
+// inline call and `may_wait` (its destructor may wait for the GPU). Memory
+// whose release cannot wait (host memory) is freed at once, so that its
+// budget is back before the call that dropped it replies.
+template <typename T>
+void DeleteOffInline(T* p, bool may_wait) {
+  if (may_wait && !MayWait()) {
+    RunOffInline([p] { delete p; });
+  } else {
+    delete p;
+  }
+}
 
 }  // namespace kvdepot
 
