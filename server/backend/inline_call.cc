@@ -53,12 +53,11 @@ class ReleaseThread {
     return *t;
   }
 
-  // The number of tasks posted so far, this one included.
-  uint64_t Post(std::function<void()> task) {
+  void Post(std::function<void()> task) {
     absl::MutexLock lock(&mu_);
     tasks_.push_back(std::move(task));
+    ++posted_;
     work_.Signal();
-    return ++posted_;
   }
 
   uint64_t posted() {
