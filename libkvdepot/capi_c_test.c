@@ -21,8 +21,10 @@ int main(void) {
   /* The struct layouts kvdepot_kernels.py declares (capi_smoke_test checks
    * the same numbers on the ctypes side). */
   CHECK(sizeof(kvdk_format_desc) == 32);
-  CHECK(sizeof(kvdk_layout_info) == 22 * 8);
+  CHECK(sizeof(kvdk_layout_info) == 23 * 8);
+  CHECK(KVDK_LAYOUT_INFO_V1_BYTES == 22 * 8);
   CHECK(offsetof(kvdk_layout_info, num_slots) == 21 * 8);
+  CHECK(offsetof(kvdk_layout_info, tail_bytes) == 22 * 8);
   CHECK(sizeof(kvdk_fused_params) == 64);
   CHECK(offsetof(kvdk_fused_params, norm_weight) == 8);
   CHECK(offsetof(kvdk_fused_params, eps) == 16);

@@ -3,6 +3,8 @@
 // what server/cpu/cpu_backend.cc calls) and its planner (planner/: the
 // index RPCs of server/service_index.cc and the plans of
 // server/request_checks.cc), on the caller's host memory.
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <exception>
 #include <new>
@@ -161,15 +163,18 @@ int kvdk_layout_create_desc(const kvdk_format_desc* desc, int64_t block_size,
 
 void kvdk_layout_destroy(kvdk_layout* layout) { delete layout; }
 
+static_assert(offsetof(kvdk_layout_info, tail_bytes) ==
+              KVDK_LAYOUT_INFO_V1_BYTES);
+
 int kvdk_layout_get_info(const kvdk_layout* layout, kvdk_layout_info* info,
                          int64_t info_size) {
   return Guard("kvdk_layout_get_info", [&]() -> absl::Status {
     RETURN_IF_ERROR(CheckLayout(layout, "layout"));
     RETURN_IF_ERROR(CheckNotNull(info, "info"));
-    if (info_size < static_cast<int64_t>(sizeof(kvdk_layout_info))) {
-      return absl::InvalidArgumentError(absl::StrCat("info_size = ", info_size,
-                                                     " is less than ",
-                                                     sizeof(kvdk_layout_info)));
+    if (info_size < KVDK_LAYOUT_INFO_V1_BYTES) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("info_size = ", info_size, " is less than ",
+                       KVDK_LAYOUT_INFO_V1_BYTES));
     }
     const PoolLayout& l = layout->layout;
     const KVCacheFormat& f = l.format;
@@ -196,7 +201,10 @@ int kvdk_layout_get_info(const kvdk_layout* layout, kvdk_layout_info* info,
     o.load_data_row_bytes = LoadDataRowBytes(f);
     o.load_scale_row_bytes = LoadScaleRowBytes(f);
     o.num_slots = l.num_slots();
-    *info = o;
+    o.tail_bytes = f.tail_bytes();
+    // A caller built against the shorter struct: its bytes only.
+    std::memcpy(info, &o,
+                static_cast<size_t>(std::min<int64_t>(info_size, sizeof(o))));
     return absl::OkStatus();
   });
 }

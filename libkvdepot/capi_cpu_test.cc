@@ -85,6 +85,9 @@ TEST_P(CapiCpuTest, LayoutIsTheDaemons) {
   EXPECT_EQ(info.load_data_row_bytes, LoadDataRowBytes(f));
   EXPECT_EQ(info.load_scale_row_bytes, LoadScaleRowBytes(f));
   EXPECT_EQ(info.num_slots, ref_.num_slots());
+  EXPECT_EQ(info.tail_bytes, f.tail_bytes());
+  EXPECT_EQ(info.data_bytes + info.sf_bytes + info.tail_bytes,
+            info.bytes_per_token);
   EXPECT_EQ(info.layer_stride % 256, 0);
   char name[32];
   ASSERT_EQ(kvdk_layout_format_name(layout_.get(), name, sizeof(name)),
@@ -435,6 +438,42 @@ TEST(CapiIndexTest, SwaAndPrefillIndicesEqualThePlanner) {
                          absl::MakeSpan(want_cat))
                   .ok());
   EXPECT_EQ(cat, want_cat);
+}
+
+// DS_MLA_FP8's 656-byte record: 512 e4m3, 4 fp32 scales, a 64-value BF16
+// tail. A caller built against ABI 1's shorter struct gets its prefix and
+// nothing written past it.
+TEST(CapiTest, LayoutInfoTailAndTheShorterStruct) {
+  kvdk_layout* l = nullptr;
+  ASSERT_EQ(kvdk_layout_create("DS_MLA_FP8", 0, 64, 4, 2, &l), KVDK_OK)
+      << kvdk_last_error();
+  LayoutPtr own(l);
+  const kvdk_layout_info info = capi_test::Info(l);
+  EXPECT_EQ(info.data_bytes, 512);
+  EXPECT_EQ(info.sf_bytes, 16);
+  EXPECT_EQ(info.tail_bytes, 128);
+  EXPECT_EQ(info.bytes_per_token, 656);
+  EXPECT_EQ(capi_test::Info(MakeLayout("V41", 64, 4, 2).get()).tail_bytes, 0);
+
+  unsigned char raw[sizeof(kvdk_layout_info) + 8];
+  std::memset(raw, 0xAB, sizeof(raw));
+  ASSERT_EQ(kvdk_layout_get_info(l, reinterpret_cast<kvdk_layout_info*>(raw),
+                                 KVDK_LAYOUT_INFO_V1_BYTES),
+            KVDK_OK)
+      << kvdk_last_error();
+  EXPECT_EQ(std::memcmp(raw, &info, KVDK_LAYOUT_INFO_V1_BYTES), 0);
+  for (size_t i = KVDK_LAYOUT_INFO_V1_BYTES; i < sizeof(raw); ++i) {
+    ASSERT_EQ(raw[i], 0xAB) << "byte " << i << " written";
+  }
+  // A bigger caller (a later header) gets this struct's bytes only.
+  std::memset(raw, 0xAB, sizeof(raw));
+  ASSERT_EQ(kvdk_layout_get_info(l, reinterpret_cast<kvdk_layout_info*>(raw),
+                                 sizeof(raw)),
+            KVDK_OK);
+  EXPECT_EQ(std::memcmp(raw, &info, sizeof(info)), 0);
+  for (size_t i = sizeof(info); i < sizeof(raw); ++i) {
+    ASSERT_EQ(raw[i], 0xAB) << "byte " << i << " written";
+  }
 }
 
 TEST(CapiTest, VersionAndWorkspace) {

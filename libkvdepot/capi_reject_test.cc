@@ -76,7 +76,7 @@ TEST(CapiRejectTest, LayoutCreateDesc) {
   EXPECT_REFUSED(kvdk_layout_format_name(l, nullptr, 8), KVDK_ERR_INVALID,
                  "buf is null");
   kvdk_layout_info info;
-  EXPECT_REFUSED(kvdk_layout_get_info(l, &info, sizeof(info) - 8),
+  EXPECT_REFUSED(kvdk_layout_get_info(l, &info, KVDK_LAYOUT_INFO_V1_BYTES - 8),
                  KVDK_ERR_INVALID, "info_size");
   EXPECT_REFUSED(kvdk_layout_get_info(l, nullptr, sizeof(info)),
                  KVDK_ERR_INVALID, "info is null");

@@ -74,8 +74,9 @@ class SignaturesTest(unittest.TestCase):
     def test_struct_layouts(self):
         # The same numbers capi_c_test checks with sizeof/offsetof in C.
         self.assertEqual(ctypes.sizeof(K.FormatDesc), 32)
-        self.assertEqual(ctypes.sizeof(K.LayoutInfo), 22 * 8)
+        self.assertEqual(ctypes.sizeof(K.LayoutInfo), 23 * 8)
         self.assertEqual(K.LayoutInfo.num_slots.offset, 21 * 8)
+        self.assertEqual(K.LayoutInfo.tail_bytes.offset, 22 * 8)
         self.assertEqual(ctypes.sizeof(K.FusedParams), 64)
         self.assertEqual(K.FusedParams.norm_weight.offset, 8)
         self.assertEqual(K.FusedParams.eps.offset, 16)

@@ -140,7 +140,14 @@ typedef struct kvdk_layout_info {
   int64_t load_data_row_bytes;
   int64_t load_scale_row_bytes; /* 0 for do_cast formats */
   int64_t num_slots;            /* num_blocks * block_size */
+  /* Appended after ABI 1's first release; a caller built against the
+   * shorter struct passes KVDK_LAYOUT_INFO_V1_BYTES and gets the fields
+   * above only. */
+  int64_t tail_bytes; /* a quantized record's BF16 tail (DS_MLA_FP8: 128) */
 } kvdk_layout_info;
+
+/* The size of kvdk_layout_info before tail_bytes: the least info_size. */
+#define KVDK_LAYOUT_INFO_V1_BYTES 176
 
 /* SPEC §8 parameters. Arrays are host memory for *_cpu, device memory for
  * *_cuda (norm_weight and cos_sin 16-byte aligned there). */
@@ -178,7 +185,8 @@ int kvdk_layout_create_desc(const kvdk_format_desc* desc, int64_t block_size,
                             int64_t num_blocks, int64_t num_layers,
                             kvdk_layout** out);
 void kvdk_layout_destroy(kvdk_layout* layout); /* NULL is fine */
-/* info_size = sizeof(kvdk_layout_info) (at least). */
+/* info_size >= KVDK_LAYOUT_INFO_V1_BYTES: the first min(info_size,
+ * sizeof(kvdk_layout_info)) bytes are written, nothing past them. */
 int kvdk_layout_get_info(const kvdk_layout* layout, kvdk_layout_info* info,
                          int64_t info_size);
 /* The canonical format name ("BF16(512)"), NUL-terminated; capacity >= 32

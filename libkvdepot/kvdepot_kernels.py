@@ -83,6 +83,7 @@ class LayoutInfo(ctypes.Structure):
             "load_data_row_bytes",
             "load_scale_row_bytes",
             "num_slots",
+            "tail_bytes",  # after ABI 1's first release
         )
     ]
 

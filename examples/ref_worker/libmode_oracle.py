@@ -26,7 +26,7 @@ LAYOUT_FIELDS = ("block_size", "num_blocks", "num_layers", "block_stride",
                  "layer_bytes", "layer_stride", "total_bytes",
                  "bytes_per_token", "data_bytes", "sf_bytes",
                  "load_data_row_bytes", "load_scale_row_bytes",
-                 "elements_per_sf", "elements")
+                 "elements_per_sf", "elements", "tail_bytes")
 
 
 class Mismatch(AssertionError):

@@ -60,7 +60,7 @@ class LibraryModeTest(unittest.TestCase):
         self.assertGreater(o["compared_entries"], 1000)
         self.assertGreater(o["compared_bytes"], 0)
         self.assertGreater(o["pool_bytes_identical"], 0)
-        self.assertEqual(o["layout_fields_checked"], 3 * 14)
+        self.assertEqual(o["layout_fields_checked"], 3 * 15)
         for k in ("window_rows", "topk_slots", "prefill_index_rows",
                   "prefill_rows_bitexact"):
             self.assertGreater(o["checks_library"][k], 0, k)
