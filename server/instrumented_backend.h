@@ -62,8 +62,9 @@ class InstrumentedBackend final : public Backend {
     return inner_->CopyBytes(dst, src, n);
   }
   absl::Status CastBack(const KVCacheFormat& format, const void* kv,
-                        InputDtype dtype, int64_t n, void* out) override {
-    return inner_->CastBack(format, kv, dtype, n, out);
+                        InputDtype dtype, int64_t n, void* out,
+                        const GpuOrdering& ordering) override {
+    return inner_->CastBack(format, kv, dtype, n, out, ordering);
   }
   absl::Status AwaitClientEvent(const Memory& pool,
                                 absl::string_view wait_event,

@@ -133,30 +133,37 @@ absl::Status PlanPrefillLoad(const PoolLayout& sl, const PoolLayout& ml,
 absl::Status RunPrefillLoad(Backend& backend, const LayerRef& swa,
                             const LayerRef& main, const PrefillLoadPlan& plan,
                             const uint8_t* chunk_kv, InputDtype dtype,
-                            uint8_t* output, PrefillHostScratch* sc) {
+                            uint8_t* output, const GpuOrdering& ordering,
+                            std::string* recorded_event,
+                            PrefillHostScratch* sc) {
+  std::string ignored;
+  std::string* event = recorded_event != nullptr ? recorded_event : &ignored;
+  event->clear();
   const PrefillLayout& pl = plan.layout;
   const PoolLayout& sl = *swa.layout;
   const int64_t row_bytes = LoadDataRowBytes(sl.format);  // = main's
-  RETURN_IF_ERROR(backend.Load(sl, *swa.memory, swa.layer, plan.swa_segments,
-                               pl.swa_history_rows, output, nullptr));
+  RETURN_IF_ERROR(backend.LoadOrdered(sl, *swa.memory, swa.layer,
+                                      plan.swa_segments, pl.swa_history_rows,
+                                      output, nullptr, ordering, event));
   if (main.memory != nullptr) {  // else a consumer: the rows stay in place
-    RETURN_IF_ERROR(
-        backend.Load(*main.layout, *main.memory, main.layer, plan.main_segments,
-                     pl.compressed_rows,
-                     output + int64_t{pl.main_kv_offset} * row_bytes, nullptr));
+    RETURN_IF_ERROR(backend.LoadOrdered(
+        *main.layout, *main.memory, main.layer, plan.main_segments,
+        pl.compressed_rows, output + int64_t{pl.main_kv_offset} * row_bytes,
+        nullptr, ordering, event));
   }
   if (pl.chunk_rows == 0) return absl::OkStatus();
   // The cast-back on the backend's engine (the GPU: no bounce through host
   // memory), else on the host: the chunk and its output rows may be
   // device memory, so the host path works on copies.
   uint8_t* chunk_out = output + int64_t{pl.swa_history_rows} * row_bytes;
-  absl::Status on_backend =
-      backend.CastBack(sl.format, chunk_kv, dtype, pl.chunk_rows, chunk_out);
+  absl::Status on_backend = backend.CastBack(
+      sl.format, chunk_kv, dtype, pl.chunk_rows, chunk_out, ordering);
   if (on_backend.ok()) {
-    return backend.Store(sl, *swa.memory, swa.layer, chunk_kv, dtype,
-                         plan.store_slots);
+    return backend.StoreOrdered(sl, *swa.memory, swa.layer, chunk_kv, dtype,
+                                plan.store_slots, ordering, event);
   }
   if (on_backend.code() != absl::StatusCode::kUnimplemented) return on_backend;
+  // Host memory on both sides: CopyBytes waits for the loads above.
   const int64_t in_bytes = int64_t{pl.chunk_rows} * sl.format.elements() *
                            (dtype == InputDtype::kBF16 ? 2 : 4);
   const int64_t out_bytes = int64_t{pl.chunk_rows} * row_bytes;
@@ -168,8 +175,8 @@ absl::Status RunPrefillLoad(Backend& backend, const LayerRef& swa,
   RETURN_IF_ERROR(
       backend.CopyBytes(output + int64_t{pl.swa_history_rows} * row_bytes,
                         sc->chunk_out.data(), out_bytes));
-  return backend.Store(sl, *swa.memory, swa.layer, chunk_kv, dtype,
-                       plan.store_slots);
+  return backend.StoreOrdered(sl, *swa.memory, swa.layer, chunk_kv, dtype,
+                              plan.store_slots, ordering, event);
 }
 
 }  // namespace kvdepot

@@ -14,6 +14,7 @@
 #define KVDEPOT_SERVER_PREFILL_LOAD_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -68,13 +69,20 @@ struct PrefillHostScratch {
 // Runs `plan` (from PlanPrefillLoad with the same layouts). chunk_kv:
 // [chunk_rows][elements] of `dtype`; output: [total_rows][elements] BF16.
 // Both may be device memory (the backend's CopyBytes moves them). REQUIRES:
-// the caller holds both pools' locks; chunk_kv and output are disjoint.
-// main.memory == nullptr: a consumer layer (PlanSharedPrefillLoad); rows
+// the caller holds both pools' locks; chunk_kv and output are disjoint;
+// ordering.wait_event empty (the caller awaited it). main.memory ==
+// nullptr: a consumer layer (PlanSharedPrefillLoad); rows
 // [main_kv_offset, total_rows) are neither read nor written.
+// Every backend call gets `ordering` (the caller's session stream). With
+// ordering.record_event each is queued without waiting (inline host
+// operands excepted) and *recorded_event is set to the handle the last one
+// returned: the session stream's event, recorded after all of them.
 absl::Status RunPrefillLoad(Backend& backend, const LayerRef& swa,
                             const LayerRef& main, const PrefillLoadPlan& plan,
                             const uint8_t* chunk_kv, InputDtype dtype,
-                            uint8_t* output, PrefillHostScratch* scratch);
+                            uint8_t* output, const GpuOrdering& ordering,
+                            std::string* recorded_event,
+                            PrefillHostScratch* scratch);
 
 // The BF16 rows a store and then a load of n tokens of `format` return.
 //   kv: [n][elements] of dtype; out: [n][elements] BF16 (any alignment).

@@ -75,7 +75,8 @@ void RunAndCheck(Pools& p, const PrefillLoadPlan& plan, std::mt19937& rng) {
       RunPrefillLoad(*p.backend, LayerRef{&p.swa, p.swa_mem.get(), p.kSwaLayer},
                      LayerRef{&p.main, p.main_mem.get(), p.kMainLayer}, plan,
                      reinterpret_cast<const uint8_t*>(chunk.data()),
-                     InputDtype::kBF16, out.data(), &scratch)
+                     InputDtype::kBF16, out.data(), GpuOrdering{}, nullptr,
+                     &scratch)
           .ok());
 
   std::vector<uint8_t> want(out.size(), 0xCD);

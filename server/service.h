@@ -172,6 +172,11 @@ class KVCacheService final {
                                                    absl::string_view wait_event,
                                                    bool record_event);
 
+  // GPU ordering fields (wait_event_ipc_handle, record_event) need the
+  // cuda backend: INVALID_ARGUMENT naming the field otherwise.
+  absl::Status CheckGpuOrdering(absl::string_view wait_event,
+                                bool record_event) const;
+
   // Awaits a Store/Load's client event on the host (Backend::
   // AwaitClientEvent) before the pool's lock is taken, and returns the
   // ordering to queue the work with: no event left to wait on, the

@@ -72,24 +72,23 @@ class PoolLock {
   bool held_ = false;
 };
 
-// GPU ordering fields need a backend with CUDA events.
-absl::Status CheckOrdering(const Backend& backend, absl::string_view wait_event,
-                           bool record_event) {
-  if (backend.name() == "cuda" || (wait_event.empty() && !record_event)) {
+}  // namespace
+
+absl::Status KVCacheService::CheckGpuOrdering(absl::string_view wait_event,
+                                              bool record_event) const {
+  if (backend_->name() == "cuda" || (wait_event.empty() && !record_event)) {
     return absl::OkStatus();
   }
   return absl::InvalidArgumentError(absl::StrCat(
       wait_event.empty() ? "record_event" : "wait_event_ipc_handle",
       ": GPU ordering needs the cuda backend; this daemon runs the ",
-      backend.name(), " backend, whose replies already mean \"done\""));
+      backend_->name(), " backend, whose replies already mean \"done\""));
 }
-
-}  // namespace
 
 absl::StatusOr<std::shared_ptr<Pool>> KVCacheService::DataTarget(
     const Caller& caller, absl::string_view pool_name, int64_t layer,
     absl::string_view wait_event, bool record_event) {
-  RETURN_IF_ERROR(CheckOrdering(*backend_, wait_event, record_event));
+  RETURN_IF_ERROR(CheckGpuOrdering(wait_event, record_event));
   absl::StatusOr<std::shared_ptr<Pool>> pool =
       UsablePool(caller, "pool", pool_name);
   if (!pool.ok()) return pool.status();

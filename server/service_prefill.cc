@@ -40,6 +40,8 @@ absl::Status KVCacheService::DoPrefillLoad(Ctx* ctx, const Caller& caller,
   // window 0 = no SWA part, compress_ratio 0 = no compressed part (SPEC
   // §6); the absent part's pool may be left empty: the other one stands in
   // for it (nothing of it is read or written).
+  RETURN_IF_ERROR(
+      CheckGpuOrdering(r.wait_event_ipc_handle(), r.record_event()));
   const bool no_swa = r.window() == 0, no_main = r.compress_ratio() == 0;
   if (no_swa && no_main) {
     return absl::InvalidArgumentError(
@@ -174,12 +176,16 @@ absl::Status KVCacheService::DoPrefillLoad(Ctx* ctx, const Caller& caller,
   // The caller's event (e.g. after the previous layer's attention, which
   // reads the rows this call overwrites), awaited on the host before any
   // lock is taken or anything queued; the CPU backend refuses one.
-  GpuOrdering wait;
-  wait.wait_event = r.wait_event_ipc_handle();
-  RETURN_IF_ERROR(AwaitOrdering(ctx, caller, **swa, wait).status());
+  GpuOrdering requested;
+  requested.wait_event = r.wait_event_ipc_handle();
+  requested.record_event = r.record_event();
+  absl::StatusOr<GpuOrdering> ordering =
+      AwaitOrdering(ctx, caller, **swa, requested);
+  if (!ordering.ok()) return ordering.status();
+  std::string* event = out->mutable_recorded_event_ipc_handle();
   // A full load into a buffer slice is a possible source: the records it
-  // overwrites go now, its own once it completed (its reply means done,
-  // so a consumer that finds it queues after its work).
+  // overwrites go now, its own once its work is done or queued (a
+  // consumer's calls on the buffer queue behind that work in the daemon).
   const bool records = !shared && output->buffer != nullptr;
   if (records) {
     prefill_sources_.Forget(output->buffer->id, output->offset, output->size);
@@ -207,7 +213,7 @@ absl::Status KVCacheService::DoPrefillLoad(Ctx* ctx, const Caller& caller,
     return RunPrefillLoad(*backend_,
                           LayerRef{&sl, (*swa)->memory.get(), swa_layer},
                           LayerRef{&ml, nullptr, main_layer}, sc.plan, kv->data,
-                          *dtype, output->data, &sc.host);
+                          *dtype, output->data, *ordering, event, &sc.host);
   }
   // Lock both pools (once when they are the same), in address order.
   Pool* first = swa->get();
@@ -218,10 +224,10 @@ absl::Status KVCacheService::DoPrefillLoad(Ctx* ctx, const Caller& caller,
   std::optional<absl::MutexLock> lock2;
   if (!same) lock2.emplace(&second->mu);
 
-  return record(
-      RunPrefillLoad(*backend_, LayerRef{&sl, (*swa)->memory.get(), swa_layer},
-                     LayerRef{&ml, (*main)->memory.get(), main_layer}, sc.plan,
-                     kv->data, *dtype, output->data, &sc.host));
+  return record(RunPrefillLoad(
+      *backend_, LayerRef{&sl, (*swa)->memory.get(), swa_layer},
+      LayerRef{&ml, (*main)->memory.get(), main_layer}, sc.plan, kv->data,
+      *dtype, output->data, *ordering, event, &sc.host));
 }
 
 }  // namespace kvdepot

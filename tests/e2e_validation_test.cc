@@ -274,6 +274,16 @@ TEST_F(ValidationTest, PrefillLoadRejectsEveryInvalidField) {
   *r.mutable_chunk_kv() = buf_->Slice(0, 5 * 512 * 2);
   *r.mutable_output() = buf_->Slice(4096, 4 * 2 * 1024 + 5 * 1024 + 6 * 1024);
   EXPECT_REJECTED(c_->PrefillLoad(r), kInvalidArgument, "overlaps output");
+  // GPU ordering on the CPU backend (its replies mean done), checked
+  // before anything else: a request otherwise good.
+  r = GoodPrefill();
+  r.set_record_event(true);
+  EXPECT_REJECTED(c_->PrefillLoad(r), kInvalidArgument,
+                  "record_event: GPU ordering needs the cuda backend");
+  r = GoodPrefill();
+  r.set_wait_event_ipc_handle(std::string(64, 'x'));
+  EXPECT_REJECTED(c_->PrefillLoad(r), kInvalidArgument,
+                  "wait_event_ipc_handle: GPU ordering needs the cuda backend");
 }
 
 TEST_F(ValidationTest, IndexPoolBufferAndSessionRequestsAreChecked) {

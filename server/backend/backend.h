@@ -215,12 +215,16 @@ class Backend {
   // `format`'s quantization and back, written to `out` as BF16 rows
   // (LoadDataRowBytes each), bit-exact with the CPU reference (encode,
   // decode, round to BF16). After the backend's earlier calls on the
-  // memory involved. UNIMPLEMENTED = the caller casts on the host (the
-  // CPU backend, whose memory is host memory). REQUIRES: a do_cast
-  // format, validated sizes.
+  // memory involved, on ordering.session's stream; with
+  // ordering.record_event it returns once queued (unless `out` is host
+  // memory), else when done. ordering.wait_event must be empty (awaited
+  // by the caller). UNIMPLEMENTED = the caller casts on the host (the CPU
+  // backend, whose memory is host memory). REQUIRES: a do_cast format,
+  // validated sizes.
   virtual absl::Status CastBack(const KVCacheFormat& /*format*/,
                                 const void* /*kv*/, InputDtype /*dtype*/,
-                                int64_t /*n*/, void* /*out*/) {
+                                int64_t /*n*/, void* /*out*/,
+                                const GpuOrdering& /*ordering*/) {
     return absl::UnimplementedError("cast-back on the host");
   }
 

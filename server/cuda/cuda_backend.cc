@@ -6,8 +6,10 @@
 #include <atomic>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -198,7 +200,8 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status CastBack(const KVCacheFormat& format, const void* kv,
-                        InputDtype dtype, int64_t n, void* out) override;
+                        InputDtype dtype, int64_t n, void* out,
+                        const GpuOrdering& ordering) override;
 
   absl::Status StoreOrdered(const PoolLayout& layout, const Memory& pool,
                             int64_t layer, const void* kv, InputDtype dtype,
@@ -221,12 +224,40 @@ class CudaBackend final : public Backend {
     absl::StatusOr<SessionStream*> stream = StreamFor(*mem, device, 0);
     if (!stream.ok()) return stream.status();
     cudaStream_t st = (*stream)->stream();
+    // The operands' memory (request buffers; inline bytes have no fence):
+    // after the daemon's earlier work on it, and noted for later calls.
+    const int64_t n = static_cast<int64_t>(slot_mapping.size());
+    const int64_t row_bytes = 2 * int64_t{layout.format.elements()};
+    const bool rope = params.rope != RopeStyle::kNone;
+    const std::pair<const void*, int64_t> spans[] = {
+        {kv, n * row_bytes},
+        {cast_back, cast_back != nullptr ? n * row_bytes : 0},
+        {params.norm_weight,
+         params.norm() ? 2 * int64_t{params.norm_end - params.norm_begin} : 0},
+        {params.positions, rope ? 8 * n : 0},
+        {params.cos_sin, rope ? 4 * params.max_position * params.rope_dim : 0}};
+    std::vector<std::shared_ptr<void>> fences;
+    for (const auto& [p, bytes] : spans) {
+      if (p == nullptr || bytes == 0) continue;
+      absl::StatusOr<std::optional<DeviceRanges::Range>> r =
+          ranges_->Find(p, bytes);
+      if (!r.ok()) return r.status();
+      if (!r->has_value() || (*r)->fence == nullptr) continue;
+      RETURN_IF_ERROR(
+          static_cast<UseFence*>((*r)->fence.get())->OrderAfter(st));
+      fences.push_back((*r)->fence);
+    }
     absl::Status s = CudaStoreFused(st, layout, pool, layer, kv, params,
                                     slot_mapping, cast_back);
-    if ((*mem)->fence() != nullptr) {
+    if ((*mem)->fence() != nullptr || !fences.empty()) {
       absl::StatusOr<CallEvent> done = call_events_.Record(device, st);
       if (done.ok()) {
-        static_cast<UseFence*>((*mem)->fence().get())->Note(st, *done);
+        if ((*mem)->fence() != nullptr) {
+          static_cast<UseFence*>((*mem)->fence().get())->Note(st, *done);
+        }
+        for (const std::shared_ptr<void>& fence : fences) {
+          static_cast<UseFence*>(fence.get())->Note(st, *done);
+        }
       } else if (s.ok()) {
         s = done.status();
       }
@@ -374,13 +405,14 @@ class CudaBackend final : public Backend {
       if (!handle.ok()) return handle.status();
       if (recorded_event != nullptr) *recorded_event = *std::move(handle);
     }
-    if (ordering.record_event && host_outputs.empty()) {
-      for (const Operand* op : device_operands) {
-        if (op->fence != nullptr) {
-          static_cast<UseFence*>(op->fence.get())->Note(st, done);
-        }
+    // Also when this call waits below: a call on another stream that
+    // arrives meanwhile queues behind this one (OrderAfterOperands).
+    for (const Operand* op : device_operands) {
+      if (op->fence != nullptr) {
+        static_cast<UseFence*>(op->fence.get())->Note(st, done);
       }
-    } else {
+    }
+    if (!ordering.record_event || !host_outputs.empty()) {
       // This call's work only (its event), not its stream's.
       RETURN_IF_ERROR(lease->WaitUsed());
       for (const Operand& op : host_outputs) {
@@ -405,6 +437,21 @@ class CudaBackend final : public Backend {
     return s;
   }
 
+  // Orders `stream` after the daemon's earlier work on the memory of each
+  // device operand (its UseFence), as RunIndex and CastBack do: a call
+  // that reads a buffer another session's stream still writes, or writes
+  // one still being read there, queues behind that work.
+  static absl::Status OrderAfterOperands(
+      cudaStream_t stream, std::initializer_list<const Operand*> ops) {
+    for (const Operand* op : ops) {
+      if (op->fence != nullptr) {
+        RETURN_IF_ERROR(
+            static_cast<UseFence*>(op->fence.get())->OrderAfter(stream));
+      }
+    }
+    return absl::OkStatus();
+  }
+
   const int device_count_;
   const bool legacy_ipc_;
   const absl::Duration wait_timeout_;
@@ -422,7 +469,8 @@ class CudaBackend final : public Backend {
 // as BF16 rows (a do_cast load decodes), both on the GPU; bit-exact with
 // the CPU reference because Store and LoadSegments are.
 absl::Status CudaBackend::CastBack(const KVCacheFormat& f, const void* kv,
-                                   InputDtype dtype, int64_t n, void* out) {
+                                   InputDtype dtype, int64_t n, void* out,
+                                   const GpuOrdering& ordering) {
   constexpr int64_t kCastBackBlock = 64;
   if (n <= 0) return absl::OkStatus();
   const int64_t kv_bytes =
@@ -437,7 +485,10 @@ absl::Status CudaBackend::CastBack(const KVCacheFormat& f, const void* kv,
     if (!r.ok()) return r.status();
     if (r->has_value() && device < 0) device = (*r)->device;
   }
-  if (device < 0) return Backend::CastBack(f, kv, dtype, n, out);
+  if (device < 0) return Backend::CastBack(f, kv, dtype, n, out, ordering);
+  if (!ordering.wait_event.empty()) {
+    return absl::InternalError("CastBack: the caller awaits wait_event");
+  }
   absl::StatusOr<ScopedCudaDevice> scoped = ScopedCudaDevice::Enter(device);
   if (!scoped.ok()) return scoped.status();
   const int64_t blocks = (n + kCastBackBlock - 1) / kCastBackBlock;
@@ -465,15 +516,12 @@ absl::Status CudaBackend::CastBack(const KVCacheFormat& f, const void* kv,
   }
   absl::StatusOr<StagingPool::Lease> lease = staging_.Acquire(device, staged);
   if (!lease.ok()) return lease.status();
-  absl::StatusOr<SessionStream*> stream = streams_.For(device, 0);
+  absl::StatusOr<SessionStream*> stream =
+      streams_.For(device, ordering.session);
   if (!stream.ok()) return stream.status();
   cudaStream_t st = (*stream)->stream();
   // After earlier work on the chunk's and the output's memory.
-  for (const Operand* op : {&*kv_op, &*out_op}) {
-    if (op->fence != nullptr) {
-      RETURN_IF_ERROR(static_cast<UseFence*>(op->fence.get())->OrderAfter(st));
-    }
-  }
+  RETURN_IF_ERROR(OrderAfterOperands(st, {&*kv_op, &*out_op}));
   Queued queued{st};
   uint8_t* host = (*lease)->host();
   uint8_t* dev = (*lease)->dev();
@@ -528,8 +576,18 @@ absl::Status CudaBackend::CastBack(const KVCacheFormat& f, const void* kv,
                          "copying the cast-back rows to a misaligned slice");
   }
   ASSIGN_OR_RETURN(CallEvent done, call_events_.Record(device, st));
+  // Calls on other streams that arrive while this one runs queue behind it.
+  for (const Operand* op : {&*kv_op, &*out_op}) {
+    if (op->fence != nullptr) {
+      static_cast<UseFence*>(op->fence.get())->Note(st, done);
+    }
+  }
   (*lease)->MarkUsed(std::move(done));
-  RETURN_IF_ERROR((*lease)->WaitUsed());
+  // record_event: the caller records the stream's event after its last
+  // call; the staging stays leased to this call's event until then.
+  if (!ordering.record_event || out_op->where == Where::kHost) {
+    RETURN_IF_ERROR((*lease)->WaitUsed());
+  }
   if (out_op->where == Where::kHost) {
     std::memcpy(out, host + out_op->offset, static_cast<size_t>(out_bytes));
   }
@@ -572,6 +630,7 @@ absl::Status CudaBackend::StoreOrdered(const PoolLayout& layout,
       StreamFor(*mem, device, ordering.session);
   if (!stream.ok()) return stream.status();
   cudaStream_t st = (*stream)->stream();
+  RETURN_IF_ERROR(OrderAfterOperands(st, {&*kv_op}));
   Queued queued{st};
   uint8_t* host = (*lease)->host();
   uint8_t* dev = (*lease)->dev();
@@ -652,6 +711,7 @@ absl::Status CudaBackend::LoadOrdered(const PoolLayout& layout,
       StreamFor(*mem, device, ordering.session);
   if (!stream.ok()) return stream.status();
   cudaStream_t st = (*stream)->stream();
+  RETURN_IF_ERROR(OrderAfterOperands(st, {&*data_op, &*scale_op}));
   Queued queued{st};
   uint8_t* host = (*lease)->host();
   uint8_t* dev = (*lease)->dev();

@@ -3,7 +3,9 @@
 // (chunk and output in device buffers shared by IPC) and to a second
 // kvdepotd --backend=cpu (inline bytes). The outputs, the replies and the
 // SWA rings after the chunk's store must be byte-identical (SPEC §3: the
-// GPU kernels are bit-exact with the CPU reference).
+// GPU kernels are bit-exact with the CPU reference). Run twice: the reply
+// meaning done, and with record_event (the reply at once with the session
+// stream's event, waited for here before anything is read).
 #include <cuda_runtime_api.h>
 
 #include <cstring>
@@ -11,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cuda/cuda_events.h"
 #include "common/cuda/cuda_mappings.h"
 #include "gtest/gtest.h"
 #include "tests/daemon_process.h"
@@ -35,9 +38,11 @@ void FillPool(KVCacheClient& c, const std::string& pool, int64_t slots,
   ASSERT_TRUE(s.ok()) << pool << ": " << s.status();
 }
 
-using CudaPrefillTest = GpuTest;
+class CudaPrefillTest : public GpuTest,
+                        public ::testing::WithParamInterface<bool> {};
 
-TEST_F(CudaPrefillTest, MatchesTheCpuBackendByteForByte) {
+TEST_P(CudaPrefillTest, MatchesTheCpuBackendByteForByte) {
+  const bool record_event = GetParam();
   absl::StatusOr<std::unique_ptr<DaemonProcess>> cpu_daemon =
       DaemonProcess::Start({"--backend=cpu", "--log_level=warn"},
                            DaemonBinary());
@@ -109,8 +114,18 @@ TEST_F(CudaPrefillTest, MatchesTheCpuBackendByteForByte) {
   v1::PrefillLoadRequest on_gpu = r;
   *on_gpu.mutable_chunk_kv() = SliceRef(in_buf->buffer_id(), 0, chunk.size());
   *on_gpu.mutable_output() = SliceRef(out_buf->buffer_id(), 0, out_bytes);
+  on_gpu.set_record_event(record_event);
   absl::StatusOr<v1::PrefillLoadResponse> got = client_->PrefillLoad(on_gpu);
   ASSERT_TRUE(got.ok()) << "CUDA PrefillLoad: " << got.status();
+  EXPECT_TRUE(want->recorded_event_ipc_handle().empty());
+  if (record_event) {
+    absl::StatusOr<CudaIpcEvent> done = CudaIpcEvent::Open(
+        "recorded_event_ipc_handle", got->recorded_event_ipc_handle(), 0);
+    ASSERT_TRUE(done.ok()) << done.status();
+    ASSERT_OK(Cuda(cudaEventSynchronize(done->get()), "waiting on the event"));
+  } else {
+    EXPECT_TRUE(got->recorded_event_ipc_handle().empty());
+  }
   EXPECT_EQ(got->total_k_swa(), want->total_k_swa());
   EXPECT_EQ(got->chunk_offset(), want->chunk_offset());
   EXPECT_EQ(got->main_kv_offset(), want->main_kv_offset());
@@ -153,6 +168,11 @@ TEST_F(CudaPrefillTest, MatchesTheCpuBackendByteForByte) {
     ASSERT_OK(c->DeletePool("pf_main"));
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Ordering, CudaPrefillTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return i.param ? "RecordEvent" : "ReplyMeansDone";
+                         });
 
 }  // namespace
 }  // namespace kvdepot::testing

@@ -241,5 +241,66 @@ TEST_F(CudaSharedPrefillControlTest, WithoutTheEventTheRaceShows) {
   std::cout << "[control] the race showed without the event\n";
 }
 
+// record_event: the source sent by one session and replied at once, the
+// consumers sent at once by a second session granted the buffer and the
+// pools, each replied at once too. The daemon queues the consumers behind
+// the source (the SWA pool and the buffer are both still in use on the
+// source's stream); after both sessions' events the buffer equals a full
+// load of the last consumer layer and every ring its mirror.
+using CudaSharedPrefillAsyncTest = CudaSharedPrefillTest;
+
+TEST_F(CudaSharedPrefillAsyncTest, RecordEventSourceThenConsumersElsewhere) {
+  ASSERT_NO_FATAL_FAILURE(
+      SetUpGroup(SharedCase{"async", "V41", "V41", 512, 16, 4, 4096, 4096, 3}));
+  std::unique_ptr<KVCacheClient> b = ConnectOrDie(DaemonSocket());
+  ASSERT_NE(b, nullptr);
+  for (int i = 0; i < 3; ++i) {
+    v1::GrantRequest g;
+    if (i == 0) g.set_buffer_id(buffer_id_);
+    if (i == 1) g.set_pool(swa_);
+    if (i == 2) g.set_pool(main_);
+    g.add_sessions(b->session_number());
+    ASSERT_OK(client_->Grant(g));
+  }
+  auto wait = [](const std::string& handle, const char* what) {
+    ASSERT_FALSE(handle.empty()) << what << ": no recorded event";
+    absl::StatusOr<CudaIpcEvent> e =
+        CudaIpcEvent::Open("recorded_event_ipc_handle", handle, 0);
+    ASSERT_TRUE(e.ok()) << what << ": " << e.status();
+    ASSERT_OK(Cuda(cudaEventSynchronize(e->get()), what));
+  };
+  v1::PrefillLoadRequest src = g_.Full(swa_, main_, 0);
+  src.mutable_chunk_kv()->set_inline_data(chunks_[0]);
+  *src.mutable_output() = Slice();
+  src.set_record_event(true);
+  absl::StatusOr<v1::PrefillLoadResponse> s = client_->PrefillLoad(src);
+  ASSERT_TRUE(s.ok()) << "source PrefillLoad: " << s.status();
+  std::string last;
+  for (int64_t l = 1; l <= g_.c.consumers; ++l) {
+    v1::PrefillLoadRequest r = g_.Consumer(swa_, main_, l);
+    r.mutable_chunk_kv()->set_inline_data(chunks_[l]);
+    *r.mutable_output() = Slice();
+    r.set_record_event(true);
+    absl::StatusOr<v1::PrefillLoadResponse> got = b->PrefillLoad(r);
+    ASSERT_TRUE(got.ok()) << "consumer " << l << ": " << got.status();
+    last = got->recorded_event_ipc_handle();
+  }
+  ASSERT_NO_FATAL_FAILURE(wait(s->recorded_event_ipc_handle(), "source"));
+  ASSERT_NO_FATAL_FAILURE(wait(last, "last consumer"));
+  const std::string want = Reference(g_.c.consumers);
+  ASSERT_EQ(static_cast<int64_t>(want.size()), g_.output_bytes());
+  EXPECT_EQ(CompareRows(reinterpret_cast<const uint8_t*>(want.data()),
+                        Read(out_->data(), g_.output_bytes()).data(),
+                        g_.output_bytes()),
+            "")
+      << "the buffer after the last consumer vs its full load";
+  for (int64_t l = 1; l < g_.c.consumers; ++l) (void)Reference(l);
+  (void)Reference(0);
+  for (int64_t l = 0; l <= g_.c.consumers; ++l) {
+    SCOPED_TRACE("layer " + std::to_string(l));
+    ASSERT_NO_FATAL_FAILURE(ExpectRingsEqual(l));
+  }
+}
+
 }  // namespace
 }  // namespace kvdepot::testing
