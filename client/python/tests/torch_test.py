@@ -3,6 +3,7 @@
 trips against the NumPy / bytes path, the index RPCs, and every input check
 (before anything is sent). Skipped where torch is not installed."""
 
+import ctypes
 import gc
 import os
 import random
@@ -476,6 +477,18 @@ class TorchTest(unittest.TestCase):
 
         if _worker_lib._lib is not None:
             self.skipTest("the worker library is loaded already")
+        # Found elsewhere (a wheel carrying it, LD_LIBRARY_PATH: the GPU
+        # host's bundle): the refusal cannot happen there.
+        here = os.path.join(os.path.dirname(_worker_lib.__file__),
+                            _worker_lib.LIBRARY_NAME)
+        if os.path.exists(here):
+            self.skipTest(f"{here} exists")
+        try:
+            ctypes.CDLL(_worker_lib.LIBRARY_NAME)
+            self.skipTest("the dynamic loader finds "
+                          + _worker_lib.LIBRARY_NAME)
+        except OSError:
+            pass
         env = dict(os.environ)
         try:
             os.environ["KVDEPOT_WORKER_LIB"] = "/nonexistent/libkvd.so"
