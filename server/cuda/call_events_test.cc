@@ -232,6 +232,31 @@ TEST_F(CallEventsTest, InlineCallIsDeferredInsteadOfWaitingAtTheBound) {
   EXPECT_EQ((*lease)->host(), busy);
 }
 
+// The byte bound: with 1 MiB in Stagings no new one is made, whatever the
+// count; the call takes the longest-returned one (an inline call: deferred
+// while that one's call runs).
+TEST_F(CallEventsTest, NoNewStagingPastTheByteBound) {
+  CallEvents events;
+  StagingPool pool(/*max_per_device=*/256, /*max_bytes_per_device=*/1 << 20);
+  Gate gate;
+  uint8_t* busy = ReturnBusy(pool, events, gate, a_, 1 << 20);
+  ASSERT_NE(busy, nullptr);
+  {
+    InlineCall inline_call;
+    absl::StatusOr<StagingPool::Lease> lease = pool.Acquire(0, 1024);
+    EXPECT_EQ(lease.status().code(), absl::StatusCode::kUnavailable)
+        << lease.status();
+    EXPECT_TRUE(inline_call.deferred());
+    EXPECT_NE(lease.status().message().find("1048576 bytes"),
+              absl::string_view::npos)
+        << lease.status();
+  }
+  gate.Release();
+  absl::StatusOr<StagingPool::Lease> lease = pool.Acquire(0, 1024);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_EQ((*lease)->host(), busy);
+}
+
 TEST_F(CallEventsTest, InlineCallDoesNotGrowAStaging) {
   StagingPool pool(/*max_per_device=*/1);
   uint8_t* small = nullptr;

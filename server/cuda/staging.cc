@@ -90,11 +90,13 @@ absl::StatusOr<StagingPool::Lease> StagingPool::Acquire(int device,
     Device& d = devices_[device];
     const bool fits = !d.free.empty() && d.free.front()->Ready() &&
                       d.free.front()->capacity() >= bytes;
-    if (fits || (!d.free.empty() && d.created >= max_per_device_)) {
+    const bool at_bound =
+        d.created >= max_per_device_ || d.bytes >= max_bytes_per_device_;
+    if (fits || (!d.free.empty() && at_bound)) {
       if (!fits && !MayWait()) {
-        return DeferInlineCall(
-            absl::StrCat("all ", d.created, " staging buffers of cuda:", device,
-                         " are in use by calls still running"));
+        return DeferInlineCall(absl::StrCat(
+            "all ", d.created, " staging buffers of cuda:", device, " (",
+            d.bytes, " bytes) are in use by calls still running"));
       }
       staging = std::move(d.free.front());
       d.free.pop_front();
@@ -113,7 +115,13 @@ absl::StatusOr<StagingPool::Lease> StagingPool::Acquire(int device,
   }
   // On failure the Staging goes back to the pool (its event is valid).
   Lease lease(this, std::move(staging));
-  RETURN_IF_ERROR(lease->Prepare(bytes));
+  const int64_t before = lease->capacity();
+  const absl::Status prepared = lease->Prepare(bytes);
+  if (lease->capacity() != before) {  // grown (or freed by a failed grow)
+    absl::MutexLock lock(&mu_);
+    devices_[device].bytes += lease->capacity() - before;
+  }
+  RETURN_IF_ERROR(prepared);
   return lease;
 }
 

@@ -6,10 +6,11 @@
 // call's last work) and gives it back. Calls that return without
 // synchronizing (GPU ordering by events) leave their Staging in use by the
 // GPU: the pool hands out only Stagings whose last call finished, or makes
-// a new one, up to a bound per device; beyond it a worker thread waits for
-// the longest-returned one, and an inline call is deferred instead
-// (server/backend/inline_call.h: gRPC's threads never wait for the GPU).
-// Buffers only grow: steady-state requests allocate nothing.
+// a new one, up to a bound per device (256 Stagings or 1 GiB); beyond it a
+// worker thread waits for the longest-returned one, and an inline call is
+// deferred instead (server/backend/inline_call.h: gRPC's threads never
+// wait for the GPU). Buffers only grow: steady-state requests allocate
+// nothing.
 #ifndef KVDEPOT_SERVER_CUDA_STAGING_H_
 #define KVDEPOT_SERVER_CUDA_STAGING_H_
 
@@ -89,28 +90,40 @@ class StagingPool {
   // 61-layer step of per-layer calls is 183), 64 KiB of pinned and of
   // device memory each at the least.
   static constexpr int kDefaultMaxPerDevice = 256;
+  // Pinned (and as much device) memory per device past which no new
+  // Staging is made: calls then reuse the longest-returned one, as at the
+  // count bound. Without it a client that keeps many large inline calls in
+  // flight while the GPU is busy could make the daemon pin up to 256 times
+  // its largest request (--max_message_bytes). Growing a reused Staging
+  // may still pass it by at most one request's bytes per Staging.
+  static constexpr int64_t kDefaultMaxBytesPerDevice = int64_t{1} << 30;
 
-  explicit StagingPool(int max_per_device = kDefaultMaxPerDevice)
-      : max_per_device_(max_per_device) {}
+  explicit StagingPool(int max_per_device = kDefaultMaxPerDevice,
+                       int64_t max_bytes_per_device = kDefaultMaxBytesPerDevice)
+      : max_per_device_(max_per_device),
+        max_bytes_per_device_(max_bytes_per_device) {}
   StagingPool(const StagingPool&) = delete;
   StagingPool& operator=(const StagingPool&) = delete;
 
   // A Staging of `device` holding at least `bytes`, its previous user's
   // work finished: the longest-returned one if its call finished and it is
   // large enough, else a new one while the device has fewer than
-  // max_per_device, else the longest-returned one once its call finishes
-  // (an inline call: deferred, UNAVAILABLE). REQUIRES: `device` is current.
+  // max_per_device and less than max_bytes_per_device in Stagings, else
+  // the longest-returned one once its call finishes (an inline call:
+  // deferred, UNAVAILABLE). REQUIRES: `device` is current.
   absl::StatusOr<Lease> Acquire(int device, int64_t bytes);
 
  private:
   struct Device {
     std::deque<std::unique_ptr<Staging>> free;  // oldest return first
     int created = 0;
+    int64_t bytes = 0;  // capacity of every Staging made, free or leased
   };
 
   void Return(std::unique_ptr<Staging> staging);
 
   const int max_per_device_;
+  const int64_t max_bytes_per_device_;
   absl::Mutex mu_;
   absl::flat_hash_map<int, Device> devices_ ABSL_GUARDED_BY(mu_);  // ordinal
 };
