@@ -18,31 +18,10 @@
 #include "server/backend/inline_call.h"
 #include "server/cuda/cuda_memory.h"
 #include "server/cuda/staging.h"
+#include "server/cuda/test_gate.h"
 
 namespace kvdepot {
 namespace {
-
-// A host function parked on a stream until Release(): everything queued
-// behind it waits.
-class Gate {
- public:
-  void Park(cudaStream_t stream) {
-    ASSERT_EQ(cudaLaunchHostFunc(
-                  stream,
-                  [](void* self) {
-                    static_cast<Gate*>(self)->open_.WaitForNotification();
-                  },
-                  this),
-              cudaSuccess);
-  }
-  void Release() {
-    if (!open_.HasBeenNotified()) open_.Notify();
-  }
-  ~Gate() { Release(); }
-
- private:
-  absl::Notification open_;
-};
 
 class CallEventsTest : public ::testing::Test {
  protected:

@@ -15,7 +15,6 @@
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "kernels/format_host.h"
@@ -25,6 +24,7 @@
 #include "server/cuda/call_events.h"
 #include "server/cuda/cuda_backend.h"
 #include "server/cuda/cuda_memory.h"
+#include "server/cuda/test_gate.h"
 
 namespace kvdepot {
 namespace {
@@ -32,28 +32,6 @@ namespace {
 constexpr int64_t kBlockSize = 64;
 constexpr int64_t kBlocks = 16;
 constexpr int64_t kTokens = kBlockSize * kBlocks;
-
-// A host function parked on a stream until Release(): work queued behind
-// it waits.
-class Gate {
- public:
-  void Park(cudaStream_t stream) {
-    ASSERT_EQ(cudaLaunchHostFunc(
-                  stream,
-                  [](void* self) {
-                    static_cast<Gate*>(self)->open_.WaitForNotification();
-                  },
-                  this),
-              cudaSuccess);
-  }
-  void Release() {
-    if (!open_.HasBeenNotified()) open_.Notify();
-  }
-  ~Gate() { Release(); }
-
- private:
-  absl::Notification open_;
-};
 
 class OperandOrderTest : public ::testing::Test {
  protected:
@@ -117,6 +95,15 @@ class OperandOrderTest : public ::testing::Test {
     static_cast<UseFence*>(mem->fence().get())->Note(other_, *e);
   }
 
+  // x_ set to `value` bytes by other_ behind `gate`, noted on x_'s fence.
+  void WriteXBehind(Gate& gate, int value) {
+    ASSERT_NO_FATAL_FAILURE(gate.Park(other_));
+    ASSERT_EQ(cudaMemsetAsync(x_->data(), value, static_cast<size_t>(kv_bytes_),
+                              other_),
+              cudaSuccess);
+    ASSERT_NO_FATAL_FAILURE(NoteOnX());
+  }
+
   // x_ filled with `value` bytes, synchronously.
   void Fill(int value) {
     ASSERT_EQ(cudaMemset(x_->data(), value, static_cast<size_t>(kv_bytes_)),
@@ -157,11 +144,7 @@ class OperandOrderTest : public ::testing::Test {
 TEST_F(OperandOrderTest, StoreWaitsForAWriterOfItsInput) {
   ASSERT_NO_FATAL_FAILURE(Fill(0x3C));
   Gate gate;
-  ASSERT_NO_FATAL_FAILURE(gate.Park(other_));
-  ASSERT_EQ(
-      cudaMemsetAsync(x_->data(), 0x40, static_cast<size_t>(kv_bytes_), other_),
-      cudaSuccess);
-  ASSERT_NO_FATAL_FAILURE(NoteOnX());
+  ASSERT_NO_FATAL_FAILURE(WriteXBehind(gate, 0x40));
   ASSERT_TRUE(backend_
                   ->StoreOrdered(layout_, *pool_, 0, x_->data(),
                                  InputDtype::kBF16, slots_, ordering_, &event_)
@@ -210,11 +193,7 @@ TEST_F(OperandOrderTest, LoadWaitsForAReaderOfItsOutput) {
 TEST_F(OperandOrderTest, FusedStoreWaitsForAWriterOfItsInput) {
   ASSERT_NO_FATAL_FAILURE(Fill(0x3C));
   Gate gate;
-  ASSERT_NO_FATAL_FAILURE(gate.Park(other_));
-  ASSERT_EQ(
-      cudaMemsetAsync(x_->data(), 0x40, static_cast<size_t>(kv_bytes_), other_),
-      cudaSuccess);
-  ASSERT_NO_FATAL_FAILURE(NoteOnX());
+  ASSERT_NO_FATAL_FAILURE(WriteXBehind(gate, 0x40));
   std::thread release([&gate] {
     absl::SleepFor(absl::Milliseconds(100));
     gate.Release();

@@ -792,12 +792,15 @@ class Client:
                      swa_valid_start: Any = None,
                      max_blocks_per_seq: Optional[int] = None,
                      dtype: Optional[str] = None,
-                     out: Any = INLINE) -> PrefillLoadResult:
+                     out: Any = INLINE,
+                     wait_event: bytes = b"") -> PrefillLoadResult:
         """One prefill chunk (SPEC §6): the buffer [SWA history | chunk |
         compressed rows] of BF16 rows, then the chunk stored into the SWA
         rings. Arrays are int32[num_seqs] (block_table
         int32[num_seqs][max_blocks_per_seq]); chunk_kv is
-        [sum seqlen_q, elements] of dtype."""
+        [sum seqlen_q, elements] of dtype. wait_event (CUDA backend): as
+        for store(), an event recorded after whatever writes chunk_kv and
+        still reads the output slice."""
         seqlens, num_seqs, _ = pack_int32(seqlen_k, "seqlen_k")
         table, _, cols = pack_int32_2d(block_table, "block_table",
                                        rows=num_seqs, cols=max_blocks_per_seq)
@@ -813,7 +816,7 @@ class Client:
             max_blocks_per_seq=cols, block_table=table,
             dtype=_dtype(chunk_kv, dtype, "chunk_kv"),
             chunk_kv=_data_ref(chunk_kv, "chunk_kv"),
-            output=_out_ref(out, "out")))
+            output=_out_ref(out, "out"), wait_event_ipc_handle=wait_event))
         return PrefillLoadResult(
             total_k_swa=r.total_k_swa, chunk_offset=r.chunk_offset,
             main_kv_offset=r.main_kv_offset, total_rows=r.total_rows,

@@ -490,13 +490,17 @@ def prefill_load(client: Client, swa_pool: str, swa_layer: int,
     the PrefillLoadResult). out: as for load()."""
     chunk = _check_tensor(chunk_kv, "chunk_kv", tuple(_KV_DTYPES), 2)
     table = _check_tensor(block_table, "block_table", (torch.int32,), 2)
-    data, _ = _data_arg(client, chunk, "chunk_kv")
-    if isinstance(data, Slice) and chunk.device.type == "cuda":
-        torch.cuda.current_stream(chunk.device).synchronize()
+    # An event on the current stream (after what writes the chunk and what
+    # still reads the output's rows, e.g. the previous layer's attention),
+    # awaited by the daemon: no host synchronization here.
+    data, event = _data_arg(client, chunk, "chunk_kv")
     out_ref = _out_arg(client, out, "out", None)
     if isinstance(out_ref, Slice) and out is not None and \
             out.device.type == "cuda":
-        torch.cuda.current_stream(out.device).synchronize()
+        if not event:
+            event = _stream_event(out.device)
+        elif out.device != chunk.device:   # one event per request
+            torch.cuda.current_stream(out.device).synchronize()
     r = client.prefill_load(
         swa_pool, swa_layer, main_pool, main_layer,
         seqlen_k=_int32(seqlen_k, "seqlen_k"),
@@ -506,7 +510,7 @@ def prefill_load(client: Client, swa_pool: str, swa_layer: int,
         max_blocks_per_seq=table.shape[1], chunk_kv=data,
         swa_valid_start=None if swa_valid_start is None else _int32(
             swa_valid_start, "swa_valid_start"),
-        dtype=_KV_DTYPES[chunk.dtype], out=out_ref)
+        dtype=_KV_DTYPES[chunk.dtype], out=out_ref, wait_event=event)
     rows = _place(r.output, out, out_ref, torch.bfloat16,
                   (r.total_rows, chunk.shape[1]), "out")
     return rows, r

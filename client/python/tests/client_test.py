@@ -187,6 +187,18 @@ class ClientTest(unittest.TestCase):
         after = kv.load("pswa", 0, segments=[[1, 7, 8, 0], [1, 0, 2, 1]],
                         total_k=3)
         self.assertEqual(after.data, chunk)
+        # A wait event reaches the daemon, which has no GPU events here:
+        # refused by name, the rings untouched.
+        self.assertFails(grpc.StatusCode.INVALID_ARGUMENT,
+                         "wait_event_ipc_handle: GPU ordering needs the "
+                         "cuda backend", kv.prefill_load, "pswa", 0, "pmain",
+                         0, seqlen_k=[10], seqlen_q=[3], swa_state_id=[1],
+                         window=4, compress_ratio=2, block_table=[[3, 0]],
+                         chunk_kv=random_bf16(rng, 3 * 4),
+                         wait_event=bytes(64))
+        self.assertEqual(kv.load("pswa", 0, segments=[[1, 7, 8, 0],
+                                                      [1, 0, 2, 1]],
+                                 total_k=3).data, chunk)
 
         pi = kv.prefill_index([10], [3], window=4, compress_ratio=2,
                               compressed_index=[[0, -1], [4, 2], [-1, 1]])
