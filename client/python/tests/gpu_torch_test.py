@@ -153,51 +153,63 @@ class GpuTorchTest(unittest.TestCase):
         out_buf.release()
 
     def test_prefill_load_orders_after_the_stream(self):
-        """kt.prefill_load with the chunk and the output in CUDA buffer
-        views, both written behind a ~50 ms sleep on the current stream:
-        the daemon awaits the stream's event (no host synchronization in
-        kvdepot.torch), and rows and rings equal the inline path's on a
-        twin SWA pool."""
+        """kt.prefill_load with the output in a CUDA buffer view that the
+        current stream still writes (behind a ~50 ms sleep): the daemon
+        awaits the stream's event, no host synchronization in
+        kvdepot.torch. Two variants: the chunk in a CUDA buffer view also
+        written behind the sleep (the chunk's event covers both), and the
+        chunk inline from host memory (only the output asks for the
+        event). Rows and rings equal the inline path's on a twin SWA pool
+        each time."""
         kv = self.kv
         e = 512
-        for p in ("s", "t"):
-            kv.create_pool(p, "V41", block_size=64, num_blocks=4,
-                           num_layers=1, device="cuda:0")
-            kt.store(kv, p, 0, torch.arange(256, dtype=torch.int32),
-                     rows(411, 256, e))
+        kv.create_pool("t", "V41", block_size=64, num_blocks=4,
+                       num_layers=1, device="cuda:0")
+        kt.store(kv, "t", 0, torch.arange(256, dtype=torch.int32),
+                 rows(411, 256, e))
         kv.create_pool("m", "V41", block_size=16, num_blocks=32,
                        num_layers=1, device="cuda:0")
         kt.store(kv, "m", 0, torch.arange(512, dtype=torch.int32),
                  rows(412, 512, e))
-        args = dict(seqlen_k=[300, 90], seqlen_q=[40, 90],
-                    swa_state_id=[2, 0], window=48, compress_ratio=4,
+        i32 = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+        args = dict(seqlen_k=i32([300, 90]), seqlen_q=i32([40, 90]),
+                    swa_state_id=i32([2, 0]), window=48, compress_ratio=4,
                     block_table=torch.tensor([[7, 30, 1, 12, 25],
                                               [3, 19, 0, 0, 0]],
                                              dtype=torch.int32))
         chunk = rows(413, 130, e)
         want, ref = kt.prefill_load(kv, "t", 0, "m", 0, chunk_kv=chunk,
                                     **args)
-        in_buf = kv.allocate_buffer(130 * e * 2)
-        out_buf = kv.allocate_buffer(ref.total_rows * e * 2)
-        cb = kt.buffer_tensor(kv, in_buf, torch.bfloat16, (130, e))
-        ob = kt.buffer_tensor(kv, out_buf, torch.bfloat16,
-                              (ref.total_rows, e))
-        src = chunk.cuda()
-        torch.cuda.synchronize()
-        torch.cuda._sleep(100_000_000)
-        cb.copy_(src)      # behind the sleep
-        ob.fill_(7)        # a pending write to the output, also behind it
-        got, r = kt.prefill_load(kv, "s", 0, "m", 0, chunk_kv=cb, out=ob,
-                                 **args)
-        self.assertEqual(got.data_ptr(), ob.data_ptr())
-        self.assertEqual(r.total_rows, ref.total_rows)
-        self.assertTrue(torch.equal(got.cpu(), want))
-        self.assertTrue(torch.equal(kt.pool_layer_tensor(kv, "s", 0).raw,
-                                    kt.pool_layer_tensor(kv, "t", 0).raw))
-        del cb, ob, got
-        gc.collect()
-        in_buf.release()
-        out_buf.release()
+        for s, variant in (("s0", "buffer chunk"), ("s1", "host chunk")):
+            with self.subTest(variant=variant):
+                kv.create_pool(s, "V41", block_size=64, num_blocks=4,
+                               num_layers=1, device="cuda:0")
+                kt.store(kv, s, 0, torch.arange(256, dtype=torch.int32),
+                         rows(411, 256, e))
+                in_buf = kv.allocate_buffer(130 * e * 2)
+                out_buf = kv.allocate_buffer(ref.total_rows * e * 2)
+                cb = kt.buffer_tensor(kv, in_buf, torch.bfloat16, (130, e))
+                ob = kt.buffer_tensor(kv, out_buf, torch.bfloat16,
+                                      (ref.total_rows, e))
+                src = chunk.cuda()
+                torch.cuda.synchronize()
+                torch.cuda._sleep(100_000_000)
+                cb.copy_(src)      # behind the sleep
+                ob.fill_(7)        # a pending write to the output
+                got, r = kt.prefill_load(
+                    kv, s, 0, "m", 0,
+                    chunk_kv=cb if variant == "buffer chunk" else chunk,
+                    out=ob, **args)
+                self.assertEqual(got.data_ptr(), ob.data_ptr())
+                self.assertEqual(r.total_rows, ref.total_rows)
+                self.assertTrue(torch.equal(got.cpu(), want))
+                self.assertTrue(torch.equal(
+                    kt.pool_layer_tensor(kv, s, 0).raw,
+                    kt.pool_layer_tensor(kv, "t", 0).raw))
+                del cb, ob, got
+                gc.collect()
+                in_buf.release()
+                out_buf.release()
 
     def test_wrong_device_and_other_session(self):
         kv = self.kv
