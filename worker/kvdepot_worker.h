@@ -89,6 +89,9 @@ void* kvd_doorbell_ptr(kvd_worker* w);
  * address. `fd` is borrowed. */
 int kvd_map_vmm_fd(int fd, int64_t size, int device, void** ptr,
                    kvd_mapping** out);
+/* Unmaps it after waiting for all of this process's work on its device
+ * (cudaDeviceSynchronize): unmapping a range that a queued kernel still
+ * uses would fault that kernel. NULL is ignored. */
 void kvd_unmap(kvd_mapping* m);
 
 const char* kvd_last_error(void);

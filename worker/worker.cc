@@ -283,7 +283,21 @@ int kvd_map_vmm_fd(int fd, int64_t size, int device, void** ptr,
   return KVD_OK;
 }
 
-void kvd_unmap(kvd_mapping* m) { delete m; }
+void kvd_unmap(kvd_mapping* m) {
+  if (m == nullptr) return;
+  // cuMemUnmap does not wait for the GPU: a kernel of this process still
+  // using the range faults (CUDA error 700, sticky for the whole context).
+  // Seen with kvdepot.torch: a clone of a pool view whose last tensor was
+  // collected while the clone ran. So this process's work on the device
+  // finishes first; unmapping is rare (a buffer's or a pool's last view).
+  int previous = -1;
+  if (cudaGetDevice(&previous) == cudaSuccess &&
+      cudaSetDevice(m->allocation.device()) == cudaSuccess) {
+    (void)cudaDeviceSynchronize();  // a sticky error: nothing runs anymore
+    (void)cudaSetDevice(previous);
+  }
+  delete m;
+}
 
 const char* kvd_last_error(void) { return last_error.c_str(); }
 
