@@ -11,7 +11,8 @@ from ._buffers import INLINE, Buffer, PoolMapping, Slice
 from ._errors import ClientClosed, KVCacheError, SessionLost
 from ._malloc import keep_freed_memory
 from .client import (TLS, Client, FusedStore, IndexResult, LoadResult, Plan,
-                     PrefillIndexResult, PrefillLoadResult, connect)
+                     PrefillIndexResult, PrefillLoadResult, StoreResult,
+                     connect)
 
 # The daemon's version (common/version.h); client_test compares them, and
 # the wheel takes its version from here (pyproject.toml).
@@ -32,7 +33,8 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "Buffer", "Client", "ClientClosed", "FusedStore", "INLINE", "IndexResult",
     "KVCacheError", "LoadResult", "Plan", "PoolMapping",
-    "PrefillIndexResult", "PrefillLoadResult", "SessionLost", "Slice", "TLS",
+    "PrefillIndexResult", "PrefillLoadResult", "SessionLost", "Slice",
+    "StoreResult", "TLS",
     "__version__", "connect", "default_socket_path", "keep_freed_memory",
     "pack_int32",
     "resolve_target", "unpack_int32",

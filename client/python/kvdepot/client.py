@@ -48,6 +48,21 @@ class LoadResult:
     data: Optional[bytes]      # inline rows: total_k * load_data_row_bytes
     scales: Optional[bytes]    # inline scale rows of index formats
     cu_rows: Any               # int32[num_seqs + 1] (sequence plans) or None
+    recorded_event: bytes = b""  # with record_event: the daemon's event
+
+
+class StoreResult(int):
+    """Store's result: the tokens written (an int, as before), and with
+    record_event the 64 bytes of the daemon's cudaIpcEventHandle_t that
+    fires once the store is done (`recorded_event`, else b"")."""
+
+    recorded_event: bytes
+
+    def __new__(cls, tokens_written: int,
+                recorded_event: bytes = b"") -> "StoreResult":
+        r = super().__new__(cls, tokens_written)
+        r.recorded_event = recorded_event
+        return r
 
 
 @dataclass
@@ -69,6 +84,7 @@ class PrefillLoadResult:
     output: Optional[bytes]    # inline output: total_rows BF16 rows
     swa_segments: int
     main_segments: int
+    recorded_event: bytes = b""  # with record_event: the daemon's event
 
 
 @dataclass
@@ -697,29 +713,36 @@ class Client:
 
     def store(self, pool: str, layer: int, slot_mapping: Any, kv: DataLike,
               *, dtype: Optional[str] = None,
-              wait_event: bytes = b"",
-              fused: Optional[FusedStore] = None) -> int:
+              wait_event: bytes = b"", record_event: bool = False,
+              fused: Optional[FusedStore] = None) -> StoreResult:
         """Stores kv[num_tokens, elements] (BF16 bit patterns or fp32,
         little-endian) into the slots of `slot_mapping` (int32[num_tokens];
         slot = block_id * block_size + offset, -1 = padding). kv is
         bytes-like, a NumPy array (float32 -> "fp32", uint16 -> "bf16") or a
-        Buffer.slice(). Returns the tokens written. wait_event (CUDA
-        backend): the 64 bytes of a cudaIpcEventHandle_t the daemon waits
-        for before its kernels (kvdepot.torch passes the current stream's).
+        Buffer.slice(). Returns the tokens written (a StoreResult, an
+        int). wait_event (CUDA backend): the 64 bytes of a
+        cudaIpcEventHandle_t the daemon waits for before its kernels
+        (kvdepot.torch passes the current stream's). record_event (CUDA
+        backend): the daemon replies once its kernels are queued, with its
+        event in .recorded_event; wait on that event (a stream wait,
+        kvdepot.torch does it) before reading what the call wrote or
+        writing what it reads. Without it the reply means done.
         fused: a FusedStore, the daemon normalizes and rotates kv before
         storing it (SPEC §8); None: a plain store."""
         slots, n, _ = pack_int32(slot_mapping, "slot_mapping")
         req = pb.StoreRequest(
             session_id=self.session_id, pool=pool, layer=layer, num_tokens=n,
             slot_mapping=slots, dtype=_dtype(kv, dtype, "kv"),
-            kv=_data_ref(kv, "kv"), wait_event_ipc_handle=wait_event)
+            kv=_data_ref(kv, "kv"), wait_event_ipc_handle=wait_event,
+            record_event=record_event)
         if fused is not None:
             if not isinstance(fused, FusedStore):
                 raise invalid_argument(
                     "fused: expected a kvdepot.FusedStore, got "
                     f"{type(fused).__name__}")
             req.fused.CopyFrom(fused.to_proto(n))
-        return self._call("Store", req).tokens_written
+        r = self._call("Store", req)
+        return StoreResult(r.tokens_written, r.recorded_event_ipc_handle)
 
     @staticmethod
     def _sequences(seqlen_k: Any, block_table: Any,
@@ -736,7 +759,8 @@ class Client:
              total_k: Optional[int] = None, seqlen_k: Any = None,
              block_table: Any = None, max_blocks_per_seq: Optional[int] = None,
              compress_ratio: int = 1, out: Any = INLINE,
-             scales: Any = None, wait_event: bytes = b"") -> LoadResult:
+             scales: Any = None, wait_event: bytes = b"",
+             record_event: bool = False) -> LoadResult:
         """Loads rows of a pool layer, by an explicit plan (segments:
         int32[S][4], and total_k) or by sequences (seqlen_k: int32[num_seqs],
         block_table: int32[num_seqs][max_blocks_per_seq], compress_ratio).
@@ -744,11 +768,13 @@ class Client:
         out: INLINE (the rows come back in the result) or a Buffer.slice()
         of total_k * load_data_row_bytes. scales: for index formats, INLINE
         or a slice of total_k * load_scale_row_bytes; None for cast formats.
-        wait_event: as for store().
+        wait_event, record_event: as for store() (the event in
+        .recorded_event).
         """
         req = pb.LoadRequest(session_id=self.session_id, pool=pool,
                              layer=layer, data=_out_ref(out, "out"),
-                             wait_event_ipc_handle=wait_event)
+                             wait_event_ipc_handle=wait_event,
+                             record_event=record_event)
         if scales is not None:
             req.scales.CopyFrom(_out_ref(scales, "scales"))
         if segments is not None:
@@ -771,7 +797,8 @@ class Client:
             total_k=r.total_k,
             data=r.data if out is INLINE else None,
             scales=r.scales if scales is INLINE else None,
-            cu_rows=unpack_int32(r.cu_rows) if segments is None else None)
+            cu_rows=unpack_int32(r.cu_rows) if segments is None else None,
+            recorded_event=r.recorded_event_ipc_handle)
 
     def build_plan(self, pool: str, seqlen_k: Any, block_table: Any, *,
                    max_blocks_per_seq: Optional[int] = None,
@@ -793,14 +820,16 @@ class Client:
                      max_blocks_per_seq: Optional[int] = None,
                      dtype: Optional[str] = None,
                      out: Any = INLINE,
-                     wait_event: bytes = b"") -> PrefillLoadResult:
+                     wait_event: bytes = b"",
+                     record_event: bool = False) -> PrefillLoadResult:
         """One prefill chunk (SPEC §6): the buffer [SWA history | chunk |
         compressed rows] of BF16 rows, then the chunk stored into the SWA
         rings. Arrays are int32[num_seqs] (block_table
         int32[num_seqs][max_blocks_per_seq]); chunk_kv is
         [sum seqlen_q, elements] of dtype. wait_event (CUDA backend): as
         for store(), an event recorded after whatever writes chunk_kv and
-        still reads the output slice."""
+        still reads the output slice. record_event: as for store() (the
+        event in .recorded_event)."""
         seqlens, num_seqs, _ = pack_int32(seqlen_k, "seqlen_k")
         table, _, cols = pack_int32_2d(block_table, "block_table",
                                        rows=num_seqs, cols=max_blocks_per_seq)
@@ -816,13 +845,15 @@ class Client:
             max_blocks_per_seq=cols, block_table=table,
             dtype=_dtype(chunk_kv, dtype, "chunk_kv"),
             chunk_kv=_data_ref(chunk_kv, "chunk_kv"),
-            output=_out_ref(out, "out"), wait_event_ipc_handle=wait_event))
+            output=_out_ref(out, "out"), wait_event_ipc_handle=wait_event,
+            record_event=record_event))
         return PrefillLoadResult(
             total_k_swa=r.total_k_swa, chunk_offset=r.chunk_offset,
             main_kv_offset=r.main_kv_offset, total_rows=r.total_rows,
             cu_compressed=unpack_int32(r.cu_compressed),
             output=r.output if out is INLINE else None,
-            swa_segments=r.swa_segments, main_segments=r.main_segments)
+            swa_segments=r.swa_segments, main_segments=r.main_segments,
+            recorded_event=r.recorded_event_ipc_handle)
 
     # ------------------------------------------------------------ indices
 

@@ -291,28 +291,66 @@ def _data_arg(client: Client, t: "torch.Tensor",
 _KV_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
-def _layout(client: Client, pool: str, fresh: bool = False) -> Any:
-    """The pool's PoolLayout, cached per client session (fresh: asked
-    again, e.g. when an input does not fit the cached one: the pool may
-    have been deleted and made again with another layout)."""
+def _pool_info(client: Client, pool: str, fresh: bool = False) -> Any:
+    """The pool's PoolInfo, cached per client session (fresh: asked
+    again, e.g. when an input does not fit the cached layout: the pool may
+    have been deleted and made again with another one)."""
     token, cache_ = client.__dict__.get("_kvd_layouts", (None, {}))
     if token is not client._session_token:
         cache_ = {}
         client.__dict__["_kvd_layouts"] = (client._session_token, cache_)
     if fresh or pool not in cache_:
-        cache_[pool] = client.get_pool(pool).layout
+        cache_[pool] = client.get_pool(pool)
     return cache_[pool]
+
+
+def _layout(client: Client, pool: str, fresh: bool = False) -> Any:
+    """The pool's PoolLayout (cached as _pool_info)."""
+    return _pool_info(client, pool, fresh).layout
+
+
+# The daemon's session events opened in this process, by (device, handle):
+# a session keeps one event per device and re-records it per call, so this
+# holds one entry per session and device (cleared when it grows past 64).
+_daemon_events: Dict[Tuple[int, bytes], "torch.cuda.Event"] = {}
+
+
+def _wait_recorded(client: Client, pool: str, handle: bytes) -> None:
+    """With record_event: the current stream of the pool's device waits
+    (on the GPU) for the daemon's event in the reply."""
+    if not handle:
+        return
+    dev = torch.device(_pool_info(client, pool).device)
+    if dev.type != "cuda":
+        raise invalid_argument(
+            f"record_event: pool \"{pool}\" is on {dev}, not a CUDA device")
+    index = dev.index if dev.index is not None else \
+        torch.cuda.current_device()
+    ev = _daemon_events.get((index, handle))
+    if ev is None:
+        if len(_daemon_events) >= 64:
+            _daemon_events.clear()
+        ev = torch.cuda.Event.from_ipc_handle(index, handle)
+        _daemon_events[(index, handle)] = ev
+    torch.cuda.current_stream(index).wait_event(ev)
 
 
 # ------------------------------------------------------------ operations
 
 def store(client: Client, pool: str, layer: int, slot_mapping: Any,
-          kv: Any, *, fused: Optional[FusedStore] = None) -> int:
+          kv: Any, *, fused: Optional[FusedStore] = None,
+          record_event: bool = False) -> int:
     """Stores kv [num_tokens, elements] (bfloat16 or float32) into the slots
     of slot_mapping (int32 [num_tokens], -1 = padding). A view of a buffer
     (buffer_tensor) is read in place; any other CPU tensor goes inline.
     fused: a kvdepot.FusedStore (the daemon's RMSNorm/RoPE before storing,
-    SPEC §8), as for Client.store. Returns the tokens written."""
+    SPEC §8), as for Client.store. Returns the tokens written.
+
+    record_event (CUDA backend): no host wait for the GPU. The daemon
+    replies once its kernels are queued, and the current stream of the
+    pool's device waits for them on the GPU: work queued on that stream
+    afterwards sees the pool written and may overwrite kv. Without it the
+    call returns when the store is done."""
     slots = _int32(slot_mapping, "slot_mapping")
     kv = _check_tensor(kv, "kv", tuple(_KV_DTYPES), 2)
     n = len(slots) // 4
@@ -327,8 +365,11 @@ def store(client: Client, pool: str, layer: int, slot_mapping: Any,
                 f"kv has {kv.shape[1]} columns; pool \"{pool}\" stores "
                 f"{elements} elements per token")
     data, event = _data_arg(client, kv, "kv")
-    return client.store(pool, layer, slots, data, dtype=_KV_DTYPES[kv.dtype],
-                        wait_event=event, fused=fused)
+    r = client.store(pool, layer, slots, data, dtype=_KV_DTYPES[kv.dtype],
+                     wait_event=event, record_event=record_event,
+                     fused=fused)
+    _wait_recorded(client, pool, r.recorded_event)
+    return int(r)
 
 
 def _out_arg(client: Client, out: Optional["torch.Tensor"], field: str,
@@ -351,7 +392,8 @@ def load(client: Client, pool: str, layer: int, *, seqlen_k: Any = None,
          block_table: Any = None, segments: Any = None,
          total_k: Optional[int] = None, compress_ratio: int = 1,
          out: Optional["torch.Tensor"] = None,
-         scales_out: Optional["torch.Tensor"] = None) -> "torch.Tensor":
+         scales_out: Optional["torch.Tensor"] = None,
+         record_event: bool = False) -> "torch.Tensor":
     """Loads rows of a pool layer by sequences (seqlen_k int32 [num_seqs],
     block_table int32 [num_seqs][cols]) or by an explicit plan (segments
     int32 [S][4] and total_k). Returns the rows: bfloat16 [total_k,
@@ -360,7 +402,8 @@ def load(client: Client, pool: str, layer: int, *, seqlen_k: Any = None,
 
     out / scales_out: a buffer view (the daemon writes it in place; the
     result is a view of it), any other tensor (filled from the reply), or
-    None (a new CPU tensor)."""
+    None (a new CPU tensor). record_event: as for store() (the stream
+    waits for the rows written into buffer views)."""
     L = _layout(client, pool)
     if not L.do_cast and scales_out is None:
         raise invalid_argument(
@@ -397,7 +440,8 @@ def load(client: Client, pool: str, layer: int, *, seqlen_k: Any = None,
                 t.device.type == "cuda" and not event:
             event = _stream_event(t.device)
     r = client.load(pool, layer, out=out_ref, scales=sc_ref,
-                    wait_event=event, **kwargs)
+                    wait_event=event, record_event=record_event, **kwargs)
+    _wait_recorded(client, pool, r.recorded_event)
     if r.data is not None and len(r.data) != r.total_k * row:
         # The cached layout is stale (the pool was made again).
         L = _layout(client, pool, fresh=True)
@@ -483,11 +527,14 @@ def prefill_load(client: Client, swa_pool: str, swa_layer: int,
                  seqlen_q: Any, swa_state_id: Any, window: int,
                  compress_ratio: int, block_table: Any, chunk_kv: Any,
                  swa_valid_start: Any = None,
-                 out: Optional["torch.Tensor"] = None
+                 out: Optional["torch.Tensor"] = None,
+                 record_event: bool = False
                  ) -> Tuple["torch.Tensor", Any]:
     """One prefill chunk (SPEC §6): chunk_kv [sum seqlen_q, elements]
     (bfloat16 or float32). Returns (rows bfloat16 [total_rows, elements],
-    the PrefillLoadResult). out: as for load()."""
+    the PrefillLoadResult). out: as for load(). record_event: as for
+    store() (the SWA pool's device's stream waits for the rows and the
+    ring stores)."""
     chunk = _check_tensor(chunk_kv, "chunk_kv", tuple(_KV_DTYPES), 2)
     table = _check_tensor(block_table, "block_table", (torch.int32,), 2)
     # An event on the current stream (after what writes the chunk and what
@@ -510,7 +557,9 @@ def prefill_load(client: Client, swa_pool: str, swa_layer: int,
         max_blocks_per_seq=table.shape[1], chunk_kv=data,
         swa_valid_start=None if swa_valid_start is None else _int32(
             swa_valid_start, "swa_valid_start"),
-        dtype=_KV_DTYPES[chunk.dtype], out=out_ref, wait_event=event)
+        dtype=_KV_DTYPES[chunk.dtype], out=out_ref, wait_event=event,
+        record_event=record_event)
+    _wait_recorded(client, swa_pool, r.recorded_event)
     rows = _place(r.output, out, out_ref, torch.bfloat16,
                   (r.total_rows, chunk.shape[1]), "out")
     return rows, r

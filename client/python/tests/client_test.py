@@ -199,6 +199,32 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(kv.load("pswa", 0, segments=[[1, 7, 8, 0],
                                                       [1, 0, 2, 1]],
                                  total_k=3).data, chunk)
+        # record_event reaches the daemon on all three calls: refused by
+        # name by the CPU backend, nothing written. A plain store's result
+        # is still an int, with no event.
+        before = kv.load("pswa", 0, segments=[[0, 0, 8, 0], [1, 0, 8, 8]],
+                         total_k=16).data
+        args = dict(seqlen_k=[10], seqlen_q=[3], swa_state_id=[1], window=4,
+                    compress_ratio=2, block_table=[[3, 0]],
+                    chunk_kv=random_bf16(rng, 3 * 4))
+        needs = "record_event: GPU ordering needs the cuda backend"
+        self.assertFails(grpc.StatusCode.INVALID_ARGUMENT, needs,
+                         kv.prefill_load, "pswa", 0, "pmain", 0,
+                         record_event=True, **args)
+        self.assertFails(grpc.StatusCode.INVALID_ARGUMENT, needs, kv.store,
+                         "pswa", 0, [0], random_bf16(rng, 4),
+                         record_event=True)
+        self.assertFails(grpc.StatusCode.INVALID_ARGUMENT, needs, kv.load,
+                         "pswa", 0, segments=[[0, 0, 1, 0]], total_k=1,
+                         record_event=True)
+        self.assertEqual(kv.load("pswa", 0, segments=[[0, 0, 8, 0],
+                                                      [1, 0, 8, 8]],
+                                 total_k=16).data, before)
+        n = kv.store("pmain", 0, [1], random_bf16(rng, 4))
+        self.assertIsInstance(n, kvdepot.StoreResult)
+        self.assertEqual((n, n + 1, n.recorded_event), (1, 2, b""))
+        self.assertEqual(kv.load("pmain", 0, segments=[[0, 0, 1, 0]],
+                                 total_k=1).recorded_event, b"")
 
         pi = kv.prefill_index([10], [3], window=4, compress_ratio=2,
                               compressed_index=[[0, -1], [4, 2], [-1, 1]])

@@ -16,10 +16,13 @@ buffers and pool layers aliased as CUDA tensors (writes on one side seen
 on the other), store/load from CUDA buffer views byte-identical to the
 inline path, ordering after the current stream's pending work (a sleeping
 kernel before the input is written), the mapping unmapped with its last
-tensor, the step path driven from Python with the worker's side captured
-in torch.cuda.graph and replayed 100 times (pools equal to inline stores of
-the same rows), prefill_load from CUDA buffer views behind pending work
-on the stream, and the legacy register_tensor with --legacy_cuda_ipc.
+tensor (after the kernels still using it: no fault), the step path driven
+from Python with the worker's side captured in torch.cuda.graph and
+replayed 100 times (pools equal to inline stores of the same rows),
+prefill_load from CUDA buffer views behind pending work on the stream,
+record_event (the call returns while the stream still waits for the
+daemon's kernels, and what follows on the stream sees their result), and
+the legacy register_tensor with --legacy_cuda_ipc.
 """
 
 import gc
@@ -28,7 +31,9 @@ import random
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
+import time
 import unittest
 
 # Before torch starts CUDA: the step path refuses anything else.
@@ -210,6 +215,111 @@ class GpuTorchTest(unittest.TestCase):
                 gc.collect()
                 in_buf.release()
                 out_buf.release()
+
+    def test_record_event_returns_before_the_daemon_is_done(self):
+        """kt.store, kt.load and kt.prefill_load with record_event. The load
+        writes 8M rows (8 GiB; about two milliseconds of the daemon's
+        kernel, its request small): it returns while the current stream
+        still waits for that kernel (after a plain call, or with no stream
+        wait, the stream would be idle). Work queued on the stream after
+        each call sees what the daemon wrote: the pool equal to a plain
+        store of the same buffer on a twin, the rows equal to a plain load,
+        prefill_load's rows and rings equal to the inline path's. (The
+        daemon awaits the stream's event for a call's own operands on the
+        host, so a call still returns after the stream's earlier work.)"""
+        kv = self.kv
+        n, bs, nb = 1 << 16, 64, 1 << 10
+        L = self.twin_pools("V41", bs=bs, nb=nb, layers=1)
+        e = L.elements
+        stream = torch.cuda.current_stream()
+        in_buf = kv.allocate_buffer(n * e * 2)
+        xb = kt.buffer_tensor(kv, in_buf, torch.bfloat16, (n, e))
+        xb.copy_(rows(431, n, e))
+        slots = torch.randperm(
+            n, generator=torch.Generator().manual_seed(432)).to(torch.int32)
+        self.assertEqual(kt.store(kv, "a", 0, slots, xb, record_event=True),
+                         n)
+        after = kt.pool_layer_tensor(kv, "a", 0).raw.clone()
+        kt.store(kv, "b", 0, slots, xb)   # plain: the reply means done
+        self.assertTrue(torch.equal(after,
+                                    kt.pool_layer_tensor(kv, "b", 0).raw))
+
+        k = 1 << 23   # rows: every block 128 times over
+        table = (torch.arange(k // bs, dtype=torch.int32) % nb).reshape(1, -1)
+        seq = torch.tensor([k], dtype=torch.int32)
+        out_bufs = [kv.allocate_buffer(k * e * 2) for _ in range(2)]
+        ob, ref_rows = (kt.buffer_tensor(kv, b, torch.bfloat16, (k, e))
+                        for b in out_bufs)
+        ob.fill_(7)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        got = kt.load(kv, "a", 0, seqlen_k=seq, block_table=table, out=ob,
+                      record_event=True)
+        busy = not stream.query()
+        print(f"[record_event] load returned after "
+              f"{(time.perf_counter() - t0) * 1e3:.2f} ms, stream busy: "
+              f"{busy}", file=sys.stderr)
+        self.assertTrue(busy, "the stream was idle after load returned")
+        first = got[:, 0].clone()   # queued at once: after the wait only
+        kt.load(kv, "b", 0, seqlen_k=seq, block_table=table, out=ref_rows)
+        self.assertTrue(torch.equal(first, ref_rows[:, 0]))
+        self.assertTrue(torch.equal(got, ref_rows))
+        del got, ref_rows, first
+
+        kv.create_pool("m", "V41", block_size=16, num_blocks=32,
+                       num_layers=1, device="cuda:0")
+        kt.store(kv, "m", 0, torch.arange(512, dtype=torch.int32),
+                 rows(423, 512, e))
+        i32 = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+        args = dict(seqlen_k=i32([300, 90]), seqlen_q=i32([40, 90]),
+                    swa_state_id=i32([2, 0]), window=48, compress_ratio=4,
+                    block_table=torch.tensor([[7, 30, 1, 12, 25],
+                                              [3, 19, 0, 0, 0]],
+                                             dtype=torch.int32),
+                    chunk_kv=rows(424, 130, e))
+        want, ref = kt.prefill_load(kv, "b", 0, "m", 0, **args)
+        self.assertEqual(ref.recorded_event, b"")
+        pt = ob[:ref.total_rows]
+        pt.fill_(7)
+        got, r = kt.prefill_load(kv, "a", 0, "m", 0, out=pt,
+                                 record_event=True, **args)
+        self.assertEqual(len(r.recorded_event), 64)
+        self.assertTrue(torch.equal(got.clone().cpu(), want))
+        self.assertTrue(torch.equal(kt.pool_layer_tensor(kv, "a", 0).raw,
+                                    kt.pool_layer_tensor(kv, "b", 0).raw))
+        del xb, ob, got, pt
+        gc.collect()
+        for b in [in_buf, *out_bufs]:
+            b.release()
+
+    def test_last_view_collected_while_a_kernel_uses_it(self):
+        """The last tensor over a pool layer and over a buffer collected
+        while a kernel queued behind a ~50 ms sleep still reads or writes
+        the mapping: the unmapping waits for the device (kvd_unmap), so
+        the kernels run to the end, no CUDA error (an unmapped range used
+        to fault them: error 700, the process's context lost), and the
+        next call's stream event completes."""
+        kv = self.kv
+        L = self.twin_pools("V41", bs=64, nb=64, layers=1)
+        n = 64 * 64
+        kt.store(kv, "a", 0, torch.arange(n, dtype=torch.int32),
+                 rows(441, n, L.elements))
+        torch.cuda.synchronize()
+        torch.cuda._sleep(100_000_000)
+        copy = kt.pool_layer_tensor(kv, "a", 0).raw.clone()
+        gc.collect()                  # the view is gone: unmapped here
+        buf = kv.allocate_buffer(1 << 20)
+        t = kt.buffer_tensor(kv, buf)
+        torch.cuda._sleep(100_000_000)
+        t.fill_(3)
+        del t
+        gc.collect()
+        torch.cuda.synchronize()      # raises on a fault
+        self.assertTrue(torch.equal(copy,
+                                    kt.pool_layer_tensor(kv, "a", 0).raw))
+        self.assertTrue(bool((kt.buffer_tensor(kv, buf) == 3).all()))
+        gc.collect()
+        buf.release()
 
     def test_wrong_device_and_other_session(self):
         kv = self.kv
