@@ -89,18 +89,25 @@ class PrefillLoadResult:
 
 @dataclass
 class IndexResult:
-    slots: Any                 # int32[rows * cols], -1 = none
+    slots: Any                 # int32[rows * cols], -1 = none; None with
+                               # out=Buffer.slice() (the slots are there)
     rows: int
     cols: int
-    invalid_count: int = 0     # convert_topk: entries out of range
+    invalid_count: int = 0     # convert_topk: entries out of range (-1:
+                               # not known yet, with record_event)
+    recorded_event: bytes = b""  # with record_event: the daemon's event
 
 
 @dataclass
 class PrefillIndexResult:
-    index: Any                 # int32[sum seqlen_q * row_width], -1 = none
+    index: Any                 # int32[sum seqlen_q * row_width], -1 = none;
+                               # None with out=Buffer.slice()
     row_width: int
     main_kv_offset: int
     total_rows: int
+    invalid_count: int = 0     # compressed_index (buffer) entries out of
+                               # range (-1: not known yet, record_event)
+    recorded_event: bytes = b""  # with record_event: the daemon's event
 
 
 DataLike = Union[bytes, bytearray, memoryview, Slice, Any]
@@ -860,52 +867,146 @@ class Client:
     def convert_topk(self, pool: str, topk: Any, valid_count: Any,
                      num_tokens: Any, block_table: Any, *,
                      k: Optional[int] = None,
-                     max_blocks_per_seq: Optional[int] = None) -> IndexResult:
+                     max_blocks_per_seq: Optional[int] = None,
+                     out: Any = INLINE, invalid_count_out: Any = None,
+                     wait_event: bytes = b"",
+                     record_event: bool = False) -> IndexResult:
         """Decode top-k conversion (SPEC §7): topk int32[batch][k] logical
         compressed-token indices -> slots int32[batch][k], -1 = none.
-        valid_count and num_tokens are int32[batch]."""
-        counts, batch, _ = pack_int32(valid_count, "valid_count")
-        topk_data, _, k = pack_int32_2d(topk, "topk", rows=batch, cols=k)
-        table, _, cols = pack_int32_2d(block_table, "block_table",
-                                       rows=batch, cols=max_blocks_per_seq)
-        r = self._call("ConvertTopk", pb.ConvertTopkRequest(
-            pool=pool, batch=batch, k=k, topk=topk_data, valid_count=counts,
-            num_tokens=_ints(num_tokens, "num_tokens"),
-            max_blocks_per_seq=cols, block_table=table))
-        return IndexResult(slots=unpack_int32(r.slots), rows=batch, cols=k,
-                           invalid_count=r.invalid_count)
+        valid_count and num_tokens are int32[batch].
 
-    def swa_decode_index(self, pool: str, window: int,
-                         queries: Any) -> IndexResult:
+        Buffer forms (SPEC §7): topk may be a Buffer.slice() of
+        int32[batch][k] (then pass k), block_table a slice of
+        int32[batch][max_blocks_per_seq] (then pass max_blocks_per_seq);
+        entries read from a buffer that are out of range become -1 and
+        are counted, not rejected. out: INLINE (.slots) or a slice for the
+        slots (.slots is None; the topk slice itself converts in place).
+        invalid_count_out: None or an 8-byte slice set to invalid_count
+        (little-endian int64). wait_event, record_event: as for store()
+        (CUDA backend; record_event needs out in a buffer)."""
+        counts, batch, _ = pack_int32(valid_count, "valid_count")
+        req = pb.ConvertTopkRequest(
+            session_id=self.session_id, pool=pool, batch=batch,
+            valid_count=counts, wait_event_ipc_handle=wait_event,
+            record_event=record_event)
+        if isinstance(topk, Slice):
+            if k is None:
+                raise invalid_argument(
+                    "k: topk is a Buffer.slice() (topk_buffer); pass k, "
+                    "its number of columns")
+            req.topk_buffer.CopyFrom(_data_ref(topk, "topk").slice)
+        else:
+            req.topk, _, k = pack_int32_2d(topk, "topk", rows=batch, cols=k)
+        req.k = k
+        if isinstance(block_table, Slice):
+            if max_blocks_per_seq is None:
+                raise invalid_argument(
+                    "max_blocks_per_seq: block_table is a Buffer.slice() "
+                    "(block_table_buffer); pass max_blocks_per_seq, its "
+                    "number of columns")
+            req.block_table_buffer.CopyFrom(
+                _data_ref(block_table, "block_table").slice)
+            req.max_blocks_per_seq = max_blocks_per_seq
+        else:
+            req.block_table, _, req.max_blocks_per_seq = pack_int32_2d(
+                block_table, "block_table", rows=batch,
+                cols=max_blocks_per_seq)
+        req.num_tokens = _ints(num_tokens, "num_tokens")
+        slots = _out_ref(out, "out")
+        if slots.HasField("slice"):
+            req.slots_buffer.CopyFrom(slots.slice)
+        if invalid_count_out is not None:
+            if not isinstance(invalid_count_out, Slice):
+                raise invalid_argument(
+                    "invalid_count_out: pass None or a Buffer.slice() of "
+                    "8 bytes")
+            req.invalid_count_buffer.CopyFrom(
+                _data_ref(invalid_count_out, "invalid_count_out").slice)
+        r = self._call("ConvertTopk", req)
+        return IndexResult(
+            slots=unpack_int32(r.slots) if out is INLINE else None,
+            rows=batch, cols=k, invalid_count=r.invalid_count,
+            recorded_event=r.recorded_event_ipc_handle)
+
+    def swa_decode_index(self, pool: str, window: int, queries: Any, *,
+                         out: Any = INLINE, wait_event: bytes = b"",
+                         record_event: bool = False) -> IndexResult:
         """SWA decode index (SPEC §7): queries int32[n][3] rows {state_id,
-        start, valid_len} -> slots int32[n][window], -1 after valid_len."""
+        start, valid_len} -> slots int32[n][window], -1 after valid_len.
+        out: INLINE (.slots) or a Buffer.slice() of int32[n][window]
+        (.slots is None). wait_event, record_event: as for store() (CUDA
+        backend; record_event needs out in a buffer)."""
         data, n, _ = pack_int32_2d(queries, "queries", cols=3)
-        r = self._call("SwaDecodeIndex", pb.SwaDecodeIndexRequest(
-            pool=pool, window=window, num_queries=n, queries=data))
-        return IndexResult(slots=unpack_int32(r.slots), rows=n, cols=window)
+        req = pb.SwaDecodeIndexRequest(
+            session_id=self.session_id, pool=pool, window=window,
+            num_queries=n, queries=data, wait_event_ipc_handle=wait_event,
+            record_event=record_event)
+        slots = _out_ref(out, "out")
+        if slots.HasField("slice"):
+            req.slots_buffer.CopyFrom(slots.slice)
+        r = self._call("SwaDecodeIndex", req)
+        return IndexResult(
+            slots=unpack_int32(r.slots) if out is INLINE else None,
+            rows=n, cols=window, recorded_event=r.recorded_event_ipc_handle)
 
     def prefill_index(self, seqlen_k: Any, seqlen_q: Any, *, window: int,
                       compress_ratio: int, compressed_index: Any,
                       topk_k: Optional[int] = None,
-                      swa_valid_start: Any = None) -> PrefillIndexResult:
+                      swa_valid_start: Any = None, out: Any = INLINE,
+                      invalid_count_out: Any = None,
+                      wait_event: bytes = b"",
+                      record_event: bool = False) -> PrefillIndexResult:
         """Prefill index (SPEC §7): for every query row of the chunk,
         [SWA index | compressed index] into the PrefillLoad buffer.
-        compressed_index is int32[sum seqlen_q][topk_k], -1 = masked."""
+        compressed_index is int32[sum seqlen_q][topk_k], -1 = masked.
+
+        Buffer forms (SPEC §7): compressed_index may be a Buffer.slice()
+        (then pass topk_k); its entries outside [-1, compressed rows)
+        become -1 and are counted (.invalid_count), where inline ones are
+        refused. out: INLINE (.index) or a slice of
+        int32[sum seqlen_q][window + topk_k] (.index is None).
+        invalid_count_out: None or an 8-byte slice set to invalid_count
+        (little-endian int64). wait_event, record_event: as for store()
+        (CUDA backend; record_event needs out in a buffer)."""
         seqlens, num_seqs, _ = pack_int32(seqlen_k, "seqlen_k")
         q_data, _, _ = pack_int32(seqlen_q, "seqlen_q")
-        rows = sum(unpack_int32(q_data))
-        index, _, topk_k = pack_int32_2d(compressed_index, "compressed_index",
-                                         rows=rows, cols=topk_k)
-        r = self._call("PrefillIndex", pb.PrefillIndexRequest(
-            num_seqs=num_seqs, seqlen_k=seqlens, seqlen_q=q_data,
-            swa_valid_start=_optional_ints(swa_valid_start,
-                                           "swa_valid_start"),
-            window=window, compress_ratio=compress_ratio, topk_k=topk_k,
-            compressed_index=index))
-        return PrefillIndexResult(index=unpack_int32(r.index),
-                                  row_width=r.row_width,
-                                  main_kv_offset=r.main_kv_offset,
-                                  total_rows=r.total_rows)
+        req = pb.PrefillIndexRequest(
+            session_id=self.session_id, num_seqs=num_seqs,
+            seqlen_k=seqlens, seqlen_q=q_data, window=window,
+            compress_ratio=compress_ratio, wait_event_ipc_handle=wait_event,
+            record_event=record_event)
+        if isinstance(compressed_index, Slice):
+            if topk_k is None:
+                raise invalid_argument(
+                    "topk_k: compressed_index is a Buffer.slice() "
+                    "(compressed_index_buffer); pass topk_k, its number "
+                    "of columns")
+            req.compressed_index_buffer.CopyFrom(
+                _data_ref(compressed_index, "compressed_index").slice)
+        else:
+            rows = sum(unpack_int32(q_data))
+            req.compressed_index, _, topk_k = pack_int32_2d(
+                compressed_index, "compressed_index", rows=rows,
+                cols=topk_k)
+        req.topk_k = topk_k
+        req.swa_valid_start = _optional_ints(swa_valid_start,
+                                             "swa_valid_start")
+        index = _out_ref(out, "out")
+        if index.HasField("slice"):
+            req.index_buffer.CopyFrom(index.slice)
+        if invalid_count_out is not None:
+            if not isinstance(invalid_count_out, Slice):
+                raise invalid_argument(
+                    "invalid_count_out: pass None or a Buffer.slice() of "
+                    "8 bytes")
+            req.invalid_count_buffer.CopyFrom(
+                _data_ref(invalid_count_out, "invalid_count_out").slice)
+        r = self._call("PrefillIndex", req)
+        return PrefillIndexResult(
+            index=unpack_int32(r.index) if out is INLINE else None,
+            row_width=r.row_width, main_kv_offset=r.main_kv_offset,
+            total_rows=r.total_rows, invalid_count=r.invalid_count,
+            recorded_event=r.recorded_event_ipc_handle)
 
     # ------------------------------------------------------------ inspection
 

@@ -324,6 +324,11 @@ def _wait_recorded(client: Client, pool: str, handle: bytes) -> None:
     if dev.type != "cuda":
         raise invalid_argument(
             f"record_event: pool \"{pool}\" is on {dev}, not a CUDA device")
+    _wait_on_stream(dev, handle)
+
+
+def _wait_on_stream(dev: "torch.device", handle: bytes) -> None:
+    """The current stream of `dev` waits for the daemon's event `handle`."""
     index = dev.index if dev.index is not None else \
         torch.cuda.current_device()
     ev = _daemon_events.get((index, handle))
@@ -474,18 +479,106 @@ def _place(data: Optional[bytes], out: Optional["torch.Tensor"], ref: Any,
     return flat[:nbytes].view(dtype).view(shape)
 
 
+def _index_in(client: Client, t: "torch.Tensor") -> Any:
+    """An index call's array input: its Slice when `t` is a view of a
+    buffer of the session (the daemon reads it in place), else its bytes
+    (a CUDA tensor copied to the host, synchronously)."""
+    s = _slice_of(client, t)
+    return s if s is not None else _host_bytes(t)
+
+
+def _count_out(client: Client, t: Optional["torch.Tensor"]) -> Any:
+    """invalid_count_out: None, or the Slice of one int64 in a buffer."""
+    if t is None:
+        return None
+    t = _check_tensor(t, "invalid_count_out", (torch.int64,))
+    s = _slice_of(client, t) if t.numel() == 1 else None
+    if s is None:
+        raise invalid_argument(
+            "invalid_count_out: expected one int64 in a buffer of this "
+            f"session (buffer_tensor), got {t.numel()} elements"
+            + ("" if t.numel() != 1 else " outside every buffer"))
+    return s
+
+
+def _request_event(client: Client, *tensors: Optional["torch.Tensor"]
+                   ) -> Tuple[bytes, Optional["torch.device"]]:
+    """The wait event of a request whose operands include CUDA buffer views
+    (recorded on the current stream of the first one's device; the current
+    streams of other devices are synchronized on the host, one event per
+    request), and that device; (b"", None) without any."""
+    event, device = b"", None
+    for t in tensors:
+        if t is None or t.device.type != "cuda" or \
+                _slice_of(client, t) is None:
+            continue
+        if device is None:
+            device, event = t.device, _stream_event(t.device)
+        elif t.device != device:
+            torch.cuda.current_stream(t.device).synchronize()
+    return event, device
+
+
+def _index_out(client: Client, out: Optional["torch.Tensor"],
+               min_bytes: Optional[int]) -> Any:
+    """An index call's `out`: INLINE (None, or a tensor filled from the
+    reply) or the Slice of a buffer view; int32 either way."""
+    if out is not None:
+        _check_tensor(out, "out", (torch.int32,))
+    return _out_arg(client, out, "out", min_bytes)
+
+
+def _index_result(r_values: Any, handle: bytes,
+                  out: Optional["torch.Tensor"], out_ref: Any,
+                  shape: Tuple[int, int], device: "torch.device",
+                  field: str) -> "torch.Tensor":
+    """An index call's int32 result: `out` (written in place by the daemon,
+    after which the current stream of its device waits for the daemon's
+    event with record_event, or filled from the reply), or a new tensor on
+    `device`."""
+    if isinstance(out_ref, Slice):
+        if handle:
+            _wait_on_stream(out.device, handle)
+        return out.view(-1)[:shape[0] * shape[1]].view(shape)
+    if out is None:
+        return _ints_out(r_values, shape, device)
+    return _place(bytes(r_values), out, out_ref, torch.int32, shape, field)
+
+
 def convert_topk(client: Client, pool: str, topk: Any, valid_count: Any,
-                 num_tokens: Any, block_table: Any) -> "torch.Tensor":
+                 num_tokens: Any, block_table: Any, *,
+                 out: Optional["torch.Tensor"] = None,
+                 invalid_count_out: Optional["torch.Tensor"] = None,
+                 record_event: bool = False) -> "torch.Tensor":
     """Decode top-k conversion (SPEC §7): topk int32 [batch][k] -> slots
-    int32 [batch][k] (-1 = none), on the device of `topk`."""
+    int32 [batch][k] (-1 = none), on the device of `topk`.
+
+    topk and block_table: a buffer view (buffer_tensor) is read in place,
+    on the GPU with the CUDA backend (entries out of range become -1 and
+    are counted, not refused); any other tensor goes inline (a CUDA one is
+    copied to the host first). out: a buffer view, written in place (the
+    result is a view of it), another int32 tensor (filled from the reply),
+    or None. invalid_count_out: one int64 in a buffer, set to the count of
+    entries out of range when the kernel finished. record_event (CUDA
+    backend, out a buffer view): the daemon replies once its kernel is
+    queued and the current stream of out's device waits for it, as for
+    store(). A call with CUDA buffer views waits for the current stream's
+    work before them, as store() does."""
     t = _check_tensor(topk, "topk", (torch.int32,), 2)
     table = _check_tensor(block_table, "block_table", (torch.int32,), 2)
-    r = client.convert_topk(pool, _host_bytes(t),
+    batch, k = t.shape
+    out_ref = _index_out(client, out, batch * k * 4)
+    count_ref = _count_out(client, invalid_count_out)
+    event, _ = _request_event(client, t, table, out, invalid_count_out)
+    r = client.convert_topk(pool, _index_in(client, t),
                             _int32(valid_count, "valid_count"),
                             _int32(num_tokens, "num_tokens"),
-                            _host_bytes(table), k=t.shape[1],
-                            max_blocks_per_seq=table.shape[1])
-    return _ints_out(r.slots, (r.rows, r.cols), t.device)
+                            _index_in(client, table), k=k,
+                            max_blocks_per_seq=table.shape[1], out=out_ref,
+                            invalid_count_out=count_ref, wait_event=event,
+                            record_event=record_event)
+    return _index_result(r.slots, r.recorded_event, out, out_ref,
+                         (batch, k), t.device, "out")
 
 
 def _ints_out(values: Any, shape: Tuple[int, int],
@@ -495,31 +588,53 @@ def _ints_out(values: Any, shape: Tuple[int, int],
 
 
 def swa_decode_index(client: Client, pool: str, window: int,
-                     queries: Any) -> "torch.Tensor":
+                     queries: Any, *, out: Optional["torch.Tensor"] = None,
+                     record_event: bool = False) -> "torch.Tensor":
     """SWA decode index (SPEC §7): queries int32 [n][3] {state_id, start,
-    valid_len} -> slots int32 [n][window], on the device of `queries`."""
+    valid_len} -> slots int32 [n][window], on the device of `queries`.
+    The queries always go inline (checked on the host); out and
+    record_event as for convert_topk()."""
     q = _check_tensor(queries, "queries", (torch.int32,), 2)
     if q.shape[1] != 3:
         raise invalid_argument(f"queries has {q.shape[1]} columns, not 3")
-    r = client.swa_decode_index(pool, window, _host_bytes(q))
-    return _ints_out(r.slots, (r.rows, r.cols), q.device)
+    n = q.shape[0]
+    out_ref = _index_out(client, out, n * window * 4 if window > 0 else None)
+    event, _ = _request_event(client, out)
+    r = client.swa_decode_index(pool, window, _host_bytes(q), out=out_ref,
+                                wait_event=event,
+                                record_event=record_event)
+    return _index_result(r.slots, r.recorded_event, out, out_ref,
+                         (n, window), q.device, "out")
 
 
 def prefill_index(client: Client, seqlen_k: Any, seqlen_q: Any, *,
                   window: int, compress_ratio: int, compressed_index: Any,
-                  swa_valid_start: Any = None) -> Tuple["torch.Tensor", Any]:
+                  swa_valid_start: Any = None,
+                  out: Optional["torch.Tensor"] = None,
+                  invalid_count_out: Optional["torch.Tensor"] = None,
+                  record_event: bool = False) -> Tuple["torch.Tensor", Any]:
     """Prefill index (SPEC §7): compressed_index int32 [sum seqlen_q][topk]
-    -> (index int32 [sum seqlen_q][row_width], the PrefillIndexResult)."""
+    -> (index int32 [sum seqlen_q][window + topk], the
+    PrefillIndexResult). compressed_index, out, invalid_count_out and
+    record_event as for convert_topk()."""
     ci = _check_tensor(compressed_index, "compressed_index",
                        (torch.int32,), 2)
+    rows, width = ci.shape[0], max(window, 0) + ci.shape[1]
+    out_ref = _index_out(client, out, rows * width * 4)
+    count_ref = _count_out(client, invalid_count_out)
+    event, _ = _request_event(client, ci, out, invalid_count_out)
     r = client.prefill_index(
         _int32(seqlen_k, "seqlen_k"), _int32(seqlen_q, "seqlen_q"),
         window=window, compress_ratio=compress_ratio,
-        compressed_index=_host_bytes(ci), topk_k=ci.shape[1],
+        compressed_index=_index_in(client, ci), topk_k=ci.shape[1],
         swa_valid_start=None if swa_valid_start is None else _int32(
-            swa_valid_start, "swa_valid_start"))
-    rows = len(r.index) // max(r.row_width, 1)
-    return _ints_out(r.index, (rows, r.row_width), ci.device), r
+            swa_valid_start, "swa_valid_start"),
+        out=out_ref, invalid_count_out=count_ref, wait_event=event,
+        record_event=record_event)
+    if not isinstance(out_ref, Slice):
+        rows = len(r.index) // max(r.row_width, 1)
+    return _index_result(r.index, r.recorded_event, out, out_ref,
+                         (rows, r.row_width), ci.device, "out"), r
 
 
 def prefill_load(client: Client, swa_pool: str, swa_layer: int,

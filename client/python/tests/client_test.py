@@ -9,6 +9,7 @@ import threading
 import time
 import unittest
 from concurrent import futures
+from unittest import mock
 
 import grpc
 
@@ -33,6 +34,25 @@ NUM_BLOCKS = 4
 
 def store_calls(kv) -> int:
     return sum(r.calls for r in kv.stats().rpcs if r.rpc == "Store")
+
+
+def index_calls(kv) -> int:
+    """Calls of the three index RPCs the daemon has seen."""
+    names = ("ConvertTopk", "SwaDecodeIndex", "PrefillIndex")
+    return sum(r.calls for r in kv.stats().rpcs if r.rpc in names)
+
+
+def i32(values) -> bytes:
+    """Packed little-endian int32, as a buffer holds them."""
+    return struct.pack(f"<{len(values)}i", *values)
+
+
+def read_i32(buf, offset, count) -> list:
+    return list(struct.unpack(f"<{count}i", buf.read(offset, 4 * count)))
+
+
+def read_i64(buf, offset) -> int:
+    return struct.unpack("<q", buf.read(offset, 8))[0]
 
 
 class ClientTest(unittest.TestCase):
@@ -243,6 +263,334 @@ class ClientTest(unittest.TestCase):
                             num_tokens=[5], block_table=[[3, 0]])
         self.assertEqual(list(t.slots), [12, -1, 14, -1])
         self.assertEqual((t.rows, t.cols, t.invalid_count), (1, 4, 1))
+
+    # ------------------------------------------------------------ index
+    # buffer forms
+
+    def _topk_case(self):
+        """A convert_topk batch on pool "tkbuf" (B = 4, 6 blocks) with
+        entries out of range: index >= num_tokens, beyond the table, and
+        a table entry outside [0, 6)."""
+        self.kv.create_or_get_pool("tkbuf", "BF16(4)", block_size=4,
+                                   num_blocks=6, num_layers=1)
+        rng = random.Random(311)
+        batch, k, cols = 3, 5, 3
+        num_tokens = [12, rng.randrange(1, 13), rng.randrange(1, 13)]
+        valid = [k, rng.randrange(0, k + 1), rng.randrange(0, k + 1)]
+        table = [rng.randrange(0, 6) for _ in range(batch * cols)]
+        table[1] = 9                      # block 1 of sequence 0
+        topk = [rng.randrange(-1, 14) for _ in range(batch * k)]
+        topk[0], topk[1] = 13, 5          # >= num_tokens; names table[1]
+        return dict(batch=batch, k=k, cols=cols, num_tokens=num_tokens,
+                    valid=valid, table=table, topk=topk)
+
+    def test_convert_topk_buffer_forms_match_inline(self):
+        """topk, block_table, the slots and the count in buffers: the same
+        slots and invalid_count as the inline form; out-of-range entries
+        read from a buffer are counted, and the count is set (not added)
+        in invalid_count_out as a little-endian int64."""
+        kv = self.kv
+        c = self._topk_case()
+        batch, k, cols = c["batch"], c["k"], c["cols"]
+        want = kv.convert_topk("tkbuf", [c["topk"][i * k:(i + 1) * k]
+                                         for i in range(batch)],
+                               c["valid"], c["num_tokens"],
+                               [c["table"][i * cols:(i + 1) * cols]
+                                for i in range(batch)])
+        self.assertGreaterEqual(want.invalid_count, 2)
+        self.assertEqual((want.rows, want.cols, want.recorded_event),
+                         (batch, k, b""))
+        nk, nt = batch * k * 4, batch * cols * 4
+        TOPK, TABLE, SLOTS, WORD = 0, 64, 128, 192
+        with kv.allocate_buffer(256) as buf:
+            topk_s = buf.slice(TOPK, nk)
+            table_s = buf.slice(TABLE, nt)
+            slots_s = buf.slice(SLOTS, nk)
+            word_s = buf.slice(WORD, 8)
+            forms = [
+                ("topk", dict(topk=topk_s, k=k)),
+                ("table+out", dict(block_table=table_s,
+                                   max_blocks_per_seq=cols, out=slots_s)),
+                ("all", dict(topk=topk_s, k=k, block_table=table_s,
+                             max_blocks_per_seq=cols, out=slots_s,
+                             invalid_count_out=word_s)),
+                ("in place", dict(topk=topk_s, k=k, out=topk_s,
+                                  invalid_count_out=word_s)),
+            ]
+            for name, kw in forms:
+                with self.subTest(form=name):
+                    buf.write(b"\xab" * 256)
+                    buf.write(i32(c["topk"]), TOPK)
+                    buf.write(i32(c["table"]), TABLE)
+                    buf.write(b"\xff" * 8, WORD)
+                    args = dict(topk=c["topk"], block_table=c["table"],
+                                k=k, max_blocks_per_seq=cols)
+                    args.update(kw)
+                    got = kv.convert_topk(
+                        "tkbuf", args.pop("topk"), c["valid"],
+                        c["num_tokens"], args.pop("block_table"), **args)
+                    self.assertEqual((got.rows, got.cols, got.invalid_count,
+                                      got.recorded_event),
+                                     (batch, k, want.invalid_count, b""))
+                    out = kw.get("out")
+                    if out is None:
+                        self.assertEqual(list(got.slots), list(want.slots))
+                        self.assertEqual(buf.read(SLOTS, nk), b"\xab" * nk)
+                    else:
+                        self.assertIsNone(got.slots)
+                        self.assertEqual(read_i32(buf, out.offset,
+                                                  batch * k),
+                                         list(want.slots))
+                    if "invalid_count_out" in kw:
+                        self.assertEqual(read_i64(buf, WORD),
+                                         want.invalid_count)
+                    else:
+                        self.assertEqual(buf.read(WORD, 8), b"\xff" * 8)
+                    if out is not topk_s:   # inputs are only read
+                        self.assertEqual(read_i32(buf, TOPK, batch * k),
+                                         c["topk"])
+                    self.assertEqual(read_i32(buf, TABLE, batch * cols),
+                                     c["table"])
+
+    def _swa_pool(self):
+        """SWA pool "swbuf": rings of 8 slots, 3 states."""
+        self.kv.create_or_get_pool("swbuf", "BF16(4)", block_size=8,
+                                   num_blocks=3, num_layers=1)
+
+    def test_swa_decode_index_buffer_form_matches_inline(self):
+        """out=Buffer.slice(): the slots inline calls return, written into
+        exactly the slice."""
+        kv = self.kv
+        self._swa_pool()
+        rng = random.Random(312)
+        window, n = 5, 4
+        queries = [[rng.randrange(3), rng.randrange(20),
+                    rng.randrange(window + 1)] for _ in range(n)]
+        queries[0][2] = window
+        want = kv.swa_decode_index("swbuf", window, queries)
+        self.assertIn(-1, list(want.slots))
+        nbytes = n * window * 4
+        with kv.allocate_buffer(nbytes + 32) as buf:
+            buf.write(b"\xab" * (nbytes + 32))
+            got = kv.swa_decode_index("swbuf", window, queries,
+                                      out=buf.slice(16, nbytes))
+            self.assertIsNone(got.slots)
+            self.assertEqual((got.rows, got.cols, got.recorded_event),
+                             (n, window, b""))
+            self.assertEqual(read_i32(buf, 16, n * window), list(want.slots))
+            self.assertEqual(buf.read(0, 16), b"\xab" * 16)
+            self.assertEqual(buf.read(16 + nbytes, 16), b"\xab" * 16)
+
+    def _prefill_case(self):
+        """Two sequences, W = 4, R = 2: 5 + 3 compressed rows, 5 query
+        rows of topk_k = 3."""
+        rng = random.Random(313)
+        rows, topk_k = 5, 3
+        ci = [rng.randrange(-1, 8) for _ in range(rows * topk_k)]
+        return dict(seqlen_k=[10, 7], seqlen_q=[3, 2], window=4,
+                    compress_ratio=2, swa_valid_start=[0, 3], rows=rows,
+                    topk_k=topk_k, ci=ci)
+
+    def test_prefill_index_buffer_forms_match_inline(self):
+        """compressed_index, the index and the count in buffers: the same
+        index as inline; entries outside [-1, compressed rows) read from a
+        buffer become -1 and are counted (inline they are refused)."""
+        kv = self.kv
+        c = self._prefill_case()
+        rows, topk_k = c["rows"], c["topk_k"]
+        common = dict(window=c["window"], compress_ratio=c["compress_ratio"],
+                      swa_valid_start=c["swa_valid_start"])
+        want = kv.prefill_index(c["seqlen_k"], c["seqlen_q"],
+                                compressed_index=c["ci"], topk_k=topk_k,
+                                **common)
+        width = c["window"] + topk_k
+        self.assertEqual(want.row_width, width)
+        self.assertEqual((want.invalid_count, want.recorded_event), (0, b""))
+        shape = (want.row_width, want.main_kv_offset, want.total_rows)
+        ni, no = rows * topk_k * 4, rows * width * 4
+        CI, INDEX, WORD = 0, 128, 512
+        with kv.allocate_buffer(528) as buf:
+            ci_s = buf.slice(CI, ni)
+            index_s = buf.slice(INDEX, no)
+            word_s = buf.slice(WORD, 8)
+            forms = [("compressed_index", dict(compressed_index=ci_s)),
+                     ("out", dict(out=index_s)),
+                     ("all", dict(compressed_index=ci_s, out=index_s,
+                                  invalid_count_out=word_s))]
+            for name, kw in forms:
+                with self.subTest(form=name):
+                    buf.write(b"\xab" * 528)
+                    buf.write(i32(c["ci"]), CI)
+                    buf.write(b"\xff" * 8, WORD)
+                    args = dict(compressed_index=c["ci"], topk_k=topk_k,
+                                **common)
+                    args.update(kw)
+                    got = kv.prefill_index(c["seqlen_k"], c["seqlen_q"],
+                                           **args)
+                    self.assertEqual((got.row_width, got.main_kv_offset,
+                                      got.total_rows), shape)
+                    self.assertEqual((got.invalid_count,
+                                      got.recorded_event), (0, b""))
+                    if "out" in kw:
+                        self.assertIsNone(got.index)
+                        self.assertEqual(read_i32(buf, INDEX, rows * width),
+                                         list(want.index))
+                    else:
+                        self.assertEqual(list(got.index), list(want.index))
+                        self.assertEqual(buf.read(INDEX, no), b"\xab" * no)
+                    if "invalid_count_out" in kw:
+                        self.assertEqual(read_i64(buf, WORD), 0)
+                    self.assertEqual(read_i32(buf, CI, rows * topk_k),
+                                     c["ci"])
+
+            # Out of range in a buffer: -1 and counted; inline: refused.
+            bad = list(c["ci"])
+            bad[1], bad[7] = 8, -2
+            masked = list(c["ci"])
+            masked[1] = masked[7] = -1
+            self.assertFails(grpc.StatusCode.INVALID_ARGUMENT,
+                             "compressed_index[1] = 8 is outside [-1, 8)",
+                             kv.prefill_index, c["seqlen_k"], c["seqlen_q"],
+                             compressed_index=bad, topk_k=topk_k, **common)
+            ref = kv.prefill_index(c["seqlen_k"], c["seqlen_q"],
+                                   compressed_index=masked, topk_k=topk_k,
+                                   **common)
+            buf.write(i32(bad), CI)
+            buf.write(b"\xff" * 8, WORD)
+            got = kv.prefill_index(c["seqlen_k"], c["seqlen_q"],
+                                   compressed_index=ci_s, topk_k=topk_k,
+                                   out=index_s, invalid_count_out=word_s,
+                                   **common)
+            self.assertEqual(got.invalid_count, 2)
+            self.assertEqual(read_i64(buf, WORD), 2)
+            self.assertEqual(read_i32(buf, INDEX, rows * width),
+                             list(ref.index))
+
+    def test_index_buffer_forms_client_checks(self):
+        """A slice whose columns the client cannot know without k,
+        max_blocks_per_seq or topk_k, an out that is neither INLINE nor a
+        slice, an invalid_count_out that is not a slice: INVALID_ARGUMENT
+        naming the parameter, nothing sent. Every call sends the
+        session."""
+        kv = self.kv
+        c = self._topk_case()
+        p = self._prefill_case()
+        self._swa_pool()
+        I = grpc.StatusCode.INVALID_ARGUMENT
+        with kv.allocate_buffer(256) as buf:
+            s = buf.slice(0, 64)
+            topk = dict(valid_count=c["valid"], num_tokens=c["num_tokens"])
+            table = [c["table"][i * 3:(i + 1) * 3] for i in range(3)]
+            rows = [c["topk"][i * 5:(i + 1) * 5] for i in range(3)]
+            pre = dict(window=p["window"], compress_ratio=2)
+            calls = index_calls(kv)
+            cases = [
+                ("k: topk is a Buffer.slice()", kv.convert_topk,
+                 ("tkbuf", s), dict(block_table=table, **topk)),
+                ("k: topk is a Buffer.slice()", kv.convert_topk,
+                 ("tkbuf", s), dict(block_table=s, max_blocks_per_seq=3,
+                                    **topk)),
+                ("max_blocks_per_seq: block_table is a Buffer.slice()",
+                 kv.convert_topk, ("tkbuf", rows),
+                 dict(block_table=s, **topk)),
+                ("max_blocks_per_seq: block_table is a Buffer.slice()",
+                 kv.convert_topk, ("tkbuf", s),
+                 dict(block_table=s, k=5, **topk)),
+                ("out: pass INLINE or a Buffer.slice()", kv.convert_topk,
+                 ("tkbuf", rows), dict(block_table=table, out=bytearray(60),
+                                       **topk)),
+                ("invalid_count_out: pass None or a Buffer.slice()",
+                 kv.convert_topk, ("tkbuf", rows),
+                 dict(block_table=table, invalid_count_out=bytearray(8),
+                      **topk)),
+                ("out: pass INLINE or a Buffer.slice()",
+                 kv.swa_decode_index, ("swbuf", 5, [[0, 0, 1]]),
+                 dict(out=b"")),
+                ("topk_k: compressed_index is a Buffer.slice()",
+                 kv.prefill_index, (p["seqlen_k"], p["seqlen_q"]),
+                 dict(compressed_index=s, **pre)),
+                ("out: pass INLINE or a Buffer.slice()", kv.prefill_index,
+                 (p["seqlen_k"], p["seqlen_q"]),
+                 dict(compressed_index=p["ci"], topk_k=3, out=None, **pre)),
+                ("invalid_count_out: pass None or a Buffer.slice()",
+                 kv.prefill_index, (p["seqlen_k"], p["seqlen_q"]),
+                 dict(compressed_index=s, topk_k=3, invalid_count_out=0,
+                      **pre)),
+            ]
+            for i, (message, fn, args, kw) in enumerate(cases):
+                with self.subTest(case=i, message=message):
+                    self.assertFails(I, message, fn, *args, **kw)
+            self.assertEqual(index_calls(kv), calls)
+
+        # The session travels in each request, inline forms too.
+        sent = []
+        real = kv._call
+
+        def spy(method, request, stub=None):
+            sent.append((method, request.session_id))
+            return real(method, request, stub)
+
+        with mock.patch.object(kv, "_call", spy):
+            kv.convert_topk("tkbuf", rows, c["valid"], c["num_tokens"],
+                            table)
+            kv.swa_decode_index("swbuf", 5, [[0, 0, 1]])
+            kv.prefill_index(p["seqlen_k"], p["seqlen_q"],
+                             compressed_index=p["ci"], topk_k=3, **pre)
+        self.assertTrue(kv.session_id)
+        self.assertEqual(sent, [("ConvertTopk", kv.session_id),
+                                ("SwaDecodeIndex", kv.session_id),
+                                ("PrefillIndex", kv.session_id)])
+
+    def test_index_gpu_ordering_refused_on_cpu(self):
+        """record_event and wait_event reach the daemon on all three index
+        calls: the CPU backend refuses them by name, and the output
+        buffer (and count word) stay as they were."""
+        kv = self.kv
+        c = self._topk_case()
+        p = self._prefill_case()
+        self._swa_pool()
+        k, cols, batch = c["k"], c["cols"], c["batch"]
+        I = grpc.StatusCode.INVALID_ARGUMENT
+        with kv.allocate_buffer(1024) as buf:
+            topk_s = buf.slice(0, batch * k * 4)
+            out_s = buf.slice(128, batch * k * 4)
+            word_s = buf.slice(256, 8)
+            ci_s = buf.slice(512, p["rows"] * p["topk_k"] * 4)
+            index_s = buf.slice(640, p["rows"] * 7 * 4)
+            calls = [
+                ("convert_topk", lambda **o: kv.convert_topk(
+                    "tkbuf", topk_s, c["valid"], c["num_tokens"],
+                    c["table"], k=k, max_blocks_per_seq=cols, out=out_s,
+                    invalid_count_out=word_s, **o)),
+                ("swa_decode_index", lambda **o: kv.swa_decode_index(
+                    "swbuf", 3, [[1, 2, 3], [0, 7, 2]],
+                    out=buf.slice(128, 24), **o)),
+                ("prefill_index", lambda **o: kv.prefill_index(
+                    p["seqlen_k"], p["seqlen_q"], window=p["window"],
+                    compress_ratio=2, compressed_index=ci_s,
+                    topk_k=p["topk_k"], out=index_s,
+                    invalid_count_out=word_s, **o)),
+            ]
+            for name, call in calls:
+                for field, kw in (("record_event", dict(record_event=True)),
+                                  ("wait_event_ipc_handle",
+                                   dict(wait_event=bytes(64)))):
+                    with self.subTest(call=name, field=field):
+                        buf.write(b"\xab" * 1024)
+                        buf.write(i32(c["topk"]), 0)
+                        buf.write(i32(p["ci"]), 512)
+                        before = buf.read()
+                        self.assertFails(
+                            I, f"{field}: GPU ordering needs the cuda "
+                            "backend", call, **kw)
+                        self.assertEqual(buf.read(), before)
+                # Without them the same call goes through.
+                buf.write(b"\xab" * 1024)
+                buf.write(i32(c["topk"]), 0)
+                buf.write(i32(p["ci"]), 512)
+                before = buf.read()
+                self.assertEqual(call().recorded_event, b"")
+                self.assertNotEqual(buf.read(), before)
 
     # ------------------------------------------------------------ errors
 

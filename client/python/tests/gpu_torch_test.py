@@ -321,6 +321,93 @@ class GpuTorchTest(unittest.TestCase):
         gc.collect()
         buf.release()
 
+    def test_index_calls_on_buffer_views(self):
+        """kt.convert_topk, kt.swa_decode_index and kt.prefill_index with
+        their arrays in CUDA buffer views written behind a ~50 ms sleep on
+        the current stream, their outputs in buffer views, record_event:
+        equal to the inline path. A block-table entry out of range read
+        from a buffer turns its slots into -1 and is counted in
+        invalid_count_out (the inline form refuses it)."""
+        kv = self.kv
+        bs = 64
+        kv.create_pool("c", "V41", block_size=bs, num_blocks=16,
+                       num_layers=1, device="cuda:0")
+        rng = random.Random(451)
+        batch, k = 3, 8
+        num_tokens = [200, 256, 90]
+        valid = [8, 5, 6]
+        topk = [[rng.randrange(-1, n) for _ in range(k)] for n in num_tokens]
+        table = [[7, 3, 12, 5], [1, 2, 4, 6], [8, 9, 10, 11]]
+        i32 = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+        want = kt.convert_topk(kv, "c", i32(topk), i32(valid),
+                               i32(num_tokens), i32(table))
+        buf = kv.allocate_buffer(1 << 20)
+        view = lambda off, dt, shape: kt.buffer_tensor(  # noqa: E731
+            kv, buf, dt, shape, offset=off)
+        tb, tab = view(0, torch.int32, (batch, k)), view(
+            4096, torch.int32, (batch, 4))
+        ob, ic = view(8192, torch.int32, (batch, k)), view(
+            12288, torch.int64, (1,))
+        bad_table = [row[:] for row in table]
+        bad_table[0][0] = 1 << 20
+        for tbl in (table, bad_table):
+            src_t, src_tab = i32(topk).cuda(), i32(tbl).cuda()
+            torch.cuda.synchronize()
+            torch.cuda._sleep(100_000_000)
+            tb.copy_(src_t)
+            tab.copy_(src_tab)
+            ob.fill_(9)
+            ic.fill_(-5)
+            got = kt.convert_topk(kv, "c", tb, i32(valid), i32(num_tokens),
+                                  tab, out=ob, invalid_count_out=ic,
+                                  record_event=True)
+            self.assertEqual(got.data_ptr(), ob.data_ptr())
+            expect = want.clone()
+            if tbl is bad_table:   # block 0 of sequence 0 is block 7
+                gone = (expect[0] >= 7 * bs) & (expect[0] < 8 * bs)
+                self.assertGreater(int(gone.sum()), 0)
+                expect[0][gone] = -1
+            self.assertTrue(torch.equal(got.cpu(), expect))
+            self.assertEqual(int(ic.item()),
+                             0 if tbl is table else int(gone.sum()))
+
+        kv.create_pool("s", "V41", block_size=bs, num_blocks=8,
+                       num_layers=1, device="cuda:0")
+        q = i32([[1, 5, 40], [0, 60, 48], [3, 0, 10]])
+        want = kt.swa_decode_index(kv, "s", 48, q)
+        so = view(16384, torch.int32, (3, 48))
+        torch.cuda.synchronize()
+        torch.cuda._sleep(100_000_000)
+        so.fill_(9)
+        got = kt.swa_decode_index(kv, "s", 48, q, out=so,
+                                  record_event=True)
+        self.assertTrue(torch.equal(got.cpu(), want))
+
+        seqlen_k, seqlen_q = i32([300, 90]), i32([40, 90])
+        ci = i32([[rng.randrange(-1, 75 if r < 40 else 22)
+                   for _ in range(16)] for r in range(130)])
+        want, ref = kt.prefill_index(kv, seqlen_k, seqlen_q, window=48,
+                                     compress_ratio=4, compressed_index=ci)
+        cb = view(32768, torch.int32, (130, 16))
+        po = view(65536, torch.int32, (130, 64))
+        src = ci.cuda()
+        torch.cuda.synchronize()
+        torch.cuda._sleep(100_000_000)
+        cb.copy_(src)
+        po.fill_(9)
+        ic.fill_(-5)
+        got, r = kt.prefill_index(kv, seqlen_k, seqlen_q, window=48,
+                                  compress_ratio=4, compressed_index=cb,
+                                  out=po, invalid_count_out=ic,
+                                  record_event=True)
+        self.assertEqual(r.row_width, ref.row_width)
+        self.assertEqual(len(r.recorded_event), 64)
+        self.assertTrue(torch.equal(got.cpu(), want))
+        self.assertEqual(int(ic.item()), 0)
+        del tb, tab, ob, ic, so, cb, po, got, view
+        gc.collect()
+        buf.release()
+
     def test_wrong_device_and_other_session(self):
         kv = self.kv
         self.twin_pools("V41", layers=1)
