@@ -1,7 +1,7 @@
 """kvdepot.torch on the CUDA backend (GPU host; every test skips without
 torch.cuda, as in CI). Run there from the GPU pack (docs/PYTHON.md):
 
-    tar xzf gpu_pack/bundle.tgz
+    tar xJf gpu_pack/bundle.txz
     python3 -m zipfile -e gpu_pack/kvdepot-*.whl /tmp/kvwheel
     cd gpu_pack && PYTHONPATH=/tmp/kvwheel \
       LD_LIBRARY_PATH=$PWD/../gpu_bundle/lib \
