@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <string_view>
 
 #include "kernels/cuda/bench_ceiling.h"
 #include "kernels/cuda/device_util.cuh"
@@ -321,6 +322,22 @@ cudaError_t DsMlaLoadTraffic(const PoolLayout& layout, const uint8_t* layer,
 namespace {
 __global__ void EmptyKernelBody() {}
 
+// Every 16-byte word of `p` read through L2 (ld.global.cg: L1 bypassed,
+// the line allocated in L2); the xor of all of them is written only if it
+// equals `never`, which it cannot be told apart from at compile time, so
+// no load is dropped and nothing is written in practice.
+__global__ void ReadFlushBody(const uint4* p, int64_t words, uint32_t never,
+                              uint32_t* sink) {
+  uint32_t acc = 0;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < words; i += stride) {
+    const uint4 v = __ldcg(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == never) *sink = acc;
+}
+
 constexpr int kChains = 8, kLinks = 512;
 
 template <bool kUnrolled>
@@ -347,6 +364,42 @@ __global__ void CodeFetchBody(float* out, int links) {
   out[threadIdx.x] = sum;
 }
 }  // namespace
+
+cudaError_t FlushL2(L2Flush mode, void* buffer, int64_t bytes, int salt,
+                    cudaStream_t stream) {
+  if (mode == L2Flush::kWrite) {
+    return cudaMemsetAsync(buffer, salt & 0xFF, bytes, stream);
+  }
+  if (bytes < 32 || bytes % 16 != 0) return cudaErrorInvalidValue;
+  // The buffer's last word is the sink (read before it could be written).
+  auto* words = static_cast<const uint4*>(buffer);
+  auto* sink = static_cast<uint32_t*>(buffer) + bytes / 4 - 1;
+  int device = 0, sms = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) {
+    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  }
+  if (e != cudaSuccess) return e;
+  ReadFlushBody<<<8 * sms, 256, 0, stream>>>(
+      words, bytes / 16, 0x9E3779B9u ^ static_cast<uint32_t>(salt), sink);
+  return cudaGetLastError();
+}
+
+bool ParseL2Flush(const char* name, L2Flush* mode) {
+  const std::string_view n(name);
+  if (n == "write") {
+    *mode = L2Flush::kWrite;
+  } else if (n == "read") {
+    *mode = L2Flush::kRead;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+const char* L2FlushName(L2Flush mode) {
+  return mode == L2Flush::kWrite ? "write" : "read";
+}
 
 cudaError_t EmptyKernel(cudaStream_t stream) {
   EmptyKernelBody<<<1, kWarp, 0, stream>>>();

@@ -48,6 +48,22 @@ cudaError_t DsMlaLoadTrafficFlat(const PoolLayout& layout, const uint8_t* layer,
                                  const int32_t* segments, int64_t num_segments,
                                  uint16_t* out, cudaStream_t stream);
 
+// How a benchmark empties L2 before a timed launch, with a buffer larger
+// than L2 (`bytes`, a multiple of 16). kWrite rewrites it (cudaMemset, the
+// benchmarks' default): L2 is left full of dirty lines, and the timed
+// kernel pays their write-back as it evicts them (about L2's size in extra
+// DRAM writes: a large share of a 64K-token launch, little of a 1 GiB
+// copy). kRead reads it: L2 is left full of clean lines, dropped for free,
+// so a kernel pays only for its own traffic (its own dirty lines are
+// written back during the next flush, which the timing counts). `salt`
+// varies the bytes written (kWrite) and is never matched (kRead).
+enum class L2Flush { kWrite, kRead };
+cudaError_t FlushL2(L2Flush mode, void* buffer, int64_t bytes, int salt,
+                    cudaStream_t stream);
+// "write" / "read" -> mode; false for anything else.
+bool ParseL2Flush(const char* name, L2Flush* mode);
+const char* L2FlushName(L2Flush mode);
+
 // One warp that does nothing: the launch floor of a graph of back-to-back
 // launches (fused_benchmark's latency table).
 cudaError_t EmptyKernel(cudaStream_t stream);

@@ -3,7 +3,8 @@
 //  1. device-to-device cudaMemcpy bandwidth (bytes read + written);
 //  2. per kernel and format, achieved bandwidth (bytes the kernel reads +
 //     writes) over that copy bandwidth at 64K and 1M tokens, with L2 flushed
-//     (a buffer larger than L2 is rewritten) before every timed launch;
+//     (a buffer larger than L2 rewritten, or read: --l2_flush,
+//     bench_ceiling.h) before every timed launch and before the copy;
 //  3. GPU time at 1..8192 tokens (and the index kernels at 1K..128K
 //     indices), averaged over CUDA-graph replays of many launches, also as a
 //     multiple of an empty kernel's time.
@@ -39,6 +40,10 @@
 ABSL_FLAG(std::string, json, "", "write results as JSON to this file");
 ABSL_FLAG(int, iters, 20, "timed launches per bandwidth point");
 ABSL_FLAG(int, graph_launches, 200, "launches per CUDA graph (latency)");
+ABSL_FLAG(std::string, l2_flush, "write",
+          "how L2 is emptied before each timed launch: write (rewrite a "
+          "buffer larger than L2: dirty lines) or read (read it: clean "
+          "lines; bench_ceiling.h)");
 ABSL_FLAG(bool, specials, false,
           "inputs with about 1 in 256 values special (NaN, +-Inf, ...), as "
           "the tests use; default: finite activations");
@@ -61,7 +66,13 @@ using Launcher = std::function<absl::Status(cudaStream_t)>;
 
 struct Bench {
   cudaStream_t stream = nullptr;
-  DeviceBuffer flush;  // > L2: rewritten before each timed launch
+  DeviceBuffer flush;  // > L2: rewritten or read before each timed launch
+  ceiling::L2Flush flush_mode = ceiling::L2Flush::kWrite;
+
+  cudaError_t FlushL2(int salt) {
+    return ceiling::FlushL2(flush_mode, flush.get(), flush.bytes(), salt,
+                            stream);
+  }
   std::vector<std::string> json;
 
   // Mean GPU time of one launch in seconds with a cold L2: graph replays
@@ -73,8 +84,7 @@ struct Bench {
       cudaGraphExec_t exec;
       CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
       for (int i = 0; i < iters; ++i) {
-        CHECK_CUDA(
-            cudaMemsetAsync(flush.get(), i & 0xFF, flush.bytes(), stream));
+        CHECK_CUDA(FlushL2(i));
         if (with_kernel) CHECK_OK(f(stream));
       }
       CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
@@ -98,7 +108,7 @@ struct Bench {
     CHECK_OK(f(stream));  // warm-up
     double total = 0;
     for (int i = 0; i < iters; ++i) {
-      CHECK_CUDA(cudaMemsetAsync(flush.get(), i & 0xFF, flush.bytes(), stream));
+      CHECK_CUDA(FlushL2(i));
       CHECK_CUDA(cudaEventRecord(a, stream));
       CHECK_OK(f(stream));
       CHECK_CUDA(cudaEventRecord(b, stream));
@@ -245,6 +255,14 @@ int Main() {
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
   bench.flush = *DeviceBuffer::Open(std::max<int64_t>(4LL * l2, 256 << 20));
+  if (!ceiling::ParseL2Flush(absl::GetFlag(FLAGS_l2_flush).c_str(),
+                             &bench.flush_mode)) {
+    std::fprintf(stderr, "--l2_flush: '%s' is neither write nor read\n",
+                 absl::GetFlag(FLAGS_l2_flush).c_str());
+    return 2;
+  }
+  // Defined bytes for the read flush (bench_ceiling.h).
+  CHECK_CUDA(cudaMemset(bench.flush.get(), 0, bench.flush.bytes()));
   const int iters = absl::GetFlag(FLAGS_iters);
   const int launches = absl::GetFlag(FLAGS_graph_launches);
 
@@ -264,12 +282,14 @@ int Main() {
       iters);
   const double copy_bw = 2.0 * copy_bytes / copy_s;
   std::printf("device: %s, L2 %d MiB\n", prop.name, l2 >> 20);
-  std::printf("cudaMemcpy D2D: %.1f GB/s (read + write)\n\n", copy_bw / 1e9);
+  std::printf("cudaMemcpy D2D: %.1f GB/s (read + write)\nL2 flushed by: %s\n\n",
+              copy_bw / 1e9, ceiling::L2FlushName(bench.flush_mode));
   bench.json.push_back(
       absl::StrFormat("\"device\": \"%s\", \"copy_bandwidth_gbps\": %.1f, "
-                      "\"special_inputs\": %s",
+                      "\"special_inputs\": %s, \"l2_flush\": \"%s\"",
                       prop.name, copy_bw / 1e9,
-                      absl::GetFlag(FLAGS_specials) ? "true" : "false"));
+                      absl::GetFlag(FLAGS_specials) ? "true" : "false",
+                      ceiling::L2FlushName(bench.flush_mode)));
 
   // 2. Bandwidth at 64K and 1M tokens.
   const std::vector<std::string> formats = {

@@ -3,7 +3,8 @@
 // BF16, then the plain store) and against the plain store alone, as ratios
 // of the same run's device-to-device copy bandwidth:
 //  1. bandwidth at 64K and 1M tokens (--bandwidth_tokens), L2 flushed
-//     before every timed launch;
+//     before every timed launch and before the copy (--l2_flush: rewritten
+//     or read, bench_ceiling.h);
 //  2. GPU time at 1..1024 tokens in CUDA-graph replay (goal: <= 3 us),
 //     also with PDL on (fused+pdl), as the step path chains its launches,
 //     next to the plain store of the same tokens and an empty kernel (the
@@ -67,6 +68,10 @@ ABSL_FLAG(std::vector<std::string>, configs,
           "configurations to run, in this order; also hadamard_fp4 and "
           "hadamard_fp32sf (the Hadamard of 128 on FP4_INDEX and "
           "FP8_FP32SF_INDEX)");
+ABSL_FLAG(std::string, l2_flush, "write",
+          "how L2 is emptied before each timed launch: write (rewrite a "
+          "buffer larger than L2: dirty lines) or read (read it: clean "
+          "lines; bench_ceiling.h)");
 ABSL_FLAG(bool, specials, false,
           "inputs with about 1 in 256 values special (NaN, +-Inf, ...), as "
           "the tests use; default: finite activations");
@@ -90,6 +95,12 @@ using Launcher = std::function<absl::Status(cudaStream_t)>;
 
 cudaStream_t g_stream = nullptr;
 DeviceBuffer* g_flush = nullptr;
+ceiling::L2Flush g_flush_mode = ceiling::L2Flush::kWrite;
+
+cudaError_t FlushL2(int salt) {
+  return ceiling::FlushL2(g_flush_mode, g_flush->get(), g_flush->bytes(), salt,
+                          g_stream);
+}
 
 double TimeReplays(cudaGraphExec_t exec, int replays) {
   cudaEvent_t a, b;
@@ -113,8 +124,7 @@ double Replay(const Launcher& f, int count, bool flush, bool with_kernel) {
   CHECK_CUDA(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeGlobal));
   for (int i = 0; i < count; ++i) {
     if (flush) {
-      CHECK_CUDA(cudaMemsetAsync(g_flush->get(), i & 0xFF, g_flush->bytes(),
-                                 g_stream));
+      CHECK_CUDA(FlushL2(i));
     }
     if (with_kernel) CHECK_OK(f(g_stream));
   }
@@ -354,8 +364,7 @@ void BandwidthTable(const cudaDeviceProp& prop,
   CHECK_CUDA(cudaEventCreate(&b));
   double copy_s = 0;
   for (int i = 0; i <= iters; ++i) {
-    CHECK_CUDA(
-        cudaMemsetAsync(g_flush->get(), i & 0xFF, g_flush->bytes(), g_stream));
+    CHECK_CUDA(FlushL2(i));
     CHECK_CUDA(cudaEventRecord(a, g_stream));
     CHECK_CUDA(cudaMemcpyAsync(dst.get(), src.get(), copy_bytes,
                                cudaMemcpyDeviceToDevice, g_stream));
@@ -368,11 +377,14 @@ void BandwidthTable(const cudaDeviceProp& prop,
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   const double copy_bw = 2.0 * copy_bytes / copy_s;
-  std::printf("device: %s\ncudaMemcpy D2D: %.1f GB/s (read + write)\n\n",
-              prop.name, copy_bw / 1e9);
-  json.push_back(
-      absl::StrFormat("\"device\": \"%s\", \"copy_bandwidth_gbps\": %.1f",
-                      prop.name, copy_bw / 1e9));
+  std::printf(
+      "device: %s\ncudaMemcpy D2D: %.1f GB/s (read + write)\nL2 flushed by: "
+      "%s\n\n",
+      prop.name, copy_bw / 1e9, ceiling::L2FlushName(g_flush_mode));
+  json.push_back(absl::StrFormat(
+      "\"device\": \"%s\", \"copy_bandwidth_gbps\": %.1f, \"l2_flush\": "
+      "\"%s\"",
+      prop.name, copy_bw / 1e9, ceiling::L2FlushName(g_flush_mode)));
 
   std::printf("%-14s %-12s %-8s %8s %10s %10s %8s\n", "config", "format",
               "kernel", "tokens", "us", "GB/s", "of copy");
@@ -473,6 +485,14 @@ int Main() {
   DeviceBuffer flush =
       *DeviceBuffer::Open(std::max<int64_t>(4LL * l2, 256 << 20));
   g_flush = &flush;
+  if (!ceiling::ParseL2Flush(absl::GetFlag(FLAGS_l2_flush).c_str(),
+                             &g_flush_mode)) {
+    std::fprintf(stderr, "--l2_flush: '%s' is neither write nor read\n",
+                 absl::GetFlag(FLAGS_l2_flush).c_str());
+    return 2;
+  }
+  // Defined bytes for the read flush (bench_ceiling.h).
+  CHECK_CUDA(cudaMemset(flush.get(), 0, flush.bytes()));
   std::vector<std::string> json = {
       absl::StrFormat("\"special_inputs\": %s",
                       absl::GetFlag(FLAGS_specials) ? "true" : "false")};
