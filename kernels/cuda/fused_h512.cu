@@ -62,6 +62,17 @@ constexpr int kMinCtas = 8;
 // quant.h format class).
 struct Bf16Record {};
 
+// BF16(512) without the Hadamard: the one-warp kernel loads a token's row
+// before it processes the one before (two tokens' inputs in registers, 5
+// CTAs per SM at <= 102 registers), which took norm + rope from 85.0 to
+// 87.1 % of copy at 64K tokens and 91.3 to 92.8 % at 1M on an H100
+// (docs/BENCHMARKS.md, 2026-12-06). The same with the quantized formats'
+// Hadamard (all stages) lost 0.4-1.6 points there: those kernels are bound
+// by their instructions, and keep one token and 8 CTAs.
+template <class Q, bool kHad>
+constexpr bool kLoadAhead = std::is_same_v<Q, Bf16Record> && !kHad;
+constexpr int kLoadAheadMinCtas = 5;
+
 // 8 BF16 (a uint4) -> 8 fp32.
 __device__ __forceinline__ void Unpack8(uint4 v, float (&x)[8]) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
@@ -473,7 +484,9 @@ __device__ __forceinline__ void Finish(const PoolLayout& layout,
 }
 
 template <class Q, bool kNorm, RopeStyle kRope, bool kHad>
-__global__ void __launch_bounds__(kThreads, kMinCtas)
+__global__ void __launch_bounds__(kThreads, kLoadAhead<Q, kHad>
+                                                ? kLoadAheadMinCtas
+                                                : kMinCtas)
     FusedH512Kernel(PoolLayout layout, FastDiv div, uint8_t* layer,
                     const uint16_t* kv,  // [n][512] BF16
                     FusedParams p, RopeLanes rope,
@@ -498,16 +511,34 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
           p.norm_weight + (kHalf + 8 * lane - p.norm_begin)));
     }
   }
-  // A token's position is read one round ahead, so its cos/sin loads go
-  // out with its row instead of after a dependent load.
+  // A token's position is read one round before its row, so its cos/sin
+  // loads go out with the row instead of after a dependent load; with
+  // kLoadAhead the row itself one token ahead of its processing.
+  if (warp >= n) return;  // warp-uniform
+  constexpr bool kAhead = kLoadAhead<Q, kHad>;
   const bool rope_lane = kRope != RopeStyle::kNone && lane - rope.first >= 0 &&
                          lane - rope.first < rope.lanes;
-  int64_t pos = rope_lane && warp < n ? __ldg(p.positions + warp) : 0;
+  const auto position = [&](int64_t token) -> int64_t {
+    return rope_lane && token < n ? __ldg(p.positions + token) : 0;
+  };
+  int64_t pos = position(warp);
+  In ahead;  // kAhead: the next token's row
+  if constexpr (kAhead) {
+    LoadToken<kRope>(kv, warp, pos, slots, p, rope, lane, ahead);
+    pos = position(warp + warps);
+  }
   for (int64_t token = warp; token < n; token += warps) {
-    In in;
-    LoadToken<kRope>(kv, token, pos, slots, p, rope, lane, in);
     const int64_t next = token + warps;
-    pos = rope_lane && next < n ? __ldg(p.positions + next) : 0;
+    In in;
+    if constexpr (kAhead) {
+      in = ahead;
+      if (next < n)
+        LoadToken<kRope>(kv, next, pos, slots, p, rope, lane, ahead);
+      pos = position(next + warps);
+    } else {
+      LoadToken<kRope>(kv, token, pos, slots, p, rope, lane, in);
+      pos = position(next);
+    }
     float x0[8], x1[8];
     Unpack8(in.a, x0);
     Unpack8(in.b, x1);
