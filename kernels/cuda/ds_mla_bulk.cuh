@@ -28,18 +28,31 @@ inline constexpr int kDsMlaBulkSmem =
     kDsMlaBulkStages * kDsMlaBulkTile * (kDsMlaRowBytes + kDsMlaRecord);
 static_assert(kDsMlaRowBytes % 16 == 0 && kDsMlaRecord % 16 == 0);
 
+// Called once per tile and warp, before the tile is encoded; the default
+// does nothing. A kernel that needs per-token data besides the row (the
+// fused store's cos/sin values) loads it here one tile ahead.
+struct DsMlaBulkNoAhead {
+  __device__ void operator()(int64_t /*tile*/) const {}
+};
+
 // The whole kernel body; launch with kDsMlaBulkThreads threads and
-// kDsMlaBulkSmem bytes of dynamic shared memory. encode(row, rec, lane) is
-// called by every lane of a warp whose token has a slot >= 0 (the same in
-// every lane): row, the token's 1152 input bytes, and rec, its 656-byte
-// record to fill, both in shared memory. One bulk group per warp and tile
-// (empty for a -1 slot or past n), so a stage's record is rewritten only
-// after the store issued from it kDsMlaBulkStages tiles earlier has read
-// it. REQUIRES: layer, kv 16-byte aligned; block_stride % 16 == 0.
-template <typename Encode>
-__device__ __forceinline__ void DsMlaBulkStore(
+// kDsMlaBulkSmem bytes of dynamic shared memory. encode(row, rec, lane,
+// token, slot) is called by every lane of a warp whose token has a slot
+// >= 0 (with kEveryToken: of every warp whose token is < n, slot -1
+// included; its record is not stored): row, the token's 1152 input bytes,
+// and rec, its 656-byte record to fill, both in shared memory. ahead(tile)
+// is called by every lane at the top of each of its CTA's tiles (before
+// the rows' barrier wait), prime(tile) once before the first (both after
+// the kernel's PDL wait: they may read what earlier kernels wrote). One bulk
+// group per warp and tile (empty for a -1 slot or past n), so a stage's
+// record is rewritten only after the store issued from it kDsMlaBulkStages
+// tiles earlier has read it. REQUIRES: layer, kv 16-byte aligned;
+// block_stride % 16 == 0.
+template <bool kEveryToken, typename Encode, typename Prime, typename Ahead>
+__device__ __forceinline__ void DsMlaBulkPipeline(
     int64_t block_stride, const FastDiv& div, uint8_t* layer,
-    const uint16_t* kv, const int32_t* slots, int64_t n, const Encode& encode) {
+    const uint16_t* kv, const int32_t* slots, int64_t n, const Encode& encode,
+    const Prime& prime, const Ahead& ahead) {
   constexpr int kTile = kDsMlaBulkTile, kStages = kDsMlaBulkStages;
   extern __shared__ __align__(128) uint8_t bulk_smem[];
   __shared__ __align__(8) uint64_t bars[kStages];
@@ -70,16 +83,20 @@ __device__ __forceinline__ void DsMlaBulkStore(
     }
   }
   int32_t slot = slot_of(blockIdx.x);
+  prime(static_cast<int64_t>(blockIdx.x));
   int it = 0;
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++it) {
+    ahead(tile);
     const int32_t next_slot = slot_of(tile + gridDim.x);  // one tile ahead
     const int stage = it % kStages;
     BarrierWait(&bars[stage], (it / kStages) & 1);
     uint8_t* const rec = recs + (stage * kTile + warp) * kDsMlaRecord;
     if (lane == 0) BulkStoresRead<kStages - 1>();
     __syncwarp();
-    if (slot >= 0) {
-      encode(rows + (stage * kTile + warp) * kDsMlaRowBytes, rec, lane);
+    const int64_t token = tile * kTile + warp;
+    if (kEveryToken ? token < n : slot >= 0) {
+      encode(rows + (stage * kTile + warp) * kDsMlaRowBytes, rec, lane, token,
+             slot);
     }
     FenceSharedForBulk();
     __syncwarp();
@@ -99,6 +116,19 @@ __device__ __forceinline__ void DsMlaBulkStore(
     slot = next_slot;
   }
   if (lane == 0) BulkStoresDone();
+}
+
+// The plain store's form: encode(row, rec, lane) for tokens with a slot.
+template <typename Encode>
+__device__ __forceinline__ void DsMlaBulkStore(
+    int64_t block_stride, const FastDiv& div, uint8_t* layer,
+    const uint16_t* kv, const int32_t* slots, int64_t n, const Encode& encode) {
+  DsMlaBulkPipeline</*kEveryToken=*/false>(
+      block_stride, div, layer, kv, slots, n,
+      [&](const uint8_t* row, uint8_t* rec, int lane, int64_t, int32_t) {
+        encode(row, rec, lane);
+      },
+      DsMlaBulkNoAhead(), DsMlaBulkNoAhead());
 }
 
 }  // namespace kvdepot::gpu::internal

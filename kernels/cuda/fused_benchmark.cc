@@ -42,6 +42,7 @@
 #include "common/cuda/cuda_status.h"
 #include "kernels/cuda/bench_ceiling.h"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/fused_internal.h"
 #include "kernels/cuda/fused_kernels.h"
 #include "kernels/cuda/fused_stages.h"
 #include "kernels/cuda/kernels.h"
@@ -328,6 +329,21 @@ Launcher StagesOf(Workload& w) {
   };
 }
 
+// DS_MLA_FP8 in the MLA configuration: one of fused_mla.cu's two kernels
+// by name (FusedOf takes the bulk one from kFusedMlaBulkMinTokens tokens).
+Launcher FusedMlaOf(Workload& w, internal::FusedMlaPath path) {
+  return [&w, path](cudaStream_t s) -> absl::Status {
+    RETURN_IF_CUDA_ERROR(
+        internal::LaunchFusedMla(
+            w.layout, static_cast<uint8_t*>(w.pool.get()), w.kv.as<uint16_t>(),
+            w.p, w.slots.as<int32_t>(), w.n,
+            w.cast.get() != nullptr ? w.cast.as<uint16_t>() : nullptr,
+            internal::Launch{s, false}, path),
+        "fused_mla.cu");
+    return absl::OkStatus();
+  };
+}
+
 Launcher PlainStoreOf(Workload& w) {
   return [&w](cudaStream_t s) {
     LaunchOptions o;
@@ -392,10 +408,16 @@ void BandwidthTable(const cudaDeviceProp& prop,
   for (const Config& c : Configs()) {
     for (int64_t n : tokens) {
       Workload w = Make(c, n);
-      const std::pair<const char*, Launcher> ks[] = {
+      std::vector<std::pair<const char*, Launcher>> ks = {
           {"fused", FusedOf(w)},
           {"stages", StagesOf(w)},
           {"store", PlainStoreOf(w)}};
+      if (c.format == "DS_MLA_FP8" && internal::FusedMlaApplies(w.p) &&
+          w.p.rope != RopeStyle::kNeox) {
+        ks.push_back(
+            {"f_warps", FusedMlaOf(w, internal::FusedMlaPath::kWarps)});
+        ks.push_back({"f_bulk", FusedMlaOf(w, internal::FusedMlaPath::kBulk)});
+      }
       for (const auto& [kernel, f] : ks) {
         const double t = ColdSeconds(f, iters);
         // The fused byte model for every row: the same work, so the ratio

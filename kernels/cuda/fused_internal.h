@@ -26,14 +26,30 @@ cudaError_t LaunchFusedStore(FormatId id, const PoolLayout& layout,
                              const Launch& launch);
 
 // DS_MLA_FP8 in the MLA configuration (norm [0, 512) or none, RoPE on
-// [512, 576) or none, no Hadamard): fused_mla.cu's register-only kernel,
-// the same bytes as LaunchFusedStore's general one. FusedMlaApplies says
-// whether params are that configuration (LaunchFusedMla refuses others).
+// [512, 576) or none, no Hadamard): fused_mla.cu's kernels, the same bytes
+// as LaunchFusedStore's general one. FusedMlaApplies says whether params
+// are that configuration (LaunchFusedMla refuses others). Two kernels:
+// kWarps, one warp per token with its values in registers; kBulk, the
+// token rows brought into shared memory by bulk copies two tiles ahead and
+// each record written by one bulk store (ds_mla_bulk.cuh), for RoPE none
+// or interleaved with a 16-byte aligned layer and block stride. kAuto
+// takes kBulk from kFusedMlaBulkMinTokens tokens where it can run; tests
+// and benchmarks name one (kBulk where it cannot run:
+// cudaErrorNotSupported, nothing launched). % of copy, warps / bulk, mla
+// (norm + interleaved RoPE) on an H100 (the device tool lent no H200 that
+// day; docs/BENCHMARKS.md, 2026-12-06):
+//   tokens        16K        32K        64K        128K       1M
+//   mla           71.1/65.6  80.0/74.0  85.9/82.8  88.5/88.9  89.5/94.5
+//   + cast_back   79.9/77.4  85.6/82.6  87.9/87.2  88.8/89.9  87.3/91.9
+// the same crossover as the plain store's kDsMlaBulkMinTokens.
+enum class FusedMlaPath { kAuto, kWarps, kBulk };
+inline constexpr int64_t kFusedMlaBulkMinTokens = int64_t{1} << 17;
 bool FusedMlaApplies(const FusedParams& params);
 cudaError_t LaunchFusedMla(const PoolLayout& layout, uint8_t* layer,
                            const uint16_t* kv, const FusedParams& params,
                            const int32_t* slots, int64_t n, uint16_t* cast_back,
-                           const Launch& launch);
+                           const Launch& launch,
+                           FusedMlaPath path = FusedMlaPath::kAuto);
 
 // V41, V41_FP4 and BF16(512) (`elements`: the format's) with a Hadamard
 // over the whole token or none (RoPE, if any, in [256, 512) from a multiple

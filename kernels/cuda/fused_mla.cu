@@ -1,8 +1,12 @@
 // The fused store for DS_MLA_FP8 in its MLA configuration (SPEC §8):
 // RMSNorm over [0, 512) or none, RoPE on [512, 576) (either style) or none,
-// no Hadamard. Everything stays in registers in the plain DS_MLA_FP8 store's
-// coalesced chunk layout (ds_mla.cuh), so the kernel moves the bytes that
-// store moves plus the cos/sin rows:
+// no Hadamard. Two kernels with the same bytes, as the plain DS_MLA_FP8
+// store has (ds_mla.cu): the warp kernel below, and from
+// kFusedMlaBulkMinTokens tokens the bulk kernel further down (rows into
+// shared memory by bulk copies, records out by bulk stores). In both the
+// math stays in registers in the plain store's coalesced chunk layout
+// (ds_mla.cuh), so the kernels move the bytes that store moves plus the
+// cos/sin rows:
 //
 //   lane l: chunks l and 32 + l of 8 elements ([8l, +8), [256 + 8l, +8))
 //   lanes 0-7: tail elements [512 + 8l, +8): the RoPE part, with its
@@ -26,6 +30,7 @@
 #include "kernels/cuda/device_quant.cuh"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/ds_mla.cuh"
+#include "kernels/cuda/ds_mla_bulk.cuh"
 #include "kernels/cuda/fused_internal.h"
 #include "kernels/format.h"
 #include "kernels/fused.h"
@@ -91,19 +96,13 @@ __device__ __forceinline__ void RoundHw16(float (&x)[16], uint32_t (&w)[8]) {
   }
 }
 
-template <bool kNorm, RopeStyle kRope>
-__device__ __forceinline__ void LoadMla(const uint16_t* kv, int64_t token,
-                                        int64_t pos, const int32_t* slots,
-                                        const FusedParams& p, int lane,
-                                        MlaIn& in) {
-  const uint16_t* row = kv + token * kDsMlaElems;
+// The lane's cos/sin values of position pos (the RoPE lanes 0-7; zeros
+// elsewhere and without RoPE).
+template <RopeStyle kRope>
+__device__ __forceinline__ void LoadCosSin(const FusedParams& p, int64_t pos,
+                                           int lane, MlaIn& in) {
   const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  in.tail = make_uint4(0, 0, 0, 0);  // lanes 8-31 shuffle zeros
   in.c0 = in.c1 = in.s0 = in.s1 = zero;
-  in.slot = __ldg(slots + token);
-  in.a = LoadStream16(row + 8 * lane);
-  in.b = LoadStream16(row + 256 + 8 * lane);
-  if (lane < 8) in.tail = LoadStream16(row + kNormEnd + 8 * lane);
   if constexpr (kRope != RopeStyle::kNone) {
     if (lane < 8) {
       const float4* cs =
@@ -123,7 +122,23 @@ __device__ __forceinline__ void LoadMla(const uint16_t* kv, int64_t token,
 }
 
 template <bool kNorm, RopeStyle kRope>
-__device__ __forceinline__ void ProcessMla(const PoolLayout& layout,
+__device__ __forceinline__ void LoadMla(const uint16_t* kv, int64_t token,
+                                        int64_t pos, const int32_t* slots,
+                                        const FusedParams& p, int lane,
+                                        MlaIn& in) {
+  const uint16_t* row = kv + token * kDsMlaElems;
+  in.tail = make_uint4(0, 0, 0, 0);  // lanes 8-31 shuffle zeros
+  in.slot = __ldg(slots + token);
+  in.a = LoadStream16(row + 8 * lane);
+  in.b = LoadStream16(row + 256 + 8 * lane);
+  if (lane < 8) in.tail = LoadStream16(row + kNormEnd + 8 * lane);
+  LoadCosSin<kRope>(p, pos, lane, in);
+}
+
+// Encodes the token of `in`; writes its record to slot in.slot of the layer
+// (nothing for -1) and its cast-back row (if any).
+template <bool kNorm, RopeStyle kRope>
+__device__ __forceinline__ void ProcessMla(int64_t block_stride,
                                            const FastDiv& div, uint8_t* layer,
                                            const FusedParams& p,
                                            const MlaIn& in, uint4 w0, uint4 w1,
@@ -181,8 +196,8 @@ __device__ __forceinline__ void ProcessMla(const PoolLayout& layout,
   RoundCanonical<8>(t, tw);
   const DsMlaChunks c = DsMlaEncodeChunksBf16<true>(x, xw);
   const uint4 t4 = make_uint4(tw[0], tw[1], tw[2], tw[3]);
-  DsMlaPutRecordChunks</*kStreaming=*/false>(layer, layout.block_stride, div,
-                                             in.slot, c, t4, lane);
+  DsMlaPutRecordChunks</*kStreaming=*/false>(layer, block_stride, div, in.slot,
+                                             c, t4, lane);
   if (cast_row != nullptr) {
     DsMlaPutRowChunks</*kStreaming=*/false>(cast_row, c, t4, lane);
   }
@@ -237,16 +252,106 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
       if (token >= n) break;  // warp-uniform
       uint16_t* cast_row =
           cast_back == nullptr ? nullptr : cast_back + token * kDsMlaElems;
-      ProcessMla<kNorm, kRope>(layout, div, layer, p, in[u], w0, w1, lane,
-                               cast_row);
+      ProcessMla<kNorm, kRope>(layout.block_stride, div, layer, p, in[u], w0,
+                               w1, lane, cast_row);
     }
   }
+}
+
+// ---- From kFusedMlaBulkMinTokens tokens: the bulk pipeline ----
+//
+// ds_mla_bulk.cuh's CTAs of 16 warps over tiles of 16 consecutive tokens,
+// whose rows arrive in shared memory by one bulk copy two tiles ahead; warp
+// w encodes token 16 tile + w from there with ProcessMla into a shared
+// record, written to the slot by one bulk store (the same bytes). The RoPE
+// lanes' cos/sin values are loaded one tile ahead of their use, from a
+// position loaded two tiles ahead. cast_back rows (every token, -1 slots
+// included) are written from registers.
+template <bool kNorm, RopeStyle kRope>
+__global__ void __launch_bounds__(kDsMlaBulkThreads, 2)
+    FusedMlaBulkKernel(int64_t block_stride, FastDiv div, uint8_t* layer,
+                       const uint16_t* kv,  // [n][576] BF16
+                       FusedParams p,
+                       const int32_t* slots,  // [n]; -1 = skip (cast_back kept)
+                       int64_t n,
+                       uint16_t* cast_back) {  // [n][576] BF16 or null
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  uint4 w0 = make_uint4(0, 0, 0, 0), w1 = w0;  // loaded by prime (PDL)
+  const bool rope_lane = kRope != RopeStyle::kNone && lane < 8;
+  const int64_t grid_tokens = int64_t{gridDim.x} * kDsMlaBulkTile;
+  // This warp's token of a tile and its position (0 past n or off the
+  // RoPE lanes).
+  const auto token_of = [&](int64_t tile) {
+    return tile * kDsMlaBulkTile + warp;
+  };
+  const auto position = [&](int64_t token) -> int64_t {
+    return rope_lane && token < n ? __ldg(p.positions + token) : 0;
+  };
+  MlaIn cur, next;       // cos/sin of this tile's token and of the next tile's
+  int64_t pos_next = 0;  // of the next tile's token
+  const auto prime = [&](int64_t tile) {  // after the pipeline's PdlWait
+    if constexpr (kNorm) {
+      w0 = __ldg(reinterpret_cast<const uint4*>(p.norm_weight + 8 * lane));
+      w1 =
+          __ldg(reinterpret_cast<const uint4*>(p.norm_weight + 256 + 8 * lane));
+    }
+    LoadCosSin<kRope>(p, position(token_of(tile)), lane, next);
+    pos_next = position(token_of(tile) + grid_tokens);
+  };
+  const auto ahead = [&](int64_t tile) {
+    cur.c0 = next.c0, cur.c1 = next.c1, cur.s0 = next.s0, cur.s1 = next.s1;
+    LoadCosSin<kRope>(p, pos_next, lane, next);
+    pos_next = position(token_of(tile) + 2 * grid_tokens);
+  };
+  DsMlaBulkPipeline</*kEveryToken=*/true>(
+      block_stride, div, layer, kv, slots, n,
+      [&](const uint8_t* row, uint8_t* rec, int lane, int64_t token,
+          int32_t slot) {
+        MlaIn in = cur;
+        in.a = *reinterpret_cast<const uint4*>(row + 16 * lane);
+        in.b = *reinterpret_cast<const uint4*>(row + 512 + 16 * lane);
+        in.tail = lane < 8 ? *reinterpret_cast<const uint4*>(
+                                 row + 2 * kNormEnd + 16 * lane)
+                           : make_uint4(0, 0, 0, 0);
+        in.slot = slot >= 0 ? 0 : -1;  // rec: slot 0 of a one-record layer
+        uint16_t* cast_row =
+            cast_back == nullptr ? nullptr : cast_back + token * kDsMlaElems;
+        ProcessMla<kNorm, kRope>(0, div, rec, p, in, w0, w1, lane, cast_row);
+      },
+      prime, ahead);
+}
+
+template <bool kNorm, RopeStyle kRope>
+cudaError_t GoBulk(const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
+                   const FusedParams& p, const int32_t* slots, int64_t n,
+                   uint16_t* cast_back, const Launch& launch) {
+  constexpr auto kKernel = FusedMlaBulkKernel<kNorm, kRope>;
+  const int resident =
+      ResidentCtasSmem<kKernel, kDsMlaBulkThreads, kDsMlaBulkSmem>();
+  if (resident == 0) return cudaErrorNotSupported;
+  const FastDiv div = FastDiv::Of(static_cast<int32_t>(layout.block_size));
+  const dim3 grid(PersistentGrid(n, kDsMlaBulkTile, resident));
+  return LaunchKernelSmem(kKernel, grid, dim3(kDsMlaBulkThreads),
+                          kDsMlaBulkSmem, launch, layout.block_stride, div,
+                          layer, kv, p, slots, n, cast_back);
 }
 
 template <bool kNorm, RopeStyle kRope>
 cudaError_t Go(const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
                const FusedParams& p, const int32_t* slots, int64_t n,
-               uint16_t* cast_back, const Launch& launch) {
+               uint16_t* cast_back, const Launch& launch, FusedMlaPath path) {
+  if constexpr (kRope != RopeStyle::kNeox) {  // NeoX's cos/sin would spill
+    const bool can = reinterpret_cast<uintptr_t>(layer) % 16 == 0 &&
+                     layout.block_stride % 16 == 0;
+    if (path == FusedMlaPath::kBulk && !can) return cudaErrorNotSupported;
+    if (path == FusedMlaPath::kBulk ||
+        (path == FusedMlaPath::kAuto && can && n >= kFusedMlaBulkMinTokens)) {
+      return GoBulk<kNorm, kRope>(layout, layer, kv, p, slots, n, cast_back,
+                                  launch);
+    }
+  } else if (path == FusedMlaPath::kBulk) {
+    return cudaErrorNotSupported;
+  }
   constexpr auto kKernel = FusedMlaKernel<kNorm, kRope>;
   const FastDiv div = FastDiv::Of(static_cast<int32_t>(layout.block_size));
   const dim3 grid(
@@ -258,17 +363,18 @@ cudaError_t Go(const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
 template <bool kNorm>
 cudaError_t ByRope(const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
                    const FusedParams& p, const int32_t* slots, int64_t n,
-                   uint16_t* cast_back, const Launch& launch) {
+                   uint16_t* cast_back, const Launch& launch,
+                   FusedMlaPath path) {
   switch (p.rope) {
     case RopeStyle::kNone:
       return Go<kNorm, RopeStyle::kNone>(layout, layer, kv, p, slots, n,
-                                         cast_back, launch);
+                                         cast_back, launch, path);
     case RopeStyle::kInterleaved:
       return Go<kNorm, RopeStyle::kInterleaved>(layout, layer, kv, p, slots, n,
-                                                cast_back, launch);
+                                                cast_back, launch, path);
     case RopeStyle::kNeox:
       return Go<kNorm, RopeStyle::kNeox>(layout, layer, kv, p, slots, n,
-                                         cast_back, launch);
+                                         cast_back, launch, path);
   }
   return cudaErrorInvalidValue;
 }
@@ -285,11 +391,12 @@ bool FusedMlaApplies(const FusedParams& p) {
 cudaError_t LaunchFusedMla(const PoolLayout& layout, uint8_t* layer,
                            const uint16_t* kv, const FusedParams& p,
                            const int32_t* slots, int64_t n, uint16_t* cast_back,
-                           const Launch& launch) {
+                           const Launch& launch, FusedMlaPath path) {
   if (!FusedMlaApplies(p)) return cudaErrorInvalidValue;
-  return p.norm()
-             ? ByRope<true>(layout, layer, kv, p, slots, n, cast_back, launch)
-             : ByRope<false>(layout, layer, kv, p, slots, n, cast_back, launch);
+  return p.norm() ? ByRope<true>(layout, layer, kv, p, slots, n, cast_back,
+                                 launch, path)
+                  : ByRope<false>(layout, layer, kv, p, slots, n, cast_back,
+                                  launch, path);
 }
 
 }  // namespace kvdepot::gpu::internal

@@ -10,12 +10,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/fused_internal.h"
@@ -216,16 +218,29 @@ PoolLayout Layout(const std::string& name, int64_t block_size,
   return *l;
 }
 
+// How a check launches the fused store on device arrays (p's arrays
+// uploaded): FusedStore, the launcher every caller uses, unless a test names
+// a kernel.
+using FusedRun = std::function<absl::Status(
+    const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
+    const FusedParams& p, const int32_t* slots, int64_t n, uint16_t* cast)>;
+
+absl::Status RunFusedStore(const PoolLayout& layout, uint8_t* layer,
+                           const uint16_t* kv, const FusedParams& p,
+                           const int32_t* slots, int64_t n, uint16_t* cast) {
+  return gpu::FusedStore(layout, layer, kv, p, slots, n, cast);
+}
+
 void CheckKernel(const PoolLayout& layout, int64_t n, const Inputs& in,
                  const std::vector<uint8_t>& initial,
                  const std::vector<uint8_t>& want,
-                 const std::vector<uint16_t>& want_cast);
+                 const std::vector<uint16_t>& want_cast, const FusedRun& run);
 
 // Runs the reference and the kernel on identical random pools; compares the
 // whole layer and cast_back, then loads the stored slots on the GPU and
 // compares them with cast_back (do_cast formats).
 void CheckFused(const PoolLayout& layout, int64_t n, Stages stages,
-                std::mt19937& rng) {
+                std::mt19937& rng, const FusedRun& run = RunFusedStore) {
   SCOPED_TRACE(testing::Message()
                << *FormatName(layout.format) << " bs=" << layout.block_size
                << " n=" << n << " stages=" << static_cast<int>(stages));
@@ -244,14 +259,14 @@ void CheckFused(const PoolLayout& layout, int64_t n, Stages stages,
     ASSERT_NE(want, initial) << "the reference wrote nothing";
   }
 
-  CheckKernel(layout, n, in, initial, want, want_cast);
+  CheckKernel(layout, n, in, initial, want, want_cast, run);
 }
 
 // The kernel against the reference's layer and cast_back.
 void CheckKernel(const PoolLayout& layout, int64_t n, const Inputs& in,
                  const std::vector<uint8_t>& initial,
                  const std::vector<uint8_t>& want,
-                 const std::vector<uint16_t>& want_cast) {
+                 const std::vector<uint16_t>& want_cast, const FusedRun& run) {
   const int32_t d = layout.format.elements();
   DeviceBuffer pool = Upload(initial);
   DeviceBuffer kv = Upload(in.kv);
@@ -271,8 +286,8 @@ void CheckKernel(const PoolLayout& layout, int64_t n, const Inputs& in,
   }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const absl::Status s =
-      gpu::FusedStore(layout, pool.get(), kv.as<uint16_t>(), p,
-                      slots.as<int32_t>(), n, cast.as<uint16_t>());
+      run(layout, static_cast<uint8_t*>(pool.get()), kv.as<uint16_t>(), p,
+          slots.as<int32_t>(), n, cast.as<uint16_t>());
   ASSERT_TRUE(s.ok()) << s;
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
@@ -355,6 +370,43 @@ TEST_P(FusedCudaTest, ManyTokensLoop) {
   if (Fits(Stages::kMlaHadamard, layout.format.elements())) {
     CheckFused(layout, 20000, Stages::kMlaHadamard, rng);
   }
+}
+
+// fused_mla.cu's two kernels by name (FusedStore takes the bulk one only
+// from kFusedMlaBulkMinTokens tokens), each against the reference at every
+// block size: the bulk kernel's 16-token tiles with n not a multiple of
+// them, more tiles than its grid has CTAs, -1 slots (their cast_back rows
+// still written), RoPE interleaved or none, the norm on or off. NeoX RoPE
+// has no bulk kernel: refused, nothing launched.
+TEST_P(FusedCudaTest, MlaKernelsByName) {
+  const auto [name, block_size] = GetParam();
+  if (std::string(name) != "DS_MLA_FP8") GTEST_SKIP() << "DS_MLA_FP8 only";
+  std::mt19937 rng(1404);
+  const PoolLayout layout = Layout(name, block_size, 24000);
+  using gpu::internal::FusedMlaPath;
+  for (const FusedMlaPath path : {FusedMlaPath::kWarps, FusedMlaPath::kBulk}) {
+    SCOPED_TRACE(path == FusedMlaPath::kBulk ? "bulk" : "warps");
+    const FusedRun run = [path](const PoolLayout& l, uint8_t* layer,
+                                const uint16_t* kv, const FusedParams& p,
+                                const int32_t* slots, int64_t n,
+                                uint16_t* cast) -> absl::Status {
+      const cudaError_t e = gpu::internal::LaunchFusedMla(
+          l, layer, kv, p, slots, n, cast, gpu::internal::Launch{}, path);
+      if (e != cudaSuccess) return absl::InternalError(cudaGetErrorString(e));
+      return absl::OkStatus();
+    };
+    for (const int64_t n : {1, 17, 2000, 20000}) {
+      CheckFused(layout, n, Stages::kMla, rng, run);
+      CheckFused(layout, n, Stages::kInterleaved, rng, run);
+      CheckFused(layout, n, Stages::kNone, rng, run);
+    }
+  }
+  const Inputs in = MakeInputs(rng, layout, 64, Stages::kMlaNeox);
+  ASSERT_TRUE(gpu::internal::FusedMlaApplies(in.params));
+  EXPECT_EQ(gpu::internal::LaunchFusedMla(
+                layout, nullptr, nullptr, in.params, nullptr, 64, nullptr,
+                gpu::internal::Launch{}, gpu::internal::FusedMlaPath::kBulk),
+            cudaErrorNotSupported);
 }
 
 // The sizes RowKernelLoops runs: one for each of fused_row.cu's shapes.
