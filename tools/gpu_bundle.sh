@@ -60,13 +60,15 @@ for e in "${entries[@]}"; do
   done < <(ldd "$bundle/bin/$name" | awk '/=> \// {print $3}')
 done
 cp tools/gpu/run_all.sh "$bundle/run_all.sh"
+# The short round of the fused store and DS_MLA_FP8 kernels (3 minutes).
+cp tools/gpu/fused_round.sh "$bundle/fused_round.sh"
 # step_benchmark's Python scheduler (beside the binaries) and the committed
 # stubs it imports (bin/../python).
 cp tests/gpu/step_scheduler.py "$bundle/bin/"
 mkdir -p "$bundle/python"
 cp -r client/python/kvdepot "$bundle/python/"
 find "$bundle/python" -name __pycache__ -prune -exec rm -rf {} +
-chmod +x "$bundle/run_all.sh"
+chmod +x "$bundle/run_all.sh" "$bundle/fused_round.sh"
 
 size_kib=$(du -sk "$bundle" | cut -f1)
 echo "gpu_bundle: $(ls "$bundle/bin" | wc -l) binaries, $(ls "$bundle/lib" | wc -l) libraries, ${size_kib} KiB"
