@@ -60,7 +60,7 @@ for e in "${entries[@]}"; do
   done < <(ldd "$bundle/bin/$name" | awk '/=> \// {print $3}')
 done
 cp tools/gpu/run_all.sh "$bundle/run_all.sh"
-# The short round of the fused store and DS_MLA_FP8 kernels (3 minutes).
+# The short round of the fused store and DS_MLA_FP8 kernels (a few minutes).
 cp tools/gpu/fused_round.sh "$bundle/fused_round.sh"
 # step_benchmark's Python scheduler (beside the binaries) and the committed
 # stubs it imports (bin/../python).

@@ -3,8 +3,10 @@
 # for when device time is scarce: the kernel suites with compute-sanitizer
 # on the shared-memory kernels, the fused Store through the CUDA daemon and
 # the step path, then fused_benchmark over the bulk thresholds and
-# cuda_benchmark. About 3 minutes on an H100 (2026-12-06). Run it from the
-# unpacked bundle (tools/gpu_bundle.sh):
+# cuda_benchmark. Its first form (these steps without cuda_benchmark and
+# the all_stages / hadamard sweep) took 152 s on an H100 (2026-12-06); this
+# form has not run on a GPU yet. Run it from the unpacked bundle
+# (tools/gpu_bundle.sh):
 #   gpu_bundle/fused_round.sh OUTDIR
 # OUTDIR/summary.txt gets one line per step as it goes (PASS/FAIL, gtest
 # and sanitizer verdicts) and the benchmark tables; logs beside it. Steps
