@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "proto/step_doorbell.h"
+#include "server/step/plan_export.h"
 #include "spdlog/spdlog.h"
 
 namespace kvdepot::step {
@@ -185,6 +186,28 @@ absl::StatusOr<v1::StepResponse> StepRegistry::Step(
   v1::StepResponse out;
   out.set_step_id(request.step_id());
   out.set_queued(static_cast<int32_t>(reg->deadlines.size()));
+  return out;
+}
+
+absl::StatusOr<v1::PlanStepResponse> StepRegistry::PlanStep(
+    const Caller& caller, const v1::StepRequest& request) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Registration> reg,
+                   Find(caller, request.registration_id()));
+  {
+    absl::MutexLock lock(&reg->mu);
+    if (reg->cancelled) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "registration ", reg->id, " was cancelled (", reg->cancel_reason,
+          "); unregister it and register again"));
+    }
+  }
+  // The configuration is immutable after registration: no lock needed.
+  ASSIGN_OR_RETURN(StepPlan plan, BuildStepPlan(reg->config, request,
+                                                options_.default_deadline));
+  ASSIGN_OR_RETURN(v1::PlanStepResponse out,
+                   ExportStepPlan(reg->config, std::move(plan)));
+  absl::MutexLock c(&counters_mu_);
+  ++counters_.steps_planned;
   return out;
 }
 
@@ -397,6 +420,9 @@ std::string StepRegistry::RenderPrometheus() const {
           "Steps whose CUDA graph was instantiated anew (a new batch shape) "
           "instead of updated in place.",
           c.graph_instantiations);
+  counter("kvdepot_steps_planned_total",
+          "PlanStep replies (library mode on daemon-built metadata).",
+          c.steps_planned);
   // Per registration: a snapshot of each under its own lock, then one group
   // of lines per metric family (the text format wants families whole).
   struct Row {

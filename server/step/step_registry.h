@@ -55,6 +55,7 @@ struct StepCounters {
   // Steps whose CUDA graph was instantiated anew instead of updated in
   // place (a new batch shape; each costs the daemon milliseconds of CPU).
   int64_t graph_instantiations = 0;
+  int64_t steps_planned = 0;  // PlanStep replies (library mode)
 };
 
 class StepRegistry {
@@ -72,6 +73,11 @@ class StepRegistry {
   // than kMaxInFlight in flight), builds the plan and enqueues it.
   absl::StatusOr<v1::StepResponse> Step(const Caller& caller,
                                         const v1::StepRequest& request);
+  // Library mode (Step.PlanStep): the same checks as Step but the step id
+  // and the queue, then the plan as its caller's kernels take it
+  // (plan_export.h). Enqueues nothing and changes no state but a counter.
+  absl::StatusOr<v1::PlanStepResponse> PlanStep(const Caller& caller,
+                                                const v1::StepRequest& request);
   absl::StatusOr<v1::RegistrationInfo> Status(const Caller& caller,
                                               uint64_t id) const;
   // Owner or admin. Cancels unfinished steps; the engine is destroyed once

@@ -71,6 +71,18 @@ grpc::ServerUnaryReactor* StepService::Step(Ctx* ctx, const v1::StepRequest* r,
   });
 }
 
+grpc::ServerUnaryReactor* StepService::PlanStep(Ctx* ctx,
+                                                const v1::StepRequest* r,
+                                                v1::PlanStepResponse* out) {
+  return Inline(ctx, [this, r, out]() -> grpc::Status {
+    KV_AUTH_OR_RETURN(caller, r->session_id());
+    absl::StatusOr<v1::PlanStepResponse> res = registry_->PlanStep(caller, *r);
+    if (!res.ok()) return ToGrpcStatusWithDetails(res.status());
+    *out = *std::move(res);
+    return grpc::Status::OK;
+  });
+}
+
 grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>*
 StepService::StepStream(Ctx* ctx) {
   return new StepStreamReactor(this, ctx);  // deletes itself in OnDone

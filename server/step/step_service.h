@@ -53,6 +53,9 @@ class StepService final : public v1::Step::CallbackService {
                                  v1::StepResponse* response) override;
   grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>* StepStream(
       Ctx* ctx) override;
+  // Builds the plan on the gRPC thread, as Step does (host work only).
+  grpc::ServerUnaryReactor* PlanStep(Ctx* ctx, const v1::StepRequest* request,
+                                     v1::PlanStepResponse* response) override;
   grpc::ServerUnaryReactor* StepStatus(
       Ctx* ctx, const v1::StepStatusRequest* request,
       v1::StepStatusResponse* response) override;

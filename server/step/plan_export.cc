@@ -1,0 +1,95 @@
+#include "server/step/plan_export.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <set>
+#include <vector>
+
+#include "proto/wire.h"
+
+namespace kvdepot::step {
+namespace {
+
+// Appends `n` int32 (rounded up to 4: every section 16-byte aligned) to
+// the blob; the new section's offset.
+int64_t Append(std::vector<int32_t>* blob, int64_t n) {
+  const int64_t at = static_cast<int64_t>(blob->size());
+  blob->resize(static_cast<size_t>(at + (n + 3) / 4 * 4), 0);
+  return at;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::PlanStepResponse> ExportStepPlan(
+    const RegistrationConfig& config, StepPlan plan) {
+  if (plan.block_tables_in_buffer) {
+    return absl::InvalidArgumentError(
+        "block_tables_in_buffer: PlanStep returns the step's metadata to the "
+        "caller and reads no device memory; send the tables inline");
+  }
+  if (plan.slot_mappings_in_buffer) {
+    return absl::InvalidArgumentError(
+        "slot_mappings_in_buffer: PlanStep returns the step's metadata to the "
+        "caller and reads no device memory; send the slot mappings inline");
+  }
+  const StepSections& sec = plan.sections;
+  const int32_t n = plan.num_tokens;
+  std::vector<int32_t>& blob = plan.blob;
+  v1::PlanStepResponse out;
+  out.set_num_tokens(n);
+  out.set_num_seqs(plan.num_seqs);
+  out.set_top_k(plan.top_k);
+  out.set_block_table_cols(plan.block_table_cols);
+  out.set_slots(sec.slots);
+  for (int32_t k = 0; k < sec.compressed_count; ++k) {
+    v1::PlannedSlots* c = out.add_compressed();
+    c->set_ratio(config.compressed_ratios[static_cast<size_t>(k)]);
+    c->set_slots(sec.compressed(k));
+  }
+  out.set_swa_slots(sec.swa_slots);
+  out.set_swa_state_ids(sec.swa_state);
+  out.set_swa_starts(sec.swa_start);
+  out.set_swa_valid_lens(sec.swa_valid);
+  out.set_row_seq(sec.row_seq);
+  out.set_seq_lens(sec.seq_lens);
+  out.set_positions(sec.positions);
+  out.set_row_block_tables(-1);
+
+  if (sec.block_tables >= 0) {
+    // Rows of the sequences' tables, one per query row (a sequence with
+    // several query tokens repeats its row), so convert_topk runs per row.
+    const int64_t cols = plan.block_table_cols;
+    const int64_t tables = Append(&blob, int64_t{n} * cols);
+    for (int32_t r = 0; r < n; ++r) {
+      const int64_t seq = blob[static_cast<size_t>(sec.row_seq + r)];
+      std::copy_n(blob.begin() + sec.block_tables + seq * cols, cols,
+                  blob.begin() + tables + r * cols);
+    }
+    out.set_row_block_tables(tables);
+    std::set<int32_t> ratios;
+    for (const LayerConfig& l : config.layers) {
+      if (l.has_phase_b()) ratios.insert(l.ratio);
+    }
+    for (const int32_t ratio : ratios) {
+      const int64_t valid = Append(&blob, n);
+      const int64_t tokens = Append(&blob, n);
+      for (int32_t r = 0; r < n; ++r) {
+        const int64_t seq = blob[static_cast<size_t>(sec.row_seq + r)];
+        const int32_t count =
+            blob[static_cast<size_t>(sec.seq_lens + seq)] / std::max(ratio, 1);
+        blob[static_cast<size_t>(tokens + r)] = count;
+        blob[static_cast<size_t>(valid + r)] = std::min(count, plan.top_k);
+      }
+      v1::PlannedTopk* t = out.add_topk_inputs();
+      t->set_ratio(ratio);
+      t->set_valid_count(valid);
+      t->set_num_tokens(tokens);
+    }
+  }
+  // The daemon's phase gate is not the caller's: zero it.
+  if (sec.gate >= 0) std::fill_n(blob.begin() + sec.gate, 4, 0);
+  EncodeInt32s(blob, out.mutable_metadata());
+  return out;
+}
+
+}  // namespace kvdepot::step

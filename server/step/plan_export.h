@@ -1,0 +1,26 @@
+// A step's plan as library mode takes it (Step.PlanStep, docs/LIBRARY_MODE.md):
+// the blob BuildStepPlan checked and built, plus the per-row inputs
+// kvdk_convert_topk_* needs (each row's block-table row, and per ratio of
+// the phase-B layers its compressed-token count and valid columns), with
+// the section offsets named in a PlanStepResponse.
+#ifndef KVDEPOT_SERVER_STEP_PLAN_EXPORT_H_
+#define KVDEPOT_SERVER_STEP_PLAN_EXPORT_H_
+
+#include "absl/status/statusor.h"
+#include "kvdepot/v1/step.pb.h"
+#include "server/step/step_config.h"
+#include "server/step/step_plan.h"
+
+namespace kvdepot::step {
+
+// The PlanStepResponse of `plan`, built by BuildStepPlan from a request
+// with inline block tables and slot mappings (INVALID_ARGUMENT naming
+// the flag otherwise: the daemon cannot read the worker's device memory
+// here). The blob's own sections keep their offsets; the row tables and
+// top-k sections are appended.
+absl::StatusOr<v1::PlanStepResponse> ExportStepPlan(
+    const RegistrationConfig& config, StepPlan plan);
+
+}  // namespace kvdepot::step
+
+#endif  // KVDEPOT_SERVER_STEP_PLAN_EXPORT_H_
