@@ -285,6 +285,53 @@ v1::StepRequest StepOf(FuzzInput& in, uint64_t registration, uint64_t step) {
   return r;
 }
 
+// A PlanStep reply: a refusal, or every section inside the metadata, the
+// per-row inputs consistent with seq_lens and top_k.
+void CheckPlanStep(const absl::StatusOr<v1::PlanStepResponse>& p,
+                   const RegistrationConfig& config) {
+  if (!p.ok()) {
+    FUZZ_CHECK(Refusal(p.status()), "PlanStep: %s",
+               p.status().ToString().c_str());
+    return;
+  }
+  const std::vector<int32_t> m = ReadInt32s(p->metadata());
+  const int64_t size = static_cast<int64_t>(m.size());
+  FUZZ_CHECK(p->metadata().size() % 16 == 0, "metadata of %zu bytes",
+             p->metadata().size());
+  const int64_t n = p->num_tokens();
+  auto inside = [&](int64_t off, int64_t len, const char* what) {
+    if (off < 0) return;
+    FUZZ_CHECK(off % 4 == 0 && len >= 0 && off + len <= size,
+               "PlanStep %s [%lld, +%lld) of %lld", what,
+               static_cast<long long>(off), static_cast<long long>(len),
+               static_cast<long long>(size));
+  };
+  inside(p->slots(), n, "slots");
+  for (const v1::PlannedSlots& c : p->compressed()) {
+    inside(c.slots(), n, "compressed");
+  }
+  inside(p->swa_slots(), n, "swa_slots");
+  inside(p->row_seq(), n, "row_seq");
+  inside(p->seq_lens(), p->num_seqs(), "seq_lens");
+  inside(p->row_block_tables(), n * p->block_table_cols(), "row tables");
+  inside(p->positions(), 2 * n, "positions");
+  FUZZ_CHECK(
+      p->compressed_size() == static_cast<int>(config.compressed_ratios.size()),
+      "%d compressed sections", p->compressed_size());
+  for (const v1::PlannedTopk& t : p->topk_inputs()) {
+    inside(t.valid_count(), n, "valid_count");
+    inside(t.num_tokens(), n, "num_tokens");
+    for (int64_t r = 0; r < n; ++r) {
+      const int32_t tokens = m[static_cast<size_t>(t.num_tokens() + r)];
+      const int32_t valid = m[static_cast<size_t>(t.valid_count() + r)];
+      FUZZ_CHECK(
+          tokens >= 0 && valid >= 0 && valid <= p->top_k() && valid <= tokens,
+          "row %lld: valid %d of %d tokens, top_k %d",
+          static_cast<long long>(r), valid, tokens, p->top_k());
+    }
+  }
+}
+
 // The accepted plan against its registration (see the header comment).
 void CheckPlan(const RegistrationConfig& config, const StepPlan& p) {
   const int64_t size = static_cast<int64_t>(p.blob.size());
@@ -365,6 +412,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const Caller& caller = in.Byte() % 16 == 0 ? w.stranger : owner;
     const v1::StepRequest r = StepOf(in, made->registration_id(), next);
     const size_t before = engine->plans.size();
+    CheckPlanStep(w.registry->PlanStep(caller, r), config);
+    FUZZ_CHECK(engine->plans.size() == before, "PlanStep enqueued a step");
     absl::StatusOr<v1::StepResponse> s = w.registry->Step(caller, r);
     if (verbose) {
       std::fprintf(stderr, "Step %d: %s\n", i, s.status().ToString().c_str());

@@ -6,7 +6,7 @@
 // reference; the worker's side replays from a CUDA graph; a third step in
 // flight is refused; block tables and slot mappings in device memory,
 // entries out of range turned into -1 and counted as the planner counts
-// them.
+// them; library mode on the daemon's PlanStep metadata.
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
 
@@ -20,6 +20,7 @@
 #include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "libkvdepot/kvdepot_kernels.h"
 #include "proto/step_doorbell.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/step_daemon_env.h"
@@ -505,6 +506,152 @@ TEST_F(StepE2eTest, TenRegistrationsProgressIndependently) {
     ASSERT_OK(rigs[0]->CheckIndexRows(inputs[0]));
   }
   for (int i = 0; i < kRigs; ++i) ASSERT_OK(rigs[i]->CheckPools());
+}
+
+// Library mode on daemon-built metadata (Step.PlanStep,
+// docs/LIBRARY_MODE.md): the worker sends PlanStep instead of Step,
+// uploads the reply's metadata with one copy and launches kvdepot's CUDA
+// entry points (libkvdepot_kernels) on its own stream with pointers into
+// it: the stores at each layer's ratio (1, 4, 16), convert_topk per query
+// row, the SWA decode index. No doorbell, no daemon kernel. Pools
+// byte-identical to the CPU reference and index rows equal to the
+// planner's, as the step path's (RandomStepsMatchTheReference), with the
+// invalid entries counted as the planner counts them; no step id
+// consumed.
+TEST_F(StepE2eTest, LibraryModeOnPlanStepMetadataMatchesTheReference) {
+  std::unique_ptr<StepRig> rig = MakeRig(ThreeRatios("libplan"));
+  ASSERT_NE(rig, nullptr);
+  const RigOptions& o = rig->options();
+  struct Layout {
+    kvdk_layout* h = nullptr;
+    ~Layout() { kvdk_layout_destroy(h); }
+  } main, swa, index;
+  ASSERT_EQ(kvdk_layout_create("V41", 0, o.block_size, o.num_blocks, o.layers,
+                               &main.h),
+            KVDK_OK)
+      << kvdk_last_error();
+  ASSERT_EQ(kvdk_layout_create("V41", 0, o.ring, o.states, o.layers, &swa.h),
+            KVDK_OK);
+  ASSERT_EQ(kvdk_layout_create(o.index_format.c_str(), 0, o.block_size,
+                               o.num_blocks, o.layers, &index.h),
+            KVDK_OK);
+  const int64_t ws_bytes = std::max(
+      kvdk_cuda_workspace_bytes(KVDK_OP_STORE, o.max_tokens),
+      kvdk_cuda_workspace_bytes(KVDK_OP_SWA_DECODE_INDEX, o.max_tokens));
+  ASSERT_GT(ws_bytes, 0);
+  struct DeviceMemory {
+    void* p = nullptr;
+    ~DeviceMemory() { cudaFree(p); }
+    void* data() const { return p; }
+  } meta, ws, invalid;
+  ASSERT_OK(Cuda(cudaMalloc(&meta.p, 1 << 20), "cudaMalloc"));
+  ASSERT_OK(Cuda(cudaMalloc(&ws.p, ws_bytes), "cudaMalloc"));
+  ASSERT_OK(Cuda(cudaMalloc(&invalid.p, 8), "cudaMalloc"));
+  ASSERT_OK(Cuda(cudaMemset(invalid.data(), 0, 8), "zeroing the counter"));
+  auto* invalid_count = static_cast<unsigned long long*>(invalid.data());
+  cudaStream_t s = stream_->get();
+  uint8_t* io = rig->io();
+  std::mt19937 rng(1302);
+  constexpr int kSteps = 40;
+  for (uint64_t step = 1; step <= kSteps; ++step) {
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    StepInput in = rig->RandomStep(step, rng);
+    const int n = in.num_tokens();
+    v1::StepRequest request = rig->Request(in);
+    request.set_step_id(0);  // not read
+    v1::PlanStepResponse plan;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(rig->stub()->PlanStep(&ctx, request, &plan).ok());
+    ASSERT_EQ(plan.num_tokens(), n);
+    ASSERT_EQ(plan.compressed_size(), 2);
+    ASSERT_LE(plan.metadata().size(), size_t{1} << 20);
+    auto put = [&](int64_t off, const void* host, size_t bytes) {
+      return Cuda(
+          cudaMemcpyAsync(io + off, host, bytes, cudaMemcpyHostToDevice, s),
+          "copying the worker's rows");
+    };
+    ASSERT_OK(
+        Cuda(cudaMemcpyAsync(meta.data(), plan.metadata().data(),
+                             plan.metadata().size(), cudaMemcpyHostToDevice, s),
+             "uploading the metadata"));
+    const int32_t* m = static_cast<const int32_t*>(meta.data());
+    auto slots_of = [&](int ratio) -> const int32_t* {
+      if (ratio == 1) return m + plan.slots();
+      for (const v1::PlannedSlots& c : plan.compressed()) {
+        if (c.ratio() == ratio) return m + c.slots();
+      }
+      return nullptr;
+    };
+    auto topk_of = [&](int ratio) -> const v1::PlannedTopk* {
+      for (const v1::PlannedTopk& t : plan.topk_inputs()) {
+        if (t.ratio() == ratio) return &t;
+      }
+      return nullptr;
+    };
+    for (int l = 0; l < o.layers; ++l) {
+      SCOPED_TRACE(::testing::Message() << "layer " << l);
+      const int ratio = LayerRatio(o, l);
+      const int32_t* slots = slots_of(ratio);
+      const v1::PlannedTopk* t = topk_of(ratio);
+      ASSERT_NE(slots, nullptr);
+      ASSERT_NE(t, nullptr);
+      ASSERT_OK(put(rig->main_in(l), in.kv_main[l].data(), n * 1024));
+      ASSERT_OK(put(rig->swa_in(l), in.kv_swa[l].data(), n * 1024));
+      ASSERT_OK(put(rig->index_in(l), in.kv_index[l].data(), n * 256));
+      ASSERT_OK(put(rig->out_off(l), in.topk[l].data(), n * o.top_k * 4));
+      const struct {
+        kvdk_layout* layout;
+        uint8_t* pool;
+        int64_t bytes;
+        int64_t in;
+        const int32_t* slots;
+      } stores[] = {
+          {main.h, rig->main_pool(), rig->main_layout().total_bytes,
+           rig->main_in(l), slots},
+          {swa.h, rig->swa_pool(), rig->swa_layout().total_bytes,
+           rig->swa_in(l), m + plan.swa_slots()},
+          {index.h, rig->index_pool(), rig->index_layout().total_bytes,
+           rig->index_in(l), slots},
+      };
+      for (const auto& c : stores) {
+        ASSERT_EQ(kvdk_store_cuda(c.layout, c.pool, c.bytes, l, io + c.in,
+                                  KVDK_DTYPE_BF16, c.slots, n, ws.data(),
+                                  ws_bytes, invalid_count, s),
+                  KVDK_OK)
+            << kvdk_last_error();
+      }
+      // In place over the rows copied to index_out (what CheckIndexRows
+      // reads).
+      ASSERT_EQ(kvdk_convert_topk_cuda(
+                    index.h, reinterpret_cast<int32_t*>(io + rig->out_off(l)),
+                    n, o.top_k, m + t->valid_count(), m + t->num_tokens(),
+                    m + plan.row_block_tables(), plan.block_table_cols(),
+                    plan.block_table_cols(), invalid_count, s),
+                KVDK_OK)
+          << kvdk_last_error();
+    }
+    ASSERT_EQ(kvdk_swa_decode_index_cuda(
+                  swa.h, m + plan.swa_state_ids(), m + plan.swa_starts(),
+                  m + plan.swa_valid_lens(), n, o.window,
+                  reinterpret_cast<int32_t*>(io + rig->swa_out()), ws.data(),
+                  ws_bytes, invalid_count, s),
+              KVDK_OK)
+        << kvdk_last_error();
+    ASSERT_OK(SyncWithin(s, absl::Seconds(30)));
+    ASSERT_OK(rig->ApplyReference(in));
+    ASSERT_OK(rig->CheckIndexRows(in));
+    if (step % 10 == 0) ASSERT_OK(rig->CheckPools());
+  }
+  uint64_t counted = 0;
+  ASSERT_OK(
+      Cuda(cudaMemcpy(&counted, invalid.data(), 8, cudaMemcpyDeviceToHost),
+           "reading the counter"));
+  EXPECT_GT(rig->expected_out_of_range(), 0u) << "the test must exercise -1";
+  EXPECT_EQ(counted, rig->expected_out_of_range());
+  absl::StatusOr<v1::RegistrationInfo> info = rig->Status();
+  ASSERT_OK(info.status());
+  EXPECT_EQ(info->last_step_id(), 0u) << "PlanStep consumes no step id";
+  EXPECT_EQ(info->steps_completed(), 0u);
 }
 
 }  // namespace

@@ -21,6 +21,9 @@ kvdepot.torch.StepWorker. No torch needed here.
     ...; f.result()   # before the next step is sent
     with StepStream(kv) as s:   # one call for every step: cheaper
         s.send(reg.registration_id, step_id=3, slot_mapping=[...], ...)
+    # Library mode on the daemon's metadata: the worker launches the
+    # kernels itself (docs/LIBRARY_MODE.md).
+    p = plan_step(kv, reg.registration_id, slot_mapping=[...], ...)
 """
 
 import queue
@@ -488,6 +491,73 @@ def step_async(client: Any, registration_id: int, *, step_id: int,
         slot_mappings_in_buffer=slot_mappings_in_buffer,
         num_tokens=num_tokens)
     return StepFuture(client, req, in_flight_retry_s)
+
+
+class PlannedStep:
+    """Step.PlanStep's reply (library mode on daemon-built metadata,
+    docs/LIBRARY_MODE.md): `metadata` is the step's int32 little-endian
+    metadata to upload with one copy; every offset (reply fields, and
+    the helpers below) counts int32 elements from its start, -1 = absent.
+    With torch: meta = torch.frombuffer(bytearray(p.metadata),
+    dtype=torch.int32).cuda(); a section's pointer is meta.data_ptr() +
+    4 * offset, what the kvdk_*_cuda entry points take."""
+
+    def __init__(self, reply: "spb.PlanStepResponse"):
+        self.reply = reply
+        self.metadata: bytes = reply.metadata
+        self.num_tokens: int = reply.num_tokens
+
+    def slots(self, ratio: int = 1) -> int:
+        """The offset of the slots the main and index caches of `ratio`
+        are stored from (ratio 1: the request's slot_mapping)."""
+        if ratio == 1:
+            return int(self.reply.slots)
+        for c in self.reply.compressed:
+            if c.ratio == ratio:
+                return int(c.slots)
+        raise invalid_argument(f"ratio {ratio}: not a ratio of this "
+                               "registration's main or index caches")
+
+    def topk_inputs(self, ratio: int = 1) -> "tuple[int, int]":
+        """(valid_count, num_tokens) offsets of convert_topk's per-row
+        inputs for the phase-B layers of `ratio`."""
+        for t in self.reply.topk_inputs:
+            if t.ratio == ratio:
+                return int(t.valid_count), int(t.num_tokens)
+        raise invalid_argument(f"ratio {ratio}: no layer of that ratio "
+                               "has phase B (topk)")
+
+    def array(self, offset: int, count: int) -> list:
+        """The int32 values of a section, on the host (tests, logs)."""
+        if offset < 0 or count < 0 or 4 * (offset + count) > len(
+                self.metadata):
+            raise invalid_argument(
+                f"section [{offset}, {offset + count}) is outside the "
+                f"metadata's {len(self.metadata) // 4} int32")
+        return list(struct.unpack_from(f"<{count}i", self.metadata,
+                                       4 * offset))
+
+
+def plan_step(client: Any, registration_id: int, *, seq_lens: Any,
+              query_lens: Any, slot_mapping: Any = None,
+              compressed_slot_mapping: Any = None,
+              compressed_slot_mappings: Optional[Mapping[int, Any]] = None,
+              swa_state_ids: Any = None, swa_valid_starts: Any = None,
+              block_tables: Any = None, top_k: int = 0,
+              positions: Any = None) -> PlannedStep:
+    """Step.PlanStep: the same arguments as step() (inline tables and slot
+    mappings only, no step id) checked by the daemon against the
+    registration as a Step is; returns the step's metadata for a worker
+    that launches kvdepot's kernels itself (PlannedStep). Nothing is
+    enqueued and no step id is consumed."""
+    req = step_request(
+        client, registration_id, step_id=0, slot_mapping=slot_mapping,
+        seq_lens=seq_lens, query_lens=query_lens,
+        compressed_slot_mapping=compressed_slot_mapping,
+        compressed_slot_mappings=compressed_slot_mappings,
+        swa_state_ids=swa_state_ids, swa_valid_starts=swa_valid_starts,
+        block_tables=block_tables, top_k=top_k, positions=positions)
+    return PlannedStep(client._call("PlanStep", req, _stub(client)))
 
 
 def step_status(client: Any, registration_id: int) -> Any:

@@ -872,6 +872,22 @@ class FakeStep(step_pb2_grpc.StepServicer):
             context.abort(code, f"scripted {code.name}")
         return step_pb2.StepResponse(queued=len(self.requests))
 
+    def PlanStep(self, request, context):
+        """Echoes the request's slot_mapping as the metadata's first
+        section (up to 4 tokens) and seq_lens as its second (offset 4);
+        names offset 8 as ratio 4's slots."""
+        self.requests.append(request.SerializeToString())
+        code = self.codes.pop(0) if self.codes else grpc.StatusCode.OK
+        if code != grpc.StatusCode.OK:
+            context.abort(code, f"scripted {code.name}")
+        r = step_pb2.PlanStepResponse(
+            metadata=(request.slot_mapping + b"\0" * 16)[:16]
+            + request.seq_lens,
+            num_tokens=request.num_tokens, slots=0, seq_lens=4)
+        r.compressed.add(ratio=4, slots=8)
+        r.topk_inputs.add(ratio=1, valid_count=0, num_tokens=4)
+        return r
+
     def StepStream(self, request_iterator, context):
         """The same script as replies: a refusal is the message's answer
         (error_field = "field_of_<code>") and the stream goes on."""
@@ -1140,6 +1156,56 @@ class StepAsyncTest(unittest.TestCase):
                     query_lens=[1])
                 with self.assertRaises(KVCacheError) as cm:
                     f.result()
+                self.assertEqual(cm.exception.code,
+                                 grpc.StatusCode.NOT_FOUND)
+                self.assertIn("no registration 12345", cm.exception.message)
+        finally:
+            d.stop()
+
+
+class PlanStepTest(unittest.TestCase):
+    """kvdepot.step.plan_step against the fake Step service (the request
+    sent, the reply's sections read back) and the real CPU daemon (its
+    refusal raised)."""
+
+    def setUp(self):
+        self.fake, self.kv = serve_fake_step(self, workers=2)
+
+    def test_sends_a_step_request_without_step_id(self):
+        p = kvdepot.step.plan_step(self.kv, 7, slot_mapping=[3, -1, 9],
+                                   seq_lens=[2, 1, 5], query_lens=[1, 1, 1],
+                                   positions=[5, 6, 7])
+        sent = step_pb2.StepRequest.FromString(self.fake.requests[0])
+        self.assertEqual(sent, kvdepot.step.step_request(
+            self.kv, 7, step_id=0, slot_mapping=[3, -1, 9],
+            seq_lens=[2, 1, 5], query_lens=[1, 1, 1], positions=[5, 6, 7]))
+        self.assertEqual(p.num_tokens, 3)
+        self.assertEqual(p.array(p.slots(), 3), [3, -1, 9])
+        self.assertEqual(p.array(p.reply.seq_lens, 3), [2, 1, 5])
+        self.assertEqual(p.slots(4), 8)
+        self.assertEqual(p.topk_inputs(1), (0, 4))
+        for bad in (lambda: p.slots(16), lambda: p.topk_inputs(4),
+                    lambda: p.array(5, 3), lambda: p.array(-1, 1)):
+            with self.assertRaises(KVCacheError) as cm:
+                bad()
+            self.assertEqual(cm.exception.code,
+                             grpc.StatusCode.INVALID_ARGUMENT)
+
+    def test_refusal_raises(self):
+        self.fake.codes = [grpc.StatusCode.PERMISSION_DENIED]
+        with self.assertRaises(KVCacheError) as cm:
+            kvdepot.step.plan_step(self.kv, 7, slot_mapping=[1],
+                                   seq_lens=[1], query_lens=[1])
+        self.assertEqual(cm.exception.code,
+                         grpc.StatusCode.PERMISSION_DENIED)
+
+    def test_cpu_daemon_has_no_registration_to_plan(self):
+        d = Daemon()
+        try:
+            with d.connect(client_name="plan_step") as kv:
+                with self.assertRaises(KVCacheError) as cm:
+                    kvdepot.step.plan_step(kv, 12345, slot_mapping=[0],
+                                           seq_lens=[1], query_lens=[1])
                 self.assertEqual(cm.exception.code,
                                  grpc.StatusCode.NOT_FOUND)
                 self.assertIn("no registration 12345", cm.exception.message)

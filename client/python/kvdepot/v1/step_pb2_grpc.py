@@ -29,6 +29,11 @@ class StepStub(object):
                 request_serializer=kvdepot_dot_v1_dot_step__pb2.StepRequest.SerializeToString,
                 response_deserializer=kvdepot_dot_v1_dot_step__pb2.StepResponse.FromString,
                 )
+        self.PlanStep = channel.unary_unary(
+                '/kvdepot.v1.Step/PlanStep',
+                request_serializer=kvdepot_dot_v1_dot_step__pb2.StepRequest.SerializeToString,
+                response_deserializer=kvdepot_dot_v1_dot_step__pb2.PlanStepResponse.FromString,
+                )
         self.StepStatus = channel.unary_unary(
                 '/kvdepot.v1.Step/StepStatus',
                 request_serializer=kvdepot_dot_v1_dot_step__pb2.StepStatusRequest.SerializeToString,
@@ -81,6 +86,18 @@ class StepServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PlanStep(self, request, context):
+        """Library mode on daemon-built metadata (docs/LIBRARY_MODE.md): checks
+        the request against the registration as Step does (owner or granted,
+        not cancelled, every field; the same errors) and returns the step's
+        metadata. Enqueues nothing, consumes no step id (step_id is not read)
+        and writes nothing. Inline forms only: block_tables_in_buffer and
+        slot_mappings_in_buffer are INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def StepStatus(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -122,6 +139,11 @@ def add_StepServicer_to_server(servicer, server):
                     servicer.StepStream,
                     request_deserializer=kvdepot_dot_v1_dot_step__pb2.StepRequest.FromString,
                     response_serializer=kvdepot_dot_v1_dot_step__pb2.StepResponse.SerializeToString,
+            ),
+            'PlanStep': grpc.unary_unary_rpc_method_handler(
+                    servicer.PlanStep,
+                    request_deserializer=kvdepot_dot_v1_dot_step__pb2.StepRequest.FromString,
+                    response_serializer=kvdepot_dot_v1_dot_step__pb2.PlanStepResponse.SerializeToString,
             ),
             'StepStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.StepStatus,
@@ -201,6 +223,23 @@ class Step(object):
         return grpc.experimental.stream_stream(request_iterator, target, '/kvdepot.v1.Step/StepStream',
             kvdepot_dot_v1_dot_step__pb2.StepRequest.SerializeToString,
             kvdepot_dot_v1_dot_step__pb2.StepResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def PlanStep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvdepot.v1.Step/PlanStep',
+            kvdepot_dot_v1_dot_step__pb2.StepRequest.SerializeToString,
+            kvdepot_dot_v1_dot_step__pb2.PlanStepResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
