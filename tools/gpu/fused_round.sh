@@ -3,9 +3,8 @@
 # for when device time is scarce: the kernel suites with compute-sanitizer
 # on the shared-memory kernels, the fused Store through the CUDA daemon and
 # the step path, then fused_benchmark over the bulk thresholds and
-# cuda_benchmark. Its first form (these steps without cuda_benchmark and
-# the all_stages / hadamard sweep) took 152 s on an H100 (2026-12-06); this
-# form has not run on a GPU yet. Run it from the unpacked bundle
+# cuda_benchmark. It took 229 s on an H100 (2026-12-06, every step
+# passed; docs/BENCHMARKS.md). Run it from the unpacked bundle
 # (tools/gpu_bundle.sh):
 #   gpu_bundle/fused_round.sh OUTDIR
 # OUTDIR/summary.txt gets one line per step as it goes (PASS/FAIL, gtest
