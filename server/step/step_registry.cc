@@ -150,16 +150,19 @@ absl::StatusOr<std::shared_ptr<StepRegistry::Registration>> StepRegistry::Find(
   return reg;
 }
 
+absl::Status StepRegistry::NotCancelled(const Registration& reg) {
+  if (!reg.cancelled) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("registration ", reg.id, " was cancelled (",
+                   reg.cancel_reason, "); unregister it and register again"));
+}
+
 absl::StatusOr<v1::StepResponse> StepRegistry::Step(
     const Caller& caller, const v1::StepRequest& request) {
   ASSIGN_OR_RETURN(std::shared_ptr<Registration> reg,
                    Find(caller, request.registration_id()));
   absl::MutexLock lock(&reg->mu);
-  if (reg->cancelled) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "registration ", reg->id, " was cancelled (", reg->cancel_reason,
-        "); unregister it and register again"));
-  }
+  RETURN_IF_ERROR(NotCancelled(*reg));
   if (request.step_id() != reg->last_step_id + 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("step_id: ", request.step_id(), " is not the next step (",
@@ -195,11 +198,7 @@ absl::StatusOr<v1::PlanStepResponse> StepRegistry::PlanStep(
                    Find(caller, request.registration_id()));
   {
     absl::MutexLock lock(&reg->mu);
-    if (reg->cancelled) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "registration ", reg->id, " was cancelled (", reg->cancel_reason,
-          "); unregister it and register again"));
-    }
+    RETURN_IF_ERROR(NotCancelled(*reg));
   }
   // The configuration is immutable after registration: no lock needed.
   ASSIGN_OR_RETURN(StepPlan plan, BuildStepPlan(reg->config, request,

@@ -131,6 +131,9 @@ class StepRegistry {
 
   absl::StatusOr<std::shared_ptr<Registration>> Find(const Caller& caller,
                                                      uint64_t id) const;
+  // FAILED_PRECONDITION naming the cancel reason once `reg` is cancelled.
+  static absl::Status NotCancelled(const Registration& reg)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(reg.mu);
   // Cancels through the engine once; REQUIRES reg->mu held.
   void CancelLocked(Registration* reg, std::string reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(reg->mu);
