@@ -54,6 +54,7 @@
 #include "tests/daemon_process.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/step_bench_kernels.h"
+#include "tests/gpu/step_bench_libplan.h"
 #include "tests/gpu/step_bench_rpc.h"
 #include "tests/gpu/step_bench_sched.h"
 #include "tests/gpu/step_harness.h"
@@ -68,8 +69,9 @@ ABSL_FLAG(std::string, index_formats, "FP4_INDEX,MXFP8_INDEX",
 ABSL_FLAG(int, top_k, 2048, "top-k per query");
 ABSL_FLAG(int, steps, 30, "measured steps per configuration");
 ABSL_FLAG(std::string, json, "", "also write the rows as JSON here");
-ABSL_FLAG(std::string, modes, "a,b,c",
-          "modes to run: a = library, b = per-layer RPCs, c = step path");
+ABSL_FLAG(std::string, modes, "a,p,b,c",
+          "modes to run: a = library, p = library on PlanStep's metadata "
+          "(a'), b = per-layer RPCs, c = step path");
 ABSL_FLAG(int, steps_b, 5, "measured steps of mode (b) per configuration");
 ABSL_FLAG(std::string, external_schedulers,
           "cpp_sync,cpp_callback,cpp_stream,python",
@@ -318,6 +320,9 @@ class LibraryMode {
 
 struct Row {
   double lib_step_us = 0, lib_phase_us = 0;
+  // (a') library mode on PlanStep's metadata: worker-stream time per step,
+  // the scheduler thread's CPU and wall time in PlanStep per step.
+  double plan_step_us = 0, plan_cpu_us = 0, plan_wall_us = 0;
   // (c) the step path and (b) per-layer RPCs: worker-stream time per step,
   // mean mark..wait (or hand-over..back) per phase, daemon process CPU and
   // scheduler thread CPU per step, the daemon's busiest threads.
@@ -398,6 +403,26 @@ absl::StatusOr<double> BareRoundTripUs(const std::string& socket, int layers,
     if (i > 0) sum += MeanPhaseUs(ev, phases);  // the first one warms up
   }
   return sum / steps;
+}
+
+// (a'): as MeasureLibrary, PlanStep on this thread before each step.
+absl::Status MeasurePlanLibrary(PlanLibraryMode* plan, int phases, int work_us,
+                                int steps, cudaStream_t s, Row* row) {
+  Events step_ev(2), ev(2 * phases);
+  double cpu = 0, wall = 0;
+  for (int i = 0; i < steps + 1; ++i) {
+    if (i == 1) cpu = wall = 0;  // the first one warms up
+    // The step's stream time from before its first work to after its last
+    // kernel, as (a)'s; PlanStep's time is the scheduler's, counted apart.
+    RETURN_IF_ERROR(plan->Step(s, work_us, step_ev.e[0], &ev.e, &cpu, &wall));
+    cudaEventRecord(step_ev.e[1], s);
+    RETURN_IF_ERROR(SyncWithin(s, absl::Seconds(60)));
+    if (i == 0) continue;
+    row->plan_step_us += 1000.0 * step_ev.Ms(0, 1) / steps;
+  }
+  row->plan_cpu_us = cpu / steps;
+  row->plan_wall_us = wall / steps;
+  return absl::OkStatus();
 }
 
 absl::Status MeasureLibrary(LibraryMode* lib, int phases, int work_us,
@@ -553,6 +578,8 @@ bool Has(const std::string& csv, const std::string& item) {
 }
 
 absl::StatusOr<Row> Measure(StepRig* rig, LibraryMode* lib,
+                            PlanLibraryMode* plan,
+                            const std::vector<uint8_t>& rows_c,
                             PerLayerRpcMode* rpc, StepInput& in,
                             uint64_t* next_step, int work_us, int steps,
                             pid_t daemon, const std::string& socket,
@@ -562,6 +589,16 @@ absl::StatusOr<Row> Measure(StepRig* rig, LibraryMode* lib,
   Row row;
   if (Has(modes, "a")) {
     RETURN_IF_ERROR(MeasureLibrary(lib, phases, work_us, steps, s, &row));
+  }
+  if (Has(modes, "p")) {
+    RETURN_IF_ERROR(ClearRows(rig, in));
+    RETURN_IF_ERROR(MeasurePlanLibrary(plan, phases, work_us, steps, s, &row));
+    ASSIGN_OR_RETURN(std::vector<uint8_t> rows_p,
+                     ReadRows(rig, in.num_tokens()));
+    if (rows_p != rows_c) {
+      return absl::InternalError(
+          "mode (a') wrote other index rows than the step path");
+    }
   }
   if (Has(modes, "c")) {
     double sched_cpu = 0;
@@ -657,6 +694,18 @@ int Run(int argc, char** argv) {
     std::fprintf(stderr, "step_benchmark: no CUDA device\n");
     return 1;
   }
+  // The step path is deployed with MPS (docs/STEP_PATH.md): without it the
+  // doorbell round trip time-slices two contexts. Said first, so no row is
+  // read without knowing.
+  int mps = 0;
+  if (cudaDeviceGetAttribute(&mps, cudaDevAttrMpsEnabled, 0) != cudaSuccess) {
+    mps = -1;
+  }
+  std::printf("MPS: %s (cudaDevAttrMpsEnabled)\n",
+              mps == 1 ? "on"
+                       : (mps == 0 ? "OFF: the step path's rows "
+                                     "time-slice two contexts"
+                                   : "unknown"));
   std::vector<std::string> daemon_args = {"--backend=cuda", "--log_level=warn"};
   for (const std::string& f : absl::GetFlag(FLAGS_daemon_flags)) {
     daemon_args.push_back(f);
@@ -675,7 +724,7 @@ int Run(int argc, char** argv) {
   const int layers = absl::GetFlag(FLAGS_layers);
   const int steps = absl::GetFlag(FLAGS_steps);
   int rc = 0;
-  std::string json = "{\"rows\": [";
+  std::string json = absl::StrCat("{\"mps\": ", mps, ", \"rows\": [");
   absl::StatusOr<double> bare = BareRoundTripUs(socket, layers, steps, s);
   if (!bare.ok()) {
     std::fprintf(stderr, "bare round trip: %s\n",
@@ -733,16 +782,28 @@ int Run(int argc, char** argv) {
       if (st.ok() && Has(absl::GetFlag(FLAGS_modes), "b")) {
         st = rpc.Init(rig->get(), in);
       }
+      std::unique_ptr<PlanLibraryMode> plan;
+      if (st.ok() && Has(absl::GetFlag(FLAGS_modes), "p")) {
+        absl::StatusOr<std::unique_ptr<PlanLibraryMode>> p =
+            PlanLibraryMode::Create(rig->get(), in);
+        if (p.ok()) {
+          plan = *std::move(p);
+        } else {
+          st = p.status();
+        }
+      }
       // The step path's index rows of this step: mode (b) must write the
       // same (checked after the last configuration).
       absl::StatusOr<std::vector<uint8_t>> rows_c =
           st.ok() ? ReadRows(rig->get(), in.num_tokens())
                   : absl::StatusOr<std::vector<uint8_t>>(st);
+      if (st.ok() && !rows_c.ok()) st = rows_c.status();
       uint64_t next = 2;
       for (int x : Ints(absl::GetFlag(FLAGS_work_us))) {
         if (!st.ok()) break;
-        absl::StatusOr<Row> r = Measure(rig->get(), &lib, &rpc, in, &next, x,
-                                        steps, (*daemon)->pid(), socket, s);
+        absl::StatusOr<Row> r =
+            Measure(rig->get(), &lib, plan.get(), *rows_c, &rpc, in, &next, x,
+                    steps, (*daemon)->pid(), socket, s);
         if (!r.ok()) {
           st = r.status();
           break;
@@ -786,6 +847,14 @@ int Run(int argc, char** argv) {
             "flight): %d\n",
             r->path_threads.c_str(), r->path_retries);
         std::printf("      (c) phases: %s\n", r->path_phases.c_str());
+        if (r->plan_step_us > 0) {
+          std::printf(
+              "      (a') library mode on PlanStep metadata: %.1f us/step = "
+              "%.3f x (a); PlanStep on the scheduler thread %.1f us CPU, "
+              "%.1f us wall per step\n",
+              r->plan_step_us, ratio(r->plan_step_us, r->lib_step_us),
+              r->plan_cpu_us, r->plan_wall_us);
+        }
         if (!r->rpc_threads.empty()) {
           std::printf("      (b) daemon threads us/step: %s\n",
                       r->rpc_threads.c_str());
@@ -798,6 +867,9 @@ int Run(int argc, char** argv) {
         absl::StrAppend(&json, json.back() == '[' ? "" : ",", "{\"index\": \"",
                         fmt, "\", \"B\": ", b, ", \"X_us\": ", x,
                         ", \"library_step_us\": ", r->lib_step_us,
+                        ", \"plan_library_step_us\": ", r->plan_step_us,
+                        ", \"plan_step_cpu_us\": ", r->plan_cpu_us,
+                        ", \"plan_step_wall_us\": ", r->plan_wall_us,
                         ", \"step_path_step_us\": ", r->path_step_us,
                         ", \"phase_us\": ", r->handoff_us,
                         ", \"library_phase_kernel_us\": ", r->lib_phase_us,
