@@ -4,6 +4,9 @@
 // x top-k), the SWA decode index once per step; side by side in one run:
 //   (a) library mode: the same kernels launched by the worker on its own
 //       stream (the floor);
+//   (a') library mode on the daemon's metadata (step_bench_libplan.h):
+//       PlanStep per step, the reply uploaded, the kvdk CUDA entry points;
+//       its index rows checked against the step path's;
 //   (c) the step path: kvdepotd (child process) on a registration, the
 //       worker's stream marking and waiting per phase;
 // each with X us of synthetic worker GPU work before every phase. Reported
@@ -22,7 +25,8 @@
 // sending the same StepRequests. Subsets: --modes, --batches, --work_us,
 // --index_formats, --external_schedulers. --malloc_keep_freed_mb applies
 // to this process and its scheduler processes (the daemon takes its own
-// flag of that name through --daemon_flags).
+// flag of that name through --daemon_flags). The first line says whether
+// MPS is on (the step path's rows mean little without it).
 #include <cuda_runtime_api.h>
 #include <dirent.h>
 #include <signal.h>
