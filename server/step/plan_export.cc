@@ -5,16 +5,19 @@
 #include <set>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "proto/wire.h"
 
 namespace kvdepot::step {
 namespace {
 
+int64_t RoundUp4(int64_t n) { return (n + 3) / 4 * 4; }
+
 // Appends `n` int32 (rounded up to 4: every section 16-byte aligned) to
 // the blob; the new section's offset.
 int64_t Append(std::vector<int32_t>* blob, int64_t n) {
   const int64_t at = static_cast<int64_t>(blob->size());
-  blob->resize(static_cast<size_t>(at + (n + 3) / 4 * 4), 0);
+  blob->resize(static_cast<size_t>(at + RoundUp4(n)), 0);
   return at;
 }
 
@@ -55,10 +58,27 @@ absl::StatusOr<v1::PlanStepResponse> ExportStepPlan(
   out.set_positions(sec.positions);
   out.set_row_block_tables(-1);
 
+  std::set<int32_t> ratios;
+  for (const LayerConfig& l : config.layers) {
+    if (l.has_phase_b()) ratios.insert(l.ratio);
+  }
   if (sec.block_tables >= 0) {
+    // The table rows repeat a sequence's row per query token: bounded here,
+    // before they are allocated (one sequence of 65536 tokens and 65536
+    // columns would be 16 GiB).
+    const int64_t cols = plan.block_table_cols;
+    const int64_t bytes =
+        4 * (static_cast<int64_t>(blob.size()) + RoundUp4(int64_t{n} * cols) +
+             2 * static_cast<int64_t>(ratios.size()) * RoundUp4(n));
+    if (bytes > kMaxPlanStepMetadataBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("num_tokens: ", n, " query rows x block_table_cols ",
+                       cols, " make a PlanStep reply of ", bytes,
+                       " bytes, above its ", kMaxPlanStepMetadataBytes,
+                       "; plan the step in parts or with fewer columns"));
+    }
     // Rows of the sequences' tables, one per query row (a sequence with
     // several query tokens repeats its row), so convert_topk runs per row.
-    const int64_t cols = plan.block_table_cols;
     const int64_t tables = Append(&blob, int64_t{n} * cols);
     for (int32_t r = 0; r < n; ++r) {
       const int64_t seq = blob[static_cast<size_t>(sec.row_seq + r)];
@@ -66,10 +86,6 @@ absl::StatusOr<v1::PlanStepResponse> ExportStepPlan(
                   blob.begin() + tables + r * cols);
     }
     out.set_row_block_tables(tables);
-    std::set<int32_t> ratios;
-    for (const LayerConfig& l : config.layers) {
-      if (l.has_phase_b()) ratios.insert(l.ratio);
-    }
     for (const int32_t ratio : ratios) {
       const int64_t valid = Append(&blob, n);
       const int64_t tokens = Append(&blob, n);

@@ -13,11 +13,17 @@
 
 namespace kvdepot::step {
 
+// The most metadata a PlanStep reply carries: the daemon's default gRPC
+// message limit (--max_message_bytes), which also bounds what one call
+// makes the daemon allocate.
+inline constexpr int64_t kMaxPlanStepMetadataBytes = int64_t{64} << 20;
+
 // The PlanStepResponse of `plan`, built by BuildStepPlan from a request
 // with inline block tables and slot mappings (INVALID_ARGUMENT naming
 // the flag otherwise: the daemon cannot read the worker's device memory
 // here). The blob's own sections keep their offsets; the row tables and
-// top-k sections are appended.
+// top-k sections are appended. INVALID_ARGUMENT (num_tokens) when they
+// would pass kMaxPlanStepMetadataBytes, before anything is allocated.
 absl::StatusOr<v1::PlanStepResponse> ExportStepPlan(
     const RegistrationConfig& config, StepPlan plan);
 

@@ -280,6 +280,61 @@ TEST_F(PlanStepTest, OnlyTheOwnerOrAGranteePlans) {
   EXPECT_EQ(registry_->Counters().steps_planned, 1);
 }
 
+// A step of one sequence whose query rows times the table's columns would
+// make a 64 MiB+ reply: refused before anything is allocated, naming
+// num_tokens; one column fewer (just under the bound) is answered.
+TEST_F(PlanStepTest, AReplyPastItsBoundIsRefusedBeforeItIsBuilt) {
+  constexpr int kRows = 4096;
+  constexpr int kWide = 4096;  // 4096 x 4096 x 4 = 64 MiB of table rows
+  CreatePool("bigindex", "FP4_INDEX", 16, 64, 1);
+  const uint64_t io = AddBuffer(owner_, int64_t{kRows} * (256 + 2 * 64) + 4096);
+  v1::RegisterWorkerRequest reg;
+  reg.set_doorbell_buffer_id(doorbell_);
+  reg.set_max_tokens(kRows);
+  reg.set_max_seqs(1);
+  reg.set_max_top_k(16);
+  reg.set_max_blocks_per_seq(kWide);
+  BufferSlices slices(io);
+  v1::StepLayer* layer = reg.add_layers();
+  layer->mutable_index()->set_pool("bigindex");
+  slices.Next(layer->mutable_index()->mutable_input(), int64_t{kRows} * 256);
+  slices.Next(layer->mutable_topk(), int64_t{kRows} * 16 * 4);
+  slices.Next(layer->mutable_index_out(), int64_t{kRows} * 16 * 4);
+  const uint64_t id = RegisterOk(owner_, reg);
+  ASSERT_NE(id, 0u);
+  auto request = [&](int cols) {
+    v1::StepRequest r;
+    r.set_registration_id(id);
+    r.set_num_tokens(kRows);
+    r.set_slot_mapping(PackInt32s(std::vector<int32_t>(kRows, -1)));
+    r.set_num_seqs(1);
+    r.set_seq_lens(PackInt32s({kRows}));
+    r.set_query_lens(PackInt32s({kRows}));
+    r.set_block_tables(PackInt32s(std::vector<int32_t>(cols, 0)));
+    r.set_block_table_cols(cols);
+    r.set_top_k(16);
+    return r;
+  };
+  absl::Status s = registry_->PlanStep(owner_, request(kWide)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("num_tokens"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("67108864"));
+  EXPECT_TRUE(registry_
+                  ->Step(owner_,
+                         [&] {
+                           v1::StepRequest r = request(kWide);
+                           r.set_step_id(1);
+                           return r;
+                         }())
+                  .ok())
+      << "Step carries the tables once per sequence: no such bound";
+  absl::StatusOr<v1::PlanStepResponse> p =
+      registry_->PlanStep(owner_, request(kWide - 8));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_LE(static_cast<int64_t>(p->metadata().size()), int64_t{64} << 20);
+  EXPECT_EQ(registry_->Counters().steps_planned, 1);
+}
+
 // One random step (fixed seed): sequences of 1 or 2 query tokens, slots
 // distinct within each mapping, some -1, top-k entries partly out of
 // range.
