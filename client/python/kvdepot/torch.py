@@ -52,16 +52,19 @@ from ._worker_lib import (STATUS_CANCELLED, STATUS_DAEMON_ERROR,
                           STATUS_OUT_OF_RANGE, STATUS_STEP_MISMATCH,
                           STATUS_WORKER_WATCHDOG, WorkerReleased)
 from .client import Client, FusedStore
-from .step import (Registration, StepFuture, buffer_ref, cache,
+from .step import (PlannedStep, Registration, StepFuture, buffer_ref, cache,
                    doorbell_bytes, grant_registration, layer,
-                   list_registrations, register_worker, step, step_async,
-                   step_fused, step_request, step_status, unregister)
+                   list_registrations, plan_step, register_worker, step,
+                   step_async, step_fused, step_request, step_status,
+                   unregister)
 
 __all__ = [
-    "PoolLayerView", "PoolTensors", "Registration", "StepFuture",
+    "PlannedStep", "PoolLayerView", "PoolTensors", "Registration",
+    "StepFuture",
     "StepStatus", "StepWorker", "WorkerReleased", "buffer_ref", "buffer_tensor", "cache",
     "convert_topk", "doorbell_bytes", "grant_registration", "layer",
     "list_registrations", "load", "map_pool_tensors", "phase_a", "phase_b",
+    "plan_step",
     "pool_layer_tensor", "prefill_index", "prefill_load", "register_tensor",
     "register_worker", "step", "step_async", "step_fused", "step_request",
     "step_status", "store", "swa_decode_index",

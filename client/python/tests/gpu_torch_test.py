@@ -21,8 +21,10 @@ from Python with the worker's side captured in torch.cuda.graph and
 replayed 100 times (pools equal to inline stores of the same rows),
 prefill_load from CUDA buffer views behind pending work on the stream,
 record_event (the call returns while the stream still waits for the
-daemon's kernels, and what follows on the stream sees their result), and
-the legacy register_tensor with --legacy_cuda_ipc.
+daemon's kernels, and what follows on the stream sees their result),
+library mode on PlanStep's metadata through libkvdepot_kernels.so (with
+KVDEPOT_KERNELS_LIB set and kvdepot_kernels.py importable), and the legacy
+register_tensor with --legacy_cuda_ipc.
 """
 
 import gc
@@ -481,6 +483,67 @@ class GpuTorchTest(unittest.TestCase):
                                         kt.pool_layer_tensor(kv, "b",
                                                              l).raw), l)
         w.close()
+        kt.unregister(kv, reg.registration_id)
+
+    @unittest.skipUnless(os.environ.get("KVDEPOT_KERNELS_LIB"),
+                         "needs KVDEPOT_KERNELS_LIB (libkvdepot_kernels.so) "
+                         "and kvdepot_kernels.py on the path")
+    def test_library_mode_on_plan_step_metadata(self):
+        """docs/LIBRARY_MODE.md's Python path: plan_step, its metadata
+        uploaded as one int32 tensor, kvdk_store_cuda on pointers into it
+        on torch's stream; pool a equals inline stores of the same rows
+        into pool b; no step id consumed."""
+        import ctypes
+        import kvdepot_kernels as K
+        lib = K.load(os.environ["KVDEPOT_KERNELS_LIB"])
+        kv = self.kv
+        layers, n, bs, nb = 2, 24, 64, 32
+        L = self.twin_pools("V41", bs=bs, nb=nb, layers=layers)
+        e = L.elements
+        row = e * 2
+        io = kv.allocate_buffer(layers * n * row)
+        db = kv.allocate_buffer(kt.doorbell_bytes(layers))
+        reg = kt.register_worker(
+            kv, doorbell=db, layers=[
+                kt.layer(main=kt.cache("a", l, io, offset=l * n * row,
+                                       row_stride=row))
+                for l in range(layers)],
+            max_tokens=n, max_seqs=n, max_blocks_per_seq=1, name="libplan")
+        # One layer's bytes as library mode sees them (num_layers = 1).
+        h = ctypes.c_void_p()
+        K.check(lib, lib.kvdk_layout_create(b"V41", 0, bs, nb, 1,
+                                            ctypes.byref(h)))
+        ws = torch.empty(lib.kvdk_cuda_workspace_bytes(K.KVDK_OP_STORE, n),
+                         dtype=torch.uint8, device="cuda")
+        stream = torch.cuda.current_stream().cuda_stream
+        rng = random.Random(404)
+        for i in range(20):
+            slots = rng.sample(range(nb * bs), n)
+            slots[rng.randrange(n)] = -1
+            p = kvdepot.step.plan_step(kv, reg.registration_id,
+                                       slot_mapping=slots, seq_lens=[1] * n,
+                                       query_lens=[1] * n)
+            self.assertEqual(p.array(p.slots(), n), slots)
+            meta = torch.frombuffer(bytearray(p.metadata),
+                                    dtype=torch.int32).cuda()
+            x = rows(2000 + i, layers * n, e).reshape(layers, n, e)
+            xd = x.cuda()
+            for l in range(layers):
+                layer = kt.pool_layer_tensor(kv, "a", l).raw
+                K.check(lib, lib.kvdk_store_cuda(
+                    h, layer.data_ptr(), layer.numel(), 0, xd[l].data_ptr(),
+                    K.KVDK_DTYPE_BF16, meta.data_ptr() + 4 * p.slots(),
+                    p.num_tokens, ws.data_ptr(), ws.numel(), None, stream))
+                kt.store(kv, "b", l, torch.tensor(slots, dtype=torch.int32),
+                         x[l].contiguous())
+            torch.cuda.synchronize()
+        lib.kvdk_layout_destroy(h)
+        for l in range(layers):
+            self.assertTrue(torch.equal(kt.pool_layer_tensor(kv, "a", l).raw,
+                                        kt.pool_layer_tensor(kv, "b",
+                                                             l).raw), l)
+        info = kt.step_status(kv, reg.registration_id)
+        self.assertEqual(info.last_step_id, 0)
         kt.unregister(kv, reg.registration_id)
 
 
