@@ -25,17 +25,17 @@ int64_t Append(std::vector<int32_t>* blob, int64_t n) {
 
 absl::StatusOr<v1::PlanStepResponse> ExportStepPlan(
     const RegistrationConfig& config, StepPlan plan) {
-  if (plan.block_tables_in_buffer) {
-    return absl::InvalidArgumentError(
-        "block_tables_in_buffer: PlanStep returns the step's metadata to the "
-        "caller and reads no device memory; send the tables inline");
-  }
-  if (plan.slot_mappings_in_buffer) {
-    return absl::InvalidArgumentError(
-        "slot_mappings_in_buffer: PlanStep returns the step's metadata to the "
-        "caller and reads no device memory; send the slot mappings inline");
-  }
   const StepSections& sec = plan.sections;
+  if (plan.block_tables_in_buffer && plan.num_tokens != plan.num_seqs) {
+    // The daemon reads no device memory here, so it cannot repeat a
+    // sequence's table row per query token; with one token per sequence
+    // row r is sequence r and the worker's own tables serve as they are.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block_tables_in_buffer: PlanStep takes device-resident tables only "
+        "when every sequence has one query token (here ",
+        plan.num_tokens, " tokens in ", plan.num_seqs,
+        " sequences); send this step's tables inline"));
+  }
   const int32_t n = plan.num_tokens;
   std::vector<int32_t>& blob = plan.blob;
   v1::PlanStepResponse out;
@@ -43,11 +43,14 @@ absl::StatusOr<v1::PlanStepResponse> ExportStepPlan(
   out.set_num_seqs(plan.num_seqs);
   out.set_top_k(plan.top_k);
   out.set_block_table_cols(plan.block_table_cols);
-  out.set_slots(sec.slots);
+  // Device-resident mappings are the worker's own: nothing to return
+  // (their sections in the blob were never filled).
+  const bool own_slots = plan.slot_mappings_in_buffer;
+  out.set_slots(own_slots ? -1 : sec.slots);
   for (int32_t k = 0; k < sec.compressed_count; ++k) {
     v1::PlannedSlots* c = out.add_compressed();
     c->set_ratio(config.compressed_ratios[static_cast<size_t>(k)]);
-    c->set_slots(sec.compressed(k));
+    c->set_slots(own_slots ? -1 : sec.compressed(k));
   }
   out.set_swa_slots(sec.swa_slots);
   out.set_swa_state_ids(sec.swa_state);
@@ -62,13 +65,15 @@ absl::StatusOr<v1::PlanStepResponse> ExportStepPlan(
   for (const LayerConfig& l : config.layers) {
     if (l.has_phase_b()) ratios.insert(l.ratio);
   }
-  if (sec.block_tables >= 0) {
+  if (sec.block_tables >= 0 || plan.block_tables_in_buffer) {
     // The table rows repeat a sequence's row per query token: bounded here,
     // before they are allocated (one sequence of 65536 tokens and 65536
     // columns would be 16 GiB).
+    const bool inline_tables = sec.block_tables >= 0;
     const int64_t cols = plan.block_table_cols;
     const int64_t bytes =
-        4 * (static_cast<int64_t>(blob.size()) + RoundUp4(int64_t{n} * cols) +
+        4 * (static_cast<int64_t>(blob.size()) +
+             (inline_tables ? RoundUp4(int64_t{n} * cols) : 0) +
              2 * static_cast<int64_t>(ratios.size()) * RoundUp4(n));
     if (bytes > kMaxPlanStepMetadataBytes) {
       return absl::InvalidArgumentError(
@@ -77,15 +82,18 @@ absl::StatusOr<v1::PlanStepResponse> ExportStepPlan(
                        " bytes, above its ", kMaxPlanStepMetadataBytes,
                        "; plan the step in parts or with fewer columns"));
     }
-    // Rows of the sequences' tables, one per query row (a sequence with
-    // several query tokens repeats its row), so convert_topk runs per row.
-    const int64_t tables = Append(&blob, int64_t{n} * cols);
-    for (int32_t r = 0; r < n; ++r) {
-      const int64_t seq = blob[static_cast<size_t>(sec.row_seq + r)];
-      std::copy_n(blob.begin() + sec.block_tables + seq * cols, cols,
-                  blob.begin() + tables + r * cols);
+    if (inline_tables) {
+      // Rows of the sequences' tables, one per query row (a sequence with
+      // several query tokens repeats its row), so convert_topk runs per
+      // row.
+      const int64_t tables = Append(&blob, int64_t{n} * cols);
+      for (int32_t r = 0; r < n; ++r) {
+        const int64_t seq = blob[static_cast<size_t>(sec.row_seq + r)];
+        std::copy_n(blob.begin() + sec.block_tables + seq * cols, cols,
+                    blob.begin() + tables + r * cols);
+      }
+      out.set_row_block_tables(tables);
     }
-    out.set_row_block_tables(tables);
     for (const int32_t ratio : ratios) {
       const int64_t valid = Append(&blob, n);
       const int64_t tokens = Append(&blob, n);

@@ -18,11 +18,13 @@ namespace kvdepot::step {
 // makes the daemon allocate.
 inline constexpr int64_t kMaxPlanStepMetadataBytes = int64_t{64} << 20;
 
-// The PlanStepResponse of `plan`, built by BuildStepPlan from a request
-// with inline block tables and slot mappings (INVALID_ARGUMENT naming
-// the flag otherwise: the daemon cannot read the worker's device memory
-// here). The blob's own sections keep their offsets; the row tables and
-// top-k sections are appended. INVALID_ARGUMENT (num_tokens) when they
+// The PlanStepResponse of `plan`, built by BuildStepPlan. The blob's own
+// sections keep their offsets; the row tables and top-k sections are
+// appended. Device-resident forms are the worker's own and read by no
+// one here: with slot_mappings_in_buffer the slot sections are -1; with
+// block_tables_in_buffer there are no row tables (-1), and every sequence
+// must have one query token (row r = sequence r; else INVALID_ARGUMENT
+// block_tables_in_buffer). INVALID_ARGUMENT (num_tokens) when they
 // would pass kMaxPlanStepMetadataBytes, before anything is allocated.
 absl::StatusOr<v1::PlanStepResponse> ExportStepPlan(
     const RegistrationConfig& config, StepPlan plan);

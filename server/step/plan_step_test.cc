@@ -5,8 +5,9 @@
 // rows as the reference applied to the request itself, at ratios 1 and 4,
 // over random steps with several query tokens per sequence; PlanStep
 // consumes no step id and enqueues nothing; every refusal (another
-// session, a cancelled or unknown registration, bad fields, the
-// device-resident forms) changes nothing.
+// session, a cancelled or unknown registration, bad fields, a reply past
+// its bound) changes nothing; device-resident tables and slot mappings are
+// left to the worker.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -247,9 +248,8 @@ TEST_F(PlanStepTest, RefusalsNameTheFieldAndChangeNothing) {
     absl::Status plan = registry_->PlanStep(owner_, r).status();
     EXPECT_EQ(plan.code(), c.code) << c.message << ": " << plan;
     EXPECT_THAT(std::string(plan.message()), HasSubstr(c.message));
-    // Step refuses the same request the same way, unless only PlanStep's
-    // inline rule applies (the device-resident forms Step accepts when
-    // their buffers are registered: these are not).
+    // Step refuses the same request the same way (the device-resident
+    // forms need buffers this registration lacks).
     absl::Status step = registry_->Step(owner_, r).status();
     EXPECT_EQ(step.code(), c.code) << c.message << ": " << step;
   }
@@ -278,6 +278,60 @@ TEST_F(PlanStepTest, OnlyTheOwnerOrAGranteePlans) {
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("cancelled"));
   EXPECT_EQ(registry_->Counters().steps_planned, 1);
+}
+
+// Device-resident tables and slot mappings are the worker's own: the reply
+// names no slot section and no row tables, still the SWA sections and the
+// convert_topk inputs; tables in the buffer need one query token per
+// sequence (row r = sequence r), else INVALID_ARGUMENT naming the flag.
+TEST_F(PlanStepTest, DeviceResidentFormsAreLeftToTheWorker) {
+  const uint64_t tables = AddBuffer(owner_, 4 * kMaxSeqs * kCols);
+  const uint64_t slots = AddBuffer(owner_, 4 * 2 * kMaxTokens);
+  v1::RegisterWorkerRequest reg = Registration();
+  reg.mutable_block_tables()->set_buffer_id(tables);
+  reg.mutable_slot_mappings()->set_buffer_id(slots);
+  const uint64_t id = RegisterOk(owner_, reg);
+  ASSERT_NE(id, 0u);
+  v1::StepRequest r = Fixed(id);
+  r.clear_block_tables();
+  r.set_block_tables_in_buffer(true);
+  r.clear_slot_mapping();
+  r.clear_compressed_slot_mapping();
+  r.set_slot_mappings_in_buffer(true);
+  // Sequence 1 has two query tokens: its row cannot be repeated here.
+  absl::Status s = registry_->PlanStep(owner_, r).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("block_tables_in_buffer"));
+  // Three sequences of one token each (decode).
+  r.set_num_seqs(3);
+  r.set_seq_lens(PackInt32s({10, 39, 40}));
+  r.set_query_lens(PackInt32s({1, 1, 1}));
+  r.set_swa_state_ids(PackInt32s({3, 7, 9}));
+  absl::StatusOr<v1::PlanStepResponse> p = registry_->PlanStep(owner_, r);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const std::vector<int32_t> m = ReadInt32s(p->metadata());
+  EXPECT_EQ(p->slots(), -1);
+  ASSERT_EQ(p->compressed_size(), 1);
+  EXPECT_EQ(p->compressed(0).ratio(), kRatio);
+  EXPECT_EQ(p->compressed(0).slots(), -1);
+  EXPECT_EQ(p->row_block_tables(), -1);
+  EXPECT_EQ(Section(m, p->swa_slots(), 3),
+            (std::vector<int32_t>{3 * 32 + 9, 7 * 32 + 6, 9 * 32 + 7}));
+  const v1::PlannedTopk* r4 = TopkAt(*p, kRatio);
+  ASSERT_NE(r4, nullptr);
+  EXPECT_EQ(Section(m, r4->num_tokens(), 3), (std::vector<int32_t>{2, 9, 10}));
+  EXPECT_EQ(Section(m, r4->valid_count(), 3), (std::vector<int32_t>{2, 9, 10}));
+  // Either form alone.
+  r.clear_slot_mappings_in_buffer();
+  r.set_slot_mapping(PackInt32s({5, -1, 700}));
+  r.set_compressed_slot_mapping(PackInt32s({-1, 64, -1}));
+  p = registry_->PlanStep(owner_, r);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(Section(ReadInt32s(p->metadata()), p->slots(), 3),
+            (std::vector<int32_t>{5, -1, 700}));
+  EXPECT_EQ(p->row_block_tables(), -1);
+  EXPECT_EQ(registry_->Counters().steps_planned, 2);
+  EXPECT_TRUE(factory_.last->plans.empty());
 }
 
 // A step of one sequence whose query rows times the table's columns would

@@ -509,7 +509,8 @@ class PlannedStep:
 
     def slots(self, ratio: int = 1) -> int:
         """The offset of the slots the main and index caches of `ratio`
-        are stored from (ratio 1: the request's slot_mapping)."""
+        are stored from (ratio 1: the request's slot_mapping); -1 when the
+        mappings are the worker's own (slot_mappings_in_buffer)."""
         if ratio == 1:
             return int(self.reply.slots)
         for c in self.reply.compressed:
@@ -544,19 +545,27 @@ def plan_step(client: Any, registration_id: int, *, seq_lens: Any,
               compressed_slot_mappings: Optional[Mapping[int, Any]] = None,
               swa_state_ids: Any = None, swa_valid_starts: Any = None,
               block_tables: Any = None, top_k: int = 0,
-              positions: Any = None) -> PlannedStep:
-    """Step.PlanStep: the same arguments as step() (inline tables and slot
-    mappings only, no step id) checked by the daemon against the
-    registration as a Step is; returns the step's metadata for a worker
-    that launches kvdepot's kernels itself (PlannedStep). Nothing is
-    enqueued and no step id is consumed."""
+              positions: Any = None, block_tables_in_buffer: bool = False,
+              block_table_cols: int = 0, slot_mappings_in_buffer: bool = False,
+              num_tokens: int = 0) -> PlannedStep:
+    """Step.PlanStep: the same arguments as step() (no step id) checked by
+    the daemon against the registration as a Step is; returns the step's
+    metadata for a worker that launches kvdepot's kernels itself
+    (PlannedStep). Nothing is enqueued and no step id is consumed. With
+    slot_mappings_in_buffer / block_tables_in_buffer the worker passes its
+    own device arrays (the reply's slots / row_block_tables are -1; tables
+    in the buffer need one query token per sequence)."""
     req = step_request(
         client, registration_id, step_id=0, slot_mapping=slot_mapping,
         seq_lens=seq_lens, query_lens=query_lens,
         compressed_slot_mapping=compressed_slot_mapping,
         compressed_slot_mappings=compressed_slot_mappings,
         swa_state_ids=swa_state_ids, swa_valid_starts=swa_valid_starts,
-        block_tables=block_tables, top_k=top_k, positions=positions)
+        block_tables=block_tables, top_k=top_k, positions=positions,
+        block_tables_in_buffer=block_tables_in_buffer,
+        block_table_cols=block_table_cols,
+        slot_mappings_in_buffer=slot_mappings_in_buffer,
+        num_tokens=num_tokens)
     return PlannedStep(client._call("PlanStep", req, _stub(client)))
 
 

@@ -1191,6 +1191,18 @@ class PlanStepTest(unittest.TestCase):
             self.assertEqual(cm.exception.code,
                              grpc.StatusCode.INVALID_ARGUMENT)
 
+    def test_device_resident_forms_are_sent(self):
+        kvdepot.step.plan_step(self.kv, 7, seq_lens=[3, 4], query_lens=[1, 1],
+                               top_k=4, block_tables_in_buffer=True,
+                               block_table_cols=2,
+                               slot_mappings_in_buffer=True, num_tokens=2)
+        sent = step_pb2.StepRequest.FromString(self.fake.requests[0])
+        self.assertTrue(sent.block_tables_in_buffer)
+        self.assertTrue(sent.slot_mappings_in_buffer)
+        self.assertEqual((sent.num_tokens, sent.block_table_cols,
+                          sent.slot_mapping, sent.block_tables),
+                         (2, 2, b"", b""))
+
     def test_refusal_raises(self):
         self.fake.codes = [grpc.StatusCode.PERMISSION_DENIED]
         with self.assertRaises(KVCacheError) as cm:

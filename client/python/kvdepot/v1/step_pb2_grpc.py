@@ -91,8 +91,11 @@ class StepServicer(object):
         the request against the registration as Step does (owner or granted,
         not cancelled, every field; the same errors) and returns the step's
         metadata. Enqueues nothing, consumes no step id (step_id is not read)
-        and writes nothing. Inline forms only: block_tables_in_buffer and
-        slot_mappings_in_buffer are INVALID_ARGUMENT.
+        and writes nothing. Device-resident slot mappings and block tables are
+        the worker's own and read by no one: their sections are -1, and
+        block_tables_in_buffer needs one query token per sequence (row r =
+        sequence r), else INVALID_ARGUMENT block_tables_in_buffer. Metadata
+        past 64 MiB is INVALID_ARGUMENT num_tokens.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
