@@ -46,17 +46,22 @@ absl::StatusOr<std::unique_ptr<PlanLibraryMode>> PlanLibraryMode::Create(
   RETURN_IF_ERROR(Layout("V41", o.ring, o.states, o.layers, &m->swa_));
   RETURN_IF_ERROR(
       Layout(o.index_format, o.block_size, o.num_blocks, o.layers, &m->index_));
+  // The step path's request: with the rig's device-resident tables (the
+  // benchmark's default) the worker's own tables serve convert_topk
+  // (decode: row r is sequence r); slot mappings inline.
   m->request_ = rig->Request(in);
   m->request_.set_step_id(0);  // not read
-  // Device-resident forms are the step path's; PlanStep takes them inline.
-  m->request_.set_block_tables_in_buffer(false);
-  m->request_.set_slot_mappings_in_buffer(false);
-  std::vector<int32_t> tables = in.block_tables;
-  m->request_.set_block_table_cols(rig->table_cols(in));
-  m->request_.set_block_tables(std::string(
-      reinterpret_cast<const char*>(tables.data()), 4 * tables.size()));
-  m->request_.set_slot_mapping(std::string(
-      reinterpret_cast<const char*>(in.slots.data()), 4 * in.slots.size()));
+  if (m->request_.slot_mappings_in_buffer()) {
+    return absl::InvalidArgumentError(
+        "mode (a'): run with --device_slot_mappings=false");
+  }
+  if (m->request_.block_tables_in_buffer()) {
+    const size_t bytes = 4 * in.block_tables.size();
+    RETURN_IF_ERROR(Cuda(cudaMalloc(&m->tables_, bytes), "cudaMalloc"));
+    RETURN_IF_ERROR(Cuda(cudaMemcpy(m->tables_, in.block_tables.data(), bytes,
+                                    cudaMemcpyHostToDevice),
+                         "uploading the worker's tables"));
+  }
   grpc::ClientContext ctx;
   const grpc::Status st = rig->stub()->PlanStep(&ctx, m->request_, &m->reply_);
   if (!st.ok()) {
@@ -87,6 +92,7 @@ PlanLibraryMode::~PlanLibraryMode() {
   cudaFree(metadata_);
   cudaFree(workspace_);
   cudaFree(invalid_);
+  cudaFree(tables_);
 }
 
 absl::Status PlanLibraryMode::Step(cudaStream_t s, int work_us,
@@ -180,10 +186,11 @@ absl::Status PlanLibraryMode::Launch(cudaStream_t s, int work_us,
                         cudaMemcpyDeviceToDevice, s),
         "copying the top-k rows"));
     RETURN_IF_ERROR(Kvdk(
-        kvdk_convert_topk_cuda(index_, rows, n_, o.top_k, m + t.valid_count(),
-                               m + t.num_tokens(), m + p.row_block_tables(),
-                               p.block_table_cols(), p.block_table_cols(),
-                               invalid_, s),
+        kvdk_convert_topk_cuda(
+            index_, rows, n_, o.top_k, m + t.valid_count(), m + t.num_tokens(),
+            tables_ != nullptr ? static_cast<const int32_t*>(tables_)
+                               : m + p.row_block_tables(),
+            p.block_table_cols(), p.block_table_cols(), invalid_, s),
         "kvdk_convert_topk_cuda"));
     rec(2 * b + 1);
   }

@@ -9,9 +9,11 @@
 // index kernel (LIBRARY_MODE.md); mode (a) launches the daemon's
 // launchers without it, so (a') - (a) is what an engine pays for the
 // checks, the upload and the in-place convert's input copy below.
-// kvdk_convert_topk_cuda converts in place: each layer's top-k rows are
-// first copied (device to device) into its index rows, the rows the other
-// modes write, so the benchmark can compare them.
+// With the rig's device-resident block tables (the default, as mode (c)
+// runs) the request carries none and convert_topk reads the worker's own
+// copy of them. kvdk_convert_topk_cuda converts in place: each layer's top-k
+// rows are first copied (device to device) into its index rows, the rows the
+// other modes write, so the benchmark can compare them.
 #ifndef KVDEPOT_TESTS_GPU_STEP_BENCH_LIBPLAN_H_
 #define KVDEPOT_TESTS_GPU_STEP_BENCH_LIBPLAN_H_
 
@@ -62,6 +64,9 @@ class PlanLibraryMode {
   void* workspace_ = nullptr;
   int64_t workspace_bytes_ = 0;
   unsigned long long* invalid_ = nullptr;  // device counter
+  // The worker's own block tables ([seqs][cols]) when the rig keeps them
+  // in device memory; else the reply's row tables.
+  void* tables_ = nullptr;
 };
 
 }  // namespace kvdepot::testing

@@ -512,16 +512,22 @@ TEST_F(StepE2eTest, TenRegistrationsProgressIndependently) {
 // docs/LIBRARY_MODE.md): the worker sends PlanStep instead of Step,
 // uploads the reply's metadata with one copy and launches kvdepot's CUDA
 // entry points (libkvdepot_kernels) on its own stream with pointers into
-// it: the stores at each layer's ratio (1, 4, 16), convert_topk per query
-// row, the SWA decode index. No doorbell, no daemon kernel. Pools
-// byte-identical to the CPU reference and index rows equal to the
-// planner's, as the step path's (RandomStepsMatchTheReference), with the
-// invalid entries counted as the planner counts them; no step id
-// consumed.
-TEST_F(StepE2eTest, LibraryModeOnPlanStepMetadataMatchesTheReference) {
-  std::unique_ptr<StepRig> rig = MakeRig(ThreeRatios("libplan"));
-  ASSERT_NE(rig, nullptr);
+// it: the stores at each layer's ratio, convert_topk per query row, the
+// SWA decode index. No doorbell, no daemon kernel. Pools byte-identical to
+// the CPU reference and index rows equal to the planner's, as the step
+// path's (RandomStepsMatchTheReference), with the invalid entries counted
+// as the planner counts them; no step id consumed. With `o`'s
+// device_slot_mappings / device_block_tables the mappings and tables are
+// the worker's own device arrays (the reply names none of them).
+void LibraryModeOnPlanStep(Stream* stream, const RigOptions& options,
+                           uint32_t seed) {
+  absl::StatusOr<std::unique_ptr<StepRig>> made =
+      StepRig::Create(env->daemon()->socket_path(), options);
+  ASSERT_OK(made.status());
+  StepRig* rig = made->get();
   const RigOptions& o = rig->options();
+  const bool own_slots = o.device_slot_mappings;
+  const bool own_tables = o.device_block_tables;
   struct Layout {
     kvdk_layout* h = nullptr;
     ~Layout() { kvdk_layout_destroy(h); }
@@ -543,48 +549,95 @@ TEST_F(StepE2eTest, LibraryModeOnPlanStepMetadataMatchesTheReference) {
     void* p = nullptr;
     ~DeviceMemory() { cudaFree(p); }
     void* data() const { return p; }
-  } meta, ws, invalid;
+  } meta, ws, invalid, own;
   ASSERT_OK(Cuda(cudaMalloc(&meta.p, 1 << 20), "cudaMalloc"));
   ASSERT_OK(Cuda(cudaMalloc(&ws.p, ws_bytes), "cudaMalloc"));
   ASSERT_OK(Cuda(cudaMalloc(&invalid.p, 8), "cudaMalloc"));
+  // The worker's own mappings (3 rows of max_tokens) and tables.
+  const int64_t own_tables_at = 3 * o.max_tokens;
+  ASSERT_OK(Cuda(cudaMalloc(&own.p, 4 * (own_tables_at +
+                                         o.max_seqs * o.max_blocks_per_seq)),
+                 "cudaMalloc"));
   ASSERT_OK(Cuda(cudaMemset(invalid.data(), 0, 8), "zeroing the counter"));
   auto* invalid_count = static_cast<unsigned long long*>(invalid.data());
-  cudaStream_t s = stream_->get();
+  int32_t* own_rows = static_cast<int32_t*>(own.data());
+  cudaStream_t s = stream->get();
   uint8_t* io = rig->io();
-  std::mt19937 rng(1302);
+  std::mt19937 rng(seed);
   constexpr int kSteps = 40;
   for (uint64_t step = 1; step <= kSteps; ++step) {
     SCOPED_TRACE(::testing::Message() << "step " << step);
     StepInput in = rig->RandomStep(step, rng);
     const int n = in.num_tokens();
+    if (own_slots) {
+      // The worker's own mappings may hold anything: the entry points'
+      // device checks drop what is outside the pools.
+      for (std::vector<int32_t>* v :
+           {&in.slots, &in.compressed_slots, &in.compressed_slots2}) {
+        for (int32_t& slot : *v) {
+          if (std::uniform_int_distribution<int>(0, 7)(rng) == 0) {
+            slot = std::uniform_int_distribution<int>(0, 1)(rng) == 0
+                       ? -2
+                       : rig->SlotCapacity() + 3;
+          }
+        }
+      }
+    }
     v1::StepRequest request = rig->Request(in);
     request.set_step_id(0);  // not read
+    ASSERT_EQ(request.slot_mappings_in_buffer(), own_slots);
+    ASSERT_EQ(request.block_tables_in_buffer(), own_tables);
     v1::PlanStepResponse plan;
     grpc::ClientContext ctx;
-    ASSERT_TRUE(rig->stub()->PlanStep(&ctx, request, &plan).ok());
+    const grpc::Status call = rig->stub()->PlanStep(&ctx, request, &plan);
+    ASSERT_TRUE(call.ok()) << call.error_message();
     ASSERT_EQ(plan.num_tokens(), n);
     ASSERT_EQ(plan.compressed_size(), 2);
     ASSERT_LE(plan.metadata().size(), size_t{1} << 20);
-    auto put = [&](int64_t off, const void* host, size_t bytes) {
-      return Cuda(
-          cudaMemcpyAsync(io + off, host, bytes, cudaMemcpyHostToDevice, s),
-          "copying the worker's rows");
+    auto put = [&](void* dst, const void* host, size_t bytes) {
+      return Cuda(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, s),
+                  "copying the worker's rows");
     };
-    ASSERT_OK(
-        Cuda(cudaMemcpyAsync(meta.data(), plan.metadata().data(),
-                             plan.metadata().size(), cudaMemcpyHostToDevice, s),
-             "uploading the metadata"));
+    ASSERT_OK(put(meta.data(), plan.metadata().data(), plan.metadata().size()));
     const int32_t* m = static_cast<const int32_t*>(meta.data());
+    // The slots of a ratio: the reply's section, or the worker's own row.
+    // The worker's rows: the main mapping, then the ratios ascending.
+    const int small = std::min(o.ratio, o.ratio2);
+    auto own_row = [&](int ratio) {
+      return own_rows + (ratio == 1       ? 0
+                         : ratio == small ? 1
+                                          : 2) *
+                            o.max_tokens;
+    };
     auto slots_of = [&](int ratio) -> const int32_t* {
+      if (own_slots) {
+        EXPECT_EQ(plan.slots(), -1);
+        return own_row(ratio);
+      }
       if (ratio == 1) return m + plan.slots();
       for (const v1::PlannedSlots& c : plan.compressed()) {
         if (c.ratio() == ratio) return m + c.slots();
       }
       return nullptr;
     };
+    if (own_slots) {
+      ASSERT_OK(put(own_row(1), in.slots.data(), 4 * n));
+      ASSERT_OK(put(own_row(o.ratio), in.compressed_slots.data(), 4 * n));
+      ASSERT_OK(put(own_row(o.ratio2), in.compressed_slots2.data(), 4 * n));
+    }
+    const int cols = plan.block_table_cols();
+    const int32_t* tables = m + plan.row_block_tables();
+    if (own_tables) {
+      // Decode: row r is sequence r, the worker's [seqs][cols] tables.
+      EXPECT_EQ(plan.row_block_tables(), -1);
+      ASSERT_EQ(n, in.num_seqs());
+      ASSERT_OK(put(own_rows + own_tables_at, in.block_tables.data(),
+                    4 * in.block_tables.size()));
+      tables = own_rows + own_tables_at;
+    }
     auto topk_of = [&](int ratio) -> const v1::PlannedTopk* {
-      for (const v1::PlannedTopk& t : plan.topk_inputs()) {
-        if (t.ratio() == ratio) return &t;
+      for (const v1::PlannedTopk& k : plan.topk_inputs()) {
+        if (k.ratio() == ratio) return &k;
       }
       return nullptr;
     };
@@ -592,13 +645,13 @@ TEST_F(StepE2eTest, LibraryModeOnPlanStepMetadataMatchesTheReference) {
       SCOPED_TRACE(::testing::Message() << "layer " << l);
       const int ratio = LayerRatio(o, l);
       const int32_t* slots = slots_of(ratio);
-      const v1::PlannedTopk* t = topk_of(ratio);
+      const v1::PlannedTopk* k = topk_of(ratio);
       ASSERT_NE(slots, nullptr);
-      ASSERT_NE(t, nullptr);
-      ASSERT_OK(put(rig->main_in(l), in.kv_main[l].data(), n * 1024));
-      ASSERT_OK(put(rig->swa_in(l), in.kv_swa[l].data(), n * 1024));
-      ASSERT_OK(put(rig->index_in(l), in.kv_index[l].data(), n * 256));
-      ASSERT_OK(put(rig->out_off(l), in.topk[l].data(), n * o.top_k * 4));
+      ASSERT_NE(k, nullptr);
+      ASSERT_OK(put(io + rig->main_in(l), in.kv_main[l].data(), n * 1024));
+      ASSERT_OK(put(io + rig->swa_in(l), in.kv_swa[l].data(), n * 1024));
+      ASSERT_OK(put(io + rig->index_in(l), in.kv_index[l].data(), n * 256));
+      ASSERT_OK(put(io + rig->out_off(l), in.topk[l].data(), n * o.top_k * 4));
       const struct {
         kvdk_layout* layout;
         uint8_t* pool;
@@ -624,9 +677,8 @@ TEST_F(StepE2eTest, LibraryModeOnPlanStepMetadataMatchesTheReference) {
       // reads).
       ASSERT_EQ(kvdk_convert_topk_cuda(
                     index.h, reinterpret_cast<int32_t*>(io + rig->out_off(l)),
-                    n, o.top_k, m + t->valid_count(), m + t->num_tokens(),
-                    m + plan.row_block_tables(), plan.block_table_cols(),
-                    plan.block_table_cols(), invalid_count, s),
+                    n, o.top_k, m + k->valid_count(), m + k->num_tokens(),
+                    tables, cols, cols, invalid_count, s),
                 KVDK_OK)
           << kvdk_last_error();
     }
@@ -647,11 +699,30 @@ TEST_F(StepE2eTest, LibraryModeOnPlanStepMetadataMatchesTheReference) {
       Cuda(cudaMemcpy(&counted, invalid.data(), 8, cudaMemcpyDeviceToHost),
            "reading the counter"));
   EXPECT_GT(rig->expected_out_of_range(), 0u) << "the test must exercise -1";
-  EXPECT_EQ(counted, rig->expected_out_of_range());
+  // A dropped slot of the worker's own mappings is counted by both stores
+  // that read its row (main and index cache), once by the reference.
+  EXPECT_EQ(counted, rig->expected_out_of_range() + rig->dropped_slots());
+  if (own_slots) {
+    EXPECT_GT(rig->dropped_slots(), 20u) << "slots outside the pools";
+  }
   absl::StatusOr<v1::RegistrationInfo> info = rig->Status();
   ASSERT_OK(info.status());
   EXPECT_EQ(info->last_step_id(), 0u) << "PlanStep consumes no step id";
   EXPECT_EQ(info->steps_completed(), 0u);
+}
+
+TEST_F(StepE2eTest, LibraryModeOnPlanStepMetadataMatchesTheReference) {
+  LibraryModeOnPlanStep(&*stream_, ThreeRatios("libplan"), 1302);
+}
+
+// The same with the worker's own device slot mappings and block tables
+// (decode steps: one query token per sequence).
+TEST_F(StepE2eTest, LibraryModeOnPlanStepWithDeviceResidentInputs) {
+  RigOptions o = ThreeRatios("libplandev");
+  o.decode_only = true;
+  o.device_slot_mappings = true;
+  o.device_block_tables = true;
+  LibraryModeOnPlanStep(&*stream_, o, 1303);
 }
 
 }  // namespace
