@@ -74,13 +74,21 @@ grpc::ServerUnaryReactor* StepService::Step(Ctx* ctx, const v1::StepRequest* r,
 grpc::ServerUnaryReactor* StepService::PlanStep(Ctx* ctx,
                                                 const v1::StepRequest* r,
                                                 v1::PlanStepResponse* out) {
-  return Inline(ctx, [this, r, out]() -> grpc::Status {
+  auto call = [this, r, out]() -> grpc::Status {
     KV_AUTH_OR_RETURN(caller, r->session_id());
     absl::StatusOr<v1::PlanStepResponse> res = registry_->PlanStep(caller, *r);
     if (!res.ok()) return ToGrpcStatusWithDetails(res.status());
     *out = *std::move(res);
     return grpc::Status::OK;
-  });
+  };
+  // A decode step's plan is built on the gRPC thread, as Step's; one whose
+  // row tables are large (a long prefill chunk: milliseconds of copying)
+  // on a step worker, so the callback threads stay free.
+  if (int64_t{r->num_tokens()} * r->block_table_cols() >=
+      kPlanStepInlineEntries) {
+    return Offload(ctx, call);
+  }
+  return Inline(ctx, call);
 }
 
 grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>*

@@ -29,6 +29,10 @@
 
 namespace kvdepot::step {
 
+// PlanStep requests of at least this many row-table entries (num_tokens x
+// block_table_cols) are planned off the gRPC callback threads.
+inline constexpr int64_t kPlanStepInlineEntries = int64_t{1} << 14;
+
 class StepStreamReactor;
 
 struct StepServiceOptions {
@@ -53,7 +57,9 @@ class StepService final : public v1::Step::CallbackService {
                                  v1::StepResponse* response) override;
   grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>* StepStream(
       Ctx* ctx) override;
-  // Builds the plan on the gRPC thread, as Step does (host work only).
+  // Builds the plan on the gRPC thread, as Step does (host work only), or
+  // on a step worker when num_tokens x block_table_cols reaches
+  // kPlanStepInlineEntries.
   grpc::ServerUnaryReactor* PlanStep(Ctx* ctx, const v1::StepRequest* request,
                                      v1::PlanStepResponse* response) override;
   grpc::ServerUnaryReactor* StepStatus(
