@@ -16,6 +16,7 @@
 #include "server/cpu/cpu_backend.h"
 #include "server/pools.h"
 #include "server/sessions.h"
+#include "server/step/plan_export.h"
 #include "server/step/step_config.h"
 #include "server/step/step_plan.h"
 
@@ -275,6 +276,31 @@ TEST_F(StepFusedTest, ChecksThePositionsOfEveryStep) {
   plan = BuildStepPlan(*plain, Step({}), absl::Seconds(1));
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->sections.positions, -1);
+}
+
+// PlanStep's reply (library mode) carries the checked positions where it
+// says, int64 little-endian and 8-byte aligned, what
+// kvdk_fused_store_cuda's params.positions takes.
+TEST_F(StepFusedTest, PlanStepRepliesCarryThePositions) {
+  absl::StatusOr<RegistrationConfig> c = Resolve(Registration());
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::StatusOr<StepPlan> plan =
+      BuildStepPlan(*c, Step({0, 39, 7}), absl::Seconds(1));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  absl::StatusOr<v1::PlanStepResponse> reply =
+      ExportStepPlan(*c, *std::move(plan));
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  const int64_t at = reply->positions();
+  ASSERT_GE(at, 0);
+  EXPECT_EQ(at % 2, 0) << "8-byte aligned";
+  ASSERT_LE(4 * (at + 6), static_cast<int64_t>(reply->metadata().size()));
+  int64_t got[3];
+  std::memcpy(got, reply->metadata().data() + 4 * at, 24);
+  EXPECT_EQ(got[0], 0);
+  EXPECT_EQ(got[1], 39);
+  EXPECT_EQ(got[2], 7);
+  EXPECT_EQ(reply->row_block_tables(), -1) << "no phase B here";
+  EXPECT_EQ(reply->topk_inputs_size(), 0);
 }
 
 // A fused main cache of ratio > 1 (the compressed MLA rows): the fused
