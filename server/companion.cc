@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/fd_passing.h"
 #include "common/status_macros.h"
+#include "common/step_ring.h"
 #include "server/limits.h"
 #include "spdlog/spdlog.h"
 
@@ -146,6 +147,11 @@ void CompanionServer::Serve(Connection* conn) {
     if (!SendMessage(conn->fd.get(), bytes, fds).ok()) break;
   }
   if (conn->session != 0) {
+    // The rings first: their threads stop before the session they serve
+    // goes away.
+    if (options_.step_rings != nullptr) {
+      options_.step_rings->CloseRingsOf(conn->session);
+    }
     const int64_t n = sessions_->CloseNumber(conn->session);
     spdlog::info("rpc=companion_close session={} status=OK buffers_released={}",
                  conn->session, n);
@@ -199,9 +205,15 @@ v1::CompanionReply CompanionServer::Handle(Connection* conn,
                                   std::move(fds[0]), reply.mutable_buffer());
           }
           break;
+        case v1::CompanionRequest::kOpenStepRing:
+          rpc = "OpenStepRing";
+          status = OpenStepRing(*caller, *conn, req.open_step_ring(), &reply,
+                                fd_out);
+          break;
         default:
           status = absl::InvalidArgumentError(
-              "kind: set hello, map_pool, allocate_buffer or import_buffer");
+              "kind: set hello, map_pool, allocate_buffer, import_buffer or "
+              "open_step_ring");
       }
     }
   }
@@ -333,6 +345,38 @@ absl::Status CompanionServer::ImportBuffer(const Caller& caller,
       sessions_->AddBuffer(caller, std::move(memory), std::move(reservation)));
   out->set_buffer_id(buffer->id);
   out->set_size(buffer->memory->size());
+  return absl::OkStatus();
+}
+
+absl::Status CompanionServer::OpenStepRing(const Caller& caller,
+                                           const Connection& conn,
+                                           const v1::OpenStepRingRequest& r,
+                                           v1::CompanionReply* reply,
+                                           UniqueFd* fd_out) {
+  if (options_.step_rings == nullptr) {
+    return absl::FailedPreconditionError(
+        "open_step_ring: this daemon serves no step path");
+  }
+  if (!accepting()) {
+    return absl::UnavailableError("kvdepot is draining: no new step rings");
+  }
+  const int64_t slots = r.slots() == 0 ? 4 : r.slots();
+  const int64_t request_bytes =
+      r.request_bytes() == 0 ? int64_t{1} << 20 : r.request_bytes();
+  RETURN_IF_ERROR(
+      CheckStepRingGeometry("open_step_ring", slots, request_bytes));
+  const int64_t bytes = StepRingBytes(slots, request_bytes);
+  ASSIGN_OR_RETURN(
+      MemoryReservation reservation,
+      MemoryReservation::Open(options_.budget, BudgetClientOf(caller), bytes,
+                              "open_step_ring.request_bytes"));
+  ASSIGN_OR_RETURN(
+      *fd_out,
+      options_.step_rings->OpenRing(
+          caller, conn.session_id, static_cast<int32_t>(slots), request_bytes,
+          std::move(reservation), reply->mutable_step_ring()));
+  reply->set_fd_size(bytes);
+  reply->set_fd_device("cpu");
   return absl::OkStatus();
 }
 

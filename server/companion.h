@@ -7,8 +7,10 @@
 // records the peer's SO_PEERCRED credentials and opens a session that ends
 // when the connection closes, releasing its buffers. Later messages map a
 // pool (access checked), allocate a buffer or import the client's memfd
-// (validated, common/memfd.h). Each message is one CompanionRequest; each
-// answer one CompanionReply, with a descriptor for pools and allocations.
+// (validated, common/memfd.h) or open a step ring (common/step_ring.h; its
+// rings close with the connection). Each message is one CompanionRequest;
+// each answer one CompanionReply, with a descriptor for pools, allocations
+// and rings.
 #ifndef KVDEPOT_SERVER_COMPANION_H_
 #define KVDEPOT_SERVER_COMPANION_H_
 
@@ -32,6 +34,7 @@
 #include "server/metrics.h"
 #include "server/pools.h"
 #include "server/sessions.h"
+#include "server/step_ring_host.h"
 
 namespace kvdepot {
 
@@ -56,6 +59,9 @@ struct CompanionOptions {
   // (Hello is answered while draining too: a session is no work, and an
   // operator's status probe needs one to learn that the daemon drains.)
   std::function<bool()> accepting;
+  // Opens and closes step rings (open_step_ring); null = refused with
+  // FAILED_PRECONDITION. Must outlive the server.
+  StepRingHost* step_rings = nullptr;
 };
 
 class CompanionServer {
@@ -107,6 +113,9 @@ class CompanionServer {
   absl::Status ImportBuffer(const Caller& caller,
                             const v1::ImportMemfdRequest& r, UniqueFd fd,
                             v1::BufferInfo* out);
+  absl::Status OpenStepRing(const Caller& caller, const Connection& conn,
+                            const v1::OpenStepRingRequest& r,
+                            v1::CompanionReply* reply, UniqueFd* fd_out);
   bool accepting() const { return !options_.accepting || options_.accepting(); }
   // Joins connection threads that finished.
   void ReapFinishedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -344,6 +344,7 @@ absl::Status Daemon::Init() {
     co.metrics = metrics_.get();
     KVCacheService* service = service_.get();
     co.accepting = [service] { return !service->draining(); };
+    co.step_rings = step_->rings();
     absl::StatusOr<std::unique_ptr<CompanionServer>> companion =
         CompanionServer::Start(co, backend_.get(), pools_.get(),
                                sessions_.get());

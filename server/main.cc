@@ -84,12 +84,13 @@ ABSL_FLAG(int32_t, step_timing_every, 16,
           "kvdepot_step_phase_us histograms and StepStatus' handoff_p50_us; "
           "0 = never. Timed steps have their own CUDA graph.");
 ABSL_FLAG(int, max_step_streams, 64,
-          "Step path: StepStream calls open at once in the daemon, all "
-          "sessions together; one more ends at once with "
+          "Step path: StepStream calls and step rings open at once in the "
+          "daemon, all sessions together; one more is refused at once with "
           "RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int, max_step_streams_per_session, 4,
-          "Step path: StepStream calls one session may have open at once; "
-          "one more ends at once with RESOURCE_EXHAUSTED.");
+          "Step path: StepStream calls and step rings one session may have "
+          "open at once; one more is refused at once with "
+          "RESOURCE_EXHAUSTED.");
 ABSL_FLAG(bool, cuda_blocking_sync, true,
           "CUDA backend: host threads waiting for the GPU sleep "
           "(cudaDeviceScheduleBlockingSync) instead of spinning a core.");

@@ -17,7 +17,8 @@ StepServer::StepServer(std::unique_ptr<StepEngineFactory> factory,
     : factory_(std::move(factory)),
       registry_(factory_.get(), pools, sessions, options.registry),
       pool_("kvdepot-step", options.worker_threads, options.max_queued_calls),
-      service_(&registry_, sessions, &pool_, options.service) {}
+      service_(&registry_, sessions, &pool_, options.service),
+      rings_(&registry_, sessions, service_.stream_slots()) {}
 
 absl::StatusOr<std::unique_ptr<StepServer>> MakeStepServer(
     std::unique_ptr<StepEngineFactory> factory, const PoolRegistry* pools,

@@ -17,6 +17,7 @@
 #include "server/sessions.h"
 #include "server/step/step_engine.h"
 #include "server/step/step_registry.h"
+#include "server/step/step_rings.h"
 #include "server/step/step_service.h"
 #include "server/worker_pool.h"
 
@@ -44,13 +45,21 @@ class StepServer {
 
   StepRegistry* registry() { return &registry_; }
   StepService* service() { return &service_; }
-  // The step path's /metrics text: the registry's and the streams'.
+  // What the companion socket opens step rings with.
+  StepRings* rings() { return &rings_; }
+  // The step path's /metrics text: the registry's, the streams' and the
+  // rings'.
   std::string RenderPrometheus() const {
-    return registry_.RenderPrometheus() + service_.RenderStreamMetrics();
+    return registry_.RenderPrometheus() + service_.RenderStreamMetrics() +
+           rings_.RenderPrometheus();
   }
 
-  // Before the gRPC server's Shutdown: ends the open StepStreams.
-  void EndStreams() { service_.EndAllStreams(); }
+  // Before the gRPC server's Shutdown (the drain): ends the open
+  // StepStreams and closes the step rings.
+  void EndStreams() {
+    service_.EndAllStreams();
+    rings_.StopAll();
+  }
   // After the gRPC server's Wait: runs the queued calls and joins the
   // pool's threads.
   void Shutdown() { pool_.Shutdown(); }
@@ -60,6 +69,7 @@ class StepServer {
   StepRegistry registry_;
   WorkerPool pool_;
   StepService service_;
+  StepRings rings_;  // last: its threads stop first
 };
 
 // The step path for `backend`: the CUDA engine on the CUDA backend, else

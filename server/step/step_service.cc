@@ -27,6 +27,17 @@ grpc::ServerUnaryReactor* Inline(grpc::CallbackServerContext* ctx, Call call) {
 
 }  // namespace
 
+v1::StepResponse StepReplyOf(uint64_t step_id,
+                             absl::StatusOr<v1::StepResponse> res) {
+  if (res.ok()) return *std::move(res);
+  v1::StepResponse reply;
+  reply.set_step_id(step_id);
+  reply.set_error_code(static_cast<int32_t>(res.status().code()));
+  reply.set_error_message(std::string(res.status().message()));
+  reply.set_error_field(ViolatedField(res.status()));
+  return reply;
+}
+
 StepService::StepService(StepRegistry* registry, SessionManager* sessions,
                          WorkerPool* pool, StepServiceOptions options)
     : registry_(registry),

@@ -35,6 +35,13 @@ inline constexpr int64_t kPlanStepInlineEntries = int64_t{1} << 14;
 
 class StepStreamReactor;
 
+// The StepResponse that answers a message of a StepStream or a step ring:
+// `res` itself when the step was accepted, else the refusal as
+// error_code, error_message and error_field (ViolatedField) with
+// step_id = `step_id`.
+v1::StepResponse StepReplyOf(uint64_t step_id,
+                             absl::StatusOr<v1::StepResponse> res);
+
 struct StepServiceOptions {
   // Open StepStreams in the daemon and per session (docs/DAEMON.md,
   // --max_step_streams, --max_step_streams_per_session); each >= 1.
@@ -83,9 +90,18 @@ class StepService final : public v1::Step::CallbackService {
   int open_streams() const { return slots_.open(); }
   // The streams' gauge and refusal counter (StreamSlots::RenderPrometheus).
   std::string RenderStreamMetrics() const { return slots_.RenderPrometheus(); }
+  // The limits StepStreams and step rings share.
+  StreamSlots* stream_slots() { return &slots_; }
 
  private:
   friend class StepStreamReactor;
+
+  // The StepResponse that answers a message of a StepStream or a step ring:
+  // `res` itself when the step was accepted, else the refusal as
+  // error_code, error_message and error_field (ViolatedField) with
+  // step_id = `step_id`.
+  v1::StepResponse StepReplyOf(uint64_t step_id,
+                               absl::StatusOr<v1::StepResponse> res);
   // Runs `call` on the pool (or answers RESOURCE_EXHAUSTED when it is
   // full); its status finishes the call.
   template <typename Call>

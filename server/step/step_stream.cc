@@ -5,7 +5,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
-#include "server/error_details.h"
 
 namespace kvdepot::step {
 namespace {
@@ -98,18 +97,10 @@ void StepStreamReactor::OnReadDone(bool ok) {
     FinishLocked(ToGrpc(end));
     return;
   }
-  absl::StatusOr<v1::StepResponse> res =
-      caller.ok() ? service_->registry_->Step(*caller, request_)
-                  : caller.status();
-  if (res.ok()) {
-    response_ = *std::move(res);
-  } else {
-    response_.Clear();
-    response_.set_step_id(request_.step_id());
-    response_.set_error_code(static_cast<int32_t>(res.status().code()));
-    response_.set_error_message(std::string(res.status().message()));
-    response_.set_error_field(ViolatedField(res.status()));
-  }
+  response_ =
+      StepReplyOf(request_.step_id(),
+                  caller.ok() ? service_->registry_->Step(*caller, request_)
+                              : caller.status());
   writing_ = true;
   // Under mu_ on purpose, and safe: gRPC's bidi handler registers the
   // read and write reactions as not inlineable (the installed

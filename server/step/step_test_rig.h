@@ -63,6 +63,8 @@ class StepTestRig {
                        uint64_t step_id, int batch) const;
 
   SessionManager* sessions() { return sessions_.get(); }
+  Backend* backend() { return backend_.get(); }
+  PoolRegistry* pools() { return pools_.get(); }
   StepServer* step() { return step_.get(); }
   FakeEngineFactory* factory() { return factory_; }
 

@@ -9,9 +9,9 @@ absl::Status StreamSlots::Open() {
   if (open_ >= max_streams_) {
     ++refused_;
     return absl::ResourceExhaustedError(absl::StrCat(
-        "StepStream: the daemon has ", open_,
-        " step streams open, its limit (--max_step_streams = ", max_streams_,
-        "); close one or send unary Step calls"));
+        "the daemon has ", open_,
+        " step streams and step rings open, its limit (--max_step_streams = ",
+        max_streams_, "); close one or send unary Step calls"));
   }
   ++open_;
   return absl::OkStatus();
@@ -24,8 +24,9 @@ absl::Status StreamSlots::Bind(uint64_t session) {
     if (n == 0) per_session_.erase(session);
     ++refused_;
     return absl::ResourceExhaustedError(
-        absl::StrCat("StepStream: session ", session, " has ", n,
-                     " step streams open, the most one session may have "
+        absl::StrCat("session ", session, " has ", n,
+                     " step streams and step rings open, the most one "
+                     "session may have "
                      "(--max_step_streams_per_session = ",
                      max_per_session_, "); close one first"));
   }
@@ -60,12 +61,14 @@ int64_t StreamSlots::refused() const {
 std::string StreamSlots::RenderPrometheus() const {
   absl::MutexLock lock(&mu_);
   return absl::StrCat(
-      "# HELP kvdepot_step_streams_open StepStream calls open.\n"
+      "# HELP kvdepot_step_streams_open StepStream calls and step rings "
+      "open.\n"
       "# TYPE kvdepot_step_streams_open gauge\n"
       "kvdepot_step_streams_open ",
       open_,
-      "\n# HELP kvdepot_step_streams_refused_total StepStream calls refused "
-      "by --max_step_streams or --max_step_streams_per_session.\n"
+      "\n# HELP kvdepot_step_streams_refused_total StepStream calls and step "
+      "rings refused by --max_step_streams or "
+      "--max_step_streams_per_session.\n"
       "# TYPE kvdepot_step_streams_refused_total counter\n"
       "kvdepot_step_streams_refused_total ",
       refused_, "\n");

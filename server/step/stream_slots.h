@@ -1,7 +1,8 @@
 // The StepStream limits (docs/DAEMON.md "Limits"): open streams in the
 // whole daemon and per session. A stream takes a daemon slot when it opens
 // and a session slot when it is bound to a session; both are given back
-// when the stream ends, however it ends.
+// when the stream ends, however it ends. Step rings (step_rings.h) count
+// as streams: one of each slot while open.
 #ifndef KVDEPOT_SERVER_STEP_STREAM_SLOTS_H_
 #define KVDEPOT_SERVER_STEP_STREAM_SLOTS_H_
 
