@@ -1,5 +1,7 @@
 // The scheduler's CPU per step (issue 13): unary sync Step, unary callback
-// Step and StepStream against the Step service in this process with
+// Step, StepStream and a step ring (docs/STEP_PATH.md "Step ring"; opened
+// as the companion socket opens it, mapped as a scheduler maps it) against
+// the Step service in this process with
 // FakeEngine registrations (step_test_rig.h: a CPU backend, no GPU; each
 // step reported finished after its reply, outside the measured time), at
 // each batch
@@ -8,7 +10,8 @@
 // query_lens, SWA states, block tables [B][64]). As a scheduler does it
 // (tests/gpu/step_scheduler.cc): one StepRequest reused, its step id set
 // per step; one ClientContext per unary call; one stream for the whole
-// run, one Write and one Read per step.
+// run, one Write and one Read per step; one ring for the whole run, one
+// Submit and one Collect per step.
 //
 //   bazel run -c opt //server/step:step_stream_benchmark -- --steps=3000
 //
@@ -18,7 +21,8 @@
 // threads: the server runs here; over the calls only), wall-clock p50 and
 // p99 per step, and how often a step was sent again because two were in
 // flight (0: each is reported finished before the next). Then the ratios
-// stream / unary sync and stream / unary callback of the same run.
+// stream / unary sync, stream / unary callback and ring / stream of the
+// same run.
 #include <time.h>
 
 #include <algorithm>
@@ -35,6 +39,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "client/step_ring.h"
 #include "grpcpp/grpcpp.h"
 #include "kvdepot/v1/step.grpc.pb.h"
 #include "server/step/step_test_rig.h"
@@ -197,10 +202,41 @@ int Run() {
       return grpc::Status(static_cast<grpc::StatusCode>(reply.error_code()),
                           reply.error_message());
     };
+    // The ring: sized for this request, twice over.
+    const int64_t request_bytes = std::max<int64_t>(
+        kStepRingMinRequestBytes,
+        (2 * static_cast<int64_t>(request.ByteSizeLong()) + 63) / 64 * 64);
+    absl::StatusOr<Caller> caller =
+        (*rig)->sessions()->Authenticate(session->id, absl::Now());
+    v1::StepRingInfo info;
+    absl::StatusOr<UniqueFd> fd =
+        caller.ok() ? (*rig)->step()->rings()->OpenRing(
+                          *caller, session->id, 4, request_bytes,
+                          MemoryReservation(), &info)
+                    : absl::StatusOr<UniqueFd>(caller.status());
+    absl::StatusOr<std::unique_ptr<StepRingClient>> ring =
+        fd.ok() ? StepRingClient::Map(*std::move(fd),
+                                      StepRingBytes(4, request_bytes), info)
+                : absl::StatusOr<std::unique_ptr<StepRingClient>>(fd.status());
+    if (!ring.ok()) {
+      std::fprintf(stderr, "ring: %s\n", ring.status().ToString().c_str());
+      return 1;
+    }
+    SendFn ringed = [&](const v1::StepRequest& r) {
+      absl::StatusOr<v1::StepResponse> out =
+          (*ring)->Step(r, absl::Seconds(10));
+      if (!out.ok()) {
+        return grpc::Status(static_cast<grpc::StatusCode>(out.status().code()),
+                            std::string(out.status().message()));
+      }
+      return grpc::Status(static_cast<grpc::StatusCode>(out->error_code()),
+                          out->error_message());
+    };
     std::vector<std::pair<const char*, SendFn*>> modes = {
         {"unary_sync", &sync},
         {"unary_callback", &callback},
-        {"stream", &streamed}};
+        {"stream", &streamed},
+        {"ring", &ringed}};
     std::vector<Result> results;
     for (auto& [name, send] : modes) {
       absl::StatusOr<Result> r =
@@ -220,11 +256,14 @@ int Run() {
     }
     std::printf(
         "B=%d stream/sync: thread %.2f wall %.2f; stream/callback: thread "
-        "%.2f wall %.2f\n",
+        "%.2f wall %.2f; ring/stream: thread %.2f process %.2f wall %.2f\n",
         batch, results[2].thread_cpu_us / results[0].thread_cpu_us,
         results[2].wall_p50_us / results[0].wall_p50_us,
         results[2].thread_cpu_us / results[1].thread_cpu_us,
-        results[2].wall_p50_us / results[1].wall_p50_us);
+        results[2].wall_p50_us / results[1].wall_p50_us,
+        results[3].thread_cpu_us / results[2].thread_cpu_us,
+        results[3].process_cpu_us / results[2].process_cpu_us,
+        results[3].wall_p50_us / results[2].wall_p50_us);
   }
   return 0;
 }

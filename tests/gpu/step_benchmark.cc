@@ -77,14 +77,14 @@ ABSL_FLAG(std::string, modes, "a,p,b,c",
           "modes to run: a = library, p = library on PlanStep's metadata "
           "(a'), b = per-layer RPCs, c = step path");
 ABSL_FLAG(int, steps_b, 5, "measured steps of mode (b) per configuration");
-ABSL_FLAG(std::string, external_schedulers,
-          "cpp_sync,cpp_callback,cpp_stream,python",
-          "schedulers in their own process measured on (c): cpp_sync, "
-          "cpp_callback, cpp_stream, cpp_stream_spin (step_scheduler "
-          "--api=sync, callback, stream, stream_spin), each also with the "
-          "suffixes _busy (--busy_between_steps: "
-          "a scheduler core that never idles) and then _nobdp (--bdp_probe="
-          "false); python (step_scheduler.py)");
+ABSL_FLAG(
+    std::string, external_schedulers, "cpp_sync,cpp_callback,cpp_stream,python",
+    "schedulers in their own process measured on (c): cpp_sync, "
+    "cpp_callback, cpp_stream, cpp_stream_spin, cpp_ring (step_scheduler "
+    "--api=sync, callback, stream, stream_spin, ring), each also with the "
+    "suffixes _busy (--busy_between_steps: "
+    "a scheduler core that never idles) and then _nobdp (--bdp_probe="
+    "false); python (step_scheduler.py)");
 ABSL_FLAG(std::string, python, "python3", "the interpreter of python");
 ABSL_FLAG(bool, device_block_tables, true,
           "the registrations keep their block tables in device memory "
@@ -96,7 +96,8 @@ ABSL_FLAG(bool, device_slot_mappings, false,
           "schedulers send num_tokens only)");
 ABSL_FLAG(std::string, scheduler_api, "stream",
           "how this process's scheduler (sch_c) sends Steps on (c): stream "
-          "(one StepStream) or unary (a sync Step call each)");
+          "(one StepStream), unary (a sync Step call each) or ring (one step "
+          "ring on the rig's companion connection)");
 ABSL_FLAG(std::vector<std::string>, daemon_flags, {},
           "extra kvdepotd flags, comma-separated (e.g. --step_graphs=false)");
 
@@ -560,7 +561,7 @@ std::vector<std::string> SchedulerArgv(const std::string& name,
     flags.push_back("--busy_between_steps");
   }
   if (api == "cpp_sync" || api == "cpp_callback" || api == "cpp_stream" ||
-      api == "cpp_stream_spin") {
+      api == "cpp_stream_spin" || api == "cpp_ring") {
     argv = {BesideSelf("step_scheduler"), absl::StrCat("--api=", api.substr(4)),
             absl::StrCat("--malloc_keep_freed_mb=", MallocKeepFreedMb())};
     argv.insert(argv.end(), flags.begin(), flags.end());
@@ -609,10 +610,12 @@ absl::StatusOr<Row> Measure(StepRig* rig, LibraryMode* lib,
     Sender inproc = [&](StepInput& step) {
       const double t0 = ThreadCpuUs();
       int retries = 0;
-      const bool stream = absl::GetFlag(FLAGS_scheduler_api) == "stream";
+      const std::string api = absl::GetFlag(FLAGS_scheduler_api);
       absl::Status st = SendRespectingDepth(
           [&] {
-            return (stream ? rig->SendStepOnStream(step) : rig->SendStep(step))
+            if (api == "ring") return rig->SendStepOnRing(step).status();
+            return (api == "stream" ? rig->SendStepOnStream(step)
+                                    : rig->SendStep(step))
                 .status();
           },
           {}, &retries);
@@ -684,10 +687,10 @@ int Run(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   ApplyMallocKeepFreedFlag();
   if (const std::string api = absl::GetFlag(FLAGS_scheduler_api);
-      api != "stream" && api != "unary") {
+      api != "stream" && api != "unary" && api != "ring") {
     std::fprintf(stderr,
-                 "step_benchmark: --scheduler_api = \"%s\": stream "
-                 "or unary\n",
+                 "step_benchmark: --scheduler_api = \"%s\": stream, "
+                 "unary or ring\n",
                  api.c_str());
     return 2;
   }

@@ -103,9 +103,12 @@ TEST_F(StepE2eTest, RandomStepsMatchTheReference) {
     SCOPED_TRACE(::testing::Message() << "step " << step);
     StepInput in = rig->RandomStep(step, rng);
     rig->StageInputs(in);
-    // Unary calls and the rig's StepStream alternate on one registration.
-    absl::StatusOr<v1::StepResponse> r =
-        step % 2 == 0 ? rig->SendStepOnStream(in) : rig->SendStep(in);
+    // Unary calls, the rig's StepStream and its step ring take turns on
+    // one registration.
+    absl::StatusOr<v1::StepResponse> r = step % 3 == 0 ? rig->SendStepOnRing(in)
+                                         : step % 3 == 1
+                                             ? rig->SendStep(in)
+                                             : rig->SendStepOnStream(in);
     ASSERT_OK(r.status());
     EXPECT_EQ(r->step_id(), step);
     ASSERT_OK(rig->EnqueueWorker(stream_->get()));

@@ -483,6 +483,24 @@ absl::StatusOr<v1::StepResponse> StepRig::SendStepOnStream(
       absl::StrCat("the step stream ended: ", s.error_message()));
 }
 
+absl::StatusOr<v1::StepResponse> StepRig::SendStepOnRing(const StepInput& in) {
+  FillRequest(in, &request_);
+  if (ring_ == nullptr) {
+    const int64_t bytes = std::max<int64_t>(
+        kStepRingMinRequestBytes,
+        (2 * static_cast<int64_t>(request_.ByteSizeLong()) + 63) / 64 * 64);
+    ASSIGN_OR_RETURN(ring_,
+                     StepRingClient::Open(client_->companion(), 4, bytes));
+  }
+  ASSIGN_OR_RETURN(v1::StepResponse reply,
+                   ring_->Step(request_, absl::Seconds(10)));
+  if (reply.error_code() != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(reply.error_code()),
+                        absl::StrCat("Step: ", reply.error_message()));
+  }
+  return reply;
+}
+
 absl::StatusOr<v1::RegistrationInfo> StepRig::Status() {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));

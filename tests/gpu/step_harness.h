@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/kvdepot_client.h"
+#include "client/step_ring.h"
 #include "common/cuda/vmm.h"
 #include "kernels/format.h"
 #include "kvdepot/v1/step.grpc.pb.h"
@@ -183,6 +184,10 @@ class StepRig {
   // after one ended): one Write and one Read; a refusal is the reply's
   // error_code / error_message.
   absl::StatusOr<v1::StepResponse> SendStepOnStream(const StepInput& in);
+  // The same through the rig's step ring (client/step_ring.h, opened on
+  // the rig's companion connection at its first step, sized for that
+  // step's request twice over): one Submit and one Collect.
+  absl::StatusOr<v1::StepResponse> SendStepOnRing(const StepInput& in);
   // StepStatus of this registration.
   absl::StatusOr<v1::RegistrationInfo> Status();
   // Copies the step's rows into pinned staging (host; before EnqueueWorker).
@@ -299,6 +304,7 @@ class StepRig {
   uint64_t staged_step_ = 0;
   v1::StepRequest request_;  // SendStep's, reused
   v1::StepResponse reply_;
+  std::unique_ptr<StepRingClient> ring_;
   std::unique_ptr<grpc::ClientContext> stream_ctx_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>>
       stream_;

@@ -30,7 +30,11 @@
 // the reply's error_code (the stream stays open; a stream that ended is
 // opened again at the next step); --api=stream_spin is that stream through
 // the async API, this thread polling for the Write and the Read instead of
-// sleeping until they complete.
+// sleeping until they complete; --api=ring is one step ring for the whole
+// run (client/step_ring.h): a companion connection of its own, whose
+// session the request's session (the worker's, which handed this process
+// the request) grants the registration once at start, then one Submit and
+// one Collect per step, no gRPC call.
 #include <dirent.h>
 #include <poll.h>
 #include <sys/resource.h>
@@ -54,6 +58,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
+#include "client/companion_connection.h"
+#include "client/step_ring.h"
+#include "common/default_address.h"
 #include "grpcpp/grpcpp.h"
 #include "kvdepot/v1/step.grpc.pb.h"
 #include "tests/gpu/step_send_retry.h"
@@ -61,7 +68,12 @@
 
 ABSL_FLAG(std::string, socket, "", "kvdepotd's Unix socket");
 ABSL_FLAG(std::string, request, "", "a serialized kvdepot.v1.StepRequest");
-ABSL_FLAG(std::string, api, "sync", "sync, callback, stream or stream_spin");
+ABSL_FLAG(std::string, api, "sync",
+          "sync, callback, stream, stream_spin or ring");
+ABSL_FLAG(bool, ring_grant, true,
+          "--api=ring: have the request's session grant the registration to "
+          "the ring's session at start (false: the ring's session must "
+          "already be allowed)");
 ABSL_FLAG(int, in_flight_retry_ms, 10000,
           "how long a Step refused with RESOURCE_EXHAUSTED (two steps in "
           "flight) is sent again");
@@ -215,6 +227,44 @@ class SpinningStream {
       stream_;
 };
 
+// --api=ring: opens this process's companion connection, has the
+// request's session grant the registration to it, opens a ring sized for
+// the request twice over and clears the request's session id (a ring's
+// requests run as the ring's session).
+absl::Status OpenRing(v1::Step::Stub* stub, const std::string& socket,
+                      v1::StepRequest* request,
+                      std::unique_ptr<CompanionConnection>* companion,
+                      std::unique_ptr<StepRingClient>* ring) {
+  absl::StatusOr<std::unique_ptr<CompanionConnection>> c =
+      CompanionConnection::Open(CompanionSocketPathOf(socket), -1,
+                                "step_scheduler");
+  if (!c.ok()) return c.status();
+  *companion = *std::move(c);
+  if (absl::GetFlag(FLAGS_ring_grant)) {
+    v1::GrantRegistrationRequest g;
+    g.set_session_id(request->session_id());
+    g.set_registration_id(request->registration_id());
+    g.add_sessions((*companion)->hello().session_number());
+    v1::GrantRegistrationResponse out;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(10));
+    if (grpc::Status s = stub->GrantRegistration(&ctx, g, &out); !s.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                          "GrantRegistration: " + s.error_message());
+    }
+  }
+  const int64_t bytes = std::max<int64_t>(
+      kStepRingMinRequestBytes,
+      (2 * static_cast<int64_t>(request->ByteSizeLong()) + 63) / 64 * 64);
+  absl::StatusOr<std::unique_ptr<StepRingClient>> r =
+      StepRingClient::Open(companion->get(), 4, bytes);
+  if (!r.ok()) return r.status();
+  *ring = *std::move(r);
+  request->clear_session_id();
+  return absl::OkStatus();
+}
+
 int Run(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   ApplyMallocKeepFreedFlag();
@@ -228,10 +278,10 @@ int Run(int argc, char** argv) {
   }
   const std::string api = absl::GetFlag(FLAGS_api);
   if (api != "sync" && api != "callback" && api != "stream" &&
-      api != "stream_spin") {
+      api != "stream_spin" && api != "ring") {
     std::fprintf(stderr,
-                 "step_scheduler: --api=%s: use sync, callback, stream or "
-                 "stream_spin\n",
+                 "step_scheduler: --api=%s: use sync, callback, stream, "
+                 "stream_spin or ring\n",
                  api.c_str());
     return 2;
   }
@@ -286,6 +336,24 @@ int Run(int argc, char** argv) {
                                : static_cast<absl::StatusCode>(s.error_code()),
                         s.ok() ? "the step stream ended" : s.error_message());
   };
+  // --api=ring: the connection, the grant, the ring (before any step).
+  std::unique_ptr<CompanionConnection> companion;
+  std::unique_ptr<StepRingClient> ring;
+  if (api == "ring") {
+    absl::Status s = OpenRing(stub.get(), absl::GetFlag(FLAGS_socket), &request,
+                              &companion, &ring);
+    if (!s.ok()) {
+      std::fprintf(stderr, "step_scheduler: %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
+  auto ring_send = [&]() -> absl::Status {
+    absl::StatusOr<v1::StepResponse> r = ring->Step(request, absl::Seconds(10));
+    if (!r.ok()) return r.status();
+    reply = *std::move(r);
+    return absl::Status(static_cast<absl::StatusCode>(reply.error_code()),
+                        reply.error_message());
+  };
   InFlightRetry retry_policy;
   retry_policy.budget =
       absl::Milliseconds(absl::GetFlag(FLAGS_in_flight_retry_ms));
@@ -315,6 +383,7 @@ int Run(int argc, char** argv) {
     // request again (with a fresh ClientContext, as gRPC requires).
     auto send = [&]() -> absl::Status {
       if (api == "stream" || api == "stream_spin") return stream_send();
+      if (api == "ring") return ring_send();
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::seconds(10));

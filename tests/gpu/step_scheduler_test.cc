@@ -111,6 +111,35 @@ TEST_P(StepSchedulerTest, ABusySchedulerCountsItsStepsNotItsSpinning) {
   EXPECT_LT(*cpu, 100000.0);
 }
 
+// --api=ring: the ring opens on the scheduler's own companion connection
+// and its steps reach the Step service as the ring's session (the CPU
+// daemon has no registration 999, so nothing can be granted: the answer
+// is the registry's about that registration).
+TEST(StepSchedulerRingTest, StepsReachTheStepServiceThroughARing) {
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> d =
+      DaemonProcess::Start({"--backend=cpu", "--log_level=warn"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  const std::string request = ::testing::TempDir() + "/ring_request.bin";
+  v1::StepRequest r;
+  r.set_session_id(std::string(32, 'a'));  // cleared: the ring's session
+  r.set_registration_id(999);
+  r.set_num_tokens(2);
+  r.set_slot_mapping(std::string(8, '\0'));
+  std::ofstream(request, std::ios::binary) << r.SerializeAsString();
+  absl::StatusOr<std::unique_ptr<SchedulerProcess>> p = SchedulerProcess::Start(
+      {"tests/gpu/step_scheduler", "--socket=" + (*d)->socket_path(),
+       "--request=" + request, "--api=ring", "--ring_grant=false"});
+  ASSERT_TRUE(p.ok()) << p.status();
+  for (uint64_t step = 1; step <= 3; ++step) {
+    const absl::Status s = (*p)->Send(step);
+    EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "999")) << s;
+  }
+  absl::StatusOr<double> cpu = (*p)->Finish();
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_GT(*cpu, 0.0);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Apis, StepSchedulerTest,
     ::testing::Values("--api=sync", "--api=callback", "--api=stream",
