@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "google/protobuf/stubs/logging.h"
 #include "spdlog/pattern_formatter.h"
 #include "spdlog/sinks/stdout_sinks.h"
 #include "spdlog/spdlog.h"
@@ -84,6 +85,27 @@ absl::Status CheckLogFlags(absl::string_view level, absl::string_view format) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// libprotobuf's own messages. The ones a running daemon gets come from
+// parsing what clients sent (ERROR "String field ... contains invalid UTF-8
+// data when parsing a protocol buffer", on every such message of a gRPC
+// call, a companion message or a step ring): at the default level they
+// would let any client write a line per message. They go to the log at
+// debug level, escaped; FATAL (protobuf aborts after it) at error.
+void ProtobufLog(google::protobuf::LogLevel level, const char* filename,
+                 int line, const std::string& message) {
+  const std::string text = absl::StrCat("libprotobuf ", filename, ":", line,
+                                        " ", EscapeForLog(message));
+  if (level == google::protobuf::LOGLEVEL_FATAL) {
+    spdlog::error("{}", text);
+  } else {
+    spdlog::debug("{}", text);
+  }
+}
+
+}  // namespace
+
 absl::Status InitLogging(absl::string_view level, absl::string_view format) {
   if (absl::Status s = CheckLogFlags(level, format); !s.ok()) return s;
   auto logger = std::make_shared<spdlog::logger>(
@@ -101,6 +123,7 @@ absl::Status InitLogging(absl::string_view level, absl::string_view format) {
   }
   logger->flush_on(spdlog::level::trace);
   spdlog::set_default_logger(std::move(logger));
+  google::protobuf::SetLogHandler(&ProtobufLog);
   return absl::OkStatus();
 }
 

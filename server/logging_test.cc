@@ -1,8 +1,10 @@
 #include "server/logging.h"
 
+#include <algorithm>
 #include <string>
 
 #include "gmock/gmock.h"
+#include "google/protobuf/wrappers.pb.h"
 #include "gtest/gtest.h"
 
 namespace kvdepot {
@@ -50,6 +52,26 @@ TEST(CheckLogFlagsTest, RefusesUnknownValuesNamingTheFlag) {
   s = CheckLogFlags("info", "xml");
   EXPECT_THAT(s.message(), HasSubstr("--log_format = \"xml\""));
   EXPECT_FALSE(InitLogging("INFO", "text").ok());
+}
+
+// libprotobuf's complaint about a client's bytes ("invalid UTF-8") is one
+// line per message: only at debug level, escaped, never at the default.
+TEST(InitLoggingTest, ProtobufParseComplaintsAreDebugOnly) {
+  const std::string bad("\x0a\x02\xff\xfe", 4);  // StringValue "\xff\xfe"
+  google::protobuf::StringValue v;
+  ASSERT_TRUE(InitLogging("info", "text").ok());
+  ::testing::internal::CaptureStderr();
+  EXPECT_FALSE(v.ParseFromString(bad));
+  std::string out = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(out.find("libprotobuf"), std::string::npos) << out;
+  ASSERT_TRUE(InitLogging("debug", "text").ok());
+  ::testing::internal::CaptureStderr();
+  EXPECT_FALSE(v.ParseFromString(bad));
+  out = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(out, HasSubstr(" debug kvdepotd libprotobuf ")) << out;
+  EXPECT_THAT(out, HasSubstr("UTF-8")) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  ASSERT_TRUE(InitLogging("info", "text").ok());
 }
 
 }  // namespace
