@@ -24,7 +24,25 @@ absl::StatusOr<std::unique_ptr<StepRingClient>> StepRingClient::Open(
     return absl::InternalError(
         "the daemon's open_step_ring reply carries no ring");
   }
-  return Map(std::move(fd), reply.fd_size(), reply.step_ring());
+  absl::StatusOr<std::unique_ptr<StepRingClient>> ring =
+      Map(std::move(fd), reply.fd_size(), reply.step_ring());
+  if (ring.ok()) {
+    (*ring)->companion_ = companion;
+  } else {
+    v1::CompanionRequest close;
+    close.mutable_close_step_ring()->set_ring_id(reply.step_ring().ring_id());
+    (void)companion->Call(close, -1, nullptr);
+  }
+  return ring;
+}
+
+absl::Status StepRingClient::Close() {
+  if (companion_ == nullptr) return absl::OkStatus();
+  CompanionConnection* companion = companion_;
+  companion_ = nullptr;
+  v1::CompanionRequest req;
+  req.mutable_close_step_ring()->set_ring_id(ring_id_);
+  return companion->Call(req, -1, nullptr).status();
 }
 
 absl::StatusOr<std::unique_ptr<StepRingClient>> StepRingClient::Map(

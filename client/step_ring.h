@@ -8,7 +8,10 @@
 // system call only when the daemon's ring thread sleeps); Collect returns
 // the replies in order, sleeping on a futex while none is ready. At most
 // slots() requests may be unanswered or uncollected. Not thread-safe: one
-// scheduler thread drives a ring.
+// scheduler thread drives a ring. The daemon's side stays open until
+// Close() or until the companion connection closes: Close() gives its slot
+// in the stream limits back. (Not the destructor: the connection may be
+// gone by then, and a ring never outlives its connection on the daemon.)
 #ifndef KVDEPOT_CLIENT_STEP_RING_H_
 #define KVDEPOT_CLIENT_STEP_RING_H_
 
@@ -41,6 +44,11 @@ class StepRingClient {
   StepRingClient(const StepRingClient&) = delete;
   StepRingClient& operator=(const StepRingClient&) = delete;
 
+  // Asks the daemon to close the ring (close_step_ring) when it was opened
+  // here (Open); the mapping stays until destruction. Idempotent.
+  // REQUIRES: the companion connection it was opened on is still open.
+  absl::Status Close();
+
   // Publishes `request`; returns its number. RESOURCE_EXHAUSTED when
   // slots() requests are uncollected, INVALID_ARGUMENT ("request") when it
   // does not fit a slot, and the closing message when the ring is closed
@@ -71,6 +79,7 @@ class StepRingClient {
 
   MemfdRegion region_;
   StepRingView view_;
+  CompanionConnection* companion_ = nullptr;  // Open's; null after Close
   uint64_t ring_id_ = 0;
   uint32_t submitted_ = 0;
   uint32_t collected_ = 0;

@@ -210,10 +210,23 @@ v1::CompanionReply CompanionServer::Handle(Connection* conn,
           status = OpenStepRing(*caller, *conn, req.open_step_ring(), &reply,
                                 fd_out);
           break;
+        case v1::CompanionRequest::kCloseStepRing:
+          rpc = "CloseStepRing";
+          status = options_.step_rings == nullptr
+                       ? absl::NotFoundError(
+                             "close_step_ring.ring_id: this daemon serves no "
+                             "step path")
+                       : options_.step_rings->CloseRing(
+                             *caller, req.close_step_ring().ring_id());
+          // A reply is never empty (an empty SEQPACKET message reads as
+          // the peer's close): the closed ring's id.
+          reply.mutable_step_ring()->set_ring_id(
+              req.close_step_ring().ring_id());
+          break;
         default:
           status = absl::InvalidArgumentError(
-              "kind: set hello, map_pool, allocate_buffer, import_buffer or "
-              "open_step_ring");
+              "kind: set hello, map_pool, allocate_buffer, import_buffer, "
+              "open_step_ring or close_step_ring");
       }
     }
   }

@@ -34,6 +34,10 @@ class StepRingHost {
                                             MemoryReservation reservation,
                                             v1::StepRingInfo* info) = 0;
 
+  // Closes ring `ring_id` of `caller`'s session; NOT_FOUND when that
+  // session has no such ring (another session's ring is not told apart).
+  virtual absl::Status CloseRing(const Caller& caller, uint64_t ring_id) = 0;
+
   // Stops and frees the rings of `session` (its connection closed).
   virtual void CloseRingsOf(uint64_t session) = 0;
 };

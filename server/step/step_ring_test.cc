@@ -394,6 +394,29 @@ TEST_F(StepRingTest, RingsShareTheStreamLimits) {
   EXPECT_TRUE(OpenRing(a_).ok());
 }
 
+TEST_F(StepRingTest, OnlyItsSessionClosesARing) {
+  Start();
+  absl::StatusOr<std::unique_ptr<StepRingClient>> ring = OpenRing(a_);
+  ASSERT_TRUE(ring.ok());
+  StepRings* rings = rig_->step()->rings();
+  const uint64_t id = (*ring)->ring_id();
+  // Another session's ring and no ring at all read the same.
+  absl::Status s = rings->CloseRing(CallerOf(b_), id);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr("close_step_ring.ring_id"));
+  EXPECT_EQ(rings->CloseRing(CallerOf(a_), id + 100).message(),
+            absl::StrCat("close_step_ring.ring_id: this session has no step "
+                         "ring ",
+                         id + 100));
+  EXPECT_EQ((*ring)->state(), kStepRingOpen);
+  ASSERT_TRUE(rings->CloseRing(CallerOf(a_), id).ok());
+  EXPECT_EQ((*ring)->state(), kStepRingClosed);
+  EXPECT_EQ(rings->open(), 0);
+  EXPECT_EQ(rig_->step()->service()->open_streams(), 0);
+  EXPECT_EQ(rings->CloseRing(CallerOf(a_), id).code(),
+            absl::StatusCode::kNotFound);
+}
+
 // The whole path a scheduler takes: the companion socket opens the ring
 // (a sealed memfd handed over as a descriptor), the registration's owner
 // grants it to the scheduler's session, steps go through, and closing the
@@ -444,6 +467,16 @@ TEST_F(StepRingCompanionTest, OpenedOnTheCompanionSocketAndClosedWithIt) {
     Finish();
   }
   EXPECT_EQ(LastStep(), 5u);
+  // Close() closes the daemon's side and gives the slot back.
+  absl::StatusOr<std::unique_ptr<StepRingClient>> second =
+      StepRingClient::Open(conn_.get(), 2, 8192);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(rig_->step()->rings()->open(), 2);
+  ASSERT_TRUE((*second)->Close().ok());
+  EXPECT_EQ((*second)->state(), kStepRingClosed);
+  EXPECT_EQ(rig_->step()->rings()->open(), 1);
+  EXPECT_TRUE((*second)->Close().ok());  // idempotent
+  EXPECT_EQ(rig_->step()->rings()->open(), 1);
   conn_.reset();  // the session ends with its connection
   ASSERT_TRUE(Eventually([&] { return (*ring)->state() == kStepRingClosed; }));
   EXPECT_EQ(rig_->step()->rings()->open(), 0);

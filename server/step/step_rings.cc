@@ -223,6 +223,23 @@ void StepRings::Retire(std::unique_ptr<Ring> ring) {
                ring->id);
 }
 
+absl::Status StepRings::CloseRing(const Caller& caller, uint64_t ring_id) {
+  std::unique_ptr<Ring> ring;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = rings_.find(ring_id);
+    if (it == rings_.end() || caller.session == 0 ||
+        it->second->session != caller.session) {
+      return absl::NotFoundError(absl::StrCat(
+          "close_step_ring.ring_id: this session has no step ring ", ring_id));
+    }
+    ring = std::move(it->second);
+    rings_.erase(it);
+  }
+  Retire(std::move(ring));
+  return absl::OkStatus();
+}
+
 void StepRings::CloseRingsOf(uint64_t session) {
   std::vector<std::unique_ptr<Ring>> closing;
   {

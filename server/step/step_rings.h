@@ -47,6 +47,7 @@ class StepRings final : public StepRingHost {
                                     int32_t slots, int64_t request_bytes,
                                     MemoryReservation reservation,
                                     v1::StepRingInfo* info) override;
+  absl::Status CloseRing(const Caller& caller, uint64_t ring_id) override;
   void CloseRingsOf(uint64_t session) override;
 
   // The drain: closes every ring (state kStepRingClosed) and refuses new
