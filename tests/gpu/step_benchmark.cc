@@ -84,7 +84,7 @@ ABSL_FLAG(
     "--api=sync, callback, stream, stream_spin, ring), each also with the "
     "suffixes _busy (--busy_between_steps: "
     "a scheduler core that never idles) and then _nobdp (--bdp_probe="
-    "false); python (step_scheduler.py)");
+    "false); python, python_ring (step_scheduler.py --api=unary, ring)");
 ABSL_FLAG(std::string, python, "python3", "the interpreter of python");
 ABSL_FLAG(bool, device_block_tables, true,
           "the registrations keep their block tables in device memory "
@@ -565,9 +565,10 @@ std::vector<std::string> SchedulerArgv(const std::string& name,
     argv = {BesideSelf("step_scheduler"), absl::StrCat("--api=", api.substr(4)),
             absl::StrCat("--malloc_keep_freed_mb=", MallocKeepFreedMb())};
     argv.insert(argv.end(), flags.begin(), flags.end());
-  } else if (name == "python") {
+  } else if (name == "python" || name == "python_ring") {
     argv = {absl::GetFlag(FLAGS_python), BesideSelf("step_scheduler.py"),
             absl::StrCat("--malloc_keep_freed_mb=", MallocKeepFreedMb())};
+    if (name == "python_ring") argv.push_back("--api=ring");
   } else {
     return {};
   }

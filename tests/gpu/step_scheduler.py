@@ -3,7 +3,7 @@
 protocol as step_scheduler.cc, which documents it).
 
   step_scheduler.py --socket=PATH --request=FILE [--in_flight_retry_ms=MS]
-                    [--malloc_keep_freed_mb=MB]
+                    [--malloc_keep_freed_mb=MB] [--api=unary|ring]
 
 FILE holds one serialized kvdepot.v1.StepRequest. Per stdin line "<step_id>"
 the script rebuilds the request's int32 arrays from its own arrays (as a
@@ -16,7 +16,10 @@ finished it) is sent again with a short backoff for up to
 --in_flight_retry_ms, as step_send_retry.h does for the C++ scheduler (it
 says why); <r> counts those sends. --malloc_keep_freed_mb (default 64; 0 =
 glibc's defaults) is kvdepot.keep_freed_memory, as step_scheduler.cc's flag
-of that name. Needs grpcio and protobuf; the stubs are
+of that name. --api=ring sends through a kvdepot.step.StepRing instead of
+a unary Step per step: its own session, granted the registration by the
+request's session at start (as step_scheduler.cc --api=ring). Needs grpcio
+and protobuf; the stubs are
 the committed ones in client/python/kvdepot/v1 (found beside this file under
 ../python or from the repository).
 """
@@ -67,12 +70,44 @@ def send_respecting_depth(send, budget_s):
             retries += 1
 
 
+def open_ring(socket, stub, req, retry_s, grant):
+    """--api=ring: a session of this process, granted the registration by
+    the request's session; a ring sized for the request twice over; the
+    request's session id cleared (a ring's requests run as its session)."""
+    import kvdepot
+    import kvdepot.step
+    kv = kvdepot.connect(socket, client_name="step_scheduler.py")
+    if grant:
+        stub.GrantRegistration(step_pb2.GrantRegistrationRequest(
+            session_id=req.session_id, registration_id=req.registration_id,
+            sessions=[kv.session_number]), timeout=10)
+    size = max(4096, (2 * req.ByteSize() + 63) // 64 * 64)
+    ring = kvdepot.step.StepRing(kv, slots=4, request_bytes=size,
+                                 in_flight_retry_s=retry_s)
+    req.session_id = ""
+    return ring
+
+
+def ring_step(ring, req):
+    """One step through the ring: its answer line."""
+    import kvdepot
+    try:
+        return "ok %d" % ring.step(req).queued
+    except kvdepot.KVCacheError as e:
+        return "err %d %s" % (e.code.value[0], e.message)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--socket", required=True)
     ap.add_argument("--request", required=True)
     ap.add_argument("--in_flight_retry_ms", type=int, default=10000)
     ap.add_argument("--malloc_keep_freed_mb", type=int, default=64)
+    ap.add_argument("--api", choices=("unary", "ring"), default="unary")
+    ap.add_argument("--ring_grant", choices=("true", "false"),
+                    default="true",
+                    help="--api=ring: have the request's session grant the "
+                    "registration to the ring's session at start")
     a = ap.parse_args()
     if a.malloc_keep_freed_mb:
         import kvdepot
@@ -98,6 +133,10 @@ def main():
             ("grpc.max_receive_message_length", 64 << 20)]
     channel = grpc.insecure_channel("unix:" + a.socket, options=opts)
     stub = step_pb2_grpc.StepStub(channel)
+    ring = None
+    if a.api == "ring":
+        ring = open_ring(a.socket, stub, req, a.in_flight_retry_ms / 1000.0,
+                         a.ring_grant == "true")
     cpu0 = None
     steps = 0
     retries = 0
@@ -115,21 +154,28 @@ def main():
             setattr(req, name, v.tobytes())
         for e, v in entries:
             e.slot_mapping = v.tobytes()
-        reply, err, n = send_respecting_depth(
-            lambda: stub.Step(req, timeout=10), a.in_flight_retry_ms / 1000.0)
-        retries += n
-        if err is None:
-            line = "ok %d" % reply.queued
+        if ring is not None:
+            line = ring_step(ring, req)
         else:
-            line = "err %d %s" % (err.code().value[0], err.details())
-            if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                line += " (still refused after %d retries over %d ms)" % (
-                    n, a.in_flight_retry_ms)
+            reply, err, n = send_respecting_depth(
+                lambda: stub.Step(req, timeout=10),
+                a.in_flight_retry_ms / 1000.0)
+            retries += n
+            if err is None:
+                line = "ok %d" % reply.queued
+            else:
+                line = "err %d %s" % (err.code().value[0], err.details())
+                if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    line += (" (still refused after %d retries over %d ms)"
+                             % (n, a.in_flight_retry_ms))
         if cpu0 is None:
             cpu0 = time.process_time()  # the first step is not counted
         else:
             steps += 1
         print(line, flush=True)
+    if ring is not None:
+        retries = ring.retries
+        ring.close()
     cpu = 0.0 if cpu0 is None else (time.process_time() - cpu0) * 1e6
     print("cpu_us %.1f steps %d retries %d" % (cpu, steps, retries),
           flush=True)

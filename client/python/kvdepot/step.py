@@ -21,11 +21,14 @@ kvdepot.torch.StepWorker. No torch needed here.
     ...; f.result()   # before the next step is sent
     with StepStream(kv) as s:   # one call for every step: cheaper
         s.send(reg.registration_id, step_id=3, slot_mapping=[...], ...)
+    with StepRing(kv) as r:     # shared memory, no gRPC call per step
+        r.send(reg.registration_id, step_id=4, slot_mapping=[...], ...)
     # Library mode on the daemon's metadata: the worker launches the
     # kernels itself (docs/LIBRARY_MODE.md).
     p = plan_step(kv, reg.registration_id, slot_mapping=[...], ...)
 """
 
+import os
 import queue
 import struct
 import threading
@@ -35,9 +38,11 @@ from typing import Any, Mapping, Optional, Sequence
 
 import grpc
 
+from kvdepot.v1 import kvdepot_pb2 as pb
 from kvdepot.v1 import step_pb2 as spb
 from kvdepot.v1 import step_pb2_grpc as spb_grpc
 
+from . import _step_ring as _ring
 from ._arrays import pack_int32, pack_int32_2d
 from ._buffers import Buffer
 from ._errors import ClientClosed, KVCacheError, invalid_argument
@@ -602,7 +607,58 @@ _CODES = {c.value[0]: c for c in grpc.StatusCode}
 _END = object()   # ends a StepStream's request iterator
 
 
-class StepStream:
+class _Stepper:
+    """step()'s loop, shared by StepStream and StepRing: _round_trip(request)
+    returns the daemon's StepResponse for one send; a refusal raises as
+    KVCacheError (with .field), RESOURCE_EXHAUSTED (two steps in flight)
+    is sent again with step_async()'s backoff for up to in_flight_retry_s,
+    and UNAUTHENTICATED for the client's own session marks the client
+    lost."""
+
+    _client: Any
+    _session: str
+    _lock: threading.Lock
+    in_flight_retry_s: float
+    retries: int
+
+    def _round_trip(self, request: "spb.StepRequest") -> "spb.StepResponse":
+        raise NotImplementedError
+
+    def step(self, request: "spb.StepRequest") -> "spb.StepResponse":
+        """Sends `request`, returns its StepResponse (accepted), or raises
+        the refusal as KVCacheError."""
+        with self._lock:
+            give_up: Optional[float] = None
+            backoff = IN_FLIGHT_FIRST_BACKOFF_S
+            while True:
+                reply = self._round_trip(request)
+                if reply.error_code == 0:
+                    return reply
+                code = _CODES.get(reply.error_code, grpc.StatusCode.UNKNOWN)
+                error = KVCacheError(code, reply.error_message,
+                                     reply.error_field)
+                if code == grpc.StatusCode.UNAUTHENTICATED and \
+                        self._session and \
+                        self._session == self._client.session_id:
+                    raise self._client._lose(
+                        "the daemon no longer knows the session "
+                        f"({reply.error_message})")
+                if code != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise error
+                now = time.monotonic()
+                if give_up is None:
+                    give_up = now + self.in_flight_retry_s
+                if now >= give_up:
+                    raise KVCacheError(
+                        code, f"{reply.error_message} (still refused after "
+                        f"{self.retries} retries over "
+                        f"{self.in_flight_retry_s:g} s)") from None
+                time.sleep(min(backoff, give_up - now))
+                backoff = min(2 * backoff, IN_FLIGHT_MAX_BACKOFF_S)
+                self.retries += 1
+
+
+class StepStream(_Stepper):
     """The scheduler's steps on one StepStream call (docs/STEP_PATH.md,
     "StepStream"): step(request) sends one StepRequest (step_request()'s)
     and waits for its reply; send() builds it from step()'s arguments.
@@ -654,39 +710,6 @@ class StepStream:
         return self.step(step_request(self._client, registration_id,
                                       **step_args))
 
-    def step(self, request: "spb.StepRequest") -> "spb.StepResponse":
-        """Sends `request`, returns its StepResponse (accepted), or raises
-        the refusal as KVCacheError."""
-        with self._lock:
-            give_up: Optional[float] = None
-            backoff = IN_FLIGHT_FIRST_BACKOFF_S
-            while True:
-                reply = self._round_trip(request)
-                if reply.error_code == 0:
-                    return reply
-                code = _CODES.get(reply.error_code, grpc.StatusCode.UNKNOWN)
-                error = KVCacheError(code, reply.error_message,
-                                     reply.error_field)
-                if code == grpc.StatusCode.UNAUTHENTICATED and \
-                        self._session and \
-                        self._session == self._client.session_id:
-                    raise self._client._lose(
-                        "the daemon no longer knows the session "
-                        f"({reply.error_message})")
-                if code != grpc.StatusCode.RESOURCE_EXHAUSTED:
-                    raise error
-                now = time.monotonic()
-                if give_up is None:
-                    give_up = now + self.in_flight_retry_s
-                if now >= give_up:
-                    raise KVCacheError(
-                        code, f"{reply.error_message} (still refused after "
-                        f"{self.retries} retries over "
-                        f"{self.in_flight_retry_s:g} s)") from None
-                time.sleep(min(backoff, give_up - now))
-                backoff = min(2 * backoff, IN_FLIGHT_MAX_BACKOFF_S)
-                self.retries += 1
-
     def _round_trip(self, request: "spb.StepRequest") -> "spb.StepResponse":
         if self._closed:
             raise ClientClosed("the step stream is closed (close() was "
@@ -702,3 +725,190 @@ class StepStream:
             self.close()
             raise KVCacheError(grpc.StatusCode.UNAVAILABLE,
                                "the step stream ended") from None
+
+
+class StepRing(_Stepper):
+    """The scheduler's steps through a step ring (docs/STEP_PATH.md, "Step
+    ring"): shared memory with the daemon instead of a gRPC call per step,
+    for a scheduler on the daemon's host. Opened on the client's companion
+    connection (a Unix-socket session); its requests run as that session,
+    and refusals raise exactly as on a StepStream (step(), send(),
+    in_flight_retry_s, retries). submit() and collect() are the two halves
+    of a step for a scheduler that keeps up to `slots` requests
+    outstanding; step() needs none outstanding.
+
+    `slots` (a power of two up to 64) and `request_bytes` per slot (a
+    multiple of 64 in [4096, 16 MiB]; 0 = 1 MiB) size the ring; a request
+    that does not fit raises INVALID_ARGUMENT. collect() waits at most
+    timeout_s (DEADLINE_EXCEEDED). A ring the daemon closed (the drain,
+    the session's end) raises UNAVAILABLE with its closing message; one
+    this side broke, FAILED_PRECONDITION. close() (or the with block's
+    end) closes the daemon's side and gives its slot in the stream limits
+    back. One thread at a time."""
+
+    def __init__(self, client: Any, slots: int = 4, request_bytes: int = 0,
+                 in_flight_retry_s: float = 10.0, timeout_s: float = 10.0):
+        client._check()
+        self._client = client
+        self._session = client.session_id
+        self.in_flight_retry_s = in_flight_retry_s
+        self.timeout_s = timeout_s
+        self.retries = 0
+        self._lock = threading.Lock()
+        reply, fd = client._companion_call(
+            "a step ring", pb.CompanionRequest(
+                open_step_ring=pb.OpenStepRingRequest(
+                    slots=slots, request_bytes=request_bytes)))
+        info = reply.step_ring
+        self.ring_id = info.ring_id
+        self._remote_open = True   # the daemon's side, until close()
+        self._mem: Optional[_ring.RingMemory] = None
+        try:
+            if fd is None or reply.fd_size != _ring.ring_bytes(
+                    info.slots, info.request_bytes):
+                raise KVCacheError(grpc.StatusCode.INTERNAL,
+                                   "the daemon's open_step_ring reply does "
+                                   "not describe a ring")
+            self._mem = _ring.RingMemory(fd, reply.fd_size, info.slots,
+                                         info.request_bytes)
+            if self._mem.header() != (_ring.MAGIC, _ring.VERSION, info.slots,
+                                      info.request_bytes, _ring.REPLY_BYTES):
+                raise KVCacheError(grpc.StatusCode.INTERNAL,
+                                   "the step ring's header does not match "
+                                   "the daemon's reply")
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            if fd is not None:
+                os.close(fd)
+        self.slots = info.slots
+        self.request_capacity = info.request_bytes - _ring.SLOT_HEADER_BYTES
+        self._submitted = self._mem.load(_ring.SUBMITTED)
+        self._collected = self._mem.load(_ring.DONE)
+
+    def __enter__(self) -> "StepRing":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def uncollected(self) -> int:
+        return (self._submitted - self._collected) & 0xFFFFFFFF
+
+    def close(self) -> None:
+        """Closes the daemon's side and unmaps (idempotent); later calls
+        raise ClientClosed."""
+        mem, self._mem = self._mem, None
+        if mem is not None:
+            mem.close()
+        if not self._remote_open:
+            return
+        self._remote_open = False
+        try:
+            self._client._companion_call(
+                "close_step_ring", pb.CompanionRequest(
+                    close_step_ring=pb.CloseStepRingRequest(
+                        ring_id=self.ring_id)))
+        except (KVCacheError, ClientClosed):
+            pass   # the ring ends with the session anyway
+
+    def _memory(self) -> "_ring.RingMemory":
+        if self._mem is None:
+            raise ClientClosed("the step ring is closed (close() was "
+                               "called)")
+        return self._mem
+
+    def _closed_error(self, mem: "_ring.RingMemory") -> Optional[Exception]:
+        state = mem.load(_ring.STATE)
+        if state == _ring.OPEN:
+            return None
+        code = (grpc.StatusCode.FAILED_PRECONDITION
+                if state == _ring.FAILED else grpc.StatusCode.UNAVAILABLE)
+        return KVCacheError(code, f"step ring {self.ring_id}: "
+                                  f"{mem.message()}")
+
+    def submit(self, request: "spb.StepRequest") -> int:
+        """Publishes `request` (no wait); returns its number."""
+        mem = self._memory()
+        error = self._closed_error(mem)
+        if error is not None:
+            raise error
+        if self.uncollected >= self.slots:
+            raise KVCacheError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               f"step ring {self.ring_id}: {self.slots} "
+                               "requests are uncollected, all its slots; "
+                               "collect() a reply first")
+        data = request.SerializeToString()
+        if len(data) > self.request_capacity:
+            raise invalid_argument(
+                f"request: {len(data)} bytes serialized, more "
+                f"than the step ring's {self.request_capacity}-byte slots; "
+                "open a ring with a larger request_bytes")
+        at = mem.request_slot(self._submitted)
+        mem.mm[at + _ring.SLOT_HEADER_BYTES:
+               at + _ring.SLOT_HEADER_BYTES + len(data)] = data
+        struct.pack_into("<I", mem.mm, at, len(data))
+        n = self._submitted
+        self._submitted = (n + 1) & 0xFFFFFFFF
+        mem.store(_ring.SUBMITTED, self._submitted)
+        mem.wake(_ring.SUBMITTED)
+        return n
+
+    def collect(self, timeout_s: Optional[float] = None
+                ) -> "spb.StepResponse":
+        """The oldest uncollected reply, waiting at most timeout_s
+        (default: the ring's timeout_s)."""
+        mem = self._memory()
+        if self.uncollected == 0:
+            raise KVCacheError(grpc.StatusCode.FAILED_PRECONDITION,
+                               "step ring: nothing submitted is "
+                               "uncollected")
+        wait = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + wait
+        while True:
+            done = mem.load(_ring.DONE)
+            ready = (done - self._collected) & 0xFFFFFFFF
+            if 1 <= ready <= self.uncollected:
+                break
+            error = self._closed_error(mem)
+            if error is not None:
+                raise error
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise KVCacheError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"step ring {self.ring_id}: no reply to request "
+                    f"{self._collected} within {wait:g} s")
+            mem.store(_ring.CLIENT_SLEEPING, 1)
+            if mem.load(_ring.DONE) == done:
+                mem.wait(_ring.DONE, done, min(left, 0.1))
+            mem.store(_ring.CLIENT_SLEEPING, 0)
+        at = mem.reply_slot(self._collected)
+        (length,) = struct.unpack_from("<I", mem.mm, at)
+        reply = spb.StepResponse()
+        if length > _ring.REPLY_BYTES - _ring.SLOT_HEADER_BYTES:
+            raise KVCacheError(grpc.StatusCode.INTERNAL,
+                               f"step ring {self.ring_id}: reply "
+                               f"{self._collected} is not readable")
+        reply.ParseFromString(bytes(
+            mem.mm[at + _ring.SLOT_HEADER_BYTES:
+                   at + _ring.SLOT_HEADER_BYTES + length]))
+        self._collected = (self._collected + 1) & 0xFFFFFFFF
+        return reply
+
+    def send(self, registration_id: int, **step_args: Any
+             ) -> "spb.StepResponse":
+        """step(step_request(client, registration_id, **step_args))."""
+        return self.step(step_request(self._client, registration_id,
+                                      **step_args))
+
+    def _round_trip(self, request: "spb.StepRequest") -> "spb.StepResponse":
+        self._client._check()
+        if self.uncollected:
+            raise KVCacheError(grpc.StatusCode.FAILED_PRECONDITION,
+                               "step ring: step() needs every earlier "
+                               "reply collected")
+        self.submit(request)
+        return self.collect()

@@ -1314,5 +1314,102 @@ class StepStreamTest(unittest.TestCase):
             d.stop()
 
 
+class StepRingTest(unittest.TestCase):
+    """kvdepot.step.StepRing against the CPU daemon (its step path refuses
+    every registration, so every reply is a refusal): refusals raise and
+    the ring goes on, submit()/collect() in order, another session's
+    request refused, a request too large for its slot, a counter written
+    out of range failing the ring, the stream limits and close()."""
+
+    def setUp(self):
+        self.d = Daemon("--max_step_streams_per_session=1")
+        self.addCleanup(self.d.stop)
+        self.kv = self.d.connect(client_name="step_ring")
+        self.addCleanup(self.kv.close)
+
+    def req(self, kv, step_id, registration=12345, **extra):
+        return kvdepot.step.step_request(
+            kv, registration, step_id=step_id, slot_mapping=[0],
+            seq_lens=[1], query_lens=[1], **extra)
+
+    def test_refusals_raise_and_the_ring_goes_on(self):
+        with kvdepot.step.StepRing(self.kv, slots=2,
+                                   request_bytes=4096) as r:
+            self.assertEqual(r.slots, 2)
+            for step_id in (1, 2, 3):
+                with self.assertRaises(KVCacheError) as cm:
+                    r.step(self.req(self.kv, step_id))
+                self.assertEqual(cm.exception.code,
+                                 grpc.StatusCode.NOT_FOUND)
+                self.assertIn("no registration 12345", cm.exception.message)
+            # Both halves: two outstanding, a third refused here, the
+            # replies in order.
+            self.assertEqual(r.submit(self.req(self.kv, 7)), 3)
+            self.assertEqual(r.submit(self.req(self.kv, 8)), 4)
+            with self.assertRaises(KVCacheError) as cm:
+                r.submit(self.req(self.kv, 9))
+            self.assertEqual(cm.exception.code,
+                             grpc.StatusCode.RESOURCE_EXHAUSTED)
+            self.assertEqual(r.collect().step_id, 7)
+            self.assertEqual(r.collect().step_id, 8)
+            self.assertEqual(r.uncollected, 0)
+            # Another session's request on this client's ring.
+            other = self.d.connect(client_name="other")
+            try:
+                with self.assertRaises(KVCacheError) as cm:
+                    r.step(self.req(other, 1))
+                self.assertEqual(cm.exception.code,
+                                 grpc.StatusCode.PERMISSION_DENIED)
+                self.assertIn("belongs to session", cm.exception.message)
+            finally:
+                other.close()
+            # Too large for a 4096-byte slot: refused before it is written.
+            with self.assertRaises(KVCacheError) as cm:
+                r.step(kvdepot.step.step_request(
+                    self.kv, 1, step_id=1, slot_mapping=list(range(2000)),
+                    seq_lens=[1], query_lens=[1]))
+            self.assertEqual(cm.exception.code,
+                             grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertEqual(r.uncollected, 0)
+        self.assertRaises(kvdepot.ClientClosed, r.submit, self.req(self.kv, 1))
+
+    def test_a_counter_out_of_range_fails_the_ring(self):
+        r = kvdepot.step.StepRing(self.kv, slots=4, request_bytes=4096)
+        try:
+            mem = r._mem
+            mem.store(kvdepot._step_ring.SUBMITTED, 100)
+            mem.wake(kvdepot._step_ring.SUBMITTED)
+            deadline = time.monotonic() + 10
+            while mem.load(kvdepot._step_ring.STATE) == 0:
+                self.assertLess(time.monotonic(), deadline)
+                time.sleep(0.005)
+            with self.assertRaises(KVCacheError) as cm:
+                r.submit(self.req(self.kv, 1))
+            self.assertEqual(cm.exception.code,
+                             grpc.StatusCode.FAILED_PRECONDITION)
+            self.assertIn("step_ring.submitted", cm.exception.message)
+        finally:
+            r.close()
+
+    def test_rings_share_the_stream_limit_and_close_gives_it_back(self):
+        first = kvdepot.step.StepRing(self.kv)
+        with self.assertRaises(KVCacheError) as cm:
+            kvdepot.step.StepRing(self.kv)
+        self.assertEqual(cm.exception.code,
+                         grpc.StatusCode.RESOURCE_EXHAUSTED)
+        self.assertIn("--max_step_streams_per_session = 1",
+                      cm.exception.message)
+        first.close()
+        first.close()   # idempotent
+        with kvdepot.step.StepRing(self.kv) as again:
+            self.assertRaises(KVCacheError, again.send, 12345, step_id=1,
+                              slot_mapping=[0], seq_lens=[1],
+                              query_lens=[1])
+        with self.assertRaises(KVCacheError) as cm:
+            kvdepot.step.StepRing(self.kv, slots=3)
+        self.assertEqual(cm.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("open_step_ring.slots", cm.exception.message)
+
+
 if __name__ == "__main__":
     unittest.main()
