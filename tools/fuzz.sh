@@ -3,7 +3,7 @@
 #   tools/fuzz.sh TARGET MINUTES [libFuzzer flags...]
 # e.g. tools/fuzz.sh index_fuzz 5. TARGETs: the kvdepot_fuzz_test names in
 # tests/fuzz/BUILD.bazel (wire_fuzz, plan_fuzz, index_fuzz, kernels_fuzz,
-# service_fuzz, config_fuzz, companion_fuzz, step_fuzz).
+# service_fuzz, config_fuzz, companion_fuzz, step_fuzz, step_ring_fuzz).
 #
 # Builds //tests/fuzz:TARGET with --config=fuzz (Debian's clang, libFuzzer,
 # ASan + UBSan) in its own output base, then fuzzes a scratch copy of the
