@@ -9,8 +9,9 @@
 // `slots` ahead of the daemon's `done` fails the ring (state word and
 // closing message) and ends its thread. Rings count against the StepStream
 // limits (--max_step_streams, --max_step_streams_per_session) and their
-// memory against the session's budget; they end with their session's
-// companion connection or the daemon's drain.
+// memory against the session's budget; they end on close_step_ring, with
+// their session's companion connection, or in the daemon's drain (a
+// failed ring keeps its slot until then).
 #ifndef KVDEPOT_SERVER_STEP_STEP_RINGS_H_
 #define KVDEPOT_SERVER_STEP_STEP_RINGS_H_
 
