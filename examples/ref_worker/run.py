@@ -136,12 +136,14 @@ def step_vs_library(args: argparse.Namespace, address: str,
     w = make_weights(cfg, device)
     mode = "graph" if cuda else "static"
     pipeline = getattr(args, "step_pipeline", "lookahead")
+    transport = getattr(args, "step_transport", "unary")
     step_cls = stepworker.StepPathWorker
     if not cuda:
         import stepsim
         step_cls = stepsim.SimulatedStepWorker
     res: Dict[str, object] = {
-        "mode": mode, "pipeline": pipeline, "batch": 3,
+        "mode": mode, "pipeline": pipeline, "transport": transport,
+        "batch": 3,
         "steps": args.steps, "layers": cfg.layers,
         "ratios": list(cfg.ratios[:cfg.layers]), "format": cfg.main_format,
         "context_tokens": f"77/130/261 prompts + {args.steps} steps"}
@@ -149,7 +151,8 @@ def step_vs_library(args: argparse.Namespace, address: str,
         # 1. Bit-identical, stepped together.
         tables = getattr(args, "step_block_tables", "device")
         dw = step_cls(kv, cfg, w, device, mode=mode, pipeline=pipeline,
-                      prefix=args.prefix + "spc.", block_tables=tables)
+                      prefix=args.prefix + "spc.", block_tables=tables,
+                      transport=transport)
         lw = libmode.LibraryStepWorker(
             libmode.LibraryKernels(lib, K, device), cfg, w, device,
             mode=mode, prefix=args.prefix + "spc.", block_tables=tables)
@@ -172,7 +175,8 @@ def step_vs_library(args: argparse.Namespace, address: str,
                 h = scenarios.make(kv, cfg, w, device,
                                    worker_cls=step_cls,
                                    prefix=args.prefix + "sps.", mode=mode,
-                                   pipeline=pipeline, check=False)
+                                   pipeline=pipeline, check=False,
+                                   transport=transport)
             else:
                 h = scenarios.make(libmode.LibraryKernels(lib, K, device),
                                    cfg, w, device,
@@ -297,7 +301,8 @@ def run_one(name: str, args: argparse.Namespace, address: str,
                                prefix=args.prefix + "step.",
                                mode=args.step_mode,
                                pipeline=args.step_pipeline,
-                               block_tables=args.step_block_tables)
+                               block_tables=args.step_block_tables,
+                               transport=args.step_transport)
             h.lookahead = True   # the batch changes only at the end
             t = time.perf_counter()
             scenarios.basic(h, args.steps, args.seed)
@@ -306,6 +311,7 @@ def run_one(name: str, args: argparse.Namespace, address: str,
             out["doorbell"] = h.worker.status()
             out["graph_replays"] = h.worker.replays
             out["step_pipeline"] = args.step_pipeline
+            out["step_transport"] = args.step_transport
             out["step_block_tables"] = args.step_block_tables
             out["step_rpcs"] = h.worker.step_rpcs
             out["step_retries"] = h.worker.step_retries
@@ -459,6 +465,11 @@ def main() -> int:
                     choices=("eager", "static", "graph"),
                     help="scenario step: eager, static shapes, or static "
                     "captured in a CUDA graph (default)")
+    ap.add_argument("--step_transport", default="unary",
+                    choices=("unary", "ring"),
+                    help="how the step path's Steps travel (stepworker.py): "
+                    "a Step call each, or a step ring (shared memory, no "
+                    "gRPC call per step)")
     ap.add_argument("--step_pipeline", default="lookahead",
                     choices=("lookahead", "async", "sync"),
                     help="how the step path sends Steps (stepworker.py): "

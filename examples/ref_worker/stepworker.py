@@ -90,13 +90,16 @@ class StepPathWorker(KVWorker):
                  device: torch.device, *, max_tokens: int = 8,
                  watchdog_ms: int = 10000, mode: str = "eager",
                  pipeline: str = "lookahead", block_tables: str = "device",
-                 **kw):
+                 transport: str = "unary", **kw):
         """mode: "eager" (per-sequence indexer, host reads between phases),
         "static" (fixed shapes, no host reads inside a step: what a graph
         needs), "graph" (static, captured in a CUDA graph at the second
         step and replayed while the batch stays the same). pipeline:
         "lookahead", "async" or "sync" (the module's docstring).
-        block_tables: "device" or "inline" (the module's docstring)."""
+        block_tables: "device" or "inline" (the module's docstring).
+        transport: "unary" (a Step call each, kvt.step_async) or "ring"
+        (kvt.StepRing: shared memory with the daemon, no gRPC call per
+        step; opened at registration, closed by close())."""
         if mode not in ("eager", "static", "graph"):
             raise ValueError(f"mode {mode}")
         if pipeline not in ("sync", "async", "lookahead"):
@@ -106,6 +109,10 @@ class StepPathWorker(KVWorker):
         if block_tables not in ("device", "inline"):
             raise ValueError(f"block_tables {block_tables}")
         self.device_tables = block_tables == "device"
+        if transport not in ("unary", "ring"):
+            raise ValueError(f"transport {transport}")
+        self.transport = transport
+        self.ring: Any = None
         # The last Step sent whose reply was not collected (a StepFuture;
         # None once collected or where _step_rpc is synchronous), and the
         # (seq_ids, positions) of a step sent ahead, not yet run.
@@ -286,10 +293,23 @@ class StepPathWorker(KVWorker):
                        if self.device.type == "cuda" else None)
 
     def _step_rpc(self, step_id: int, args: Dict[str, Any]) -> Any:
-        """Sends the Step without waiting: its StepFuture (a stand-in
-        that does the step's work at once returns None)."""
-        return kvt.step_async(self.kv, self.reg.registration_id,
-                              step_id=step_id, **args)
+        """Sends the Step without waiting: its StepFuture or
+        RingStepFuture (a stand-in that does the step's work at once
+        returns None)."""
+        if self.transport == "unary":
+            return kvt.step_async(self.kv, self.reg.registration_id,
+                                  step_id=step_id, **args)
+        request = kvt.step_request(self.kv, self.reg.registration_id,
+                                   step_id=step_id, **args)
+        if self.ring is None:
+            # Room for the largest Step this worker sends, twice over: per
+            # token its int32 and int64 fields, per sequence a row of
+            # inline block tables. At least the default 1 MiB.
+            bound = self.max_tokens * (64 + 4 * self.num_blocks) + 4096
+            size = max(1 << 20, (2 * bound + 63) // 64 * 64)
+            self.ring = kvt.StepRing(self.kv, slots=2,
+                                     request_bytes=min(size, 16 << 20))
+        return self.ring.step_async(request)
 
     def _db(self, op: str, phase: int = 0) -> None:
         """The doorbell on the current stream: "begin" (step_begin), "mark"
@@ -326,6 +346,8 @@ class StepPathWorker(KVWorker):
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
             try:
+                if self.ring is not None:
+                    self.ring.close()
                 kvt.unregister(self.kv, self.reg.registration_id)
             finally:
                 self.sw.close()

@@ -628,34 +628,40 @@ class _Stepper:
         """Sends `request`, returns its StepResponse (accepted), or raises
         the refusal as KVCacheError."""
         with self._lock:
-            give_up: Optional[float] = None
-            backoff = IN_FLIGHT_FIRST_BACKOFF_S
-            while True:
-                reply = self._round_trip(request)
-                if reply.error_code == 0:
-                    return reply
-                code = _CODES.get(reply.error_code, grpc.StatusCode.UNKNOWN)
-                error = KVCacheError(code, reply.error_message,
-                                     reply.error_field)
-                if code == grpc.StatusCode.UNAUTHENTICATED and \
-                        self._session and \
-                        self._session == self._client.session_id:
-                    raise self._client._lose(
-                        "the daemon no longer knows the session "
-                        f"({reply.error_message})")
-                if code != grpc.StatusCode.RESOURCE_EXHAUSTED:
-                    raise error
-                now = time.monotonic()
-                if give_up is None:
-                    give_up = now + self.in_flight_retry_s
-                if now >= give_up:
-                    raise KVCacheError(
-                        code, f"{reply.error_message} (still refused after "
-                        f"{self.retries} retries over "
-                        f"{self.in_flight_retry_s:g} s)") from None
-                time.sleep(min(backoff, give_up - now))
-                backoff = min(2 * backoff, IN_FLIGHT_MAX_BACKOFF_S)
-                self.retries += 1
+            return self._settle(request, self._round_trip(request))
+
+    def _settle(self, request: "spb.StepRequest",
+                reply: "spb.StepResponse") -> "spb.StepResponse":
+        """`reply` if accepted; else the refusal raised, or the request
+        sent again while it is refused for depth. REQUIRES: _lock held."""
+        give_up: Optional[float] = None
+        backoff = IN_FLIGHT_FIRST_BACKOFF_S
+        while True:
+            if reply.error_code == 0:
+                return reply
+            code = _CODES.get(reply.error_code, grpc.StatusCode.UNKNOWN)
+            error = KVCacheError(code, reply.error_message,
+                                 reply.error_field)
+            if code == grpc.StatusCode.UNAUTHENTICATED and \
+                    self._session and \
+                    self._session == self._client.session_id:
+                raise self._client._lose(
+                    "the daemon no longer knows the session "
+                    f"({reply.error_message})")
+            if code != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise error
+            now = time.monotonic()
+            if give_up is None:
+                give_up = now + self.in_flight_retry_s
+            if now >= give_up:
+                raise KVCacheError(
+                    code, f"{reply.error_message} (still refused after "
+                    f"{self.retries} retries over "
+                    f"{self.in_flight_retry_s:g} s)") from None
+            time.sleep(min(backoff, give_up - now))
+            backoff = min(2 * backoff, IN_FLIGHT_MAX_BACKOFF_S)
+            self.retries += 1
+            reply = self._round_trip(request)
 
 
 class StepStream(_Stepper):
@@ -904,6 +910,20 @@ class StepRing(_Stepper):
         return self.step(step_request(self._client, registration_id,
                                       **step_args))
 
+    def step_async(self, request: "spb.StepRequest") -> "RingStepFuture":
+        """Publishes `request` and returns at once, as step_async() does
+        for a unary call: the daemon enqueues the step as soon as its ring
+        thread reads it. Call the future's result() before the next
+        step_async() or step()."""
+        with self._lock:
+            self._client._check()
+            if self.uncollected:
+                raise KVCacheError(grpc.StatusCode.FAILED_PRECONDITION,
+                                   "step ring: step_async() needs every "
+                                   "earlier reply collected")
+            self.submit(request)
+            return RingStepFuture(self, request)
+
     def _round_trip(self, request: "spb.StepRequest") -> "spb.StepResponse":
         self._client._check()
         if self.uncollected:
@@ -912,3 +932,44 @@ class StepRing(_Stepper):
                                "reply collected")
         self.submit(request)
         return self.collect()
+
+
+class RingStepFuture:
+    """A Step published on a StepRing without waiting (StepRing.step_async):
+    result() collects its reply and settles it as StepRing.step() does
+    (the refusal raised; RESOURCE_EXHAUSTED sent again on the ring with
+    step_async()'s backoff, counted in `retries`)."""
+
+    def __init__(self, ring: StepRing, request: "spb.StepRequest"):
+        self._ring = ring
+        self.request = request
+        self.retries = 0
+        self._reply: Optional["spb.StepResponse"] = None
+        self._error: Optional[KVCacheError] = None
+
+    @property
+    def step_id(self) -> int:
+        return int(self.request.step_id)
+
+    def done(self) -> bool:
+        """True once result() has run (a ring reply is read, not pushed)."""
+        return self._reply is not None or self._error is not None
+
+    def result(self) -> "spb.StepResponse":
+        """The StepResponse; KVCacheError as StepRing.step() raises it
+        (also on a later call)."""
+        if self._reply is not None:
+            return self._reply
+        if self._error is not None:
+            raise self._error
+        ring = self._ring
+        with ring._lock:
+            before = ring.retries
+            try:
+                self._reply = ring._settle(self.request, ring.collect())
+                return self._reply
+            except KVCacheError as e:
+                self._error = e
+                raise
+            finally:
+                self.retries = ring.retries - before

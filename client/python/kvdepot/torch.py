@@ -52,15 +52,15 @@ from ._worker_lib import (STATUS_CANCELLED, STATUS_DAEMON_ERROR,
                           STATUS_OUT_OF_RANGE, STATUS_STEP_MISMATCH,
                           STATUS_WORKER_WATCHDOG, WorkerReleased)
 from .client import Client, FusedStore
-from .step import (PlannedStep, Registration, StepFuture, buffer_ref, cache,
-                   doorbell_bytes, grant_registration, layer,
-                   list_registrations, plan_step, register_worker, step,
-                   step_async, step_fused, step_request, step_status,
-                   unregister)
+from .step import (PlannedStep, Registration, RingStepFuture, StepFuture,
+                   StepRing, buffer_ref, cache, doorbell_bytes,
+                   grant_registration, layer, list_registrations, plan_step,
+                   register_worker, step, step_async, step_fused,
+                   step_request, step_status, unregister)
 
 __all__ = [
     "PlannedStep", "PoolLayerView", "PoolTensors", "Registration",
-    "StepFuture",
+    "RingStepFuture", "StepFuture", "StepRing",
     "StepStatus", "StepWorker", "WorkerReleased", "buffer_ref", "buffer_tensor", "cache",
     "convert_topk", "doorbell_bytes", "grant_registration", "layer",
     "list_registrations", "load", "map_pool_tensors", "phase_a", "phase_b",

@@ -1373,6 +1373,26 @@ class StepRingTest(unittest.TestCase):
             self.assertEqual(r.uncollected, 0)
         self.assertRaises(kvdepot.ClientClosed, r.submit, self.req(self.kv, 1))
 
+    def test_step_async_settles_in_result(self):
+        with kvdepot.step.StepRing(self.kv) as r:
+            f = r.step_async(self.req(self.kv, 5))
+            self.assertEqual(f.step_id, 5)
+            self.assertFalse(f.done())
+            # Another step before result(): refused on this side.
+            with self.assertRaises(KVCacheError) as cm:
+                r.step_async(self.req(self.kv, 6))
+            self.assertEqual(cm.exception.code,
+                             grpc.StatusCode.FAILED_PRECONDITION)
+            for _ in range(2):   # raised, and again on a later call
+                with self.assertRaises(KVCacheError) as cm:
+                    f.result()
+                self.assertEqual(cm.exception.code,
+                                 grpc.StatusCode.NOT_FOUND)
+            self.assertTrue(f.done())
+            self.assertEqual(f.retries, 0)
+            self.assertEqual(r.uncollected, 0)
+            self.assertRaises(KVCacheError, r.step, self.req(self.kv, 7))
+
     def test_a_counter_out_of_range_fails_the_ring(self):
         r = kvdepot.step.StepRing(self.kv, slots=4, request_bytes=4096)
         try:
