@@ -916,7 +916,8 @@ int Run(int argc, char** argv) {
       "trip (goal <= 1.1); rpc_hand = the same handoff for (b); dmn_c, sch_c "
       "= daemon process and scheduler thread CPU us per step on (c) (goal "
       "sch_c <= 150 at B=256; --scheduler_api: this thread's Steps on a "
-      "StepStream or unary), dmn_b, sch_b the same on (b); the scheduler "
+      "StepStream, unary or a step ring), dmn_b, sch_b the same on (b); the "
+      "scheduler "
       "process CPU lines are (c) driven by step_scheduler / "
       "step_scheduler.py in their own process (every thread counted)\n");
   json += "]}\n";
