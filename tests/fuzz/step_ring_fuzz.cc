@@ -55,8 +55,8 @@ World& TheWorld() {
         step::StepTestRig::Start(o);
     FUZZ_CHECK(rig.ok(), "%s", rig.status().ToString().c_str());
     world->rig = *std::move(rig);
-    absl::StatusOr<OpenedSession> s = world->rig->OpenSession(
-        "scheduler", step::StepTestRig::kWorkerUid);
+    absl::StatusOr<OpenedSession> s =
+        world->rig->OpenSession("scheduler", step::StepTestRig::kWorkerUid);
     FUZZ_CHECK(s.ok(), "%s", s.status().ToString().c_str());
     world->session = *s;
     absl::StatusOr<uint64_t> reg = world->rig->Register(s->id);
@@ -104,8 +104,10 @@ void AwaitAndCheck(const StepRingView& v, uint32_t submitted,
     if (state != kStepRingOpen || done == submitted) return;
     if (submitted - done > kSlots) {
       // Published out of range: the daemon must fail the ring.
-      FUZZ_CHECK(absl::Now() < deadline, "a counter %u ahead of done %u "
-                 "did not fail the ring", submitted, done);
+      FUZZ_CHECK(absl::Now() < deadline,
+                 "a counter %u ahead of done %u "
+                 "did not fail the ring",
+                 submitted, done);
     } else {
       FUZZ_CHECK(absl::Now() < deadline, "no reply past %u of %u", done,
                  submitted);
@@ -127,9 +129,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       w.rig->sessions()->Authenticate(w.session.id, absl::Now());
   FUZZ_CHECK(caller.ok(), "%s", caller.status().ToString().c_str());
   v1::StepRingInfo info;
-  absl::StatusOr<UniqueFd> fd =
-      rings->OpenRing(*caller, w.session.id, kSlots, kRequestBytes,
-                      MemoryReservation(), &info);
+  absl::StatusOr<UniqueFd> fd = rings->OpenRing(
+      *caller, w.session.id, kSlots, kRequestBytes, MemoryReservation(), &info);
   FUZZ_CHECK(fd.ok(), "%s", fd.status().ToString().c_str());
   absl::StatusOr<std::unique_ptr<StepRingClient>> ring = StepRingClient::Map(
       *std::move(fd), StepRingBytes(kSlots, kRequestBytes), info);
@@ -142,10 +143,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     switch (in.Range(0, 5)) {
       case 0:
       case 1: {  // a rig-built request, a few bytes changed
-        v1::StepRequest r = w.rig->Step(
-            in.Bool() ? w.session.id : "", w.registration,
-            static_cast<uint64_t>(in.Range(0, 40)),
-            static_cast<int>(in.Range(1, 4)));
+        v1::StepRequest r =
+            w.rig->Step(in.Bool() ? w.session.id : "", w.registration,
+                        static_cast<uint64_t>(in.Range(0, 40)),
+                        static_cast<int>(in.Range(1, 4)));
         std::string bytes = r.SerializeAsString();
         for (int64_t k = in.Range(0, 3); k > 0 && !bytes.empty(); --k) {
           bytes[static_cast<size_t>(
@@ -153,8 +154,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
               static_cast<char>(in.Byte());
         }
         uint8_t* slot = v.request_slot(submitted);
-        const size_t n =
-            std::min<size_t>(bytes.size(), v.request_capacity());
+        const size_t n = std::min<size_t>(bytes.size(), v.request_capacity());
         std::memcpy(slot + kStepRingSlotHeaderBytes, bytes.data(), n);
         StepRingView::length(slot).store(static_cast<uint32_t>(n));
         ++submitted;
