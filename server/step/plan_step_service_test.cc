@@ -30,15 +30,11 @@ class PlanStepServiceTest : public ::testing::Test {
     ASSERT_TRUE(rig.ok()) << rig.status();
     rig_ = *std::move(rig);
     stub_ = v1::Step::NewStub(rig_->NewChannel());
-    absl::StatusOr<OpenedSession> a =
-        rig_->OpenSession("worker", StepTestRig::kWorkerUid);
-    absl::StatusOr<OpenedSession> b = rig_->OpenSession("intruder", 2000);
-    ASSERT_TRUE(a.ok() && b.ok());
-    a_ = *a;
-    b_ = *b;
-    absl::StatusOr<uint64_t> reg = rig_->Register(a_.id);
-    ASSERT_TRUE(reg.ok()) << reg.status();
-    reg_ = *reg;
+    absl::StatusOr<StepTestRig::Parties> parties = rig_->OpenParties();
+    ASSERT_TRUE(parties.ok()) << parties.status();
+    a_ = parties->worker;
+    b_ = parties->intruder;
+    reg_ = parties->registration;
   }
 
   grpc::Status Plan(const v1::StepRequest& r, v1::PlanStepResponse* out) {

@@ -47,15 +47,11 @@ class StepRingTest : public ::testing::Test {
     absl::StatusOr<std::unique_ptr<StepTestRig>> rig = StepTestRig::Start(o);
     ASSERT_TRUE(rig.ok()) << rig.status();
     rig_ = *std::move(rig);
-    absl::StatusOr<OpenedSession> a =
-        rig_->OpenSession("worker", StepTestRig::kWorkerUid);
-    absl::StatusOr<OpenedSession> b = rig_->OpenSession("intruder", 2000);
-    ASSERT_TRUE(a.ok() && b.ok());
-    a_ = *a;
-    b_ = *b;
-    absl::StatusOr<uint64_t> reg = rig_->Register(a_.id);
-    ASSERT_TRUE(reg.ok()) << reg.status();
-    reg_ = *reg;
+    absl::StatusOr<StepTestRig::Parties> parties = rig_->OpenParties();
+    ASSERT_TRUE(parties.ok()) << parties.status();
+    a_ = parties->worker;
+    b_ = parties->intruder;
+    reg_ = parties->registration;
   }
   Caller CallerOf(const OpenedSession& s) {
     absl::StatusOr<Caller> c =

@@ -167,6 +167,14 @@ absl::StatusOr<uint64_t> StepTestRig::Register(const std::string& session_id) {
   return out.registration_id();
 }
 
+absl::StatusOr<StepTestRig::Parties> StepTestRig::OpenParties() {
+  Parties p;
+  ASSIGN_OR_RETURN(p.worker, OpenSession("worker", kWorkerUid));
+  ASSIGN_OR_RETURN(p.intruder, OpenSession("intruder", kWorkerUid + 1000));
+  ASSIGN_OR_RETURN(p.registration, Register(p.worker.id));
+  return p;
+}
+
 v1::StepRequest StepTestRig::Step(const std::string& session_id,
                                   uint64_t registration, uint64_t step_id,
                                   int batch) const {

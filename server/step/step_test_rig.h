@@ -58,6 +58,14 @@ class StepTestRig {
   // main, SWA and index caches, top-k; the SWA index) on buffers of that
   // session.
   absl::StatusOr<uint64_t> Register(const std::string& session_id);
+  // The cast of the attack tests: a worker session of kWorkerUid with its
+  // registration (Register) and an intruder session of another uid.
+  struct Parties {
+    OpenedSession worker;
+    OpenedSession intruder;
+    uint64_t registration = 0;
+  };
+  absl::StatusOr<Parties> OpenParties();
   // Step `step_id` of `registration` at batch `batch` (<= max_batch).
   v1::StepRequest Step(const std::string& session_id, uint64_t registration,
                        uint64_t step_id, int batch) const;
