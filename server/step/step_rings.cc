@@ -1,6 +1,5 @@
 #include "server/step/step_rings.h"
 
-#include <cstring>
 #include <utility>
 #include <vector>
 
