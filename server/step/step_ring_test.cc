@@ -427,6 +427,7 @@ class StepRingCompanionTest : public StepRingTest {
     CompanionOptions co;
     co.path = dir_ + "/k.ctl";
     co.step_rings = rig_->step()->rings();
+    co.budget = &budget_;
     absl::StatusOr<std::unique_ptr<CompanionServer>> c = CompanionServer::Start(
         co, rig_->backend(), rig_->pools(), rig_->sessions());
     ASSERT_TRUE(c.ok()) << c.status();
@@ -441,6 +442,8 @@ class StepRingCompanionTest : public StepRingTest {
     companion_.reset();
     if (!dir_.empty()) rmdir(dir_.c_str());
   }
+  // 8 MiB per client: a ring of 4 x 1 MiB fits, one of 16 x 1 MiB not.
+  MemoryBudget budget_{int64_t{64} << 20, int64_t{8} << 20, "test"};
   std::string dir_;
   std::unique_ptr<CompanionServer> companion_;
   std::unique_ptr<CompanionConnection> conn_;
@@ -502,6 +505,27 @@ TEST_F(StepRingCompanionTest, BadGeometryIsRefusedByField) {
   ASSERT_TRUE(ring.ok()) << ring.status();
   EXPECT_EQ((*ring)->slots(), 4u);
   EXPECT_EQ((*ring)->request_capacity(), (1 << 20) - 8);
+}
+
+TEST_F(StepRingCompanionTest, ARingBeyondTheSessionsBudgetIsRefused) {
+  StartCompanion();
+  absl::StatusOr<std::unique_ptr<StepRingClient>> big =
+      StepRingClient::Open(conn_.get(), 16, 1 << 20);
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(big.status().message(),
+              HasSubstr("open_step_ring.request_bytes"));
+  EXPECT_EQ(rig_->step()->rings()->open(), 0);
+  EXPECT_EQ(rig_->step()->service()->open_streams(), 0);
+  // What fits is admitted, and its bytes come back when it closes.
+  absl::StatusOr<std::unique_ptr<StepRingClient>> ring =
+      StepRingClient::Open(conn_.get(), 4, 1 << 20);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  EXPECT_EQ(StepRingClient::Open(conn_.get(), 4, 1 << 20).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE((*ring)->Close().ok());
+  absl::StatusOr<std::unique_ptr<StepRingClient>> again =
+      StepRingClient::Open(conn_.get(), 4, 1 << 20);
+  EXPECT_TRUE(again.ok()) << again.status();
 }
 
 }  // namespace
