@@ -26,6 +26,11 @@
 // as each kernel's p50: what any call that long costs beyond its work.
 // From Stats, it also prints the daemon's handler time per call beyond its
 // kernel time, so the overhead splits into handler, gRPC and client.
+// The async floors (--floor_async): the same empty Ping on gRPC's async
+// API, one thread on one completion queue, sleeping in Next or spinning on
+// it with zero deadlines, and spinning with a callback or a sync service
+// registered next to it (never called): whether a serving model of our
+// own threads could beat the callback floor, and in which process.
 // Last, clients that spin on their replies instead of sleeping (an async
 // client polling its completion queue with zero timeouts; the socket
 // ping-pong reading without blocking), against the daemon and the bare
@@ -90,6 +95,10 @@ ABSL_FLAG(bool, floor_bdp_probe, true,
 ABSL_FLAG(bool, floor_lean_args, false,
           "Experiment: channelz off on the floor server and the raw "
           "clients, retries off on the raw clients.");
+ABSL_FLAG(bool, floor_async, true,
+          "Also measure a bare gRPC server on the async API (one thread on "
+          "one completion queue): sleeping in Next; spinning on it; spinning "
+          "with a callback service next to it; spinning with a sync one.");
 ABSL_FLAG(bool, server_process, true,
           "Run the daemon and the gRPC floor in child processes (as deployed) "
           "instead of in this one.");
@@ -172,6 +181,89 @@ std::unique_ptr<FloorServer> StartFloor(const std::string& socket,
   if (f->server == nullptr) return nullptr;
   return f;
 }
+
+// The floor on gRPC's async API: one thread owns the only completion queue
+// and serves Ping on it (request, finish, request again), sleeping in Next
+// or, with `spin`, polling it with a zero deadline (a core kept busy). No
+// other method is requested: this server answers Ping only.
+class AsyncFloorServer {
+ public:
+  // `neighbour`: none, or a service that is never called registered next
+  // to it: 1 a callback one (gRPC then runs its own polling threads for
+  // callbacks), 2 a sync one (its sync pollers).
+  static std::unique_ptr<AsyncFloorServer> Start(const std::string& socket,
+                                                 bool spin, int neighbour = 0) {
+    auto f = std::unique_ptr<AsyncFloorServer>(new AsyncFloorServer());
+    grpc::ServerBuilder builder;
+    builder.SetOption(WithoutReflection());
+    builder.AddListeningPort("unix:" + socket,
+                             grpc::InsecureServerCredentials());
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE,
+                               absl::GetFlag(FLAGS_floor_bdp_probe) ? 1 : 0);
+    builder.RegisterService(&f->service_);
+    if (neighbour == 1) builder.RegisterService(&f->callback_neighbour_);
+    if (neighbour == 2) builder.RegisterService(&f->sync_neighbour_);
+    f->cq_ = builder.AddCompletionQueue();
+    f->server_ = builder.BuildAndStart();
+    if (f->server_ == nullptr) return nullptr;
+    f->thread_ = std::thread([p = f.get(), spin] { p->Serve(spin); });
+    return f;
+  }
+
+  ~AsyncFloorServer() {
+    server_->Shutdown();
+    cq_->Shutdown();
+    thread_.join();
+  }
+
+ private:
+  struct Call {
+    grpc::ServerContext ctx;
+    v1::PingRequest request;
+    v1::PingResponse response;
+    grpc::ServerAsyncResponseWriter<v1::PingResponse> writer{&ctx};
+    bool finishing = false;
+  };
+
+  AsyncFloorServer() = default;
+
+  void Request() {
+    Call* call = new Call;
+    service_.RequestPing(&call->ctx, &call->request, &call->writer, cq_.get(),
+                         cq_.get(), call);
+  }
+
+  void Serve(bool spin) {
+    Request();
+    const gpr_timespec now = gpr_time_0(GPR_CLOCK_MONOTONIC);
+    for (;;) {
+      void* tag = nullptr;
+      bool ok = false;
+      if (spin) {
+        const auto got = cq_->AsyncNext(&tag, &ok, now);
+        if (got == grpc::CompletionQueue::TIMEOUT) continue;
+        if (got == grpc::CompletionQueue::SHUTDOWN) return;
+      } else if (!cq_->Next(&tag, &ok)) {
+        return;
+      }
+      auto* call = static_cast<Call*>(tag);
+      if (!ok || call->finishing) {
+        delete call;
+        continue;
+      }
+      Request();
+      call->finishing = true;
+      call->writer.Finish(call->response, grpc::Status::OK, call);
+    }
+  }
+
+  v1::KVCache::AsyncService service_;
+  v1::TcpSessions::CallbackService callback_neighbour_;
+  v1::TcpSessions::Service sync_neighbour_;
+  std::unique_ptr<grpc::ServerCompletionQueue> cq_;
+  std::unique_ptr<grpc::Server> server_;
+  std::thread thread_;
+};
 
 // A server in a child process, forked before this process starts any gRPC
 // thread. It serves until the parent closes `release_fd` (or dies).
@@ -393,6 +485,27 @@ int Run() {
       children.push_back(*std::move(c));
     }
   }
+  // The async-API floors: sleeping in Next, spinning on the queue.
+  const bool async_floor = absl::GetFlag(FLAGS_floor_async);
+  std::string async_targets[4];
+  for (int spin = 0; async_floor && in_child && spin < 4; ++spin) {
+    const std::string socket = absl::StrCat(dir, "/afloor", spin, ".sock");
+    absl::StatusOr<ChildServer> c =
+        ForkServer([&](const auto& ready, const auto& wait) {
+          std::unique_ptr<AsyncFloorServer> f = AsyncFloorServer::Start(
+              socket, spin >= 1, spin >= 1 ? spin - 1 : 0);
+          if (f == nullptr) return absl::UnavailableError(socket);
+          ready("unix:" + socket);
+          wait();
+          return absl::OkStatus();
+        });
+    if (!c.ok()) {
+      std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
+      return 1;
+    }
+    async_targets[spin] = c->target;
+    children.push_back(*std::move(c));
+  }
   std::unique_ptr<Daemon> daemon;
   if (address.empty() && in_child) {
     const DaemonOptions options = BenchDaemonOptions(dir);
@@ -434,6 +547,29 @@ int Run() {
     }
     MeasurePingClients("unix:" + socket, what, warmup, iters, &results);
     f->server->Shutdown();
+  }
+  const size_t async_i = results.size();
+  for (int spin = 0; async_floor && spin < 4; ++spin) {
+    const char* kWhat[] = {
+        "gRPC floor (async server, thread in Next)",
+        "gRPC floor (async server, thread spinning)",
+        "gRPC floor (async server, thread spinning, a callback service too)",
+        "gRPC floor (async server, thread spinning, a sync service too)"};
+    const char* what = kWhat[spin];
+    std::unique_ptr<AsyncFloorServer> f;
+    std::string target = async_targets[spin];
+    if (!in_child) {
+      const std::string socket = absl::StrCat(dir, "/afloor", spin, ".sock");
+      f = AsyncFloorServer::Start(socket, spin >= 1, spin >= 1 ? spin - 1 : 0);
+      if (f == nullptr) {
+        std::fprintf(stderr, "cannot start the async floor on %s\n",
+                     socket.c_str());
+        return 1;
+      }
+      target = "unix:" + socket;
+    }
+    MeasurePingClients(target, what, warmup, iters, &results);
+    results.push_back(MeasureSpinningPing(target, what, warmup, iters));
   }
   if (address.empty()) {
     const DaemonOptions options = BenchDaemonOptions(dir);
@@ -703,6 +839,22 @@ int Run() {
         "floor\n",
         bare, bare / socket, with_sync, with_sync / bare, raw_ping,
         raw_ping / bare);
+  }
+  if (async_floor) {
+    // Rows per server: sync stub, minimal sync, minimal callback, spinning.
+    const char* kHow[] = {"in Next", "spinning",
+                          "spinning, a callback service too",
+                          "spinning, a sync service too"};
+    for (int spin = 0; spin < 4; ++spin) {
+      const Result& sync_stub = results[async_i + 4 * spin];
+      const Result& spinning = results[async_i + 4 * spin + 3];
+      std::printf(
+          "gRPC floor on the async API, its thread %s: sync stub %.1f us = "
+          "%.2fx the socket ping-pong; spinning client %.1f us = %.2fx the "
+          "spinning ping-pong\n",
+          kHow[spin], sync_stub.p50_us, sync_stub.p50_us / socket,
+          spinning.p50_us, spinning.p50_us / results[spin_i].p50_us);
+    }
   }
   std::printf(
       "\nrequest overhead = p50(RPC) - p50(bare kernel work), ratio to "
