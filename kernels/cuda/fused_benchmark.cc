@@ -417,6 +417,8 @@ void BandwidthTable(const cudaDeviceProp& prop,
           w.p.rope != RopeStyle::kNeox) {
         ks.push_back(
             {"f_warps", FusedMlaOf(w, internal::FusedMlaPath::kWarps)});
+        ks.push_back(
+            {"f_ahead", FusedMlaOf(w, internal::FusedMlaPath::kAhead)});
         ks.push_back({"f_bulk", FusedMlaOf(w, internal::FusedMlaPath::kBulk)});
       }
       for (const auto& [kernel, f] : ks) {

@@ -28,22 +28,41 @@ cudaError_t LaunchFusedStore(FormatId id, const PoolLayout& layout,
 // DS_MLA_FP8 in the MLA configuration (norm [0, 512) or none, RoPE on
 // [512, 576) or none, no Hadamard): fused_mla.cu's kernels, the same bytes
 // as LaunchFusedStore's general one. FusedMlaApplies says whether params
-// are that configuration (LaunchFusedMla refuses others). Two kernels:
-// kWarps, one warp per token with its values in registers; kBulk, the
-// token rows brought into shared memory by bulk copies two tiles ahead and
-// each record written by one bulk store (ds_mla_bulk.cuh), for RoPE none
-// or interleaved with a 16-byte aligned layer and block stride. kAuto
-// takes kBulk from kFusedMlaBulkMinTokens tokens where it can run; tests
-// and benchmarks name one (kBulk where it cannot run:
-// cudaErrorNotSupported, nothing launched). % of copy, warps / bulk, mla
-// (norm + interleaved RoPE) on an H100 (the device tool lent no H200 that
-// day; docs/BENCHMARKS.md, 2026-12-06):
+// are that configuration (LaunchFusedMla refuses others). Three kernels:
+// kWarps, one warp per token with its values in registers; kAhead, the
+// same with the next token's loads in flight (5 CTAs per SM instead of
+// 8); kBulk, the token rows brought into shared memory by bulk copies two
+// tiles ahead and each record written by one bulk store (ds_mla_bulk.cuh),
+// for RoPE none or interleaved with a 16-byte aligned layer and block
+// stride. Tests and benchmarks name one (kBulk where it cannot run:
+// cudaErrorNotSupported, nothing launched). The bulk kernel's crossover on
+// an H100 (% of copy, warps / bulk, 2026-12-06 ~04:31, BENCHMARKS.md):
 //   tokens        16K        32K        64K        128K       1M
 //   mla           71.1/65.6  80.0/74.0  85.9/82.8  88.5/88.9  89.5/94.5
 //   + cast_back   79.9/77.4  85.6/82.6  87.9/87.2  88.8/89.9  87.3/91.9
-// the same crossover as the plain store's kDsMlaBulkMinTokens.
-enum class FusedMlaPath { kAuto, kWarps, kBulk };
+// the same as the plain store's kDsMlaBulkMinTokens.
+enum class FusedMlaPath { kAuto, kWarps, kAhead, kBulk };
 inline constexpr int64_t kFusedMlaBulkMinTokens = int64_t{1} << 17;
+// kAuto takes kAhead (the warp kernel with the next token's loads in
+// flight while it processes one) from kFusedMlaAheadMinTokens tokens, for
+// RoPE none or interleaved, and kBulk from kFusedMlaBulkMinTokens only on
+// a device whose peak memory bandwidth per SM is at most
+// kFusedMlaBulkMaxBytesPerSmSecond: the bulk pipeline's bytes in flight
+// per SM are fixed, and where each SM must carry more (an H200: 4.8 TB/s
+// over 132 SMs, 36 GB/s each; an H100 SXM: 3.35 TB/s, 25 GB/s) it falls
+// behind. % of copy, warps / ahead / bulk, mla (2026-12-06, an H100,
+// BENCHMARKS.md; "70 % SMs": MPS active thread percentage 70, the H200's
+// bandwidth per SM, where the warp kernels' ratios measured within 2
+// points of the H200's own and the plain store's bulk kernel 7 points
+// below it; the fused bulk kernel has not run on an H200):
+//   tokens          16K             32K             64K
+//   all SMs   72.6/70.9/63.8  79.8/79.7/73.9  85.4/85.8/83.3
+//   70 % SMs  68.7/67.2/54.9  73.5/74.7/64.1  77.7/79.8/69.0
+//   tokens          128K            1M
+//   all SMs   87.7/88.7/88.3  88.1/89.2/93.9
+//   70 % SMs  80.1/82.1/71.2  81.7/84.1/73.8
+inline constexpr int64_t kFusedMlaAheadMinTokens = int64_t{1} << 15;
+inline constexpr double kFusedMlaBulkMaxBytesPerSmSecond = 30e9;
 bool FusedMlaApplies(const FusedParams& params);
 cudaError_t LaunchFusedMla(const PoolLayout& layout, uint8_t* layer,
                            const uint16_t* kv, const FusedParams& params,

@@ -1,9 +1,11 @@
 // The fused store for DS_MLA_FP8 in its MLA configuration (SPEC §8):
 // RMSNorm over [0, 512) or none, RoPE on [512, 576) (either style) or none,
-// no Hadamard. Two kernels with the same bytes, as the plain DS_MLA_FP8
-// store has (ds_mla.cu): the warp kernel below, and from
-// kFusedMlaBulkMinTokens tokens the bulk kernel further down (rows into
-// shared memory by bulk copies, records out by bulk stores). In both the
+// no Hadamard. Three kernels with the same bytes: the warp kernel below;
+// the same loading the next token ahead, from kFusedMlaAheadMinTokens
+// tokens; and, as the plain DS_MLA_FP8 store has (ds_mla.cu), from
+// kFusedMlaBulkMinTokens tokens on devices with few enough bytes per SM
+// (fused_internal.h) the bulk kernel further down (rows into shared
+// memory by bulk copies, records out by bulk stores). In all the
 // math stays in registers in the plain store's coalesced chunk layout
 // (ds_mla.cuh), so the kernels move the bytes that store moves plus the
 // cos/sin rows:
@@ -203,6 +205,56 @@ __device__ __forceinline__ void ProcessMla(int64_t block_stride,
   }
 }
 
+// The warp kernel loading ahead: token t + warps's row, slot and cos/sin
+// go out before token t is processed, so each warp has two tokens' loads
+// in flight (two MlaIn in registers: 5 CTAs per SM instead of 8). For the
+// mid-size batches where the math's latency, not the bytes, holds the
+// one-token kernel back; the same bytes.
+constexpr int kAheadMinCtas = 5;
+
+template <bool kNorm, RopeStyle kRope>
+__global__ void __launch_bounds__(kThreads, kAheadMinCtas)
+    FusedMlaAheadKernel(PoolLayout layout, FastDiv div, uint8_t* layer,
+                        const uint16_t* kv,  // [n][576] BF16
+                        FusedParams p,
+                        const int32_t* slots,  // [n]; -1 = skip
+                        int64_t n,
+                        uint16_t* cast_back) {  // [n][576] BF16 or null
+  PdlWait();
+  PdlLaunchDependents();
+  const int lane = threadIdx.x % kWarp;
+  const int64_t warp =
+      static_cast<int64_t>(blockIdx.x) * kWarpsPerCta + threadIdx.x / kWarp;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerCta;
+  uint4 w0 = make_uint4(0, 0, 0, 0), w1 = w0;
+  if constexpr (kNorm) {
+    w0 = __ldg(reinterpret_cast<const uint4*>(p.norm_weight + 8 * lane));
+    w1 = __ldg(reinterpret_cast<const uint4*>(p.norm_weight + 256 + 8 * lane));
+  }
+  const bool rope_lane = kRope != RopeStyle::kNone && lane < 8;
+  const auto position = [&](int64_t token) -> int64_t {
+    return rope_lane && token < n ? __ldg(p.positions + token) : 0;
+  };
+  MlaIn cur;
+  if (warp < n) {
+    LoadMla<kNorm, kRope>(kv, warp, position(warp), slots, p, lane, cur);
+  }
+  int64_t pos_next = position(warp + warps);  // one token ahead of the row
+  for (int64_t token = warp; token < n; token += warps) {
+    const int64_t next = token + warps;
+    MlaIn ahead;
+    if (next < n) {
+      LoadMla<kNorm, kRope>(kv, next, pos_next, slots, p, lane, ahead);
+    }
+    pos_next = position(next + warps);
+    uint16_t* cast_row =
+        cast_back == nullptr ? nullptr : cast_back + token * kDsMlaElems;
+    ProcessMla<kNorm, kRope>(layout.block_stride, div, layer, p, cur, w0, w1,
+                             lane, cast_row);
+    cur = ahead;
+  }
+}
+
 template <bool kNorm, RopeStyle kRope>
 __global__ void __launch_bounds__(kThreads, kMinCtas)
     FusedMlaKernel(PoolLayout layout, FastDiv div, uint8_t* layer,
@@ -321,6 +373,31 @@ __global__ void __launch_bounds__(kDsMlaBulkThreads, 2)
       prime, ahead);
 }
 
+// Whether the bulk kernel keeps up with this device's memory
+// (fused_internal.h). Asked once per process (devices of one process are
+// assumed alike, as ResidentCtas does; a wrong guess changes the speed,
+// never the bytes).
+bool BulkKeepsUp() {
+  static const bool keeps = [] {
+    int device = 0, sms = 0, khz = 0, bits = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) !=
+            cudaSuccess ||
+        cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, device) !=
+            cudaSuccess ||
+        cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth,
+                               device) != cudaSuccess ||
+        sms <= 0 || khz <= 0 || bits <= 0) {
+      cudaGetLastError();  // clear; the warp kernels fit every device
+      return false;
+    }
+    // Double data rate: two transfers per clock.
+    const double bytes_per_second = 2.0 * khz * 1e3 * (bits / 8.0);
+    return bytes_per_second / sms <= kFusedMlaBulkMaxBytesPerSmSecond;
+  }();
+  return keeps;
+}
+
 template <bool kNorm, RopeStyle kRope>
 cudaError_t GoBulk(const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
                    const FusedParams& p, const int32_t* slots, int64_t n,
@@ -345,15 +422,25 @@ cudaError_t Go(const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
                      layout.block_stride % 16 == 0;
     if (path == FusedMlaPath::kBulk && !can) return cudaErrorNotSupported;
     if (path == FusedMlaPath::kBulk ||
-        (path == FusedMlaPath::kAuto && can && n >= kFusedMlaBulkMinTokens)) {
+        (path == FusedMlaPath::kAuto && can && n >= kFusedMlaBulkMinTokens &&
+         BulkKeepsUp())) {
       return GoBulk<kNorm, kRope>(layout, layer, kv, p, slots, n, cast_back,
                                   launch);
     }
   } else if (path == FusedMlaPath::kBulk) {
     return cudaErrorNotSupported;
   }
-  constexpr auto kKernel = FusedMlaKernel<kNorm, kRope>;
   const FastDiv div = FastDiv::Of(static_cast<int32_t>(layout.block_size));
+  if (path == FusedMlaPath::kAhead ||
+      (path == FusedMlaPath::kAuto && kRope != RopeStyle::kNeox &&
+       n >= kFusedMlaAheadMinTokens)) {
+    constexpr auto kAhead = FusedMlaAheadKernel<kNorm, kRope>;
+    const dim3 grid(
+        PersistentGrid(n, kWarpsPerCta, ResidentCtas<kAhead, kThreads>()));
+    return LaunchKernel(kAhead, grid, dim3(kThreads), launch, layout, div,
+                        layer, kv, p, slots, n, cast_back);
+  }
+  constexpr auto kKernel = FusedMlaKernel<kNorm, kRope>;
   const dim3 grid(
       PersistentGrid(n, kWarpsPerCta, ResidentCtas<kKernel, kThreads>()));
   return LaunchKernel(kKernel, grid, dim3(kThreads), launch, layout, div, layer,

@@ -372,20 +372,25 @@ TEST_P(FusedCudaTest, ManyTokensLoop) {
   }
 }
 
-// fused_mla.cu's two kernels by name (FusedStore takes the bulk one only
+// fused_mla.cu's three kernels by name (FusedStore takes the bulk one only
 // from kFusedMlaBulkMinTokens tokens), each against the reference at every
 // block size: the bulk kernel's 16-token tiles with n not a multiple of
 // them, more tiles than its grid has CTAs, -1 slots (their cast_back rows
-// still written), RoPE interleaved or none, the norm on or off. NeoX RoPE
-// has no bulk kernel: refused, nothing launched.
+// still written), RoPE interleaved or none (NeoX too for the warp kernels),
+// the norm on or off; the load-ahead warp kernel with n below, at and
+// above its grid's warps. NeoX RoPE has no bulk kernel: refused, nothing
+// launched.
 TEST_P(FusedCudaTest, MlaKernelsByName) {
   const auto [name, block_size] = GetParam();
   if (std::string(name) != "DS_MLA_FP8") GTEST_SKIP() << "DS_MLA_FP8 only";
   std::mt19937 rng(1404);
   const PoolLayout layout = Layout(name, block_size, 24000);
   using gpu::internal::FusedMlaPath;
-  for (const FusedMlaPath path : {FusedMlaPath::kWarps, FusedMlaPath::kBulk}) {
-    SCOPED_TRACE(path == FusedMlaPath::kBulk ? "bulk" : "warps");
+  for (const FusedMlaPath path :
+       {FusedMlaPath::kWarps, FusedMlaPath::kAhead, FusedMlaPath::kBulk}) {
+    SCOPED_TRACE(path == FusedMlaPath::kBulk    ? "bulk"
+                 : path == FusedMlaPath::kAhead ? "ahead"
+                                                : "warps");
     const FusedRun run = [path](const PoolLayout& l, uint8_t* layer,
                                 const uint16_t* kv, const FusedParams& p,
                                 const int32_t* slots, int64_t n,
@@ -399,6 +404,9 @@ TEST_P(FusedCudaTest, MlaKernelsByName) {
       CheckFused(layout, n, Stages::kMla, rng, run);
       CheckFused(layout, n, Stages::kInterleaved, rng, run);
       CheckFused(layout, n, Stages::kNone, rng, run);
+      if (path != FusedMlaPath::kBulk && n <= 2000) {
+        CheckFused(layout, n, Stages::kMlaNeox, rng, run);
+      }
     }
   }
   const Inputs in = MakeInputs(rng, layout, 64, Stages::kMlaNeox);
@@ -407,6 +415,29 @@ TEST_P(FusedCudaTest, MlaKernelsByName) {
                 layout, nullptr, nullptr, in.params, nullptr, 64, nullptr,
                 gpu::internal::Launch{}, gpu::internal::FusedMlaPath::kBulk),
             cudaErrorNotSupported);
+}
+
+// FusedStore's own choice at fused_mla.cu's thresholds: the load-ahead
+// warp kernel from kFusedMlaAheadMinTokens tokens and, past
+// kFusedMlaBulkMinTokens, the bulk kernel or the load-ahead one by the
+// device's bandwidth per SM; NeoX stays on the one-token warp kernel.
+TEST_P(FusedCudaTest, MlaAutoPathAtItsThresholds) {
+  const auto [name, block_size] = GetParam();
+  if (std::string(name) != "DS_MLA_FP8" || block_size != 64) {
+    GTEST_SKIP() << "DS_MLA_FP8 at one block size";
+  }
+  std::mt19937 rng(1407);
+  const PoolLayout layout =
+      Layout(name, block_size, gpu::internal::kFusedMlaBulkMinTokens + 1000);
+  for (const int64_t n : {gpu::internal::kFusedMlaAheadMinTokens - 1,
+                          gpu::internal::kFusedMlaAheadMinTokens,
+                          gpu::internal::kFusedMlaBulkMinTokens + 5}) {
+    SCOPED_TRACE(n);
+    CheckFused(layout, n, Stages::kMla, rng);
+    if (n == gpu::internal::kFusedMlaAheadMinTokens) {
+      CheckFused(layout, n, Stages::kMlaNeox, rng);
+    }
+  }
 }
 
 // The sizes RowKernelLoops runs: one for each of fused_row.cu's shapes.
