@@ -123,6 +123,18 @@ __device__ __forceinline__ void LoadCosSin(const FusedParams& p, int64_t pos,
   }
 }
 
+// The lane's norm weights (its chunks l and 32 + l); zeros without the
+// norm.
+template <bool kNorm>
+__device__ __forceinline__ void LoadNormWeights(const FusedParams& p, int lane,
+                                                uint4& w0, uint4& w1) {
+  w0 = w1 = make_uint4(0, 0, 0, 0);
+  if constexpr (kNorm) {
+    w0 = __ldg(reinterpret_cast<const uint4*>(p.norm_weight + 8 * lane));
+    w1 = __ldg(reinterpret_cast<const uint4*>(p.norm_weight + 256 + 8 * lane));
+  }
+}
+
 template <bool kNorm, RopeStyle kRope>
 __device__ __forceinline__ void LoadMla(const uint16_t* kv, int64_t token,
                                         int64_t pos, const int32_t* slots,
@@ -226,11 +238,8 @@ __global__ void __launch_bounds__(kThreads, kAheadMinCtas)
   const int64_t warp =
       static_cast<int64_t>(blockIdx.x) * kWarpsPerCta + threadIdx.x / kWarp;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerCta;
-  uint4 w0 = make_uint4(0, 0, 0, 0), w1 = w0;
-  if constexpr (kNorm) {
-    w0 = __ldg(reinterpret_cast<const uint4*>(p.norm_weight + 8 * lane));
-    w1 = __ldg(reinterpret_cast<const uint4*>(p.norm_weight + 256 + 8 * lane));
-  }
+  uint4 w0, w1;
+  LoadNormWeights<kNorm>(p, lane, w0, w1);
   const bool rope_lane = kRope != RopeStyle::kNone && lane < 8;
   const auto position = [&](int64_t token) -> int64_t {
     return rope_lane && token < n ? __ldg(p.positions + token) : 0;
@@ -269,11 +278,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
   const int64_t warp =
       static_cast<int64_t>(blockIdx.x) * kWarpsPerCta + threadIdx.x / kWarp;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerCta;
-  uint4 w0 = make_uint4(0, 0, 0, 0), w1 = w0;
-  if constexpr (kNorm) {
-    w0 = __ldg(reinterpret_cast<const uint4*>(p.norm_weight + 8 * lane));
-    w1 = __ldg(reinterpret_cast<const uint4*>(p.norm_weight + 256 + 8 * lane));
-  }
+  uint4 w0, w1;
+  LoadNormWeights<kNorm>(p, lane, w0, w1);
   // The positions of the next round are read one round ahead, so a
   // token's cos/sin loads go out with its row instead of after a
   // dependent load of its position (lanes 0-7: the RoPE lanes).
@@ -342,11 +348,7 @@ __global__ void __launch_bounds__(kDsMlaBulkThreads, 2)
   MlaIn cur, next;       // cos/sin of this tile's token and of the next tile's
   int64_t pos_next = 0;  // of the next tile's token
   const auto prime = [&](int64_t tile) {  // after the pipeline's PdlWait
-    if constexpr (kNorm) {
-      w0 = __ldg(reinterpret_cast<const uint4*>(p.norm_weight + 8 * lane));
-      w1 =
-          __ldg(reinterpret_cast<const uint4*>(p.norm_weight + 256 + 8 * lane));
-    }
+    LoadNormWeights<kNorm>(p, lane, w0, w1);
     LoadCosSin<kRope>(p, position(token_of(tile)), lane, next);
     pos_next = position(token_of(tile) + grid_tokens);
   };
