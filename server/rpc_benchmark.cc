@@ -188,11 +188,14 @@ std::unique_ptr<FloorServer> StartFloor(const std::string& socket,
 // other method is requested: this server answers Ping only.
 class AsyncFloorServer {
  public:
-  // `neighbour`: none, or a service that is never called registered next
-  // to it: 1 a callback one (gRPC then runs its own polling threads for
-  // callbacks), 2 a sync one (its sync pollers).
+  // A service registered next to it and never called: a callback one
+  // (gRPC then runs its own polling threads for callbacks) or a sync one
+  // (its sync pollers).
+  enum class Neighbour { kNone, kCallback, kSync };
+
   static std::unique_ptr<AsyncFloorServer> Start(const std::string& socket,
-                                                 bool spin, int neighbour = 0) {
+                                                 bool spin,
+                                                 Neighbour neighbour) {
     auto f = std::unique_ptr<AsyncFloorServer>(new AsyncFloorServer());
     grpc::ServerBuilder builder;
     builder.SetOption(WithoutReflection());
@@ -201,8 +204,12 @@ class AsyncFloorServer {
     builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE,
                                absl::GetFlag(FLAGS_floor_bdp_probe) ? 1 : 0);
     builder.RegisterService(&f->service_);
-    if (neighbour == 1) builder.RegisterService(&f->callback_neighbour_);
-    if (neighbour == 2) builder.RegisterService(&f->sync_neighbour_);
+    if (neighbour == Neighbour::kCallback) {
+      builder.RegisterService(&f->callback_neighbour_);
+    }
+    if (neighbour == Neighbour::kSync) {
+      builder.RegisterService(&f->sync_neighbour_);
+    }
     f->cq_ = builder.AddCompletionQueue();
     f->server_ = builder.BuildAndStart();
     if (f->server_ == nullptr) return nullptr;
@@ -438,6 +445,21 @@ void MeasurePingClients(const std::string& target, const std::string& what,
               warmup, iters, [&] { return CallbackPing(minimal.get()); }));
 }
 
+// The async floors' shapes, in the order of their rows.
+struct AsyncShape {
+  const char* how;
+  bool spin;
+  AsyncFloorServer::Neighbour neighbour;
+};
+constexpr AsyncShape kAsyncShapes[] = {
+    {"in Next", false, AsyncFloorServer::Neighbour::kNone},
+    {"spinning", true, AsyncFloorServer::Neighbour::kNone},
+    {"spinning, a callback service too", true,
+     AsyncFloorServer::Neighbour::kCallback},
+    {"spinning, a sync service too", true, AsyncFloorServer::Neighbour::kSync},
+};
+constexpr int kAsyncShapeCount = sizeof(kAsyncShapes) / sizeof(kAsyncShapes[0]);
+
 DaemonOptions BenchDaemonOptions(const std::string& dir) {
   DaemonOptions options;
   options.listen = dir + "/kv.sock";
@@ -485,15 +507,16 @@ int Run() {
       children.push_back(*std::move(c));
     }
   }
-  // The async-API floors: sleeping in Next, spinning on the queue.
+  // The async-API floors, one per shape.
   const bool async_floor = absl::GetFlag(FLAGS_floor_async);
-  std::string async_targets[4];
-  for (int spin = 0; async_floor && in_child && spin < 4; ++spin) {
-    const std::string socket = absl::StrCat(dir, "/afloor", spin, ".sock");
+  std::string async_targets[kAsyncShapeCount];
+  for (int i = 0; async_floor && in_child && i < kAsyncShapeCount; ++i) {
+    const std::string socket = absl::StrCat(dir, "/afloor", i, ".sock");
+    const AsyncShape& shape = kAsyncShapes[i];
     absl::StatusOr<ChildServer> c =
         ForkServer([&](const auto& ready, const auto& wait) {
-          std::unique_ptr<AsyncFloorServer> f = AsyncFloorServer::Start(
-              socket, spin >= 1, spin >= 1 ? spin - 1 : 0);
+          std::unique_ptr<AsyncFloorServer> f =
+              AsyncFloorServer::Start(socket, shape.spin, shape.neighbour);
           if (f == nullptr) return absl::UnavailableError(socket);
           ready("unix:" + socket);
           wait();
@@ -503,7 +526,7 @@ int Run() {
       std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
       return 1;
     }
-    async_targets[spin] = c->target;
+    async_targets[i] = c->target;
     children.push_back(*std::move(c));
   }
   std::unique_ptr<Daemon> daemon;
@@ -549,18 +572,15 @@ int Run() {
     f->server->Shutdown();
   }
   const size_t async_i = results.size();
-  for (int spin = 0; async_floor && spin < 4; ++spin) {
-    const char* kWhat[] = {
-        "gRPC floor (async server, thread in Next)",
-        "gRPC floor (async server, thread spinning)",
-        "gRPC floor (async server, thread spinning, a callback service too)",
-        "gRPC floor (async server, thread spinning, a sync service too)"};
-    const char* what = kWhat[spin];
+  for (int i = 0; async_floor && i < kAsyncShapeCount; ++i) {
+    const AsyncShape& shape = kAsyncShapes[i];
+    const std::string what =
+        absl::StrCat("gRPC floor (async server, thread ", shape.how, ")");
     std::unique_ptr<AsyncFloorServer> f;
-    std::string target = async_targets[spin];
+    std::string target = async_targets[i];
     if (!in_child) {
-      const std::string socket = absl::StrCat(dir, "/afloor", spin, ".sock");
-      f = AsyncFloorServer::Start(socket, spin >= 1, spin >= 1 ? spin - 1 : 0);
+      const std::string socket = absl::StrCat(dir, "/afloor", i, ".sock");
+      f = AsyncFloorServer::Start(socket, shape.spin, shape.neighbour);
       if (f == nullptr) {
         std::fprintf(stderr, "cannot start the async floor on %s\n",
                      socket.c_str());
@@ -842,17 +862,14 @@ int Run() {
   }
   if (async_floor) {
     // Rows per server: sync stub, minimal sync, minimal callback, spinning.
-    const char* kHow[] = {"in Next", "spinning",
-                          "spinning, a callback service too",
-                          "spinning, a sync service too"};
-    for (int spin = 0; spin < 4; ++spin) {
-      const Result& sync_stub = results[async_i + 4 * spin];
-      const Result& spinning = results[async_i + 4 * spin + 3];
+    for (int i = 0; i < kAsyncShapeCount; ++i) {
+      const Result& sync_stub = results[async_i + 4 * i];
+      const Result& spinning = results[async_i + 4 * i + 3];
       std::printf(
           "gRPC floor on the async API, its thread %s: sync stub %.1f us = "
           "%.2fx the socket ping-pong; spinning client %.1f us = %.2fx the "
           "spinning ping-pong\n",
-          kHow[spin], sync_stub.p50_us, sync_stub.p50_us / socket,
+          kAsyncShapes[i].how, sync_stub.p50_us, sync_stub.p50_us / socket,
           spinning.p50_us, spinning.p50_us / results[spin_i].p50_us);
     }
   }
