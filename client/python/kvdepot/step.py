@@ -916,22 +916,22 @@ class StepRing(_Stepper):
         thread reads it. Call the future's result() before the next
         step_async() or step()."""
         with self._lock:
-            self._client._check()
-            if self.uncollected:
-                raise KVCacheError(grpc.StatusCode.FAILED_PRECONDITION,
-                                   "step ring: step_async() needs every "
-                                   "earlier reply collected")
-            self.submit(request)
+            self._submit_alone(request, "step_async()")
             return RingStepFuture(self, request)
 
     def _round_trip(self, request: "spb.StepRequest") -> "spb.StepResponse":
+        self._submit_alone(request, "step()")
+        return self.collect()
+
+    def _submit_alone(self, request: "spb.StepRequest", what: str) -> None:
+        """Submits `request` when no earlier reply is left to collect (the
+        replies of step() and step_async() come back one at a time)."""
         self._client._check()
         if self.uncollected:
             raise KVCacheError(grpc.StatusCode.FAILED_PRECONDITION,
-                               "step ring: step() needs every earlier "
+                               f"step ring: {what} needs every earlier "
                                "reply collected")
         self.submit(request)
-        return self.collect()
 
 
 class RingStepFuture:
