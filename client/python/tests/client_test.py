@@ -1378,11 +1378,13 @@ class StepRingTest(unittest.TestCase):
             f = r.step_async(self.req(self.kv, 5))
             self.assertEqual(f.step_id, 5)
             self.assertFalse(f.done())
-            # Another step before result(): refused on this side.
-            with self.assertRaises(KVCacheError) as cm:
-                r.step_async(self.req(self.kv, 6))
-            self.assertEqual(cm.exception.code,
-                             grpc.StatusCode.FAILED_PRECONDITION)
+            # Another step before result(): refused on this side, by
+            # step_async() and by step() alike.
+            for send in (r.step_async, r.step):
+                with self.assertRaises(KVCacheError) as cm:
+                    send(self.req(self.kv, 6))
+                self.assertEqual(cm.exception.code,
+                                 grpc.StatusCode.FAILED_PRECONDITION)
             for _ in range(2):   # raised, and again on a later call
                 with self.assertRaises(KVCacheError) as cm:
                     f.result()
