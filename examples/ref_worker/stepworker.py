@@ -51,9 +51,7 @@ large"); the worker's stream writes the step's rows before step_begin,
 so before mark(phase_b(0)), and the next step's only after this one's
 last wait (the ordering contract, docs/STEP_PATH.md); each Step then
 carries block_tables_in_buffer and the column count, no tables. "inline":
-each Step carries them.
-
-WRITTEN WITHOUT A GPU: first run on the GPU host is its first test."""
+each Step carries them."""
 
 import time
 import warnings

@@ -268,8 +268,7 @@ TEST_F(StepE2eTest, DeviceResidentBlockTablesMatchThePlanner) {
 // every sixth step sends its mappings inline on the same registration.
 // Pools byte-identical to the CPU reference with the injected tokens not
 // stored, index rows equal to the planner's, the out-of-range count equal
-// to the planner's plus exactly the injected entries. WRITTEN WITHOUT A
-// GPU: not yet run.
+// to the planner's plus exactly the injected entries.
 TEST_F(StepE2eTest, SlotMappingsInDeviceMemory) {
   RigOptions o = ThreeRatios("devslots");
   o.device_slot_mappings = true;
@@ -323,8 +322,7 @@ TEST_F(StepE2eTest, SlotMappingsInDeviceMemory) {
 // StepRequest.compressed with one mapping per ratio; each compressed
 // layer's main and index caches are stored from its own ratio's mapping
 // and its convert_topk sees seq_len / ratio rows. Pools byte-identical to
-// the CPU reference, index rows equal to the planner's. WRITTEN WITHOUT A
-// GPU: not yet run.
+// the CPU reference, index rows equal to the planner's.
 TEST_F(StepE2eTest, TwoCompressedRatiosMatchTheReference) {
   std::unique_ptr<StepRig> rig = MakeRig(ThreeRatios("ratios"));
   ASSERT_NE(rig, nullptr);

@@ -170,7 +170,7 @@ TEST_F(StepFusedTest, FusedStoresMatchTheCpuReferenceOverManySteps) {
 // compressed rows from compressed_slot_mapping (mostly -1), layer 0 per
 // token; convert_topk of layer 1 sees seq_len / 4 rows. Pools and index
 // rows equal the CPU references (the fused reference at the compressed
-// slots). WRITTEN WITHOUT A GPU: not yet run.
+// slots).
 TEST_F(StepFusedTest, CompressedFusedMainCacheMatchesTheCpuReference) {
   RigOptions o = Options("fusedratio");
   o.ratio_layer = 1;
