@@ -243,8 +243,47 @@ absl::StatusOr<std::unique_ptr<MemoryBudget>> Daemon::MakeMemoryBudget(
       total, options_.memory_budget_per_client_bytes, source);
 }
 
+absl::Status Daemon::MakeDescriptorBudget() {
+  ASSIGN_OR_RETURN(DescriptorLimit limit, RaiseDescriptorLimit());
+  if (limit.soft != limit.soft_before) {
+    spdlog::info("descriptors: RLIMIT_NOFILE soft limit raised from {} to {}",
+                 limit.soft_before, limit.soft);
+  } else if (limit.soft < limit.hard) {
+    spdlog::warn(
+        "descriptors: could not raise RLIMIT_NOFILE's soft limit {} to the "
+        "hard limit {}",
+        limit.soft, limit.hard);
+  }
+  const int64_t budget = options_.max_descriptors > 0
+                             ? options_.max_descriptors
+                             : DefaultDescriptorBudget(limit.soft);
+  if (budget <= 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "RLIMIT_NOFILE is ", limit.soft,
+        " descriptors, too few to keep the reserve for connections and "
+        "leave any for pools and buffers; raise it (ulimit -n) or pass "
+        "--max_descriptors"));
+  }
+  if (budget >= limit.soft) {
+    spdlog::warn(
+        "descriptors: --max_descriptors = {} is not below RLIMIT_NOFILE ({}): "
+        "clients can use up the daemon's descriptors, and gRPC stops "
+        "accepting connections for good when that happens",
+        budget, limit.soft);
+  }
+  spdlog::info(
+      "descriptors: pools and buffers may hold {} of the {} the daemon may "
+      "open ({}); the rest is kept for connections",
+      budget, limit.soft,
+      options_.max_descriptors > 0 ? "--max_descriptors" : "default");
+  descriptors_ = DescriptorBudget::Create(budget);
+  return absl::OkStatus();
+}
+
 absl::Status Daemon::Init() {
+  RETURN_IF_ERROR(MakeDescriptorBudget());
   BackendOptions backend_options;
+  backend_options.descriptors = descriptors_;
   backend_options.legacy_cuda_ipc = options_.legacy_cuda_ipc;
   backend_options.cuda_wait_timeout = options_.cuda_wait_timeout;
   backend_options.cuda_memory_reserve_bytes =
@@ -264,6 +303,7 @@ absl::Status Daemon::Init() {
   ServiceOptions service_options = options_.service;
   service_options.metrics = metrics_.get();
   service_options.memory_budget = memory_budget_.get();
+  service_options.descriptors = descriptors_.get();
   service_ = std::make_unique<KVCacheService>(backend_.get(), pools_.get(),
                                               sessions_.get(), service_options);
   {
@@ -362,6 +402,12 @@ absl::Status Daemon::Init() {
   // A TCP port is this daemon's alone: no SO_REUSEPORT, so a second daemon
   // on the same port fails to start instead of sharing its connections.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // A connection that has not finished its handshake (TLS over TCP) within
+  // this is closed: anyone who reaches the port could otherwise hold a
+  // descriptor per connection for gRPC's default two minutes
+  // (server/descriptors.h says why descriptors must never run out).
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             kServerHandshakeTimeoutMs);
   builder.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<int64_t>(options_.max_message_bytes, INT32_MAX)));
   builder.SetMaxSendMessageSize(static_cast<int>(

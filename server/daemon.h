@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "server/backend/backend.h"
 #include "server/companion.h"
+#include "server/descriptors.h"
 #include "server/memory_budget.h"
 #include "server/metrics.h"
 #include "server/metrics_http.h"
@@ -31,6 +32,10 @@
 #include "server/tls.h"
 
 namespace kvdepot {
+
+// How long a new connection may take to finish its handshake (TLS) before
+// gRPC closes it (docs/DAEMON.md "Limits").
+inline constexpr int kServerHandshakeTimeoutMs = 10000;
 
 struct DaemonOptions {
   // "" = the default Unix socket (common/default_address.h); "/path" or
@@ -82,6 +87,10 @@ struct DaemonOptions {
   // companion connection (its buffers' memfds) (docs/DAEMON.md "Limits").
   int64_t max_pools = 1024;
   int64_t max_descriptors_per_connection = 256;
+  // Descriptors the CPU backend's pools and buffers may hold together
+  // (server/descriptors.h); 0 = DefaultDescriptorBudget of the soft
+  // RLIMIT_NOFILE, which Init first raises to the hard limit.
+  int64_t max_descriptors = 0;
   // The memory budget (SPEC §11) of the CPU backend: > 0 = this many bytes
   // (--memory_budget_bytes), 0 = what the system has available at start
   // (ReadAvailableMemory of memory_files). per_client: the most one client
@@ -139,11 +148,14 @@ class Daemon {
   // device memory.
   absl::StatusOr<std::unique_ptr<MemoryBudget>> MakeMemoryBudget(
       const Backend& backend) const;
+  // Raises the soft RLIMIT_NOFILE and sizes descriptors_.
+  absl::Status MakeDescriptorBudget();
   void ReapLoop();
 
   const DaemonOptions options_;
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<MemoryBudget> memory_budget_;  // null: not budgeted
+  std::shared_ptr<DescriptorBudget> descriptors_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<PoolRegistry> pools_;
   std::unique_ptr<SessionManager> sessions_;

@@ -17,6 +17,7 @@ constexpr absl::string_view kNames[] = {
     "pools",
     "memory_budget",
     "memory_per_client",
+    "descriptors",
 };
 static_assert(sizeof(kNames) / sizeof(kNames[0]) ==
               static_cast<size_t>(Limit::kCount));

@@ -24,6 +24,7 @@ enum class Limit : int {
   kPools,                     // pools together
   kMemoryBudget,              // bytes of the memory budget
   kMemoryPerClient,           // bytes one client may hold of it
+  kDescriptors,               // descriptors held for pools and buffers
   kCount,
 };
 

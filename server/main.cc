@@ -112,6 +112,11 @@ ABSL_FLAG(int64_t, max_pools, 1024, "Pools at once, all clients together.");
 ABSL_FLAG(int64_t, max_descriptors_per_connection, 256,
           "Descriptors the daemon holds for one companion connection (one "
           "per buffer of its session, allocated or imported).");
+ABSL_FLAG(int64_t, max_descriptors, 0,
+          "Descriptors the CPU backend's pools and buffers (allocated or "
+          "imported) may hold together; 0 = the soft RLIMIT_NOFILE, raised "
+          "to the hard limit at start, less a quarter of it (at least 512, "
+          "at most 8192) kept for connections.");
 ABSL_FLAG(int64_t, max_verify_streams_per_client, 2,
           "Verify streams one client (uid, TLS subject, anonymous session) "
           "may run at once.");
@@ -251,6 +256,7 @@ int main(int argc, char** argv) {
   options.max_pools = absl::GetFlag(FLAGS_max_pools);
   options.max_descriptors_per_connection =
       absl::GetFlag(FLAGS_max_descriptors_per_connection);
+  options.max_descriptors = absl::GetFlag(FLAGS_max_descriptors);
   options.service.max_verify_streams_per_client =
       absl::GetFlag(FLAGS_max_verify_streams_per_client);
   options.tls.cert_path = absl::GetFlag(FLAGS_tls_cert);

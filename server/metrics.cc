@@ -167,6 +167,13 @@ std::string RenderPrometheus(const v1::StatsResponse& s) {
       {"kvdepot_memory_budget_used_bytes",
        "Bytes of the memory budget held by pools and buffers.",
        s.memory_budget_used_bytes()},
+      {"kvdepot_descriptors_held",
+       "Descriptors the CPU backend's pools and buffers hold.",
+       s.descriptors_held()},
+      {"kvdepot_descriptors_limit",
+       "Descriptors pools and buffers may hold (--max_descriptors; 0 = "
+       "none held by memory: the CUDA backend).",
+       s.descriptors_limit()},
   };
   for (const auto& g : gauges) {
     Family(&out, g.name, "gauge", g.help);

@@ -5,15 +5,92 @@
 
 #include <cerrno>
 #include <cstring>
+#include <deque>
+#include <functional>
+#include <thread>
 #include <utility>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 namespace kvdepot {
+namespace {
+
+// httplib's ThreadPool queues every accepted connection without bound: a
+// flood of idle connections would pile up descriptors (one per queued
+// connection) until the daemon has none left, and gRPC 1.51 stops
+// accepting for good after an EMFILE (server/descriptors.h). This queue
+// holds at most kHttpQueuedConnections; when it is full, enqueue (called
+// by httplib's acceptor) waits for a thread to take one.
+class BoundedTaskQueue final : public httplib::TaskQueue {
+ public:
+  BoundedTaskQueue(int threads, int max_queued) : max_queued_(max_queued) {
+    for (int i = 0; i < threads; ++i) {
+      threads_.emplace_back([this] { Work(); });
+    }
+  }
+  ~BoundedTaskQueue() override { shutdown(); }
+
+  void enqueue(std::function<void()> fn) override {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](BoundedTaskQueue* q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(q->mu_) {
+          return static_cast<int>(q->jobs_.size()) < q->max_queued_ ||
+                 q->stopping_;
+        },
+        this));
+    jobs_.push_back(std::move(fn));  // after shutdown too: it closes the fd
+  }
+
+  void shutdown() override {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    for (std::thread& t : threads_) t.join();
+    threads_.clear();
+    // Jobs enqueued after the threads left: each closes its connection.
+    std::deque<std::function<void()>> left;
+    {
+      absl::MutexLock lock(&mu_);
+      left.swap(jobs_);
+    }
+    for (std::function<void()>& job : left) job();
+  }
+
+ private:
+  void Work() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](BoundedTaskQueue* q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(q->mu_) {
+              return !q->jobs_.empty() || q->stopping_;
+            },
+            this));
+        if (jobs_.empty()) return;  // stopping, nothing left
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+    }
+  }
+
+  const int max_queued_;
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_;  // touched by the owner only
+};
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     absl::string_view address, std::function<std::string()> render,
@@ -39,12 +116,14 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
   });
   // Bounded whatever clients do: a fixed pool of kHttpThreads connection
-  // threads, and a connection that sends nothing for kHttpIdleTimeout (or
+  // threads with at most kHttpQueuedConnections waiting for one (beyond
+  // them, in the kernel's listen queue), and a connection that sends
+  // nothing for kHttpIdleTimeout (or
   // stalls mid-request as long) is closed, so idle connections cannot hold
   // every thread for long and a scraper waits at most about
   // queued / kHttpThreads timeouts (docs/DAEMON.md "Limits").
   m->http_->new_task_queue = [] {
-    return new httplib::ThreadPool(kHttpThreads);
+    return new BoundedTaskQueue(kHttpThreads, kHttpQueuedConnections);
   };
   m->http_->set_keep_alive_timeout(kHttpIdleTimeoutSeconds);
   m->http_->set_read_timeout(kHttpIdleTimeoutSeconds, 0);

@@ -25,6 +25,10 @@ inline constexpr int kHttpIdleTimeoutSeconds = 1;  // idle / read timeout
 inline constexpr int kHttpWriteTimeoutSeconds = 5;
 inline constexpr int kHttpRequestsPerConnection = 100;
 inline constexpr int kHttpMaxPayloadBytes = 4096;  // request bodies
+// Accepted connections waiting for a thread; beyond them the acceptor
+// waits and new connections wait in the kernel's listen queue, holding no
+// descriptor of the daemon.
+inline constexpr int kHttpQueuedConnections = 64;
 
 class MetricsServer {
  public:

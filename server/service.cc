@@ -468,6 +468,10 @@ void KVCacheService::FillStats(v1::StatsResponse* out) const {
     out->set_memory_budget_used_bytes(options_.memory_budget->used());
     out->set_memory_budget_source(options_.memory_budget->source());
   }
+  if (options_.descriptors != nullptr && backend_->name() == "cpu") {
+    out->set_descriptors_held(options_.descriptors->held());
+    out->set_descriptors_limit(options_.descriptors->limit());
+  }
   metrics_->Fill(out);
 }
 

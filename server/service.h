@@ -20,6 +20,7 @@
 #include "kvdepot/v1/kvdepot.grpc.pb.h"
 #include "server/backend/backend.h"
 #include "server/client_slots.h"
+#include "server/descriptors.h"
 #include "server/memory_budget.h"
 #include "server/metrics.h"
 #include "server/pools.h"
@@ -40,6 +41,8 @@ struct ServiceOptions {
   ServerMetrics* metrics = nullptr;
   // The daemon's memory budget, reported by Stats; null = none.
   const MemoryBudget* memory_budget = nullptr;
+  // The descriptors pools and buffers hold, reported by Stats; null = none.
+  const DescriptorBudget* descriptors = nullptr;
   // Tests only: Verify sleeps this long per block, so a test can make a
   // scan outlast a client's deadline without a large pool.
   absl::Duration verify_block_delay = absl::ZeroDuration();

@@ -3,12 +3,22 @@
 // control window fills). The daemon's threads stay within --max_threads plus
 // its fixed ones (the excess calls wait for a thread), and once the clients
 // go away a new client is served. Then each per-client and global count
-// limit attacked (pools, descriptors per companion connection, concurrent
-// Verify streams per client): RESOURCE_EXHAUSTED with a message naming the
-// limit, counted under its reason, nothing else affected.
+// limit attacked (pools, descriptors per companion connection and of all
+// pools and buffers, concurrent Verify streams per client):
+// RESOURCE_EXHAUSTED with a message naming the limit, counted under its
+// reason, nothing else affected; and a flood of the metrics port.
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -213,6 +223,138 @@ TEST(LimitsTest, DescriptorsPerCompanionConnection) {
   // Released, a descriptor may be taken again.
   ASSERT_TRUE(a->ReleaseBuffer(a0->id()).ok());
   EXPECT_TRUE(a->AllocateBuffer(4096).ok());
+}
+
+// The descriptors the daemon's pools and buffers hold are budgeted
+// (--max_descriptors), across connections and sessions: allocated and
+// imported buffers and pools count, a refusal names the flag and is
+// counted, Stats reports the figures, a release makes room again.
+TEST(LimitsTest, DescriptorsOfPoolsAndBuffersAreBudgeted) {
+  absl::StatusOr<std::unique_ptr<testing::DaemonProcess>> d =
+      testing::DaemonProcess::Start({"--backend=cpu", "--max_descriptors=3"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  std::unique_ptr<KVCacheClient> a = Connect(**d);
+  std::unique_ptr<KVCacheClient> b = Connect(**d);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  absl::StatusOr<BufferMapping> a0 = a->AllocateBuffer(4096);
+  ASSERT_TRUE(a0.ok()) << a0.status();
+  absl::StatusOr<MemfdRegion> own = MemfdRegion::Create("mine", 4096);
+  ASSERT_TRUE(own.ok());
+  ASSERT_TRUE(b->ImportBuffer(*own).ok());
+  ASSERT_TRUE(b->CreatePool(SmallPool("p0")).ok());
+  const std::string names = "--max_descriptors = 3";
+  ExpectLimit(a->AllocateBuffer(4096).status(), names);
+  ExpectLimit(b->CreatePool(SmallPool("p1")).status(), names);
+  absl::StatusOr<MemfdRegion> more = MemfdRegion::Create("more", 4096);
+  ASSERT_TRUE(more.ok());
+  const absl::Status imported = b->ImportBuffer(*more).status();
+  ExpectLimit(imported, names);
+  EXPECT_TRUE(absl::StrContains(imported.message(), "import_buffer.fd"))
+      << imported;
+  absl::StatusOr<v1::StatsResponse> st = a->Stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->descriptors_held(), 3);
+  EXPECT_EQ(st->descriptors_limit(), 3);
+  EXPECT_EQ(st->buffers(), 2);
+  EXPECT_EQ(st->pools(), 1);
+  EXPECT_EQ(Rejections(*a, "limit_descriptors"), 3);
+  // Released, a descriptor may be taken again, by anyone.
+  ASSERT_TRUE(a->ReleaseBuffer(a0->id()).ok());
+  EXPECT_TRUE(b->AllocateBuffer(4096).ok());
+  st = a->Stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->descriptors_held(), 3);
+}
+
+int OpenDescriptors(pid_t pid) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(
+           absl::StrCat("/proc/", pid, "/fd"))) {
+    (void)e;
+    ++n;
+  }
+  return n;
+}
+
+// A free TCP port on the loopback (bound and closed; the daemon binds it
+// right after).
+int FreeLoopbackPort() {
+  const int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (s < 0 || bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (s >= 0) close(s);
+    return -1;
+  }
+  close(s);
+  return ntohs(a.sin_port);
+}
+
+// Anyone who reaches the metrics port opens connections and sends nothing,
+// faster than the endpoint's threads time them out, against a daemon whose
+// RLIMIT_NOFILE is 1024. Had the endpoint queued them all, the daemon would
+// run out of descriptors and gRPC would stop accepting connections for
+// good (tcp_server_posix drops a listener after accept4 fails with
+// EMFILE). The daemon holds a bounded number of descriptors throughout,
+// and clients connect during and after the flood.
+TEST(LimitsTest, AMetricsPortFloodLeavesTheDaemonReachable) {
+  constexpr int kFlood = 2000;
+  rlimit own{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &own), 0);
+  if (own.rlim_max != RLIM_INFINITY && own.rlim_max < kFlood + 256) {
+    GTEST_SKIP() << "RLIMIT_NOFILE's hard limit " << own.rlim_max
+                 << " is too low for the flood";
+  }
+  rlimit raised = own;
+  raised.rlim_cur = own.rlim_max == RLIM_INFINITY ? kFlood + 256 : own.rlim_max;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &raised), 0);
+  const int port = FreeLoopbackPort();
+  ASSERT_GT(port, 0);
+  absl::StatusOr<std::unique_ptr<testing::DaemonProcess>> d =
+      testing::DaemonProcess::Start(
+          {"--backend=cpu",
+           absl::StrCat("--metrics_address=127.0.0.1:", port)});
+  ASSERT_TRUE(d.ok()) << d.status();
+  const rlimit low = {1024, 1024};
+  ASSERT_EQ(prlimit((*d)->pid(), RLIMIT_NOFILE, &low, nullptr), 0);
+  const int idle = OpenDescriptors((*d)->pid());
+
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  std::vector<int> flood;
+  int peak = 0;
+  for (int i = 0; i < kFlood; ++i) {
+    const int s = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    ASSERT_GE(s, 0) << std::strerror(errno);
+    (void)connect(s, reinterpret_cast<const sockaddr*>(&to), sizeof(to));
+    flood.push_back(s);
+    if (i % 100 == 99) {
+      absl::SleepFor(absl::Milliseconds(20));  // let the acceptor run
+      peak = std::max(peak, OpenDescriptors((*d)->pid()));
+    }
+  }
+  for (int i = 0; i < 20; ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+    peak = std::max(peak, OpenDescriptors((*d)->pid()));
+  }
+  // Its 64 connection threads and 64 waiting connections at most.
+  EXPECT_LT(peak, idle + 2 * 64 + 32) << "idle " << idle;
+  {
+    std::unique_ptr<KVCacheClient> during = Connect(**d);
+    ASSERT_NE(during, nullptr);
+    EXPECT_TRUE(during->Ping().ok());
+  }
+  for (int s : flood) close(s);
+  std::unique_ptr<KVCacheClient> after = Connect(**d);
+  ASSERT_NE(after, nullptr);
+  EXPECT_TRUE(after->Ping().ok());
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &own), 0);
 }
 
 // A Verify stream of `pool` with `session_id` in the metadata, read until

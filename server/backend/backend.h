@@ -28,6 +28,7 @@
 #include "kernels/fused.h"
 #include "kernels/store_load.h"
 #include "kvdepot/v1/kvdepot.pb.h"
+#include "server/descriptors.h"
 
 namespace kvdepot {
 
@@ -71,6 +72,9 @@ struct BackendOptions {
   // spinning (cudaDeviceScheduleBlockingSync on every device's primary
   // context): a few microseconds more latency, no core burnt per waiter.
   bool cuda_blocking_sync = true;
+  // CPU: the budget every pool's and buffer's memfd (allocated or
+  // imported) is admitted against (server/descriptors.h); null = none.
+  std::shared_ptr<DescriptorBudget> descriptors;
 };
 
 // GPU ordering of one Store or Load (SPEC §9; kvdepot.proto

@@ -12,6 +12,7 @@
 #include "common/status_macros.h"
 #include "kernels/reference/fused.h"
 #include "kernels/reference/reference.h"
+#include "server/descriptors.h"
 
 namespace kvdepot {
 namespace {
@@ -46,11 +47,14 @@ class MemfdIds {
 };
 
 // A memfd region whose identity is in `ids` (added by the creator) until
-// the region is freed.
+// the region is freed; `descriptor` admits its descriptor.
 class MemfdMemory final : public Memory {
  public:
-  MemfdMemory(MemfdRegion region, std::shared_ptr<MemfdIds> ids)
-      : region_(std::move(region)), ids_(std::move(ids)) {}
+  MemfdMemory(MemfdRegion region, std::shared_ptr<MemfdIds> ids,
+              DescriptorLease descriptor)
+      : region_(std::move(region)),
+        ids_(std::move(ids)),
+        descriptor_(std::move(descriptor)) {}
   ~MemfdMemory() override { ids_->Remove(region_.dev(), region_.ino()); }
   uint8_t* data() const override { return region_.data(); }
   int64_t size() const override { return region_.size(); }
@@ -59,12 +63,14 @@ class MemfdMemory final : public Memory {
  private:
   MemfdRegion region_;
   std::shared_ptr<MemfdIds> ids_;
+  DescriptorLease descriptor_;  // released after the region closes
 };
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend()
-      : own_(std::make_shared<MemfdIds>()),
+  explicit CpuBackend(std::shared_ptr<DescriptorBudget> descriptors)
+      : descriptors_(std::move(descriptors)),
+        own_(std::make_shared<MemfdIds>()),
         imported_(std::make_shared<MemfdIds>()) {}
 
   absl::string_view name() const override { return "cpu"; }
@@ -78,13 +84,16 @@ class CpuBackend final : public Backend {
 
   absl::StatusOr<std::unique_ptr<Memory>> Allocate(
       int64_t size, absl::string_view /*device*/) override {
+    ASSIGN_OR_RETURN(DescriptorLease descriptor, Admit("descriptors"));
     ASSIGN_OR_RETURN(MemfdRegion region, MemfdRegion::Create("kvdepot", size));
     own_->Add(region.dev(), region.ino());
-    return std::make_unique<MemfdMemory>(std::move(region), own_);
+    return std::make_unique<MemfdMemory>(std::move(region), own_,
+                                         std::move(descriptor));
   }
 
   absl::StatusOr<std::unique_ptr<Memory>> ImportFd(UniqueFd fd,
                                                    int64_t size) override {
+    ASSIGN_OR_RETURN(DescriptorLease descriptor, Admit("import_buffer.fd"));
     ASSIGN_OR_RETURN(
         MemfdRegion region,
         MemfdRegion::Import("import_buffer.fd", std::move(fd), size));
@@ -99,7 +108,8 @@ class CpuBackend final : public Backend {
           "or another session); name that buffer (Grant shares it) instead of "
           "importing it again");
     }
-    return std::make_unique<MemfdMemory>(std::move(region), imported_);
+    return std::make_unique<MemfdMemory>(std::move(region), imported_,
+                                         std::move(descriptor));
   }
 
   absl::Status Store(const PoolLayout& layout, const Memory& pool,
@@ -126,14 +136,20 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  absl::StatusOr<DescriptorLease> Admit(absl::string_view field) {
+    if (descriptors_ == nullptr) return DescriptorLease();
+    return descriptors_->Acquire(field);
+  }
+
+  std::shared_ptr<DescriptorBudget> descriptors_;  // null: not budgeted
   std::shared_ptr<MemfdIds> own_;       // pools and allocated buffers
   std::shared_ptr<MemfdIds> imported_;  // clients' memfds, imported
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> MakeCpuBackend(const BackendOptions& /*options*/) {
-  return std::make_unique<CpuBackend>();
+std::unique_ptr<Backend> MakeCpuBackend(const BackendOptions& options) {
+  return std::make_unique<CpuBackend>(options.descriptors);
 }
 
 }  // namespace kvdepot
