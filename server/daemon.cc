@@ -23,6 +23,8 @@
 #include "common/status_macros.h"
 #include "server/backend/factory.h"
 #include "server/instrumented_backend.h"
+#include "server/limits.h"
+#include "server/unix_listener.h"
 #include "spdlog/spdlog.h"
 
 namespace kvdepot {
@@ -397,8 +399,11 @@ absl::Status Daemon::Init() {
   grpc::ServerBuilder builder;
   if (!options_.grpc_reflection) builder.SetOption(WithoutReflection());
   int port = 0;
-  builder.AddListeningPort(target_, credentials,
-                           socket_path_.empty() ? &port : nullptr);
+  // A Unix socket is the daemon's own listener (server/unix_listener.h says
+  // why); TCP (TLS) stays gRPC's.
+  if (socket_path_.empty()) {
+    builder.AddListeningPort(target_, credentials, &port);
+  }
   // A TCP port is this daemon's alone: no SO_REUSEPORT, so a second daemon
   // on the same port fails to start instead of sharing its connections.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -447,6 +452,12 @@ absl::Status Daemon::Init() {
         absl::StrCat("cannot listen on \"", target_, "\""));
   }
   if (!socket_path_.empty()) {
+    UnixListenerOptions lo;
+    lo.on_refused = [metrics = metrics_.get()] {
+      metrics->RecordLimit(Limit::kConnections);
+    };
+    ASSIGN_OR_RETURN(unix_listener_,
+                     UnixListener::Start(socket_path_, server_.get(), lo));
     if (chmod(socket_path_.c_str(), 0660) != 0) {
       spdlog::warn("chmod 0660 {}: {}", socket_path_, std::strerror(errno));
     }
@@ -514,6 +525,8 @@ void Daemon::Shutdown() {
       absl::SleepFor(absl::Milliseconds(1));
     }
     absl::SleepFor(std::min(options_.drain_grace, deadline - absl::Now()));
+    // No connection may be handed to the server once it shuts down.
+    if (unix_listener_ != nullptr) unix_listener_->Stop();
     server_->Shutdown(absl::ToChronoTime(deadline));
     server_->Wait();
   }

@@ -30,6 +30,7 @@
 #include "server/sessions.h"
 #include "server/step/step_server.h"
 #include "server/tls.h"
+#include "server/unix_listener.h"
 
 namespace kvdepot {
 
@@ -164,6 +165,9 @@ class Daemon {
   std::unique_ptr<Serving> serving_;
   std::unique_ptr<step::StepServer> step_;  // the step path (SPEC §10)
   std::unique_ptr<grpc::Server> server_;
+  // The Unix socket's acceptor (null: TCP); after server_, so it stops
+  // before the server goes.
+  std::unique_ptr<UnixListener> unix_listener_;
   std::unique_ptr<MetricsServer> metrics_server_;
   std::unique_ptr<CompanionServer> companion_;
   std::string companion_path_;  // "" for TCP

@@ -18,6 +18,7 @@ constexpr absl::string_view kNames[] = {
     "memory_budget",
     "memory_per_client",
     "descriptors",
+    "connections",
 };
 static_assert(sizeof(kNames) / sizeof(kNames[0]) ==
               static_cast<size_t>(Limit::kCount));

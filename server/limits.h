@@ -25,6 +25,7 @@ enum class Limit : int {
   kMemoryBudget,              // bytes of the memory budget
   kMemoryPerClient,           // bytes one client may hold of it
   kDescriptors,               // descriptors held for pools and buffers
+  kConnections,               // gRPC connections past the descriptor headroom
   kCount,
 };
 

@@ -12,6 +12,7 @@
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -354,6 +355,56 @@ TEST(LimitsTest, AMetricsPortFloodLeavesTheDaemonReachable) {
   std::unique_ptr<KVCacheClient> after = Connect(**d);
   ASSERT_NE(after, nullptr);
   EXPECT_TRUE(after->Ping().ok());
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &own), 0);
+}
+
+// A local client opens more connections to the gRPC socket than the
+// daemon has descriptors (RLIMIT_NOFILE 1024). gRPC's own listener would
+// drop the socket for good at the first EMFILE; the daemon's refuses the
+// connections past its headroom (counted) and serves again once they go.
+TEST(LimitsTest, AConnectionFloodLeavesTheDaemonReachable) {
+  constexpr int kFlood = 1200;
+  rlimit own{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &own), 0);
+  if (own.rlim_max != RLIM_INFINITY && own.rlim_max < kFlood + 256) {
+    GTEST_SKIP() << "RLIMIT_NOFILE's hard limit " << own.rlim_max
+                 << " is too low for the flood";
+  }
+  rlimit raised = own;
+  raised.rlim_cur = own.rlim_max == RLIM_INFINITY ? kFlood + 256 : own.rlim_max;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &raised), 0);
+  absl::StatusOr<std::unique_ptr<testing::DaemonProcess>> d =
+      testing::DaemonProcess::Start({"--backend=cpu"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  const rlimit low = {1024, 1024};
+  ASSERT_EQ(prlimit((*d)->pid(), RLIMIT_NOFILE, &low, nullptr), 0);
+  // The daemon reads the limit per connection: it refuses from descriptor
+  // 1024 - 256 on, and a connection that finds none left at all (EMFILE)
+  // is taken with a spare descriptor and closed.
+  sockaddr_un to{};
+  to.sun_family = AF_UNIX;
+  const std::string& path = (*d)->socket_path();
+  ASSERT_LT(path.size(), sizeof(to.sun_path));
+  std::memcpy(to.sun_path, path.data(), path.size());
+  std::vector<int> flood;
+  for (int i = 0; i < kFlood; ++i) {
+    const int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(s, 0) << std::strerror(errno);
+    if (connect(s, reinterpret_cast<const sockaddr*>(&to), sizeof(to)) != 0) {
+      close(s);  // the backlog is full: refused connections make room
+      absl::SleepFor(absl::Milliseconds(1));
+      continue;
+    }
+    flood.push_back(s);
+  }
+  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_LE(OpenDescriptors((*d)->pid()), 1024);
+  for (int s : flood) close(s);
+  absl::SleepFor(absl::Milliseconds(500));
+  std::unique_ptr<KVCacheClient> after = Connect(**d);
+  ASSERT_NE(after, nullptr);
+  EXPECT_TRUE(after->Ping().ok());
+  EXPECT_GT(Rejections(*after, "limit_connections"), 0);
   ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &own), 0);
 }
 
