@@ -269,13 +269,13 @@ absl::Status Daemon::MakeDescriptorBudget() {
   if (budget >= limit.soft) {
     spdlog::warn(
         "descriptors: --max_descriptors = {} is not below RLIMIT_NOFILE ({}): "
-        "clients can use up the daemon's descriptors, and gRPC stops "
-        "accepting connections for good when that happens",
+        "clients can use up the daemon's descriptors (a TCP listener, "
+        "gRPC's own, then stops accepting for good)",
         budget, limit.soft);
   }
   spdlog::info(
-      "descriptors: pools and buffers may hold {} of the {} the daemon may "
-      "open ({}); the rest is kept for connections",
+      "descriptors: the CPU backend's pools and buffers may hold {} of the "
+      "{} the daemon may open ({}); the rest is kept for connections",
       budget, limit.soft,
       options_.max_descriptors > 0 ? "--max_descriptors" : "default");
   descriptors_ = DescriptorBudget::Create(budget);

@@ -118,10 +118,10 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   // Bounded whatever clients do: a fixed pool of kHttpThreads connection
   // threads with at most kHttpQueuedConnections waiting for one (beyond
   // them, in the kernel's listen queue), and a connection that sends
-  // nothing for kHttpIdleTimeout (or
-  // stalls mid-request as long) is closed, so idle connections cannot hold
-  // every thread for long and a scraper waits at most about
-  // queued / kHttpThreads timeouts (docs/DAEMON.md "Limits").
+  // nothing for kHttpIdleTimeout (or stalls mid-request as long) is
+  // closed, so idle connections cannot hold every thread for long and a
+  // scraper waits at most about queued / kHttpThreads timeouts
+  // (docs/DAEMON.md "Limits").
   m->http_->new_task_queue = [] {
     return new BoundedTaskQueue(kHttpThreads, kHttpQueuedConnections);
   };

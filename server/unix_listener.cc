@@ -40,11 +40,9 @@ absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Start(
     UnixListenerOptions options) {
   sockaddr_un addr{};
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--listen: socket path \"", path,
-                     "\" is empty or longer "
-                     "than ",
-                     sizeof(addr.sun_path) - 1, " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--listen: socket path \"", path, "\" is empty or longer than ",
+        sizeof(addr.sun_path) - 1, " bytes"));
   }
   UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) {

@@ -268,6 +268,46 @@ TEST(LimitsTest, DescriptorsOfPoolsAndBuffersAreBudgeted) {
   EXPECT_EQ(st->descriptors_held(), 3);
 }
 
+// kvdepotd run as a child with `args`, under RLIMIT_NOFILE `nofile` (soft
+// and hard, set by util-linux's prlimit) when > 0: its exit code and what
+// it printed. The daemon must exit by itself.
+struct Exit {
+  int code = -1;
+  std::string output;
+};
+Exit RunDaemon(std::vector<std::string> args, int nofile = 0) {
+  args.insert(args.begin(), std::string(testing::kDaemonBinary));
+  args.push_back("--listen=" + testing::FreshSocketPath());
+  if (nofile > 0) {
+    args.insert(args.begin(), {"/usr/bin/prlimit",
+                               absl::StrCat("--nofile=", nofile, ":", nofile)});
+  }
+  int out_fd = -1;
+  absl::StatusOr<pid_t> child = testing::Spawn(args, &out_fd, true);
+  Exit e;
+  if (!child.ok()) return e;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(out_fd, buf, sizeof(buf))) > 0) e.output.append(buf, n);
+  close(out_fd);
+  absl::StatusOr<int> code = testing::WaitForExit(*child, absl::Seconds(30));
+  e.code = code.ok() ? *code : -1;
+  return e;
+}
+
+TEST(LimitsTest, DescriptorFlagsAndLimitsThatLeaveNothingAreRefused) {
+  const Exit negative = RunDaemon({"--backend=cpu", "--max_descriptors=-1"});
+  EXPECT_EQ(negative.code, 2) << negative.output;
+  EXPECT_TRUE(absl::StrContains(negative.output, "--max_descriptors must be"))
+      << negative.output;
+  // The default keeps at least 512 for connections: under 400 descriptors
+  // (soft and hard) nothing is left for pools and buffers.
+  const Exit tiny = RunDaemon({"--backend=cpu"}, 400);
+  EXPECT_EQ(tiny.code, 1) << tiny.output;
+  EXPECT_TRUE(absl::StrContains(tiny.output, "RLIMIT_NOFILE is 400"))
+      << tiny.output;
+}
+
 int OpenDescriptors(pid_t pid) {
   int n = 0;
   for (const auto& e : std::filesystem::directory_iterator(
