@@ -1,0 +1,160 @@
+// The daemon's Unix-socket acceptor: connections reach the gRPC server, and
+// when the process has no descriptor left the loop takes a waiting
+// connection with its spare descriptor, closes it and keeps the socket.
+#include "server/unix_listener.h"
+
+#include <fcntl.h>
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/grpcpp.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+
+namespace kvdepot {
+namespace {
+
+std::string SocketPath() {
+  char dir[] = "/tmp/kvdepot-listener-XXXXXX";
+  EXPECT_NE(mkdtemp(dir), nullptr);
+  return absl::StrCat(dir, "/l.sock");
+}
+
+int ConnectTo(const std::string& path) {
+  const int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return -1;
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::memcpy(a.sun_path, path.data(), path.size());
+  if (connect(s, reinterpret_cast<const sockaddr*>(&a), sizeof(a)) != 0) {
+    close(s);
+    return -1;
+  }
+  return s;
+}
+
+// A server with no ports (the listener brings its connections) and a
+// callback generic service that answers every method UNIMPLEMENTED.
+class Unimplemented final : public grpc::CallbackGenericService {
+  grpc::ServerGenericBidiReactor* CreateReactor(
+      grpc::GenericCallbackServerContext* /*ctx*/) override {
+    class Reactor final : public grpc::ServerGenericBidiReactor {
+     public:
+      Reactor() { Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "")); }
+      void OnDone() override { delete this; }
+    };
+    return new Reactor;
+  }
+};
+
+std::unique_ptr<grpc::Server> EmptyServer() {
+  // One service per server (gRPC's rule); it must outlive the server, so
+  // it is kept for the test binary's life.
+  auto* service = new Unimplemented;
+  grpc::ServerBuilder builder;
+  builder.RegisterCallbackGenericService(service);
+  return builder.BuildAndStart();
+}
+
+TEST(UnixListenerTest, ConnectionsReachTheServer) {
+  std::unique_ptr<grpc::Server> server = EmptyServer();
+  ASSERT_NE(server, nullptr);
+  const std::string path = SocketPath();
+  absl::StatusOr<std::unique_ptr<UnixListener>> l =
+      UnixListener::Start(path, server.get(), {});
+  ASSERT_TRUE(l.ok()) << l.status();
+  // READY needs the server's HTTP/2 settings: only a server that took the
+  // connection sends them.
+  std::shared_ptr<grpc::Channel> ch =
+      grpc::CreateChannel("unix:" + path, grpc::InsecureChannelCredentials());
+  EXPECT_TRUE(ch->WaitForConnected(std::chrono::system_clock::now() +
+                                   std::chrono::seconds(10)));
+  EXPECT_EQ((*l)->refused(), 0);
+  (*l)->Stop();
+  server->Shutdown();
+}
+
+TEST(UnixListenerTest, OutOfDescriptorsRefusesAndKeepsListening) {
+  std::unique_ptr<grpc::Server> server = EmptyServer();
+  ASSERT_NE(server, nullptr);
+  const std::string path = SocketPath();
+  UnixListenerOptions o;
+  o.headroom = 0;  // only EMFILE refuses here
+  int counted = 0;
+  o.on_refused = [&counted] { ++counted; };
+  absl::StatusOr<std::unique_ptr<UnixListener>> l =
+      UnixListener::Start(path, server.get(), o);
+  ASSERT_TRUE(l.ok()) << l.status();
+
+  rlimit own{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &own), 0);
+  // Fill the table below a small soft limit, leaving one descriptor: the
+  // client's socket takes it, and the listener's accept finds none.
+  std::vector<int> filler;
+  {
+    const int probe = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(probe, 0);
+    close(probe);
+    rlimit low = own;
+    low.rlim_cur = static_cast<rlim_t>(probe) + 64;
+    ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  }
+  for (;;) {
+    const int f = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (f < 0) break;
+    filler.push_back(f);
+  }
+  ASSERT_FALSE(filler.empty());
+  close(filler.back());  // one free
+  filler.pop_back();
+  const int client = ConnectTo(path);
+  ASSERT_GE(client, 0) << std::strerror(errno);
+  // The listener closes it: the client reads end-of-file.
+  char byte = 0;
+  timeval tv{5, 0};
+  setsockopt(client, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  EXPECT_EQ(read(client, &byte, 1), 0) << std::strerror(errno);
+  close(client);
+  for (int f : filler) close(f);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &own), 0);
+  EXPECT_GE((*l)->refused(), 1);
+  EXPECT_EQ(counted, (*l)->refused());
+
+  // And the socket still serves.
+  std::shared_ptr<grpc::Channel> ch =
+      grpc::CreateChannel("unix:" + path, grpc::InsecureChannelCredentials());
+  EXPECT_TRUE(ch->WaitForConnected(std::chrono::system_clock::now() +
+                                   std::chrono::seconds(10)));
+  (*l)->Stop();
+  server->Shutdown();
+}
+
+TEST(UnixListenerTest, APathThatIsTooLongOrTakenIsRefused) {
+  std::unique_ptr<grpc::Server> server = EmptyServer();
+  ASSERT_NE(server, nullptr);
+  EXPECT_EQ(UnixListener::Start(std::string(200, 'x'), server.get(), {})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::string path = SocketPath();
+  absl::StatusOr<std::unique_ptr<UnixListener>> first =
+      UnixListener::Start(path, server.get(), {});
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(UnixListener::Start(path, server.get(), {}).status().code(),
+            absl::StatusCode::kUnavailable);
+  (*first)->Stop();
+  server->Shutdown();
+}
+
+}  // namespace
+}  // namespace kvdepot
