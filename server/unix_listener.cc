@@ -142,8 +142,11 @@ void UnixListener::AcceptLoop() {
                                   SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (taken >= 0) close(taken);
         spare_ = OpenSpare();
-        Refuse("no descriptor left", -1);
-        if (taken < 0) absl::SleepFor(absl::Milliseconds(10));
+        if (taken >= 0) {
+          Refuse("no descriptor left", -1);
+        } else {  // even the spare's was taken meanwhile: let some go
+          absl::SleepFor(absl::Milliseconds(10));
+        }
         continue;
       }
       // ENOBUFS, ENOMEM, EPROTO...: transient; never give up the socket.
