@@ -6,7 +6,9 @@
 // limit attacked (pools, descriptors per companion connection and of all
 // pools and buffers, concurrent Verify streams per client):
 // RESOURCE_EXHAUSTED with a message naming the limit, counted under its
-// reason, nothing else affected; and a flood of the metrics port.
+// reason, nothing else affected; the descriptor flags and a limit that
+// leaves nothing; and floods of the metrics port and of the gRPC socket
+// against a daemon at RLIMIT_NOFILE 1024.
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
