@@ -57,21 +57,28 @@ class Unimplemented final : public grpc::CallbackGenericService {
   }
 };
 
-std::unique_ptr<grpc::Server> EmptyServer() {
-  // One service per server (gRPC's rule); it must outlive the server, so
-  // it is kept for the test binary's life.
-  auto* service = new Unimplemented;
-  grpc::ServerBuilder builder;
-  builder.RegisterCallbackGenericService(service);
-  return builder.BuildAndStart();
-}
+// The service must outlive its server, and serves one server only.
+class UnixListenerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder builder;
+    builder.RegisterCallbackGenericService(&service_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+  }
+  void TearDown() override {
+    if (server_ != nullptr) server_->Shutdown();
+    server_.reset();
+  }
 
-TEST(UnixListenerTest, ConnectionsReachTheServer) {
-  std::unique_ptr<grpc::Server> server = EmptyServer();
-  ASSERT_NE(server, nullptr);
+  Unimplemented service_;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+TEST_F(UnixListenerTest, ConnectionsReachTheServer) {
   const std::string path = SocketPath();
   absl::StatusOr<std::unique_ptr<UnixListener>> l =
-      UnixListener::Start(path, server.get(), {});
+      UnixListener::Start(path, server_.get(), {});
   ASSERT_TRUE(l.ok()) << l.status();
   // READY needs the server's HTTP/2 settings: only a server that took the
   // connection sends them.
@@ -81,19 +88,16 @@ TEST(UnixListenerTest, ConnectionsReachTheServer) {
                                    std::chrono::seconds(10)));
   EXPECT_EQ((*l)->refused(), 0);
   (*l)->Stop();
-  server->Shutdown();
 }
 
-TEST(UnixListenerTest, OutOfDescriptorsRefusesAndKeepsListening) {
-  std::unique_ptr<grpc::Server> server = EmptyServer();
-  ASSERT_NE(server, nullptr);
+TEST_F(UnixListenerTest, OutOfDescriptorsRefusesAndKeepsListening) {
   const std::string path = SocketPath();
   UnixListenerOptions o;
   o.headroom = 0;  // only EMFILE refuses here
   int counted = 0;
   o.on_refused = [&counted] { ++counted; };
   absl::StatusOr<std::unique_ptr<UnixListener>> l =
-      UnixListener::Start(path, server.get(), o);
+      UnixListener::Start(path, server_.get(), o);
   ASSERT_TRUE(l.ok()) << l.status();
 
   rlimit own{};
@@ -136,24 +140,20 @@ TEST(UnixListenerTest, OutOfDescriptorsRefusesAndKeepsListening) {
   EXPECT_TRUE(ch->WaitForConnected(std::chrono::system_clock::now() +
                                    std::chrono::seconds(10)));
   (*l)->Stop();
-  server->Shutdown();
 }
 
-TEST(UnixListenerTest, APathThatIsTooLongOrTakenIsRefused) {
-  std::unique_ptr<grpc::Server> server = EmptyServer();
-  ASSERT_NE(server, nullptr);
-  EXPECT_EQ(UnixListener::Start(std::string(200, 'x'), server.get(), {})
+TEST_F(UnixListenerTest, APathThatIsTooLongOrTakenIsRefused) {
+  EXPECT_EQ(UnixListener::Start(std::string(200, 'x'), server_.get(), {})
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
   const std::string path = SocketPath();
   absl::StatusOr<std::unique_ptr<UnixListener>> first =
-      UnixListener::Start(path, server.get(), {});
+      UnixListener::Start(path, server_.get(), {});
   ASSERT_TRUE(first.ok());
-  EXPECT_EQ(UnixListener::Start(path, server.get(), {}).status().code(),
+  EXPECT_EQ(UnixListener::Start(path, server_.get(), {}).status().code(),
             absl::StatusCode::kUnavailable);
   (*first)->Stop();
-  server->Shutdown();
 }
 
 }  // namespace
