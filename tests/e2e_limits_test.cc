@@ -337,6 +337,31 @@ int FreeLoopbackPort() {
   return ntohs(a.sin_port);
 }
 
+// Raises this process's soft RLIMIT_NOFILE for `needed` descriptors for
+// its own life and restores it after, also when an assertion ends the test
+// early. ok() is false when the hard limit is too low (or the call fails).
+class ScopedDescriptorLimit {
+ public:
+  explicit ScopedDescriptorLimit(rlim_t needed) {
+    if (getrlimit(RLIMIT_NOFILE, &own_) != 0) return;
+    if (own_.rlim_max != RLIM_INFINITY && own_.rlim_max < needed) return;
+    rlimit raised = own_;
+    raised.rlim_cur = own_.rlim_max == RLIM_INFINITY ? needed : own_.rlim_max;
+    ok_ = setrlimit(RLIMIT_NOFILE, &raised) == 0;
+  }
+  ScopedDescriptorLimit(const ScopedDescriptorLimit&) = delete;
+  ScopedDescriptorLimit& operator=(const ScopedDescriptorLimit&) = delete;
+  ~ScopedDescriptorLimit() {
+    if (ok_) setrlimit(RLIMIT_NOFILE, &own_);
+  }
+  bool ok() const { return ok_; }
+  rlim_t hard() const { return own_.rlim_max; }
+
+ private:
+  rlimit own_{};
+  bool ok_ = false;
+};
+
 // Anyone who reaches the metrics port opens connections and sends nothing,
 // faster than the endpoint's threads time them out, against a daemon whose
 // RLIMIT_NOFILE is 1024. Had the endpoint queued them all, the daemon would
@@ -346,15 +371,11 @@ int FreeLoopbackPort() {
 // and clients connect during and after the flood.
 TEST(LimitsTest, AMetricsPortFloodLeavesTheDaemonReachable) {
   constexpr int kFlood = 2000;
-  rlimit own{};
-  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &own), 0);
-  if (own.rlim_max != RLIM_INFINITY && own.rlim_max < kFlood + 256) {
-    GTEST_SKIP() << "RLIMIT_NOFILE's hard limit " << own.rlim_max
+  const ScopedDescriptorLimit limit(kFlood + 256);
+  if (!limit.ok()) {
+    GTEST_SKIP() << "RLIMIT_NOFILE's hard limit " << limit.hard()
                  << " is too low for the flood";
   }
-  rlimit raised = own;
-  raised.rlim_cur = own.rlim_max == RLIM_INFINITY ? kFlood + 256 : own.rlim_max;
-  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &raised), 0);
   const int port = FreeLoopbackPort();
   ASSERT_GT(port, 0);
   absl::StatusOr<std::unique_ptr<testing::DaemonProcess>> d =
@@ -397,7 +418,6 @@ TEST(LimitsTest, AMetricsPortFloodLeavesTheDaemonReachable) {
   std::unique_ptr<KVCacheClient> after = Connect(**d);
   ASSERT_NE(after, nullptr);
   EXPECT_TRUE(after->Ping().ok());
-  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &own), 0);
 }
 
 // A local client opens more connections to the gRPC socket than the
@@ -406,15 +426,11 @@ TEST(LimitsTest, AMetricsPortFloodLeavesTheDaemonReachable) {
 // connections past its headroom (counted) and serves again once they go.
 TEST(LimitsTest, AConnectionFloodLeavesTheDaemonReachable) {
   constexpr int kFlood = 1200;
-  rlimit own{};
-  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &own), 0);
-  if (own.rlim_max != RLIM_INFINITY && own.rlim_max < kFlood + 256) {
-    GTEST_SKIP() << "RLIMIT_NOFILE's hard limit " << own.rlim_max
+  const ScopedDescriptorLimit limit(kFlood + 256);
+  if (!limit.ok()) {
+    GTEST_SKIP() << "RLIMIT_NOFILE's hard limit " << limit.hard()
                  << " is too low for the flood";
   }
-  rlimit raised = own;
-  raised.rlim_cur = own.rlim_max == RLIM_INFINITY ? kFlood + 256 : own.rlim_max;
-  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &raised), 0);
   absl::StatusOr<std::unique_ptr<testing::DaemonProcess>> d =
       testing::DaemonProcess::Start({"--backend=cpu"});
   ASSERT_TRUE(d.ok()) << d.status();
@@ -447,7 +463,6 @@ TEST(LimitsTest, AConnectionFloodLeavesTheDaemonReachable) {
   ASSERT_NE(after, nullptr);
   EXPECT_TRUE(after->Ping().ok());
   EXPECT_GT(Rejections(*after, "limit_connections"), 0);
-  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &own), 0);
 }
 
 // A Verify stream of `pool` with `session_id` in the metadata, read until
