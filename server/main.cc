@@ -307,7 +307,8 @@ int main(int argc, char** argv) {
         ">= 0");
   }
   if (options.max_descriptors < 0) {
-    return UsageError("--max_descriptors must be >= 0 (0 = from RLIMIT_NOFILE)");
+    return UsageError(
+        "--max_descriptors must be >= 0 (0 = from RLIMIT_NOFILE)");
   }
   options.service.max_buffer_bytes = absl::GetFlag(FLAGS_max_buffer_bytes);
   options.service.max_inline_bytes = options.max_message_bytes;
