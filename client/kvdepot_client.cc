@@ -18,6 +18,9 @@ using Stub = v1::KVCache::Stub;
 
 template <typename Req, typename Resp>
 using Method = grpc::Status (Stub::*)(grpc::ClientContext*, const Req&, Resp*);
+template <typename Req, typename Resp>
+using PrepareMethod = std::unique_ptr<grpc::ClientAsyncResponseReader<Resp>> (
+    Stub::*)(grpc::ClientContext*, const Req&, grpc::CompletionQueue*);
 
 // Adds the session id to the metadata of every call on the channel (also
 // calls made through stub() directly), so requests without a session_id
@@ -110,6 +113,25 @@ static absl::StatusOr<Resp> Call(Stub* stub, Method<Req, Resp> method,
   return response;
 }
 
+// A data-path call: through `poller` when the client polls for replies.
+template <typename Req, typename Resp>
+static absl::StatusOr<Resp> DataCall(Stub* stub, Method<Req, Resp> method,
+                                     PrepareMethod<Req, Resp> prepare,
+                                     const Req& request, absl::Duration timeout,
+                                     ReplyPoller* poller) {
+  if (poller == nullptr) return Call(stub, method, request, timeout);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   absl::ToChronoMilliseconds(timeout));
+  Resp response;
+  grpc::Status status = poller->Call(
+      &ctx, &response, [&](grpc::ClientContext* c, grpc::CompletionQueue* cq) {
+        return (stub->*prepare)(c, request, cq);
+      });
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
 KVCacheClient::KVCacheClient(const ClientOptions& options, std::string target,
                              std::shared_ptr<grpc::Channel> channel,
                              std::shared_ptr<std::string> session_id,
@@ -118,11 +140,19 @@ KVCacheClient::KVCacheClient(const ClientOptions& options, std::string target,
       target_(std::move(target)),
       channel_(std::move(channel)),
       stub_(v1::KVCache::NewStub(channel_)),
+      poller_(options.reply_spin > absl::ZeroDuration()
+                  ? std::make_unique<ReplyPoller>(options.reply_spin)
+                  : nullptr),
       session_id_(std::move(session_id)),
       companion_(std::move(companion)) {}
 
 absl::StatusOr<std::unique_ptr<KVCacheClient>> KVCacheClient::Connect(
     const ClientOptions& options) {
+  if (options.reply_spin < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ClientOptions.reply_spin = ", absl::FormatDuration(options.reply_spin),
+        ": must be >= 0 (0 = sleep on replies)"));
+  }
   const std::string target = ResolveTarget(options.address);
   const std::string socket = UnixSocketPathOf(target);
   auto session_id = std::make_shared<std::string>();
@@ -367,37 +397,48 @@ absl::Status KVCacheClient::ReleaseBuffer(uint64_t buffer_id) {
 // of the request (its slot or segment arrays) on every decode step.
 absl::StatusOr<v1::StoreResponse> KVCacheClient::Store(
     const v1::StoreRequest& r) {
-  return Call(stub_.get(), &Stub::Store, r, options_.timeout);
+  return DataCall(stub_.get(), &Stub::Store, &Stub::PrepareAsyncStore, r,
+                  options_.timeout, poller_.get());
 }
 
 absl::StatusOr<v1::LoadResponse> KVCacheClient::Load(const v1::LoadRequest& r) {
-  return Call(stub_.get(), &Stub::Load, r, options_.timeout);
+  return DataCall(stub_.get(), &Stub::Load, &Stub::PrepareAsyncLoad, r,
+                  options_.timeout, poller_.get());
 }
 
 absl::StatusOr<v1::BuildPlanResponse> KVCacheClient::BuildPlan(
     const v1::BuildPlanRequest& r) {
-  return Call(stub_.get(), &Stub::BuildPlan, r, options_.timeout);
+  return DataCall(stub_.get(), &Stub::BuildPlan, &Stub::PrepareAsyncBuildPlan,
+                  r, options_.timeout, poller_.get());
 }
 
 absl::StatusOr<v1::PrefillLoadResponse> KVCacheClient::PrefillLoad(
     v1::PrefillLoadRequest r) {
   if (r.session_id().empty()) r.set_session_id(*session_id_);
-  return Call(stub_.get(), &Stub::PrefillLoad, r, options_.timeout);
+  return DataCall(stub_.get(), &Stub::PrefillLoad,
+                  &Stub::PrepareAsyncPrefillLoad, r, options_.timeout,
+                  poller_.get());
 }
 
 absl::StatusOr<v1::ConvertTopkResponse> KVCacheClient::ConvertTopk(
     const v1::ConvertTopkRequest& r) {
-  return Call(stub_.get(), &Stub::ConvertTopk, r, options_.timeout);
+  return DataCall(stub_.get(), &Stub::ConvertTopk,
+                  &Stub::PrepareAsyncConvertTopk, r, options_.timeout,
+                  poller_.get());
 }
 
 absl::StatusOr<v1::SwaDecodeIndexResponse> KVCacheClient::SwaDecodeIndex(
     const v1::SwaDecodeIndexRequest& r) {
-  return Call(stub_.get(), &Stub::SwaDecodeIndex, r, options_.timeout);
+  return DataCall(stub_.get(), &Stub::SwaDecodeIndex,
+                  &Stub::PrepareAsyncSwaDecodeIndex, r, options_.timeout,
+                  poller_.get());
 }
 
 absl::StatusOr<v1::PrefillIndexResponse> KVCacheClient::PrefillIndex(
     const v1::PrefillIndexRequest& r) {
-  return Call(stub_.get(), &Stub::PrefillIndex, r, options_.timeout);
+  return DataCall(stub_.get(), &Stub::PrefillIndex,
+                  &Stub::PrepareAsyncPrefillIndex, r, options_.timeout,
+                  poller_.get());
 }
 
 absl::StatusOr<v1::StatsResponse> KVCacheClient::Stats() {
@@ -405,7 +446,8 @@ absl::StatusOr<v1::StatsResponse> KVCacheClient::Stats() {
 }
 
 absl::Status KVCacheClient::Ping() {
-  return Call(stub_.get(), &Stub::Ping, v1::PingRequest(), options_.timeout)
+  return DataCall(stub_.get(), &Stub::Ping, &Stub::PrepareAsyncPing,
+                  v1::PingRequest(), options_.timeout, poller_.get())
       .status();
 }
 

@@ -29,6 +29,7 @@
 #include "absl/time/time.h"
 #include "client/companion_connection.h"
 #include "client/mappings.h"
+#include "client/reply_poller.h"
 #include "common/memfd.h"
 #include "kvdepot/v1/kvdepot.grpc.pb.h"
 
@@ -58,6 +59,12 @@ struct ClientOptions {
   bool keep_alive = true;
   // Per-call deadline.
   absl::Duration timeout = absl::Seconds(30);
+  // > 0: the data-path calls (Store, Load, BuildPlan, PrefillLoad, the
+  // index calls, Ping) poll for their reply on the calling thread for up
+  // to this long before sleeping on it (client/reply_poller.h): lower
+  // latency for a caller that waits anyway, at the price of its core while
+  // it polls. 0 = sleep at once.
+  absl::Duration reply_spin = absl::ZeroDuration();
   // How long Connect waits for the daemon.
   absl::Duration connect_timeout = absl::Seconds(10);
   int64_t max_message_bytes = int64_t{64} << 20;
@@ -143,6 +150,8 @@ class KVCacheClient {
   const std::string target_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::KVCache::Stub> stub_;
+  // Set when options_.reply_spin > 0.
+  std::unique_ptr<ReplyPoller> poller_;
   // Shared with the channel's interceptor; set before any call but
   // OpenSession, never changed after.
   std::shared_ptr<std::string> session_id_;

@@ -34,7 +34,10 @@
 // Last, clients that spin on their replies instead of sleeping (an async
 // client polling its completion queue with zero timeouts; the socket
 // ping-pong reading without blocking), against the daemon and the bare
-// floor: how much of a round trip is the client's own wake-up.
+// floor: how much of a round trip is the client's own wake-up. Then Ping,
+// Store and Load once more through the client library polling for its
+// replies (--reply_spin_us, ClientOptions.reply_spin), with the Store/Load
+// overhead over that Ping.
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -99,6 +102,9 @@ ABSL_FLAG(bool, floor_async, true,
           "Also measure a bare gRPC server on the async API (one thread on "
           "one completion queue): sleeping in Next; spinning on it; spinning "
           "with a callback service next to it; spinning with a sync one.");
+ABSL_FLAG(int64_t, reply_spin_us, 10000,
+          "Also measure Ping, Store and Load through a client that polls "
+          "for its replies this long (ClientOptions.reply_spin); 0 = not.");
 ABSL_FLAG(bool, server_process, true,
           "Run the daemon and the gRPC floor in child processes (as deployed) "
           "instead of in this one.");
@@ -806,6 +812,45 @@ int Run() {
     results.push_back(MeasureSpinningPing(
         floor_targets[0], "gRPC floor (bare callback server)", warmup, iters));
   }
+  // The client library polling for its replies (ClientOptions.reply_spin):
+  // Ping, Store and Load as above, on a client of its own.
+  const size_t polled_i = results.size();
+  std::unique_ptr<KVCacheClient> polled;
+  if (const int64_t spin = absl::GetFlag(FLAGS_reply_spin_us); spin > 0) {
+    ClientOptions popts = copts;
+    popts.client_name = "rpc_benchmark-polling";
+    popts.reply_spin = absl::Microseconds(spin);
+    absl::StatusOr<std::unique_ptr<KVCacheClient>> pc =
+        KVCacheClient::Connect(popts);
+    if (!pc.ok()) {
+      std::fprintf(stderr, "%s\n", pc.status().ToString().c_str());
+      return 1;
+    }
+    polled = *std::move(pc);
+    // The pool and the buffers belong to the first client's session: grant
+    // them to this one's.
+    std::vector<v1::GrantRequest> grants(1);
+    grants[0].set_pool(pool);
+    for (const std::optional<BufferMapping>* b : {&in, &out}) {
+      if (!b->has_value()) continue;
+      grants.emplace_back().set_buffer_id((*b)->id());
+    }
+    for (v1::GrantRequest& g : grants) {
+      g.add_sessions(polled->session_number());
+      if (absl::Status st = client->Grant(g); !st.ok()) {
+        std::fprintf(stderr, "Grant: %s\n", st.ToString().c_str());
+        return 1;
+      }
+    }
+    results.push_back(Measure("Ping (client library polling for replies)",
+                              warmup, iters, [&] { return polled->Ping(); }));
+    results.push_back(
+        Measure(absl::StrCat("Store ", tokens, " tokens V41 (client polling)"),
+                warmup, iters, [&] { return polled->Store(store).status(); }));
+    results.push_back(Measure(
+        absl::StrCat("Load ", tokens, " tokens V41 (segments, client polling)"),
+        warmup, iters, [&] { return polled->Load(load).status(); }));
+  }
   std::printf("| request | p50 us | p99 us | mean us |\n|---|---|---|---|\n");
   for (const Result& r : results) {
     std::printf("| %s | %.1f | %.1f | %.1f |\n", r.name.c_str(), r.p50_us,
@@ -845,6 +890,18 @@ int Run() {
                   results[spin_i + 2].p50_us / spin_socket);
     }
     std::printf("\n");
+  }
+  if (polled != nullptr) {
+    const double p = results[polled_i].p50_us;
+    const double st = results[polled_i + 1].p50_us - store_kernel.p50_us;
+    const double ld = results[polled_i + 2].p50_us - load_kernel.p50_us;
+    std::printf(
+        "client library polling for its replies (reply_spin %lld us): Ping "
+        "%.1f us = %.2fx the socket ping-pong (%.2fx the spinning one); "
+        "overhead beyond the kernel (p50s): Store %.1f us = %.2fx that Ping, "
+        "Load (segments) %.1f us = %.2fx\n",
+        static_cast<long long>(absl::GetFlag(FLAGS_reply_spin_us)), p,
+        p / socket, p / results[spin_i].p50_us, st, st / p, ld, ld / p);
   }
   if (floor) {
     // Like for like: the sync stub on a default channel, on each server.
