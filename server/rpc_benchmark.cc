@@ -139,20 +139,25 @@ Result Measure(const std::string& name, int warmup, int iterations,
 // costs in gRPC (and the OS) from what kvdepot's request adds.
 constexpr char kFloorWorkKey[] = "kvdepot-bench-work-us";
 
+// Busy-works as long as the call's kFloorWorkKey asks, if it does.
+void WorkAsAsked(const grpc::ServerContextBase& ctx) {
+  const auto& md = ctx.client_metadata();
+  if (auto it = md.find(kFloorWorkKey); it != md.end()) {
+    int64_t us = 0;
+    if (absl::SimpleAtoi(
+            absl::string_view(it->second.data(), it->second.size()), &us)) {
+      const absl::Time end = absl::Now() + absl::Microseconds(us);
+      while (absl::Now() < end) {
+      }
+    }
+  }
+}
+
 class FloorService final : public v1::KVCache::CallbackService {
   grpc::ServerUnaryReactor* Ping(grpc::CallbackServerContext* ctx,
                                  const v1::PingRequest*,
                                  v1::PingResponse*) override {
-    const auto& md = ctx->client_metadata();
-    if (auto it = md.find(kFloorWorkKey); it != md.end()) {
-      int64_t us = 0;
-      if (absl::SimpleAtoi(
-              absl::string_view(it->second.data(), it->second.size()), &us)) {
-        const absl::Time end = absl::Now() + absl::Microseconds(us);
-        while (absl::Now() < end) {
-        }
-      }
-    }
+    WorkAsAsked(*ctx);
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;
@@ -265,6 +270,7 @@ class AsyncFloorServer {
         continue;
       }
       Request();
+      WorkAsAsked(call->ctx);
       call->finishing = true;
       call->writer.Finish(call->response, grpc::Status::OK, call);
     }
@@ -373,8 +379,10 @@ absl::Status CallbackPing(v1::KVCache::Stub* stub) {
 // Ping with the async API, this thread spinning on the completion queue
 // (zero-timeout AsyncNext) instead of sleeping until the reply: the reply
 // never waits for this thread's core to wake up.
-absl::Status SpinningPing(v1::KVCache::Stub* stub, grpc::CompletionQueue* cq) {
+absl::Status SpinningPing(v1::KVCache::Stub* stub, grpc::CompletionQueue* cq,
+                          int64_t work_us = -1) {
   grpc::ClientContext ctx;
+  if (work_us >= 0) ctx.AddMetadata(kFloorWorkKey, absl::StrCat(work_us));
   v1::PingRequest req;
   v1::PingResponse resp;
   grpc::Status status;
@@ -402,7 +410,7 @@ absl::Status SpinningPing(v1::KVCache::Stub* stub, grpc::CompletionQueue* cq) {
 // The spinning client's row on `target` (a minimal-stack channel of its
 // own, as the raw clients' fastest row).
 Result MeasureSpinningPing(const std::string& target, const std::string& what,
-                           int warmup, int iters) {
+                           int warmup, int iters, int64_t work_us = -1) {
   grpc::ChannelArguments args;
   args.SetInt("kvdepot.bench.channel", -1);
   args.SetInt(GRPC_ARG_MINIMAL_STACK, 1);
@@ -411,7 +419,7 @@ Result MeasureSpinningPing(const std::string& target, const std::string& what,
   grpc::CompletionQueue cq;
   Result r = Measure(
       absl::StrCat(what, ", async client spinning, minimal-stack channel"),
-      warmup, iters, [&] { return SpinningPing(stub.get(), &cq); });
+      warmup, iters, [&] { return SpinningPing(stub.get(), &cq, work_us); });
   cq.Shutdown();
   void* tag = nullptr;
   bool ok = false;
@@ -851,6 +859,22 @@ int Run() {
         absl::StrCat("Load ", tokens, " tokens V41 (segments, client polling)"),
         warmup, iters, [&] { return polled->Load(load).status(); }));
   }
+  // The spinning async floor (its server thread never sleeps) with a
+  // client spinning too, its handler busy as long as each kernel: what a
+  // long call costs beyond its work when neither side has to be woken.
+  const size_t async_work_i = results.size();
+  const bool async_work = async_floor && in_child;
+  if (async_work) {
+    for (const double p50 : {store_kernel.p50_us, load_kernel.p50_us, 0.0}) {
+      const int64_t us = static_cast<int64_t>(p50 + 0.5);
+      results.push_back(MeasureSpinningPing(
+          async_targets[1],
+          absl::StrCat("gRPC floor (async server, thread spinning), handler "
+                       "busy ",
+                       us, " us"),
+          warmup, iters, us));
+    }
+  }
   std::printf("| request | p50 us | p99 us | mean us |\n|---|---|---|---|\n");
   for (const Result& r : results) {
     std::printf("| %s | %.1f | %.1f | %.1f |\n", r.name.c_str(), r.p50_us,
@@ -902,6 +926,16 @@ int Run() {
         "Load (segments) %.1f us = %.2fx\n",
         static_cast<long long>(absl::GetFlag(FLAGS_reply_spin_us)), p,
         p / socket, p / results[spin_i].p50_us, st, st / p, ld, ld / p);
+  }
+  if (async_work) {
+    const double f0 = results[async_work_i + 2].p50_us;
+    const double st = results[async_work_i].p50_us - store_kernel.p50_us;
+    const double ld = results[async_work_i + 1].p50_us - load_kernel.p50_us;
+    std::printf(
+        "spinning async floor, spinning client, handler busy: beyond its "
+        "work as long as Store %.1f us = %.2fx its empty call (%.1f us), as "
+        "long as Load %.1f us = %.2fx\n",
+        st, st / f0, f0, ld, ld / f0);
   }
   if (floor) {
     // Like for like: the sync stub on a default channel, on each server.
