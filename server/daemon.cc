@@ -24,6 +24,7 @@
 #include "server/backend/factory.h"
 #include "server/instrumented_backend.h"
 #include "server/limits.h"
+#include "server/reply_scope.h"
 #include "server/unix_listener.h"
 #include "spdlog/spdlog.h"
 
@@ -442,7 +443,19 @@ absl::Status Daemon::Init() {
         options_.service.max_verify_streams_per_client,
         ": one client's scans could otherwise hold every scan thread"));
   }
-  ASSIGN_OR_RETURN(serving_, MakeServing(service_.get(), options_.serving));
+  if (options_.max_reply_bytes <= 0 ||
+      options_.max_reply_bytes_per_client < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_reply_bytes = ", options_.max_reply_bytes,
+                     " must be > 0 and max_reply_bytes_per_client = ",
+                     options_.max_reply_bytes_per_client, " >= 0"));
+  }
+  reply_budget_ = std::make_unique<MemoryBudget>(
+      options_.max_reply_bytes, options_.max_reply_bytes_per_client,
+      "--max_reply_bytes", ReplyBudgetNames());
+  ServingOptions serving = options_.serving;
+  serving.replies = reply_budget_.get();
+  ASSIGN_OR_RETURN(serving_, MakeServing(service_.get(), serving));
   builder.RegisterService(serving_->service());
   builder.RegisterService(tcp_sessions_.get());
   builder.RegisterService(step_->service());  // the step path (SPEC §10)

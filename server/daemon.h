@@ -99,6 +99,11 @@ struct DaemonOptions {
   int64_t memory_budget_bytes = 0;
   int64_t memory_budget_per_client_bytes = 0;
   SystemMemoryFiles memory_files;
+  // Inline reply bytes the daemon may hold until they are sent, together
+  // and per client (server/reply_scope.h); per client 0 = no cap. Both
+  // backends: replies are host memory.
+  int64_t max_reply_bytes = int64_t{1} << 30;
+  int64_t max_reply_bytes_per_client = int64_t{256} << 20;
   absl::Duration reap_interval = absl::Milliseconds(500);
   absl::Duration drain_timeout = absl::Seconds(30);
   // After the in-flight calls finish, how long new calls keep getting
@@ -156,6 +161,8 @@ class Daemon {
   const DaemonOptions options_;
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<MemoryBudget> memory_budget_;  // null: not budgeted
+  // Outlives the server and the serving layer, whose calls hold it.
+  std::unique_ptr<MemoryBudget> reply_budget_;
   std::shared_ptr<DescriptorBudget> descriptors_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<PoolRegistry> pools_;

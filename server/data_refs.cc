@@ -1,6 +1,8 @@
 #include "server/data_refs.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "server/reply_scope.h"
 
 namespace kvdepot {
 
@@ -79,6 +81,9 @@ absl::StatusOr<ByteRange> ResolveOutput(const SessionManager& sessions,
                          " bytes exceed the inline limit of ", max_inline,
                          "; use a buffer slice"));
       }
+      RETURN_IF_ERROR(
+          ReplyScope::Reserve(BudgetClientOf(caller), expected,
+                              absl::StrCat(field, ".inline_output")));
       inline_out->assign(static_cast<size_t>(expected), '\0');
       ByteRange r;
       r.data = reinterpret_cast<uint8_t*>(inline_out->data());

@@ -19,6 +19,8 @@ constexpr absl::string_view kNames[] = {
     "memory_per_client",
     "descriptors",
     "connections",
+    "reply_bytes",
+    "reply_bytes_per_client",
 };
 static_assert(sizeof(kNames) / sizeof(kNames[0]) ==
               static_cast<size_t>(Limit::kCount));

@@ -26,6 +26,8 @@ enum class Limit : int {
   kMemoryPerClient,           // bytes one client may hold of it
   kDescriptors,               // descriptors held for pools and buffers
   kConnections,               // gRPC connections past the descriptor headroom
+  kReplyBytes,                // inline reply bytes not yet sent, together
+  kReplyBytesPerClient,       // inline reply bytes not yet sent, one client
   kCount,
 };
 

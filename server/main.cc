@@ -129,6 +129,14 @@ ABSL_FLAG(int64_t, memory_budget_bytes, 0,
 ABSL_FLAG(int64_t, memory_budget_per_client_bytes, 0,
           "Bytes one client (a uid; an anonymous session) may hold of the "
           "memory budget; 0 = no per-client cap.");
+ABSL_FLAG(int64_t, max_reply_bytes, int64_t{1} << 30,
+          "Bytes of inline reply data (rows, cast-back and index outputs "
+          "returned in replies) the daemon may hold until they are sent, all "
+          "calls together; a call beyond it gets RESOURCE_EXHAUSTED. Must be "
+          "> 0.");
+ABSL_FLAG(int64_t, max_reply_bytes_per_client, int64_t{256} << 20,
+          "The same for one client (a uid, a TLS subject, an anonymous "
+          "session); 0 = no per-client cap.");
 ABSL_FLAG(std::string, memory_cgroup_root, "/sys/fs/cgroup",
           "Where the cgroup hierarchy is mounted (read for the memory "
           "budget).");
@@ -305,6 +313,14 @@ int main(int argc, char** argv) {
     return UsageError(
         "--memory_budget_bytes and --memory_budget_per_client_bytes must be "
         ">= 0");
+  }
+  options.max_reply_bytes = absl::GetFlag(FLAGS_max_reply_bytes);
+  options.max_reply_bytes_per_client =
+      absl::GetFlag(FLAGS_max_reply_bytes_per_client);
+  if (options.max_reply_bytes <= 0 || options.max_reply_bytes_per_client < 0) {
+    return UsageError(
+        "--max_reply_bytes must be > 0 and --max_reply_bytes_per_client >= 0 "
+        "(0 = no per-client cap)");
   }
   if (options.max_descriptors < 0) {
     return UsageError(

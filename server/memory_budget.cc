@@ -151,10 +151,11 @@ absl::StatusOr<AvailableMemory> ReadAvailableMemory(
 }
 
 MemoryBudget::MemoryBudget(int64_t total, int64_t per_client,
-                           std::string source)
+                           std::string source, BudgetNames names)
     : total_(std::max<int64_t>(0, total)),
       per_client_(std::max<int64_t>(0, per_client)),
-      source_(std::move(source)) {}
+      source_(std::move(source)),
+      names_(std::move(names)) {}
 
 absl::Status MemoryBudget::Reserve(absl::string_view client, int64_t bytes,
                                    absl::string_view what) {
@@ -165,9 +166,9 @@ absl::Status MemoryBudget::Reserve(absl::string_view client, int64_t bytes,
   absl::MutexLock lock(&mu_);
   if (bytes > total_ - used_) {
     return LimitExceeded(
-        Limit::kMemoryBudget,
+        names_.total,
         absl::StrCat(what, ": ", HumanBytes(bytes), " (", bytes,
-                     " bytes) does not fit the memory budget: ",
+                     " bytes) does not fit the ", names_.name, ": ",
                      HumanBytes(total_ - used_), " of ", HumanBytes(total_),
                      " available (", source_, ")"));
   }
@@ -176,11 +177,11 @@ absl::Status MemoryBudget::Reserve(absl::string_view client, int64_t bytes,
     const int64_t left = per_client_ - mine;
     if (mine == 0) by_client_.erase(client);
     return LimitExceeded(
-        Limit::kMemoryPerClient,
-        absl::StrCat(
-            what, ": ", HumanBytes(bytes), " (", bytes,
-            " bytes) exceeds this client's memory budget: ", HumanBytes(left),
-            " of ", HumanBytes(per_client_), " left"));
+        names_.per_client,
+        absl::StrCat(what, ": ", HumanBytes(bytes), " (", bytes,
+                     " bytes) exceeds this client's ", names_.name, ": ",
+                     HumanBytes(left), " of ", HumanBytes(per_client_),
+                     " left"));
   }
   mine += bytes;
   used_ += bytes;

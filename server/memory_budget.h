@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "server/limits.h"
 
 namespace kvdepot {
 
@@ -40,13 +41,22 @@ struct AvailableMemory {
 absl::StatusOr<AvailableMemory> ReadAvailableMemory(
     const SystemMemoryFiles& files);
 
+// What a budget is called in its refusals, and the limits it tags them
+// with (server/limits.h).
+struct BudgetNames {
+  std::string name = "memory budget";
+  Limit total = Limit::kMemoryBudget;
+  Limit per_client = Limit::kMemoryPerClient;
+};
+
 // Admission against a fixed total (the available memory at start, or a
 // flag), globally and per client. Thread-safe.
 class MemoryBudget {
  public:
   // total: bytes all reservations together may hold; per_client: the most
   // one client may hold (0 = no per-client cap). source: for messages.
-  MemoryBudget(int64_t total, int64_t per_client, std::string source);
+  MemoryBudget(int64_t total, int64_t per_client, std::string source,
+               BudgetNames names = {});
 
   MemoryBudget(const MemoryBudget&) = delete;
   MemoryBudget& operator=(const MemoryBudget&) = delete;
@@ -68,6 +78,7 @@ class MemoryBudget {
   const int64_t total_;
   const int64_t per_client_;
   const std::string source_;
+  const BudgetNames names_;
   mutable absl::Mutex mu_;
   int64_t used_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, int64_t> by_client_ ABSL_GUARDED_BY(mu_);

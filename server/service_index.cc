@@ -13,6 +13,7 @@
 #include "common/status_macros.h"
 #include "proto/wire.h"
 #include "server/data_refs.h"
+#include "server/reply_scope.h"
 #include "server/request_checks.h"
 #include "server/service.h"
 
@@ -195,6 +196,10 @@ absl::Status KVCacheService::DoConvertTopk(Ctx* ctx, const Caller& caller,
   RETURN_IF_ERROR(
       CheckOutputsDisjoint(outs, absl::MakeConstSpan(ins, in_place ? 1 : 2)));
 
+  if (!slots.buffer) {
+    RETURN_IF_ERROR(ReplyScope::Reserve(BudgetClientOf(caller), entries * 4,
+                                        "slots (inline reply)"));
+  }
   const GpuOrdering ordering{r.wait_event_ipc_handle(), r.record_event(),
                              caller.session};
   if (topk.buffer || table.buffer || slots.buffer || word.buffer) {
@@ -289,6 +294,8 @@ absl::Status KVCacheService::DoSwaDecodeIndex(
       ExpandSwaDecodeIndex(sc.b, sc.c, sc.d, params, absl::MakeSpan(sc.e)));
   const int64_t out_bytes = static_cast<int64_t>(sc.e.size()) * 4;
   if (!r.has_slots_buffer()) {
+    RETURN_IF_ERROR(ReplyScope::Reserve(BudgetClientOf(caller), out_bytes,
+                                        "slots (inline reply)"));
     RETURN_IF_ERROR(backend_->AwaitClientEvent(
         *(*pool)->memory, r.wait_event_ipc_handle(), DeadlineOf(ctx)));
     EncodeInt32s(sc.e, out->mutable_slots());
@@ -397,6 +404,10 @@ absl::Status KVCacheService::DoPrefillIndex(Ctx* ctx, const Caller& caller,
                         {"invalid_count_buffer", &word}};
   const Named ins[] = {{"compressed_index_buffer", &comp}};
   RETURN_IF_ERROR(CheckOutputsDisjoint(outs, ins));
+  if (!index.buffer) {
+    RETURN_IF_ERROR(ReplyScope::Reserve(
+        BudgetClientOf(caller), rows * width * 4, "index (inline reply)"));
+  }
   sc.e.assign(static_cast<size_t>(rows * kPivotFields), 0);
   if (r.window() > 0) {
     RETURN_IF_ERROR(ComputeSwaPivots(batch, *pl, absl::MakeSpan(sc.e)));

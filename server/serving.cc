@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
@@ -10,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "google/protobuf/message.h"
 #include "server/backend/inline_call.h"
+#include "server/reply_scope.h"
 #include "server/worker_pool.h"
 
 namespace kvdepot {
@@ -79,6 +81,18 @@ struct Policy {
   }
 };
 
+// A unary call's reactor that holds the call's reply reservations until
+// gRPC is done with it (the reply sent, or the call failed or cancelled).
+class ReplyReactor final : public grpc::ServerUnaryReactor {
+ public:
+  // Before Finish: the handler's reservations.
+  void Hold(std::vector<MemoryReservation> held) { held_ = std::move(held); }
+  void OnDone() override { delete this; }  // the reservations go with it
+
+ private:
+  std::vector<MemoryReservation> held_;
+};
+
 // The callback API: inline or offloaded unary calls, Verify as a write
 // reactor fed by an ops-pool thread.
 class CallbackServing final : public Serving,
@@ -86,6 +100,7 @@ class CallbackServing final : public Serving,
  public:
   CallbackServing(KVCacheService* impl, const ServingOptions& o)
       : impl_(impl),
+        replies_(o.replies),
         policy_{o.inline_max_rows, impl->backend_waits_for_device()},
         data_pool_("kvdepot-work", o.worker_threads, o.max_queued_calls),
         wait_pool_("kvdepot-wait", o.worker_threads, o.max_queued_calls),
@@ -103,26 +118,33 @@ class CallbackServing final : public Serving,
   // wrote nothing, and `out` is cleared for the second run); its status
   // finishes the call.
   template <typename Call>
-  grpc::ServerUnaryReactor* Dispatch(CallbackCtx* ctx, WorkerPool* pool,
-                                     bool offload,
+  grpc::ServerUnaryReactor* Dispatch(WorkerPool* pool, bool offload,
                                      google::protobuf::Message* out,
                                      Call call) {
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    auto* reactor = new ReplyReactor;  // deletes itself in OnDone
     if (!offload) {
       grpc::Status status;
       bool deferred = false;
+      ReplyScope scope(replies_);
       {
         InlineCall inline_call;
         status = call();
         deferred = inline_call.deferred();
       }
       if (!deferred) {
+        reactor->Hold(scope.Take());
         reactor->Finish(status);
         return reactor;
       }
+      // The second run reserves again.
       out->Clear();
     }
-    if (!pool->TrySubmit([reactor, call] { reactor->Finish(call()); })) {
+    if (!pool->TrySubmit([reactor, call, replies = replies_] {
+          ReplyScope scope(replies);
+          grpc::Status status = call();
+          reactor->Hold(scope.Take());
+          reactor->Finish(status);
+        })) {
       reactor->Finish(grpc::Status(
           grpc::StatusCode::RESOURCE_EXHAUSTED,
           absl::StrCat("kvdepot: ", pool->threads(),
@@ -134,7 +156,7 @@ class CallbackServing final : public Serving,
 #define KVDEPOT_UNARY(Method, Req, Resp, pool, offload)                \
   grpc::ServerUnaryReactor* Method(CallbackCtx* ctx, const v1::Req* r, \
                                    v1::Resp* out) override {           \
-    return Dispatch(ctx, pool, offload, out, [this, ctx, r, out] {     \
+    return Dispatch(pool, offload, out, [this, ctx, r, out] {          \
       return impl_->Method(ctx, r, out);                               \
     });                                                                \
   }
@@ -194,6 +216,7 @@ class CallbackServing final : public Serving,
   }
 
   KVCacheService* const impl_;
+  MemoryBudget* const replies_;
   const Policy policy_;
   WorkerPool data_pool_;
   WorkerPool wait_pool_;  // calls that await a client's event first
@@ -274,13 +297,15 @@ grpc::ServerWriteReactor<v1::VerifyProgress>* CallbackServing::Verify(
 // The sync API: gRPC's handler threads call the handlers directly.
 class SyncServing final : public Serving, public v1::KVCache::Service {
  public:
-  explicit SyncServing(KVCacheService* impl) : impl_(impl) {}
+  SyncServing(KVCacheService* impl, MemoryBudget* replies)
+      : impl_(impl), replies_(replies) {}
   grpc::Service* service() override { return this; }
   void Shutdown() override {}
 
 #define KVDEPOT_SYNC(Method, Req, Resp)                           \
   grpc::Status Method(grpc::ServerContext* ctx, const v1::Req* r, \
                       v1::Resp* out) override {                   \
+    ReplyScope scope(replies_);                                   \
     return impl_->Method(ctx, r, out);                            \
   }
   KVDEPOT_SYNC(OpenSession, OpenSessionRequest, OpenSessionResponse)
@@ -313,6 +338,7 @@ class SyncServing final : public Serving, public v1::KVCache::Service {
 
  private:
   KVCacheService* const impl_;
+  MemoryBudget* const replies_;
 };
 
 }  // namespace
@@ -335,7 +361,7 @@ absl::StatusOr<std::unique_ptr<Serving>> MakeServing(
     return std::unique_ptr<Serving>(new CallbackServing(impl, options));
   }
   if (options.model == "sync") {
-    return std::unique_ptr<Serving>(new SyncServing(impl));
+    return std::unique_ptr<Serving>(new SyncServing(impl, options.replies));
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "--serving_model = \"", options.model, "\": use callback or sync"));

@@ -12,6 +12,11 @@
 // at once. The sync API (one handler thread per call
 // from gRPC's own pool) stays selectable for comparison (rpc_benchmark
 // --serving=sync).
+//
+// Both open a ReplyScope (server/reply_scope.h) around every handler: the
+// callback model keeps its reservations until the call is done (its reply
+// sent, or the call failed or cancelled); the sync model, which cannot
+// see that, until the handler returns.
 #ifndef KVDEPOT_SERVER_SERVING_H_
 #define KVDEPOT_SERVER_SERVING_H_
 
@@ -24,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "kvdepot/v1/kvdepot.grpc.pb.h"
+#include "server/memory_budget.h"
 #include "server/service.h"
 
 namespace kvdepot {
@@ -39,6 +45,9 @@ struct ServingOptions {
   // Store/Load rows (tokens) up to which a request runs inline on the CPU
   // backend; index requests get 16x this many output entries.
   int64_t inline_max_rows = 1024;
+  // Inline reply bytes admitted until each call is done
+  // (server/reply_scope.h); null admits everything. Not owned.
+  MemoryBudget* replies = nullptr;
 };
 
 // Owns the registered gRPC service and whatever threads the model needs.

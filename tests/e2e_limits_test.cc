@@ -7,8 +7,9 @@
 // pools and buffers, concurrent Verify streams per client):
 // RESOURCE_EXHAUSTED with a message naming the limit, counted under its
 // reason, nothing else affected; the descriptor flags and a limit that
-// leaves nothing; and floods of the metrics port and of the gRPC socket
-// against a daemon at RLIMIT_NOFILE 1024.
+// leaves nothing; the reply budget's flags (its limits:
+// e2e_reply_budget_test); and floods of the metrics port and of the gRPC
+// socket against a daemon at RLIMIT_NOFILE 1024.
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
@@ -308,6 +309,17 @@ TEST(LimitsTest, DescriptorFlagsAndLimitsThatLeaveNothingAreRefused) {
   EXPECT_EQ(tiny.code, 1) << tiny.output;
   EXPECT_TRUE(absl::StrContains(tiny.output, "RLIMIT_NOFILE is 400"))
       << tiny.output;
+}
+
+TEST(LimitsTest, ReplyBudgetFlagsAreChecked) {
+  for (const char* flag :
+       {"--max_reply_bytes=0", "--max_reply_bytes=-5",
+        "--max_reply_bytes_per_client=-1"}) {
+    const Exit e = RunDaemon({"--backend=cpu", flag});
+    EXPECT_EQ(e.code, 2) << flag << ": " << e.output;
+    EXPECT_TRUE(absl::StrContains(e.output, "--max_reply_bytes must be > 0"))
+        << flag << ": " << e.output;
+  }
 }
 
 int OpenDescriptors(pid_t pid) {
