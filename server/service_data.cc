@@ -13,6 +13,7 @@
 #include "server/backend/inline_call.h"
 #include "server/data_refs.h"
 #include "server/fused_store.h"
+#include "server/reply_scope.h"
 #include "server/request_checks.h"
 #include "server/service.h"
 
@@ -256,6 +257,10 @@ absl::Status KVCacheService::DoBuildPlan(const Caller& caller,
                                      options_.max_array_elements, &sc.seqs));
   RETURN_IF_ERROR(BuildSequenceLoadPlan(sc.seqs, &sc.builder, &sc.cu_rows));
   absl::Span<const int32_t> segments = sc.builder.Finish();
+  RETURN_IF_ERROR(ReplyScope::Reserve(
+      BudgetClientOf(caller),
+      4 * static_cast<int64_t>(segments.size() + sc.cu_rows.size()),
+      "plan (inline reply)"));
   v1::Segments* plan = out->mutable_plan();
   plan->set_num_segments(static_cast<int64_t>(segments.size()) / 4);
   plan->set_total_k(sc.builder.total_k());
