@@ -428,6 +428,10 @@ absl::Status Daemon::Init() {
   // calls already running, and new ones once threads free up, go on.
   grpc::ResourceQuota quota("kvdepotd");
   quota.SetMaxThreads(options_.max_threads);
+  // Requests still arriving are bounded by this, all connections together
+  // (docs/SPEC.md §11): per call --max_message_bytes and per connection
+  // --max_streams_per_connection bound them only per connection.
+  quota.Resize(static_cast<size_t>(options_.grpc_memory_bytes));
   builder.SetResourceQuota(quota);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
                              options_.max_streams_per_connection);
@@ -442,6 +446,12 @@ absl::Status Daemon::Init() {
         " must exceed --max_verify_streams_per_client = ",
         options_.service.max_verify_streams_per_client,
         ": one client's scans could otherwise hold every scan thread"));
+  }
+  if (options_.grpc_memory_bytes < options_.max_message_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "grpc_memory_bytes = ", options_.grpc_memory_bytes,
+        " must be at least max_message_bytes = ", options_.max_message_bytes,
+        " (a request that size could never arrive)"));
   }
   if (options_.max_reply_bytes <= 0 ||
       options_.max_reply_bytes_per_client < 0) {

@@ -103,6 +103,11 @@ struct DaemonOptions {
   // and per client (server/reply_scope.h); per client 0 = no cap. Both
   // backends: replies are host memory.
   int64_t max_reply_bytes = int64_t{1} << 30;
+  // gRPC's memory quota (grpc::ResourceQuota::Resize): what its transports
+  // may hold of requests still arriving, all connections together. Past it
+  // gRPC stops granting flow-control window, so a client that sends most
+  // of large messages and stops cannot grow the daemon further.
+  int64_t grpc_memory_bytes = int64_t{1} << 30;
   int64_t max_reply_bytes_per_client = int64_t{256} << 20;
   absl::Duration reap_interval = absl::Milliseconds(500);
   absl::Duration drain_timeout = absl::Seconds(30);

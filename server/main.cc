@@ -134,6 +134,11 @@ ABSL_FLAG(int64_t, max_reply_bytes, int64_t{1} << 30,
           "returned in replies) the daemon may hold until they are sent, all "
           "calls together; a call beyond it gets RESOURCE_EXHAUSTED. Must be "
           "> 0.");
+ABSL_FLAG(int64_t, grpc_memory_bytes, int64_t{1} << 30,
+          "gRPC's memory quota: bytes its transports may hold of requests "
+          "still arriving, all connections together (past it gRPC grants no "
+          "more flow-control window until memory is freed). At least "
+          "--max_message_bytes.");
 ABSL_FLAG(int64_t, max_reply_bytes_per_client, int64_t{256} << 20,
           "The same for one client (a uid, a TLS subject, an anonymous "
           "session); 0 = no per-client cap.");
@@ -317,6 +322,12 @@ int main(int argc, char** argv) {
   options.max_reply_bytes = absl::GetFlag(FLAGS_max_reply_bytes);
   options.max_reply_bytes_per_client =
       absl::GetFlag(FLAGS_max_reply_bytes_per_client);
+  options.grpc_memory_bytes = absl::GetFlag(FLAGS_grpc_memory_bytes);
+  if (options.grpc_memory_bytes < options.max_message_bytes) {
+    return UsageError(
+        "--grpc_memory_bytes must be at least --max_message_bytes (a request "
+        "that size could never arrive)");
+  }
   if (options.max_reply_bytes <= 0 || options.max_reply_bytes_per_client < 0) {
     return UsageError(
         "--max_reply_bytes must be > 0 and --max_reply_bytes_per_client >= 0 "

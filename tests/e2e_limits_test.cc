@@ -311,15 +311,20 @@ TEST(LimitsTest, DescriptorFlagsAndLimitsThatLeaveNothingAreRefused) {
       << tiny.output;
 }
 
-TEST(LimitsTest, ReplyBudgetFlagsAreChecked) {
-  for (const char* flag :
-       {"--max_reply_bytes=0", "--max_reply_bytes=-5",
-        "--max_reply_bytes_per_client=-1"}) {
+TEST(LimitsTest, ReplyAndRequestMemoryFlagsAreChecked) {
+  for (const char* flag : {"--max_reply_bytes=0", "--max_reply_bytes=-5",
+                           "--max_reply_bytes_per_client=-1"}) {
     const Exit e = RunDaemon({"--backend=cpu", flag});
     EXPECT_EQ(e.code, 2) << flag << ": " << e.output;
     EXPECT_TRUE(absl::StrContains(e.output, "--max_reply_bytes must be > 0"))
         << flag << ": " << e.output;
   }
+  const Exit small = RunDaemon({"--backend=cpu", "--grpc_memory_bytes=1000",
+                                "--max_message_bytes=4096"});
+  EXPECT_EQ(small.code, 2) << small.output;
+  EXPECT_TRUE(
+      absl::StrContains(small.output, "--grpc_memory_bytes must be at least"))
+      << small.output;
 }
 
 int OpenDescriptors(pid_t pid) {

@@ -7,16 +7,14 @@
 // limit, counted under its reason, smaller ones still run; cancelling the
 // stuck call gives the bytes back. Replies that are read give theirs back
 // as they are sent, so calls in a row never run out. A Store whose fused
-// cast_back does not fit is refused before it writes anything.
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <unistd.h>
-
-#include <cerrno>
+// cast_back does not fit is refused before it writes anything. And
+// requests that never finish arriving are bounded by --grpc_memory_bytes.
 #include <cstring>
+#include <fstream>
 #include <memory>
+#include <optional>
+#include <sstream>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -28,6 +26,7 @@
 #include "proto/wire.h"
 #include "tests/daemon_process.h"
 #include "tests/e2e_util.h"
+#include "tests/raw_http2.h"
 
 namespace kvdepot::testing {
 namespace {
@@ -71,80 +70,29 @@ v1::LoadRequest InlineLoad(const std::string& pool, int64_t bytes) {
   return r;
 }
 
-// An inline Load sent over a raw HTTP/2 connection of its own that
+// Sends an inline Load over a raw HTTP/2 connection of its own that
 // announces a stream window of 0 and never reads: the daemon can send the
 // reply's headers but none of its data, as from a client that stops
 // reading. Closing the connection ends the call. (gRPC 1.51 then keeps
 // something of that connection until the daemon exits, where its shutdown
 // may wait its 10 s deadline for it: the test can take 10 s longer.)
-class UnreadReply {
- public:
-  UnreadReply(const std::string& socket, const std::string& session,
-              v1::LoadRequest request) {
-    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::strncpy(addr.sun_path, socket.c_str(), sizeof(addr.sun_path) - 1);
-    if (connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-      ADD_FAILURE() << "connect: " << std::strerror(errno);
-      return;
-    }
-    std::string out = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-    // SETTINGS: INITIAL_WINDOW_SIZE (4) = 0.
-    Frame(&out, 0x4, 0, 0, std::string("\x00\x04\x00\x00\x00\x00", 6));
-    std::string headers;
-    for (const auto& [name, value] :
-         std::vector<std::pair<std::string, std::string>>{
-             {":method", "POST"},
-             {":scheme", "http"},
-             {":path", "/kvdepot.v1.KVCache/Load"},
-             {":authority", "localhost"},
-             {"content-type", "application/grpc"},
-             {"te", "trailers"}}) {
-      // HPACK: a literal field without indexing, new name, no Huffman.
-      headers += '\0';
-      headers += static_cast<char>(name.size());
-      headers += name;
-      headers += static_cast<char>(value.size());
-      headers += value;
-    }
-    Frame(&out, 0x1, 0x4, 1, headers);  // HEADERS, END_HEADERS
-    request.set_session_id(session);
-    const std::string message = request.SerializeAsString();
-    std::string data(5, '\0');  // not compressed, 32-bit big-endian length
-    for (int i = 0; i < 4; ++i) {
-      data[1 + i] = static_cast<char>(message.size() >> (24 - 8 * i));
-    }
-    data += message;
-    Frame(&out, 0x0, 0x1, 1, data);  // DATA, END_STREAM
-    if (write(fd_, out.data(), out.size()) !=
-        static_cast<ssize_t>(out.size())) {
-      ADD_FAILURE() << "write: " << std::strerror(errno);
-    }
+std::optional<RawHttp2> SendUnreadLoad(const std::string& socket,
+                                       const std::string& session,
+                                       v1::LoadRequest request) {
+  absl::StatusOr<RawHttp2> c = RawHttp2::Connect(socket, 0);
+  if (!c.ok()) {
+    ADD_FAILURE() << c.status();
+    return std::nullopt;
   }
-  ~UnreadReply() {
-    if (fd_ >= 0) close(fd_);
+  request.set_session_id(session);
+  absl::Status s = c->OpenStream(1, "/kvdepot.v1.KVCache/Load");
+  if (s.ok()) s = c->SendMessage(1, request.SerializeAsString());
+  if (!s.ok()) {
+    ADD_FAILURE() << s;
+    return std::nullopt;
   }
-
- private:
-  static void Frame(std::string* out, uint8_t type, uint8_t flags,
-                    uint32_t stream, const std::string& payload) {
-    const uint32_t n = static_cast<uint32_t>(payload.size());
-    const char header[9] = {static_cast<char>(n >> 16),
-                            static_cast<char>(n >> 8),
-                            static_cast<char>(n),
-                            static_cast<char>(type),
-                            static_cast<char>(flags),
-                            static_cast<char>(stream >> 24),
-                            static_cast<char>(stream >> 16),
-                            static_cast<char>(stream >> 8),
-                            static_cast<char>(stream)};
-    out->append(header, 9);
-    *out += payload;
-  }
-
-  int fd_ = -1;
-};
+  return *std::move(c);
+}
 
 // Retries `call` until its status satisfies `want` or 10 s pass.
 template <typename Call, typename Want>
@@ -188,7 +136,9 @@ TEST_P(ReplyBudgetTest, AnUnreadReplyHoldsItsBytesUntilItsCallEnds) {
 
   {
     const int64_t loads = LoadCalls(*c);
-    UnreadReply stuck((*d)->socket_path(), c->session_id(), four);
+    std::optional<RawHttp2> stuck =
+        SendUnreadLoad((*d)->socket_path(), c->session_id(), four);
+    ASSERT_TRUE(stuck.has_value());
     // Once the daemon has run the stuck call (and nothing else runs), it
     // holds 4 of the 6 MiB.
     const absl::Time end = absl::Now() + absl::Seconds(10);
@@ -269,6 +219,75 @@ TEST(ReplyBudgetRefusal, AStoreWhoseCastBackDoesNotFitWritesNothing) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->cast_back().size(), size_t{50 * 512 * 2});
   EXPECT_NE(0, std::memcmp((*mapped)->data(), before.data(), before.size()));
+}
+
+int64_t RssBytes(pid_t pid) {
+  std::ifstream f(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(f, line)) {
+    int64_t kb = 0;
+    if (line.rfind("VmRSS:", 0) == 0) {
+      std::istringstream(line.substr(6)) >> kb;
+      return kb * 1024;
+    }
+  }
+  return -1;
+}
+
+// Requests that never finish arriving: one raw connection opens 8 Store
+// streams, each announcing a 60 MiB message, and sends as much of each as
+// the daemon's flow control lets it, then stops. Without a bound the daemon
+// holds all 480 MiB (measured: 22 -> 505 MB RSS) for as long as the
+// connection lives, and more connections hold more; with
+// --grpc_memory_bytes = 128 MiB gRPC stops granting window near it.
+TEST(RequestMemory, PartlySentRequestsAreBoundedByGrpcMemory) {
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> d =
+      DaemonProcess::Start({"--grpc_memory_bytes=134217728"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  const int64_t before = RssBytes((*d)->pid());
+  constexpr int64_t kMessage = 60 * kMiB;
+  constexpr int kStreams = 8;
+  int64_t sent = 0;
+  {
+    absl::StatusOr<RawHttp2> raw = RawHttp2::Connect((*d)->socket_path(), -1);
+    ASSERT_TRUE(raw.ok()) << raw.status();
+    for (int i = 0; i < kStreams; ++i) {
+      ASSERT_TRUE(raw->OpenStream(1 + 2 * i, "/kvdepot.v1.KVCache/Store").ok());
+    }
+    absl::Time progress = absl::Now();
+    const absl::Time end = absl::Now() + absl::Seconds(20);
+    while (absl::Now() < end && absl::Now() - progress < absl::Seconds(1)) {
+      for (int i = 0; i < kStreams; ++i) {
+        absl::StatusOr<int64_t> n = raw->SendBody(1 + 2 * i, kMessage, kMiB);
+        ASSERT_TRUE(n.ok()) << n.status();
+        if (*n > 0) progress = absl::Now();
+        sent += *n;
+      }
+      if (absl::Now() - progress > absl::Milliseconds(5)) {
+        absl::SleepFor(absl::Milliseconds(5));
+      }
+    }
+    const int64_t held = RssBytes((*d)->pid()) - before;
+    EXPECT_LT(sent, 300 * kMiB) << "the daemon kept granting window";
+    EXPECT_LT(held, 300 * kMiB) << "sent " << sent;
+    // Small calls still get through meanwhile.
+    std::unique_ptr<KVCacheClient> c = ConnectOrDie((*d)->socket_path());
+    ASSERT_NE(c, nullptr);
+    EXPECT_TRUE(c->Ping().ok());
+  }
+  // The connection gone, large requests arrive again.
+  std::unique_ptr<KVCacheClient> c = ConnectOrDie((*d)->socket_path());
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(
+      c->CreatePool(PoolRequest("p", "V41", 0, kBlockSize, 64, 1)).ok());
+  std::vector<int32_t> slots(2048);
+  for (int32_t i = 0; i < 2048; ++i) slots[i] = i;
+  std::mt19937 rng(3);
+  v1::StoreRequest s = StoreRequest("p", 0, slots, v1::INPUT_DTYPE_BF16);
+  *s.mutable_kv() = InlineData(Bf16Bytes(RandomKv(2048, 512, rng)));
+  absl::StatusOr<v1::StoreResponse> r = c->Store(s);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->tokens_written(), 2048);
 }
 
 }  // namespace
