@@ -463,6 +463,14 @@ absl::Status Daemon::Init() {
   reply_budget_ = std::make_unique<MemoryBudget>(
       options_.max_reply_bytes, options_.max_reply_bytes_per_client,
       "--max_reply_bytes", ReplyBudgetNames());
+  spdlog::info(
+      "replies waiting to be sent: at most {} ({} per client); requests "
+      "still arriving: gRPC's quota {}",
+      HumanBytes(options_.max_reply_bytes),
+      options_.max_reply_bytes_per_client > 0
+          ? HumanBytes(options_.max_reply_bytes_per_client)
+          : std::string("no cap"),
+      HumanBytes(options_.grpc_memory_bytes));
   ServingOptions serving = options_.serving;
   serving.replies = reply_budget_.get();
   ASSIGN_OR_RETURN(serving_, MakeServing(service_.get(), serving));
