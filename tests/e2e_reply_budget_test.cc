@@ -126,11 +126,14 @@ TEST_P(ReplyBudgetTest, AnUnreadReplyHoldsItsBytesUntilItsCallEnds) {
   const v1::LoadRequest four = InlineLoad("p", 4 * kMiB);
   const v1::LoadRequest one = InlineLoad("p", 1 * kMiB);
 
-  // Replies that are read are given back as they are sent.
-  for (int i = 0; i < 5; ++i) {
-    absl::StatusOr<v1::LoadResponse> r = c->Load(four);
+  // Replies that are read are given back when their call is done, which
+  // can be just after the client has the reply and sends the next call:
+  // calls in a row never run out while two of them fit.
+  const v1::LoadRequest two = InlineLoad("p", 2 * kMiB);
+  for (int i = 0; i < 20; ++i) {
+    absl::StatusOr<v1::LoadResponse> r = c->Load(two);
     ASSERT_TRUE(r.ok()) << "call " << i << ": " << r.status();
-    ASSERT_EQ(static_cast<int64_t>(r->data().size()), 4 * kMiB);
+    ASSERT_EQ(static_cast<int64_t>(r->data().size()), 2 * kMiB);
   }
   EXPECT_EQ(Rejections(*c, b.reason), 0);
 
@@ -234,19 +237,22 @@ int64_t RssBytes(pid_t pid) {
   return -1;
 }
 
-// Requests that never finish arriving: one raw connection opens 8 Store
+// Requests that never finish arriving: one raw connection opens 16 Store
 // streams, each announcing a 60 MiB message, and sends as much of each as
 // the daemon's flow control lets it, then stops. Without a bound the daemon
-// holds all 480 MiB (measured: 22 -> 505 MB RSS) for as long as the
-// connection lives, and more connections hold more; with
-// --grpc_memory_bytes = 128 MiB gRPC stops granting window near it.
+// grants window for all 960 MiB and holds them (measured with 8 streams:
+// 22 -> 505 MB RSS) for as long as the connection lives, and more
+// connections hold more;
+// with --grpc_memory_bytes = 64 MiB gRPC stops granting window near it.
+// What the daemon let the client send is what it holds; its RSS is not
+// asserted on (a sanitizer's allocator keeps freed memory too).
 TEST(RequestMemory, PartlySentRequestsAreBoundedByGrpcMemory) {
   absl::StatusOr<std::unique_ptr<DaemonProcess>> d =
-      DaemonProcess::Start({"--grpc_memory_bytes=134217728"});
+      DaemonProcess::Start({"--grpc_memory_bytes=67108864"});
   ASSERT_TRUE(d.ok()) << d.status();
   const int64_t before = RssBytes((*d)->pid());
   constexpr int64_t kMessage = 60 * kMiB;
-  constexpr int kStreams = 8;
+  constexpr int kStreams = 16;
   int64_t sent = 0;
   {
     absl::StatusOr<RawHttp2> raw = RawHttp2::Connect((*d)->socket_path(), -1);
@@ -267,9 +273,9 @@ TEST(RequestMemory, PartlySentRequestsAreBoundedByGrpcMemory) {
         absl::SleepFor(absl::Milliseconds(5));
       }
     }
-    const int64_t held = RssBytes((*d)->pid()) - before;
-    EXPECT_LT(sent, 300 * kMiB) << "the daemon kept granting window";
-    EXPECT_LT(held, 300 * kMiB) << "sent " << sent;
+    EXPECT_LT(sent, 480 * kMiB)
+        << "the daemon kept granting window; its RSS grew by "
+        << (RssBytes((*d)->pid()) - before) / kMiB << " MiB";
     // Small calls still get through meanwhile.
     std::unique_ptr<KVCacheClient> c = ConnectOrDie((*d)->socket_path());
     ASSERT_NE(c, nullptr);
