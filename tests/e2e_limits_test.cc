@@ -37,6 +37,7 @@
 #include "gtest/gtest.h"
 #include "kvdepot/v1/kvdepot.grpc.pb.h"
 #include "tests/daemon_process.h"
+#include "tests/e2e_util.h"
 
 namespace kvdepot {
 namespace {
@@ -151,16 +152,7 @@ v1::CreatePoolRequest SmallPool(const std::string& name, int64_t blocks = 2) {
   return r;
 }
 
-// Rejections of `reason` in Stats (0 when none).
-int64_t Rejections(KVCacheClient& c, const std::string& reason) {
-  absl::StatusOr<v1::StatsResponse> s = c.Stats();
-  EXPECT_TRUE(s.ok()) << s.status();
-  if (!s.ok()) return -1;
-  for (const v1::Rejection& r : s->rejections()) {
-    if (r.reason() == reason) return r.count();
-  }
-  return 0;
-}
+using testing::Rejections;
 
 void ExpectLimit(const absl::Status& s, const std::string& names) {
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;

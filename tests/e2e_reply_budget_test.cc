@@ -35,16 +35,6 @@ constexpr int64_t kMiB = int64_t{1} << 20;
 constexpr int32_t kBlockSize = 64;
 constexpr int64_t kRowBytes = 1024;  // V41 loads BF16 rows of 512 values
 
-int64_t Rejections(KVCacheClient& c, const std::string& reason) {
-  absl::StatusOr<v1::StatsResponse> s = c.Stats();
-  EXPECT_TRUE(s.ok()) << s.status();
-  if (!s.ok()) return -1;
-  for (const v1::Rejection& r : s->rejections()) {
-    if (r.reason() == reason) return r.count();
-  }
-  return 0;
-}
-
 // Load calls the daemon has handled (whatever their status).
 int64_t LoadCalls(KVCacheClient& c) {
   absl::StatusOr<v1::StatsResponse> s = c.Stats();

@@ -116,4 +116,14 @@ v1::Segments SegmentsProto(absl::Span<const int32_t> segments,
   return s;
 }
 
+int64_t Rejections(KVCacheClient& c, const std::string& reason) {
+  absl::StatusOr<v1::StatsResponse> s = c.Stats();
+  EXPECT_TRUE(s.ok()) << s.status();
+  if (!s.ok()) return -1;
+  for (const v1::Rejection& r : s->rejections()) {
+    if (r.reason() == reason) return r.count();
+  }
+  return 0;
+}
+
 }  // namespace kvdepot::testing

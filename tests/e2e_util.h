@@ -53,6 +53,10 @@ v1::StoreRequest StoreRequest(const std::string& pool, int64_t layer,
 // Segments DataRef-free request parts.
 v1::Segments SegmentsProto(absl::Span<const int32_t> segments, int64_t total_k);
 
+// Requests the daemon refused under `reason` ("limit_pools", ...) so far,
+// from Stats (0 when none; -1, with a test failure, when Stats fails).
+int64_t Rejections(KVCacheClient& c, const std::string& reason);
+
 }  // namespace kvdepot::testing
 
 #endif  // KVDEPOT_TESTS_E2E_UTIL_H_
