@@ -118,10 +118,10 @@ class CallbackServing final : public Serving,
   // wrote nothing, and `out` is cleared for the second run); its status
   // finishes the call.
   template <typename Call>
-  grpc::ServerUnaryReactor* Dispatch(WorkerPool* pool, bool offload,
+  grpc::ServerUnaryReactor* Dispatch(CallbackCtx* ctx, WorkerPool* pool,
+                                     bool offload,
                                      google::protobuf::Message* out,
                                      Call call) {
-    auto* reactor = new ReplyReactor;  // deletes itself in OnDone
     if (!offload) {
       grpc::Status status;
       bool deferred = false;
@@ -132,13 +132,23 @@ class CallbackServing final : public Serving,
         deferred = inline_call.deferred();
       }
       if (!deferred) {
-        reactor->Hold(scope.Take());
+        std::vector<MemoryReservation> held = scope.Take();
+        // gRPC's default reactor unless there is something to give back
+        // when the call is done (it finishes without a hand-off: measured
+        // a few us faster per call).
+        grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+        if (!held.empty()) {
+          auto* r = new ReplyReactor;  // deletes itself in OnDone
+          r->Hold(std::move(held));
+          reactor = r;
+        }
         reactor->Finish(status);
         return reactor;
       }
       // The second run reserves again.
       out->Clear();
     }
+    auto* reactor = new ReplyReactor;  // deletes itself in OnDone
     if (!pool->TrySubmit([reactor, call, replies = replies_] {
           ReplyScope scope(replies);
           grpc::Status status = call();
@@ -156,7 +166,7 @@ class CallbackServing final : public Serving,
 #define KVDEPOT_UNARY(Method, Req, Resp, pool, offload)                \
   grpc::ServerUnaryReactor* Method(CallbackCtx* ctx, const v1::Req* r, \
                                    v1::Resp* out) override {           \
-    return Dispatch(pool, offload, out, [this, ctx, r, out] {          \
+    return Dispatch(ctx, pool, offload, out, [this, ctx, r, out] {     \
       return impl_->Method(ctx, r, out);                               \
     });                                                                \
   }
