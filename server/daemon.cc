@@ -453,6 +453,11 @@ absl::Status Daemon::Init() {
         " must be at least max_message_bytes = ", options_.max_message_bytes,
         " (a request that size could never arrive)"));
   }
+  if (options_.service.scan_chunk_bytes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "service.scan_chunk_bytes = ", options_.service.scan_chunk_bytes,
+        " must be > 0"));
+  }
   if (options_.max_reply_bytes <= 0 ||
       options_.max_reply_bytes_per_client < 0) {
     return absl::InvalidArgumentError(

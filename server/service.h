@@ -43,6 +43,9 @@ struct ServiceOptions {
   const MemoryBudget* memory_budget = nullptr;
   // The descriptors pools and buffers hold, reported by Stats; null = none.
   const DescriptorBudget* descriptors = nullptr;
+  // Inspect and Verify copy at most this many bytes of a pool at a time
+  // (one record at least); > 0.
+  int64_t scan_chunk_bytes = int64_t{4} << 20;
   // Tests only: Verify sleeps this long per block, so a test can make a
   // scan outlast a client's deadline without a large pool.
   absl::Duration verify_block_delay = absl::ZeroDuration();

@@ -1,17 +1,22 @@
 // The operations RPCs: Inspect (decoded records of a slot or block), Verify
 // (scan for impossible scales and NaN/Inf, per-block XXH3 checksums,
 // streamed progress) and Drain (stop accepting new work). Pool bytes are
-// read on the host through Backend::CopyBytes, one block at a time under
-// the pool's reader lock, so stores wait at most one block copy.
+// read on the host through Backend::CopyBytes under the pool's reader lock,
+// at most ServiceOptions::scan_chunk_bytes (or one record) at a time, so a
+// pool of huge blocks costs neither a copy of a whole block per call nor
+// long waits for stores. Inspect's reply is bounded before it is built: by
+// --max_message_bytes, and by the reply budget (server/reply_scope.h).
 #include <xxhash.h>
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "server/record_check.h"
+#include "server/reply_scope.h"
 #include "server/service.h"
 #include "spdlog/spdlog.h"
 
@@ -27,6 +32,89 @@ absl::Status ReadBlock(Backend* backend, Pool& pool, int64_t layer,
   const uint8_t* src =
       pool.memory->data() + l.layer_offset(layer) + l.block_offset(block);
   return backend->CopyBytes(host->data(), src, l.block_stride);
+}
+
+// Copies records [first, first + count) of block `block` of layer `layer`
+// into `host`, laid out as block 0 of `*view` (the pool's layout with
+// block_size = count): CheckRecord(*view, host, t - first) reads record t.
+absl::Status ReadRecords(Backend* backend, Pool& pool, int64_t layer,
+                         int64_t block, int64_t first, int64_t count,
+                         std::vector<uint8_t>* host, PoolLayout* view) {
+  const PoolLayout& l = pool.layout;
+  const KVCacheFormat& f = l.format;
+  *view = l;
+  view->block_size = count;
+  host->resize(static_cast<size_t>(count * f.bytes_per_token()));
+  const uint8_t* base = pool.memory->data() + l.layer_offset(layer);
+  absl::ReaderMutexLock lock(&pool.mu);
+  if (f.token_interleaved) {
+    return backend->CopyBytes(host->data(), base + l.data_offset(block, first),
+                              count * f.bytes_per_token());
+  }
+  RETURN_IF_ERROR(backend->CopyBytes(host->data(),
+                                     base + l.data_offset(block, first),
+                                     count * f.data_bytes()));
+  return backend->CopyBytes(host->data() + view->scale_offset(0, 0),
+                            base + l.scale_offset(block, first),
+                            count * f.sf_bytes());
+}
+
+// Records per copy: as many as fit in `chunk_bytes`, at least one.
+int64_t RecordsPerChunk(const PoolLayout& l, int64_t chunk_bytes) {
+  return std::max<int64_t>(1, chunk_bytes / l.format.bytes_per_token());
+}
+
+// XXH3_64bits of block `block` of layer `layer`, copied `chunk_bytes` at a
+// time into `scratch` (the same value as hashing the whole block at once).
+absl::StatusOr<uint64_t> ChecksumBlock(Backend* backend, Pool& pool,
+                                       int64_t layer, int64_t block,
+                                       int64_t chunk_bytes,
+                                       std::vector<uint8_t>* scratch) {
+  const PoolLayout& l = pool.layout;
+  std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> state(
+      XXH3_createState(), &XXH3_freeState);
+  if (state == nullptr || XXH3_64bits_reset(state.get()) != XXH_OK) {
+    return absl::ResourceExhaustedError("XXH3 state: out of memory");
+  }
+  const uint8_t* src =
+      pool.memory->data() + l.layer_offset(layer) + l.block_offset(block);
+  for (int64_t at = 0; at < l.block_stride; at += chunk_bytes) {
+    const int64_t n = std::min(chunk_bytes, l.block_stride - at);
+    scratch->resize(static_cast<size_t>(n));
+    {
+      absl::ReaderMutexLock lock(&pool.mu);
+      RETURN_IF_ERROR(backend->CopyBytes(scratch->data(), src + at, n));
+    }
+    XXH3_64bits_update(state.get(), scratch->data(), static_cast<size_t>(n));
+  }
+  return XXH3_64bits_digest(state.get());
+}
+
+// Checks records [t0, t0 + n) of `view` at `records` (slot of record t:
+// first_slot + t - t0) into `issue`: the first problem's slot and detail,
+// and the counts.
+void CheckRecords(const PoolLayout& view, const uint8_t* records, int64_t t0,
+                  int64_t n, int64_t first_slot, float* values,
+                  v1::VerifyIssue* issue) {
+  for (int64_t t = t0; t < t0 + n; ++t) {
+    const RecordHealth h = CheckRecord(view, records, t, values);
+    if (h.ok()) continue;
+    if (issue->detail().empty()) {
+      issue->set_slot(first_slot + t - t0);
+      issue->set_detail(DescribeProblem(view, records, t, issue->slot(), h));
+    }
+    issue->set_bad_scales(issue->bad_scales() + h.bad_scales);
+    issue->set_nan_values(issue->nan_values() + h.nan_values);
+    issue->set_inf_values(issue->inf_values() + h.inf_values);
+  }
+}
+
+// What one InspectRecord can take, in memory and on the wire, with
+// `n_values` values: its fixed fields and object (256 bytes, generous),
+// the scales, their hex text and the values.
+int64_t InspectRecordBound(const KVCacheFormat& f, int64_t n_values) {
+  return 256 + 4 * int64_t{f.num_scales()} + 2 * int64_t{f.sf_bytes()} +
+         4 * n_values;
 }
 
 absl::Status CheckRange(absl::string_view field, int64_t v, int64_t end) {
@@ -65,35 +153,60 @@ absl::Status KVCacheService::DoInspect(const Caller& caller,
     return absl::InvalidArgumentError(
         absl::StrCat("max_values = ", r.max_values(), " must be >= 0"));
   }
-  std::vector<uint8_t> host;
-  RETURN_IF_ERROR(ReadBlock(backend_, **pool, r.layer(), block, &host));
   const KVCacheFormat& f = l.format;
   const int n_values =
       r.all_values() ? f.elements() : std::min(r.max_values(), f.elements());
+  // The reply, bounded before anything is read or built: `count` records
+  // (count < 2^31, a record's bound < 2^35: no overflow).
+  const int64_t reply_bytes = 1024 + count * InspectRecordBound(f, n_values);
+  if (reply_bytes > options_.max_inline_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        r.target_case() == v1::InspectRequest::kSlot ? "slot" : "block", ": ",
+        count, " records of ", n_values, " values each make a reply of up to ",
+        reply_bytes, " bytes, over the inline limit of ",
+        options_.max_inline_bytes,
+        " (--max_message_bytes); ask for fewer values (max_values) or one "
+        "slot"));
+  }
+  RETURN_IF_ERROR(ReplyScope::Reserve(BudgetClientOf(caller), reply_bytes,
+                                      "Inspect reply"));
   const int sb = ScaleBytes(f.sf_format);
   std::vector<float> values(static_cast<size_t>(f.elements()));
   LayoutToProto(l, out->mutable_layout());
   out->set_layer(r.layer());
-  for (int64_t t = first; t < first + count; ++t) {
-    const RecordHealth h = CheckRecord(l, host.data(), t, values.data());
-    v1::InspectRecord* rec = out->add_records();
-    rec->set_slot(block * l.block_size + t);
-    rec->set_block(block);
-    rec->set_offset(t);
-    rec->set_data_offset(l.layer_offset(r.layer()) + l.data_offset(block, t));
-    const uint8_t* sf = host.data() + l.scale_offset(0, t);
-    std::string hex;
-    for (int s = 0; s < f.num_scales(); ++s) {
-      rec->add_scales(ScaleValue(f.sf_format, sf + s * sb));
+  out->mutable_records()->Reserve(static_cast<int>(count));
+  std::vector<uint8_t> host;
+  PoolLayout view;
+  const int64_t per_chunk = RecordsPerChunk(l, options_.scan_chunk_bytes);
+  for (int64_t t0 = first; t0 < first + count; t0 += per_chunk) {
+    const int64_t n = std::min(per_chunk, first + count - t0);
+    RETURN_IF_ERROR(
+        ReadRecords(backend_, **pool, r.layer(), block, t0, n, &host, &view));
+    for (int64_t t = t0; t < t0 + n; ++t) {
+      const RecordHealth h =
+          CheckRecord(view, host.data(), t - t0, values.data());
+      v1::InspectRecord* rec = out->add_records();
+      rec->set_slot(block * l.block_size + t);
+      rec->set_block(block);
+      rec->set_offset(t);
+      rec->set_data_offset(l.layer_offset(r.layer()) + l.data_offset(block, t));
+      const uint8_t* sf = host.data() + view.scale_offset(0, t - t0);
+      rec->mutable_scales()->Reserve(f.num_scales());
+      for (int s = 0; s < f.num_scales(); ++s) {
+        rec->add_scales(ScaleValue(f.sf_format, sf + s * sb));
+      }
+      std::string hex;
+      hex.reserve(static_cast<size_t>(2 * f.sf_bytes()));
+      for (int i = 0; i < f.sf_bytes(); ++i)
+        absl::StrAppendFormat(&hex, "%02x", sf[i]);
+      rec->set_scale_hex(std::move(hex));
+      rec->mutable_values()->Reserve(n_values);
+      for (int i = 0; i < n_values; ++i) rec->add_values(values[i]);
+      rec->set_nan_count(h.nan_values);
+      rec->set_inf_count(h.inf_values);
+      rec->set_bad_scales(h.bad_scales);
+      rec->set_all_zero(h.all_zero);
     }
-    for (int i = 0; i < f.sf_bytes(); ++i)
-      absl::StrAppendFormat(&hex, "%02x", sf[i]);
-    rec->set_scale_hex(hex);
-    for (int i = 0; i < n_values; ++i) rec->add_values(values[i]);
-    rec->set_nan_count(h.nan_values);
-    rec->set_inf_count(h.inf_values);
-    rec->set_bad_scales(h.bad_scales);
-    rec->set_all_zero(h.all_zero);
   }
   return absl::OkStatus();
 }
@@ -133,6 +246,8 @@ absl::Status KVCacheService::DoVerify(Ctx* ctx, const Caller& caller,
                             : std::max<int64_t>(1, total / 50);
   std::vector<uint8_t> host;
   std::vector<float> values(static_cast<size_t>(l.format.elements()));
+  const int64_t chunk = options_.scan_chunk_bytes;
+  const int64_t per_chunk = RecordsPerChunk(l, chunk);
   std::vector<uint64_t> sums;
   sums.reserve(static_cast<size_t>(total));
   v1::VerifyProgress progress;
@@ -142,25 +257,33 @@ absl::Status KVCacheService::DoVerify(Ctx* ctx, const Caller& caller,
     for (int64_t block = 0; block < l.num_blocks; ++block) {
       absl::SleepFor(options_.verify_block_delay);  // tests only
       RETURN_IF_ERROR(CheckAlive(ctx));
-      RETURN_IF_ERROR(ReadBlock(backend_, **pool, layer, block, &host));
-      const uint64_t sum = XXH3_64bits(host.data(), host.size());
+      uint64_t sum = 0;
+      v1::VerifyIssue issue;
+      if (l.block_stride <= chunk) {
+        // One copy: the checksum and the records see the same bytes.
+        RETURN_IF_ERROR(ReadBlock(backend_, **pool, layer, block, &host));
+        sum = XXH3_64bits(host.data(), host.size());
+        CheckRecords(l, host.data(), 0, l.block_size, block * l.block_size,
+                     values.data(), &issue);
+      } else {
+        // A block larger than a chunk is hashed, then checked, a chunk at a
+        // time (a store racing the scan may show in one and not the other).
+        ASSIGN_OR_RETURN(
+            sum, ChecksumBlock(backend_, **pool, layer, block, chunk, &host));
+        PoolLayout view;
+        for (int64_t t0 = 0; t0 < l.block_size; t0 += per_chunk) {
+          const int64_t n = std::min(per_chunk, l.block_size - t0);
+          RETURN_IF_ERROR(
+              ReadRecords(backend_, **pool, layer, block, t0, n, &host, &view));
+          CheckRecords(view, host.data(), 0, n, block * l.block_size + t0,
+                       values.data(), &issue);
+        }
+      }
       sums.push_back(sum);
       v1::BlockChecksum* c = progress.add_checksums();
       c->set_layer(layer);
       c->set_block(block);
       c->set_xxh3(sum);
-      v1::VerifyIssue issue;
-      for (int64_t t = 0; t < l.block_size; ++t) {
-        const RecordHealth h = CheckRecord(l, host.data(), t, values.data());
-        if (h.ok()) continue;
-        if (issue.detail().empty()) {
-          issue.set_slot(block * l.block_size + t);
-          issue.set_detail(DescribeProblem(l, host.data(), t, issue.slot(), h));
-        }
-        issue.set_bad_scales(issue.bad_scales() + h.bad_scales);
-        issue.set_nan_values(issue.nan_values() + h.nan_values);
-        issue.set_inf_values(issue.inf_values() + h.inf_values);
-      }
       if (!issue.detail().empty()) {
         issue.set_layer(layer);
         issue.set_block(block);
