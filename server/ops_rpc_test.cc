@@ -171,7 +171,8 @@ TEST_F(OpsRpcTest, VerifyValidation) {
       {{0, 2}, 0, "layers[1] = 2 is outside [0, 2)"},
       {{-1}, 0, "layers[0] = -1 is outside [0, 2)"},
       {{1, 0, 1}, 0, "layers[2] = 1 repeats layers[0]"},
-      {{}, -1, "progress_every = -1 must be >= 0"},
+      {{}, -1, "progress_every = -1 must be in [0, 16384]"},
+      {{}, 16385, "progress_every = 16385 must be in [0, 16384]"},
   };
   for (const Case& c : cases) {
     v1::VerifyRequest r;

@@ -180,6 +180,11 @@ class OpsScanTest : public ::testing::TestWithParam<int64_t> {
       }
     }
     EXPECT_EQ(msgs.back().blocks_with_issues(), blocks_with_issues);
+    std::vector<uint64_t> sums;
+    for (const v1::VerifyProgress& p : msgs)
+      sums.push_back(p.checksums(0).xxh3());
+    EXPECT_EQ(msgs.back().pool_xxh3(),
+              XXH3_64bits(sums.data(), sums.size() * sizeof(uint64_t)));
     EXPECT_GT(blocks_with_issues, 0);  // random bytes: impossible scales
   }
 
@@ -291,10 +296,37 @@ TEST_P(OpsScanTest, InspectReplyCountsAgainstTheReplyBudget) {
   EXPECT_EQ(out.records_size(), 400);
 }
 
+// Independent of the chunk size: run at the default only.
+using VerifyBoundTest = OpsScanTest;
+
+TEST_P(VerifyBoundTest, MessagesStayBounded) {
+  // 900000 blocks of one 4-byte record: the daemon's choice of 1/50 of
+  // them per message would be 18000, capped at 16384.
+  ASSERT_TRUE(
+      client_->CreatePool(PoolRequest("many", "BF16", 2, 1, 900000, 1)).ok());
+  grpc::ClientContext ctx;
+  v1::VerifyRequest r;
+  r.set_pool("many");
+  auto reader = client_->stub()->Verify(&ctx, r);
+  v1::VerifyProgress m;
+  int64_t blocks = 0, messages = 0;
+  while (reader->Read(&m)) {
+    EXPECT_LE(m.checksums_size(), 16384);
+    blocks += m.checksums_size();
+    ++messages;
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(blocks, 900000);
+  EXPECT_EQ(messages, 55);  // 54 full messages and the rest
+  EXPECT_EQ(m.blocks_done(), 900000);
+}
+
 // 4 MiB (every block in one copy), 1500 bytes (a few records per copy),
 // 1 byte (one record per copy; hashing a byte at a time).
 INSTANTIATE_TEST_SUITE_P(ChunkBytes, OpsScanTest,
                          ::testing::Values(int64_t{4} << 20, 1500, 1));
+INSTANTIATE_TEST_SUITE_P(DefaultChunk, VerifyBoundTest,
+                         ::testing::Values(int64_t{4} << 20));
 
 TEST(OpsScanOptionsTest, ChunkBytesMustBePositive) {
   for (int64_t bad : {int64_t{0}, int64_t{-4096}}) {

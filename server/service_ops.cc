@@ -59,9 +59,22 @@ absl::Status ReadRecords(Backend* backend, Pool& pool, int64_t layer,
                             count * f.sf_bytes());
 }
 
+// Blocks one Verify progress message may cover.
+constexpr int64_t kMaxBlocksPerProgress = 16384;
+
 // Records per copy: as many as fit in `chunk_bytes`, at least one.
 int64_t RecordsPerChunk(const PoolLayout& l, int64_t chunk_bytes) {
   return std::max<int64_t>(1, chunk_bytes / l.format.bytes_per_token());
+}
+
+// A streaming XXH3_64bits state, reset.
+using Xxh3 = std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)>;
+absl::StatusOr<Xxh3> NewXxh3() {
+  Xxh3 state(XXH3_createState(), &XXH3_freeState);
+  if (state == nullptr || XXH3_64bits_reset(state.get()) != XXH_OK) {
+    return absl::ResourceExhaustedError("XXH3 state: out of memory");
+  }
+  return state;
 }
 
 // XXH3_64bits of block `block` of layer `layer`, copied `chunk_bytes` at a
@@ -71,11 +84,7 @@ absl::StatusOr<uint64_t> ChecksumBlock(Backend* backend, Pool& pool,
                                        int64_t chunk_bytes,
                                        std::vector<uint8_t>* scratch) {
   const PoolLayout& l = pool.layout;
-  std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> state(
-      XXH3_createState(), &XXH3_freeState);
-  if (state == nullptr || XXH3_64bits_reset(state.get()) != XXH_OK) {
-    return absl::ResourceExhaustedError("XXH3 state: out of memory");
-  }
+  ASSIGN_OR_RETURN(Xxh3 state, NewXxh3());
   const uint8_t* src =
       pool.memory->data() + l.layer_offset(layer) + l.block_offset(block);
   for (int64_t at = 0; at < l.block_stride; at += chunk_bytes) {
@@ -236,20 +245,24 @@ absl::Status KVCacheService::DoVerify(Ctx* ctx, const Caller& caller,
   if (layers.empty()) {
     for (int64_t i = 0; i < l.num_layers; ++i) layers.push_back(i);
   }
-  if (r.progress_every() < 0) {
+  // A progress message holds its blocks' checksums and issues (each well
+  // under 512 bytes, on the wire and in memory) until it is written.
+  if (r.progress_every() < 0 || r.progress_every() > kMaxBlocksPerProgress) {
     return absl::InvalidArgumentError(
-        absl::StrCat("progress_every = ", r.progress_every(), " must be >= 0"));
+        absl::StrCat("progress_every = ", r.progress_every(),
+                     " must be in [0, ", kMaxBlocksPerProgress, "]"));
   }
   const int64_t total = static_cast<int64_t>(layers.size()) * l.num_blocks;
-  const int64_t every = r.progress_every() > 0
-                            ? r.progress_every()
-                            : std::max<int64_t>(1, total / 50);
+  const int64_t every =
+      r.progress_every() > 0
+          ? r.progress_every()
+          : std::clamp<int64_t>(total / 50, 1, kMaxBlocksPerProgress);
   std::vector<uint8_t> host;
   std::vector<float> values(static_cast<size_t>(l.format.elements()));
   const int64_t chunk = options_.scan_chunk_bytes;
   const int64_t per_chunk = RecordsPerChunk(l, chunk);
-  std::vector<uint64_t> sums;
-  sums.reserve(static_cast<size_t>(total));
+  // pool_xxh3: XXH3 of the block checksums in scan order, streamed.
+  ASSIGN_OR_RETURN(Xxh3 pool_sum, NewXxh3());
   v1::VerifyProgress progress;
   v1::VerifyProgress totals;
   int64_t done = 0;
@@ -279,7 +292,7 @@ absl::Status KVCacheService::DoVerify(Ctx* ctx, const Caller& caller,
                        values.data(), &issue);
         }
       }
-      sums.push_back(sum);
+      XXH3_64bits_update(pool_sum.get(), &sum, sizeof(sum));
       v1::BlockChecksum* c = progress.add_checksums();
       c->set_layer(layer);
       c->set_block(block);
@@ -307,8 +320,7 @@ absl::Status KVCacheService::DoVerify(Ctx* ctx, const Caller& caller,
   totals.set_blocks_done(done);
   totals.set_blocks_total(total);
   totals.set_done(true);
-  totals.set_pool_xxh3(
-      XXH3_64bits(sums.data(), sums.size() * sizeof(uint64_t)));
+  totals.set_pool_xxh3(XXH3_64bits_digest(pool_sum.get()));
   progress.MergeFrom(totals);
   if (!write(progress)) {
     return absl::CancelledError("the client went away");

@@ -22,12 +22,12 @@ const CommandSpec kVerifySpec{
     "block has a problem (each one is named). A progress bar goes to a\n"
     "terminal's stderr. The scan has no deadline however large the pool\n"
     "(--timeout sets one); Ctrl-C stops it.",
-    DaemonFlags(
-        {{"layers", "layers to scan, e.g. 0,2 (default: all)", ""},
-         {"checksums", "print every block's checksum", "",
-          /*is_bool=*/true},
-         {"progress_every", "blocks per progress message (0: auto)", "0"}},
-        /*streaming=*/true)};
+    DaemonFlags({{"layers", "layers to scan, e.g. 0,2 (default: all)", ""},
+                 {"checksums", "print every block's checksum", "",
+                  /*is_bool=*/true},
+                 {"progress_every",
+                  "blocks per progress message (0: auto; at most 16384)", "0"}},
+                /*streaming=*/true)};
 
 void DrawBar(int64_t done, int64_t total, std::ostream& err) {
   constexpr int kWidth = 40;
