@@ -2,6 +2,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "server/limits.h"
 
 namespace kvdepot {
 
@@ -55,6 +56,45 @@ bool Acl::Allows(const Caller& c) const {
            (!c.tls_subject.empty() && tls_subjects.contains(c.tls_subject));
   }
   return uids.contains(c.uid) || gids.contains(c.gid);
+}
+
+namespace {
+
+// Entries of `add` not yet in `have`, plus `have`'s.
+template <typename Set>
+int64_t UnionSize(const Set& have, const Set& add) {
+  int64_t n = static_cast<int64_t>(have.size());
+  for (const auto& v : add) n += have.contains(v) ? 0 : 1;
+  return n;
+}
+
+}  // namespace
+
+absl::Status CheckGrantFits(const Acl& acl, const Acl& grant,
+                            absl::string_view object) {
+  struct Kind {
+    const char* name;
+    int64_t size;
+    int64_t limit;
+  };
+  const Kind kinds[] = {
+      {"uids", UnionSize(acl.uids, grant.uids), kMaxAclEntries},
+      {"gids", UnionSize(acl.gids, grant.gids), kMaxAclEntries},
+      {"sessions", UnionSize(acl.sessions, grant.sessions), kMaxAclEntries},
+      {"tls_subjects", UnionSize(acl.tls_subjects, grant.tls_subjects),
+       kMaxTlsSubjectsPerGrant},
+  };
+  for (const Kind& k : kinds) {
+    if (k.size > k.limit) {
+      return LimitExceeded(
+          Limit::kAclEntries,
+          absl::StrCat(object, ": its access list would hold ", k.size, " ",
+                       k.name, ", more than ", k.limit,
+                       "; nothing was granted (grant a group instead of "
+                       "many uids)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 void Acl::Merge(const Acl& other) {

@@ -43,6 +43,14 @@ struct Caller {
 inline constexpr size_t kMaxTlsSubjectBytes = 1024;
 inline constexpr int kMaxTlsSubjectsPerGrant = 64;
 
+// The most uids, gids and sessions (each) one object's access list may
+// hold through grants, and so one grant may name; TLS subjects: at most
+// kMaxTlsSubjectsPerGrant in all. Unbounded, the owner of one pool could
+// grow the daemon without end (every uid of 2^32 is a new entry: 20 M of
+// them took 300 MB), and its list would be no access control anyone could
+// read. A group (gids) names many users in one entry.
+inline constexpr int kMaxAclEntries = 256;
+
 // INVALID_ARGUMENT naming `field` unless `subject` has 1 to
 // kMaxTlsSubjectBytes bytes.
 absl::Status CheckTlsSubject(absl::string_view field,
@@ -80,6 +88,12 @@ struct Acl {
   bool Allows(const Caller& c) const;
   void Merge(const Acl& other);
 };
+
+// OK when `acl` merged with `grant` stays within kMaxAclEntries of each id
+// kind and kMaxTlsSubjectsPerGrant subjects; else RESOURCE_EXHAUSTED
+// (Limit::kAclEntries) naming `object` ("pool \"p\"") and the kind.
+absl::Status CheckGrantFits(const Acl& acl, const Acl& grant,
+                            absl::string_view object);
 
 // Who is admin: the daemon's own uid, root, and the configured ids.
 struct AdminPolicy {

@@ -209,7 +209,10 @@ absl::Status Daemon::ApplyConfig() {
           g.tls_subjects(j)));
       acl.tls_subjects.insert(g.tls_subjects(j));
     }
-    (*pool)->Grant(acl);
+    if (absl::Status s = (*pool)->Grant(acl); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--config grants[", i, "]: ", s.message()));
+    }
   }
   return absl::OkStatus();
 }

@@ -21,6 +21,7 @@ constexpr absl::string_view kNames[] = {
     "connections",
     "reply_bytes",
     "reply_bytes_per_client",
+    "acl_entries",
 };
 static_assert(sizeof(kNames) / sizeof(kNames[0]) ==
               static_cast<size_t>(Limit::kCount));

@@ -28,6 +28,7 @@ enum class Limit : int {
   kConnections,               // gRPC connections past the descriptor headroom
   kReplyBytes,                // inline reply bytes not yet sent, together
   kReplyBytesPerClient,       // inline reply bytes not yet sent, one client
+  kAclEntries,                // entries of one kind in an object's access list
   kCount,
 };
 

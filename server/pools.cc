@@ -100,9 +100,12 @@ absl::Status Pool::CheckOwner(const Caller& caller,
       ") or the admin identity; this session is ", DescribeCaller(caller)));
 }
 
-void Pool::Grant(const Acl& grant) {
+absl::Status Pool::Grant(const Acl& grant) {
   absl::MutexLock lock(&acl_mu);
+  RETURN_IF_ERROR(
+      CheckGrantFits(acl, grant, absl::StrCat("pool \"", name, "\"")));
   acl.Merge(grant);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(

@@ -51,7 +51,9 @@ struct Pool {
   absl::Status CheckUse(const Caller& caller, absl::string_view field) const;
   // OK for the owner uid or an admin (delete, grant); `what` names the call.
   absl::Status CheckOwner(const Caller& caller, absl::string_view what) const;
-  void Grant(const Acl& grant);
+  // RESOURCE_EXHAUSTED (and nothing granted) past the access list's
+  // bounds (CheckGrantFits).
+  absl::Status Grant(const Acl& grant);
 };
 
 // Fills the wire layout (format name and every size/stride).

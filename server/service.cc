@@ -359,6 +359,15 @@ grpc::Status KVCacheService::Grant(Ctx* ctx, const v1::GrantRequest* r,
       Rpc::kGrant, ctx, r->pool(), r->session_id(),
       [&](const Caller& caller) -> absl::Status {
         RETURN_IF_ERROR(RequireSession(caller));
+        for (const auto& [field, n] :
+             {std::pair<const char*, int>{"uids", r->uids_size()},
+              {"gids", r->gids_size()},
+              {"sessions", r->sessions_size()}}) {
+          if (n > kMaxAclEntries) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                field, " has ", n, " entries, more than ", kMaxAclEntries));
+          }
+        }
         Acl grant;
         grant.uids.insert(r->uids().begin(), r->uids().end());
         grant.gids.insert(r->gids().begin(), r->gids().end());
@@ -379,8 +388,7 @@ grpc::Status KVCacheService::Grant(Ctx* ctx, const v1::GrantRequest* r,
                 pools_->Get("pool", r->pool());
             if (!pool.ok()) return pool.status();
             RETURN_IF_ERROR((*pool)->CheckOwner(caller, "Grant on"));
-            (*pool)->Grant(grant);
-            return absl::OkStatus();
+            return (*pool)->Grant(grant);
           }
           case v1::GrantRequest::kBufferId:
             return sessions_->GrantBuffer(caller, r->buffer_id(), grant);

@@ -359,7 +359,10 @@ absl::Status SessionManager::GrantBuffer(const Caller& caller,
   }
   Acl g = grant;
   g.anonymous = false;  // anonymous access comes from the config only
-  buffers_[buffer_id]->acl.Merge(g);
+  Acl& acl = buffers_[buffer_id]->acl;
+  RETURN_IF_ERROR(
+      CheckGrantFits(acl, g, absl::StrCat("buffer_id = ", buffer_id)));
+  acl.Merge(g);
   return absl::OkStatus();
 }
 

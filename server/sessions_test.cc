@@ -161,6 +161,48 @@ TEST(SessionsTest, AnotherSessionsBufferIsOffLimitsUntilGranted) {
   EXPECT_EQ(m.Reap(kT0 + absl::Hours(1000)), 0);
 }
 
+TEST(SessionsTest, BufferGrantsCannotGrowTheAccessListWithoutBound) {
+  SessionManager m(SessionLimits{});
+  absl::StatusOr<OpenedSession> a = m.OpenPeer("a", {1, 1000, 1000});
+  absl::StatusOr<OpenedSession> b = m.OpenPeer("b", {2, 1001, 1001});
+  ASSERT_TRUE(a.ok() && b.ok());
+  const Caller ca = MustAuth(m, a->id);
+  const Caller cb = MustAuth(m, b->id);
+  int released = 0;
+  absl::StatusOr<std::shared_ptr<Buffer>> buf =
+      m.AddBuffer(ca, std::make_unique<FakeMemory>(64, &released));
+  ASSERT_TRUE(buf.ok());
+  const uint64_t id = (*buf)->id;
+  Acl many;
+  for (gid_t g = 0; g < 256; ++g) many.gids.insert(20000 + g);
+  ASSERT_TRUE(m.GrantBuffer(ca, id, many).ok());  // 256 exactly
+  // One more gid is refused, with b's uid in the same grant: b stays out.
+  Acl more;
+  more.gids.insert(30000);
+  more.uids.insert(1001);
+  const absl::Status s = m.GrantBuffer(ca, id, more);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr(absl::StrCat("buffer_id = ", id,
+                                     ": its access list would hold 257 "
+                                     "gids, more than 256")));
+  EXPECT_EQ(LimitOf(s), Limit::kAclEntries);
+  EXPECT_EQ(m.GetBuffer(cb, "kv", id).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  // 64 TLS subjects at most in all, across grants.
+  Acl subjects;
+  for (int i = 0; i < 64; ++i)
+    subjects.tls_subjects.insert(absl::StrCat("CN=w", i));
+  ASSERT_TRUE(m.GrantBuffer(ca, id, subjects).ok());
+  Acl one;
+  one.tls_subjects.insert("CN=extra");
+  EXPECT_THAT(std::string(m.GrantBuffer(ca, id, one).message()),
+              HasSubstr("would hold 65 tls_subjects, more than 64"));
+  more.gids.clear();
+  ASSERT_TRUE(m.GrantBuffer(ca, id, more).ok());
+  EXPECT_TRUE(m.GetBuffer(cb, "kv", id).ok());
+}
+
 TEST(SessionsTest, ABufferInUseOutlivesItsRelease) {
   SessionManager m(SessionLimits{});
   absl::Duration lease;

@@ -199,6 +199,58 @@ TEST(AccessTest, SessionsCannotTouchEachOthersBuffers) {
   EXPECT_THAT(log, Not(HasSubstr(secret_b)));
 }
 
+// The owner of a pool or a buffer could otherwise grow the daemon without
+// end by granting ever new uids or sessions (20 M uids: +300 MB).
+TEST(AccessTest, GrantsCannotGrowAnAccessListWithoutBound) {
+  LoggedDaemon d;
+  std::unique_ptr<KVCacheClient> a = ConnectOrDie(d.socket());
+  std::unique_ptr<KVCacheClient> b = ConnectOrDie(d.socket());
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(a->CreatePool(PoolRequest("p", "V41", 0, 4, 4, 1)).ok());
+  v1::GrantRequest g;
+  g.set_pool("p");
+  for (uint32_t u = 0; u < 257; ++u) g.add_uids(10000 + u);
+  absl::Status s = a->Grant(g);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("uids has 257 entries, more than 256"));
+  g.mutable_uids()->RemoveLast();
+  ASSERT_TRUE(a->Grant(g).ok());
+  for (int round = 0; round < 3; ++round) {
+    v1::GrantRequest fresh;
+    fresh.set_pool("p");
+    for (uint32_t u = 0; u < 256; ++u) fresh.add_uids(20000 + 256 * round + u);
+    s = a->Grant(fresh);
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr("pool \"p\": its access list would hold 512 uids, "
+                          "more than 256"));
+  }
+  EXPECT_EQ(Rejections(*a, "limit_acl_entries"), 3);
+  ASSERT_TRUE(a->Grant(g).ok());  // the same uids again: nothing new
+
+  // A buffer: a refused grant lets nobody in, not even the session it
+  // names next to too many others.
+  absl::StatusOr<BufferMapping> buf = a->AllocateBuffer(2 * 512 * 4);
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  v1::GrantRequest sessions;
+  sessions.set_buffer_id(buf->id());
+  for (uint64_t n = 0; n < 256; ++n) sessions.add_sessions(1000000 + n);
+  ASSERT_TRUE(a->Grant(sessions).ok());
+  v1::GrantRequest with_b;
+  with_b.set_buffer_id(buf->id());
+  with_b.add_sessions(b->session_number());
+  s = a->Grant(with_b);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr(absl::StrCat("buffer_id = ", buf->id(),
+                                     ": its access list would hold 257 "
+                                     "sessions, more than 256")));
+  EXPECT_EQ(
+      b->Store(KvStore("p", buf->Slice(0, 2 * 512 * 4), 2)).status().code(),
+      absl::StatusCode::kPermissionDenied);
+}
+
 TEST(AccessTest, DescriptorsThatAreNotSealedMemfdsAreRefusedWithoutLeaks) {
   LoggedDaemon d;
   std::unique_ptr<KVCacheClient> c = ConnectOrDie(d.socket());

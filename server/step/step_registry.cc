@@ -285,9 +285,13 @@ absl::Status StepRegistry::Grant(const Caller& caller,
     return absl::InvalidArgumentError(
         "uids, sessions: more than 256 entries in one grant");
   }
+  Acl grant;
+  grant.uids.insert(r.uids().begin(), r.uids().end());
+  grant.sessions.insert(r.sessions().begin(), r.sessions().end());
   absl::MutexLock lock(&reg->mu);
-  for (uint32_t uid : r.uids()) reg->acl.uids.insert(uid);
-  for (uint64_t s : r.sessions()) reg->acl.sessions.insert(s);
+  RETURN_IF_ERROR(CheckGrantFits(
+      reg->acl, grant, absl::StrCat("registration ", r.registration_id())));
+  reg->acl.Merge(grant);
   return absl::OkStatus();
 }
 

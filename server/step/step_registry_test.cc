@@ -20,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/step_doorbell.h"
+#include "server/limits.h"
 #include "server/step/registry_fixture.h"
 
 namespace kvdepot::step {
@@ -488,6 +489,34 @@ TEST_F(StepRegistryTest, AnotherSessionCanNeitherUseNorDrive) {
   EXPECT_TRUE(registry_->Unregister(owner_, id).ok());
   EXPECT_EQ(registry_->Status(owner_, id).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+TEST_F(StepRegistryTest, GrantsCannotGrowTheAccessListWithoutBound) {
+  const uint64_t id = Register();
+  v1::GrantRegistrationRequest g;
+  g.set_registration_id(id);
+  for (uint32_t u = 0; u < 200; ++u) g.add_uids(50000 + u);
+  ASSERT_TRUE(registry_->Grant(owner_, g).ok());
+  ASSERT_TRUE(registry_->Grant(owner_, g).ok());  // nothing new
+  // 57 more would be 257 uids; this grant also names the other session,
+  // which must not be let in by the refused grant.
+  v1::GrantRegistrationRequest more;
+  more.set_registration_id(id);
+  for (uint32_t u = 0; u < 57; ++u) more.add_uids(60000 + u);
+  more.add_sessions(other_.session);
+  const absl::Status s = registry_->Grant(owner_, more);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(std::string(s.message()),
+              ::testing::HasSubstr(absl::StrCat(
+                  "registration ", id,
+                  ": its access list would hold 257 uids, more than 256")));
+  EXPECT_EQ(LimitOf(s), Limit::kAclEntries);
+  EXPECT_EQ(registry_->Status(other_, id).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  more.clear_uids();
+  for (uint32_t u = 0; u < 56; ++u) more.add_uids(60000 + u);
+  ASSERT_TRUE(registry_->Grant(owner_, more).ok());  // 256 exactly
+  EXPECT_TRUE(registry_->Status(other_, id).ok());
 }
 
 TEST_F(StepRegistryTest, WatchdogCancelsALateStepOnce) {
