@@ -8,6 +8,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -26,6 +27,7 @@
 #include "kernels/cuda/fused_kernels.h"
 #include "kernels/cuda/kernels.h"
 #include "proto/step_doorbell.h"
+#include "server/step/staging_pool.h"
 #include "server/step/step_kernels.h"
 #include "spdlog/spdlog.h"
 
@@ -37,51 +39,42 @@ namespace db = ::kvdepot::doorbell;
 constexpr int kSlots = kMaxInFlight;
 constexpr int kHeaderWords = db::kWordsPerLine;
 
-// Staging buffers are recycled for later registrations, never freed:
-// cudaFree and cudaFreeHost synchronize the whole device, and a stream
-// parked on another registration's doorbell would hold them until that
-// registration's watchdog released it (GPU_HOST.md) -- from the very
-// thread that runs the watchdog. Bounded by the registrations alive at
-// once (--max_registrations) times kSlots.
-class StagingRecycler {
- public:
-  // A buffer of `bytes` on `device` (pinned host memory when `host`).
-  static absl::StatusOr<void*> Take(int device, size_t bytes, bool host) {
-    {
-      absl::MutexLock lock(&mu_);
-      std::vector<void*>& free = Free()[{device, bytes, host}];
-      if (!free.empty()) {
-        void* p = free.back();
-        free.pop_back();
-        return p;
-      }
-    }
-    void* p = nullptr;
-    if (host) {
-      RETURN_IF_CUDA_ERROR(cudaHostAlloc(&p, bytes, cudaHostAllocDefault),
-                           "allocating the pinned staging area");
-    } else {
-      RETURN_IF_CUDA_ERROR(cudaMalloc(&p, bytes),
-                           "allocating the step staging area");
-    }
-    return p;
-  }
-  // Gives `p` back for reuse. REQUIRES: no queued work uses it.
-  static void Give(int device, size_t bytes, bool host, void* p) {
-    if (p == nullptr) return;
-    absl::MutexLock lock(&mu_);
-    Free()[{device, bytes, host}].push_back(p);
-  }
+// What the step path may allocate for staging on one device, device
+// memory and pinned host memory each (server/step/staging_pool.h): a
+// registration of the largest maxima takes about 2 x 2 x 21 MiB, so 64 of
+// them fit.
+constexpr int64_t kStagingCapBytes = int64_t{4} << 30;
 
- private:
-  using Key = std::tuple<int, size_t, bool>;
-  static std::map<Key, std::vector<void*>>& Free() {
-    static auto* free = new std::map<Key, std::vector<void*>>();
-    return *free;
+// The process's staging pools, one per device and kind (they outlive the
+// engines: areas are never freed).
+StagingPool& StagingFor(int device, bool host) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* pools =
+      new std::map<std::pair<int, bool>, std::unique_ptr<StagingPool>>();
+  absl::MutexLock lock(&mu);
+  std::unique_ptr<StagingPool>& p = (*pools)[{device, host}];
+  if (p == nullptr) {
+    StagingPool::Alloc alloc = [device,
+                                host](size_t bytes) -> absl::StatusOr<void*> {
+      void* ptr = nullptr;
+      if (host) {
+        RETURN_IF_CUDA_ERROR(cudaHostAlloc(&ptr, bytes, cudaHostAllocDefault),
+                             "allocating the pinned staging area");
+      } else {
+        // The caller has made `device` current.
+        RETURN_IF_CUDA_ERROR(cudaMalloc(&ptr, bytes),
+                             "allocating the step staging area");
+      }
+      return ptr;
+    };
+    p = std::make_unique<StagingPool>(
+        absl::StrCat(
+            host ? "pinned host staging for cuda:" : "staging on cuda:",
+            device),
+        kStagingCapBytes, std::move(alloc));
   }
-  static absl::Mutex mu_;
-};
-absl::Mutex StagingRecycler::mu_(absl::kConstInit);
+  return *p;
+}
 
 absl::Status KernelStatus(int error, absl::string_view what) {
   return gpu::ToStatus(static_cast<cudaError_t>(error), what);
@@ -126,13 +119,11 @@ class CudaStepEngine : public StepEngine {
     }
     if (in_flight == 0) {
       for (int s = 0; s < kSlots; ++s) {
-        StagingRecycler::Give(device_, DeviceStagingBytes(), false,
-                              device_staging_[s]);
-        StagingRecycler::Give(device_, HostStagingBytes(), true,
-                              host_staging_[s]);
+        StagingFor(device_, false).Give(device_staging_[s]);
+        StagingFor(device_, true).Give(host_staging_[s]);
       }
-      for (const FusedArray& a : fused_arrays_) {
-        StagingRecycler::Give(device_, a.bytes, false, a.ptr);
+      for (const StagingPool::Area& a : fused_arrays_) {
+        StagingFor(device_, false).Give(a);
       }
       for (auto& slot : graph_exec_) {
         for (cudaGraphExec_t e : slot) {
@@ -159,12 +150,10 @@ class CudaStepEngine : public StepEngine {
         "creating the control stream");
     blob_bytes_ = 4 * MaxBlobElements(config_);
     for (int s = 0; s < kSlots; ++s) {
-      ASSIGN_OR_RETURN(
-          device_staging_[s],
-          StagingRecycler::Take(device_, DeviceStagingBytes(), false));
-      ASSIGN_OR_RETURN(
-          host_staging_[s],
-          StagingRecycler::Take(device_, HostStagingBytes(), true));
+      ASSIGN_OR_RETURN(device_staging_[s],
+                       StagingFor(device_, false).Take(DeviceStagingBytes()));
+      ASSIGN_OR_RETURN(host_staging_[s],
+                       StagingFor(device_, true).Take(HostStagingBytes()));
     }
     RETURN_IF_ERROR(UploadFused());
     // Per slot-mapping row: the pools it feeds bound its entries.
@@ -225,11 +214,11 @@ class CudaStepEngine : public StepEngine {
   }
   uint64_t* DeviceStamps(int slot) const {
     return reinterpret_cast<uint64_t*>(
-        static_cast<uint8_t*>(device_staging_[slot]) + blob_bytes_);
+        static_cast<uint8_t*>(device_staging_[slot].ptr) + blob_bytes_);
   }
   const uint64_t* HostStamps(int slot) const {
     return reinterpret_cast<const uint64_t*>(
-        static_cast<uint8_t*>(host_staging_[slot]) + blob_bytes_ +
+        static_cast<uint8_t*>(host_staging_[slot].ptr) + blob_bytes_ +
         8 * kHeaderWords);
   }
 
@@ -338,7 +327,7 @@ class CudaStepEngine : public StepEngine {
     HostDone* h = static_cast<HostDone*>(arg);
     CudaStepEngine* e = h->engine;
     const uint64_t* header = reinterpret_cast<const uint64_t*>(
-        static_cast<uint8_t*>(e->host_staging_[h->slot]) + e->blob_bytes_);
+        static_cast<uint8_t*>(e->host_staging_[h->slot].ptr) + e->blob_bytes_);
     StepOutcome o;
     o.step_id = h->step_id;
     o.status_bits = header[db::kStatusWord];
@@ -414,8 +403,10 @@ class CudaStepEngine : public StepEngine {
   template <typename T>
   absl::StatusOr<const T*> Upload(const void* host, size_t bytes) {
     if (bytes == 0) return static_cast<const T*>(nullptr);
-    ASSIGN_OR_RETURN(void* p, StagingRecycler::Take(device_, bytes, false));
-    fused_arrays_.push_back({p, bytes});
+    ASSIGN_OR_RETURN(StagingPool::Area a,
+                     StagingFor(device_, false).Take(bytes));
+    fused_arrays_.push_back(a);
+    void* p = a.ptr;
     RETURN_IF_CUDA_ERROR(
         cudaMemcpyAsync(p, host, bytes, cudaMemcpyHostToDevice, work_),
         "uploading the fused-store parameters");
@@ -558,10 +549,10 @@ class CudaStepEngine : public StepEngine {
     if (bytes > blob_bytes_) {
       return absl::InternalError("step metadata larger than its staging area");
     }
-    std::memcpy(host_staging_[slot], plan.blob.data(), bytes);
-    int32_t* base = static_cast<int32_t*>(device_staging_[slot]);
+    std::memcpy(host_staging_[slot].ptr, plan.blob.data(), bytes);
+    int32_t* base = static_cast<int32_t*>(device_staging_[slot].ptr);
     auto at = [base](int64_t off) { return off < 0 ? nullptr : base + off; };
-    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(base, host_staging_[slot], bytes,
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(base, host_staging_[slot].ptr, bytes,
                                          cudaMemcpyHostToDevice, work_),
                          "uploading the step's metadata");
     const int32_t n = plan.num_tokens;
@@ -655,8 +646,8 @@ class CudaStepEngine : public StepEngine {
                        "cuStreamWriteValue64(daemon done)");
     RETURN_IF_CUDA_ERROR(
         cudaMemcpyAsync(
-            static_cast<uint8_t*>(host_staging_[slot]) + blob_bytes_, doorbell_,
-            8 * kHeaderWords, cudaMemcpyDeviceToHost, work_),
+            static_cast<uint8_t*>(host_staging_[slot].ptr) + blob_bytes_,
+            doorbell_, 8 * kHeaderWords, cudaMemcpyDeviceToHost, work_),
         "reading the doorbell's status");
     if (timed_now_) {
       RETURN_IF_CUDA_ERROR(
@@ -680,8 +671,8 @@ class CudaStepEngine : public StepEngine {
   cudaStream_t control_ = nullptr;
   uint64_t* doorbell_ = nullptr;
   int64_t blob_bytes_ = 0;
-  std::array<void*, kSlots> device_staging_{};
-  std::array<void*, kSlots> host_staging_{};  // + the header readback
+  std::array<StagingPool::Area, kSlots> device_staging_{};
+  std::array<StagingPool::Area, kSlots> host_staging_{};  // + header readback
   std::array<HostDone, kSlots> host_done_{};
   // graphs_: per slot, untimed [0] and timed [1].
   std::array<std::array<cudaGraphExec_t, 2>, kSlots> graph_exec_{};
@@ -690,11 +681,7 @@ class CudaStepEngine : public StepEngine {
   const int num_phases_;
   int slot_now_ = 0;        // the enqueue thread's: the step being enqueued
   bool timed_now_ = false;  // ... and whether it stamps its phases
-  struct FusedArray {
-    void* ptr;
-    size_t bytes;
-  };
-  std::vector<FusedArray> fused_arrays_;  // device copies, recycled
+  std::vector<StagingPool::Area> fused_arrays_;  // device copies, recycled
   std::vector<std::array<FusedParams, 3>> fused_;
   std::vector<std::array<bool, 3>> has_fused_;
   int next_slot_ = 0;  // the enqueue thread's

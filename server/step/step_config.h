@@ -25,6 +25,11 @@ inline constexpr int32_t kMaxTokens = 1 << 16;
 inline constexpr int32_t kMaxSeqs = 1 << 14;
 inline constexpr int32_t kMaxTopK = 1 << 14;
 inline constexpr int32_t kMaxBlocksPerSeq = 1 << 16;
+// Block-table entries a step may send inline (16 MiB): the staging areas
+// are sized for this many at most, so a registration's largest maxima
+// (kMaxSeqs x kMaxBlocksPerSeq: 4 GiB) cost no more. Larger tables come
+// from the registered block-table buffer (block_tables_in_buffer).
+inline constexpr int64_t kMaxInlineTableCells = int64_t{1} << 22;
 inline constexpr int64_t kMaxNameBytes = 64;
 // Distinct ratios > 1 among a registration's compressed main and index
 // caches (each one compressed slot mapping per step).

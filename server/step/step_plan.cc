@@ -203,6 +203,13 @@ absl::Status AddInlineTables(const RegistrationConfig& config,
                              std::vector<int32_t>* values,
                              std::vector<int32_t>* blob, StepSections* sec) {
   const int64_t cells = int64_t{r.num_seqs()} * r.block_table_cols();
+  if (cells > kMaxInlineTableCells) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block_tables: num_seqs * block_table_cols = ", cells,
+        " entries inline, more than ", kMaxInlineTableCells,
+        "; write them to the registered block-table buffer and set "
+        "block_tables_in_buffer"));
+  }
   RETURN_IF_ERROR(DecodeInt32s(
       "block_tables", r.block_tables(), "num_seqs * block_table_cols", cells,
       int64_t{config.max_seqs} * config.max_blocks_per_seq, values));
@@ -243,8 +250,9 @@ int64_t MaxBlobElements(const RegistrationConfig& c) {
   const int64_t t = RoundUp4(c.max_tokens);
   return 6 * t + static_cast<int64_t>(c.compressed_ratios.size()) * t +
          RoundUp4(c.max_seqs) +
-         RoundUp4(int64_t{c.max_seqs} * c.max_blocks_per_seq) + 4 +
-         (c.max_position > 0 ? 2 * t : 0);
+         RoundUp4(std::min(int64_t{c.max_seqs} * c.max_blocks_per_seq,
+                           kMaxInlineTableCells)) +
+         4 + (c.max_position > 0 ? 2 * t : 0);
 }
 
 absl::StatusOr<StepPlan> BuildStepPlan(const RegistrationConfig& config,

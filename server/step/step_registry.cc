@@ -79,8 +79,9 @@ void StepRegistry::WatchLoop() {
 absl::StatusOr<v1::RegisterWorkerResponse> StepRegistry::Register(
     const Caller& caller, const v1::RegisterWorkerRequest& request) {
   RETURN_IF_ERROR(RequireSession(caller));
-  {
-    absl::MutexLock lock(&mu_);
+  // Checked before the work and again when the registration is added:
+  // registrations racing each other cannot pass the limits.
+  auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
     if (static_cast<int>(regs_.size()) >= options_.max_registrations) {
       return absl::ResourceExhaustedError(
           absl::StrCat("RegisterWorker: the daemon holds ", regs_.size(),
@@ -95,6 +96,11 @@ absl::StatusOr<v1::RegisterWorkerResponse> StepRegistry::Register(
           absl::StrCat("RegisterWorker: this session holds ", mine,
                        " registrations, its limit"));
     }
+    return absl::OkStatus();
+  };
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(room());
   }
   ASSIGN_OR_RETURN(RegistrationConfig config,
                    ResolveRegistration(request, caller, *pools_, *sessions_));
@@ -110,6 +116,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> StepRegistry::Register(
   v1::RegisterWorkerResponse out;
   {
     absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(room());  // the engine goes with `reg`
     reg->id = next_id_++;
     regs_[reg->id] = reg;
     absl::MutexLock c(&counters_mu_);

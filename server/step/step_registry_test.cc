@@ -284,6 +284,55 @@ TEST_F(StepRegistryTest, EveryStepRuleRefusesAndChangesNothing) {
   EXPECT_TRUE(registry_->Step(owner_, Step(id, 1)).ok());
 }
 
+// The largest maxima a registration may ask for (65536 tokens, 16384
+// sequences of 65536 blocks: 4 GiB of block table) cost staging for 2^22
+// inline entries only; a step with more inline entries is refused with the
+// way out, and nothing is planned.
+TEST_F(StepRegistryTest, InlineBlockTablesAreBoundedAndSoIsStaging) {
+  const int32_t tokens = 4096;
+  const uint64_t io = AddBuffer(owner_, 8 << 20);
+  v1::RegisterWorkerRequest r;
+  r.set_doorbell_buffer_id(doorbell_);
+  r.set_max_tokens(tokens);
+  r.set_max_seqs(tokens);
+  r.set_max_top_k(16);
+  r.set_max_blocks_per_seq(kMaxBlocksPerSeq);
+  BufferSlices slices(io);
+  v1::StepLayer* layer = r.add_layers();
+  layer->mutable_main()->set_pool("main");
+  slices.Next(layer->mutable_main()->mutable_input(), tokens * 512 * 2);
+  layer->mutable_index()->set_pool("index");
+  slices.Next(layer->mutable_index()->mutable_input(), tokens * 128 * 2);
+  slices.Next(layer->mutable_topk(), tokens * 16 * 4);
+  slices.Next(layer->mutable_index_out(), tokens * 16 * 4);
+  const uint64_t id = RegisterOk(owner_, r);
+  ASSERT_NE(id, 0u);
+  // 6 x 4096 + 4096 + 2^22 + 4 entries: 16.1 MiB, not 1 GiB.
+  EXPECT_LE(4 * MaxBlobElements(factory_.last_config), int64_t{17} << 20);
+  v1::StepRequest step;
+  step.set_registration_id(id);
+  step.set_step_id(1);
+  step.set_num_tokens(tokens);
+  step.set_slot_mapping(PackInt32s(std::vector<int32_t>(tokens, -1)));
+  step.set_num_seqs(tokens);
+  step.set_seq_lens(PackInt32s(std::vector<int32_t>(tokens, 1)));
+  step.set_query_lens(PackInt32s(std::vector<int32_t>(tokens, 1)));
+  step.set_top_k(16);
+  step.set_block_table_cols(1025);  // 4096 x 1025 > 2^22
+  absl::Status s = StepError(step);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("block_tables: num_seqs * block_table_cols = 4198400 "
+                        "entries inline, more than 4194304; write them to the "
+                        "registered block-table buffer"));
+  EXPECT_TRUE(factory_.last->plans.empty());
+  // At the bound the step is planned (its table all -1).
+  step.set_block_table_cols(1024);
+  step.set_block_tables(
+      PackInt32s(std::vector<int32_t>(int64_t{tokens} * 1024, -1)));
+  EXPECT_TRUE(registry_->Step(owner_, step).ok());
+}
+
 // Layer 1 at ratio 4: its main and index caches store compressed rows
 // from compressed_slot_mapping (layer 0 stays per token).
 TEST_F(StepRegistryTest, CompressedMainCachesTakeTheCompressedSlots) {
