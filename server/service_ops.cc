@@ -165,18 +165,19 @@ absl::Status KVCacheService::DoInspect(const Caller& caller,
   const KVCacheFormat& f = l.format;
   const int n_values =
       r.all_values() ? f.elements() : std::min(r.max_values(), f.elements());
-  // The reply, bounded before anything is read or built: `count` records
-  // (count < 2^31, a record's bound < 2^35: no overflow).
-  const int64_t reply_bytes = 1024 + count * InspectRecordBound(f, n_values);
-  if (reply_bytes > options_.max_inline_bytes) {
+  // The reply, bounded before anything is read or built (compared by
+  // division: no overflow whatever the pool).
+  const int64_t per_record = InspectRecordBound(f, n_values);
+  if (count > (options_.max_inline_bytes - 1024) / per_record) {
     return absl::InvalidArgumentError(absl::StrCat(
         r.target_case() == v1::InspectRequest::kSlot ? "slot" : "block", ": ",
         count, " records of ", n_values, " values each make a reply of up to ",
-        reply_bytes, " bytes, over the inline limit of ",
+        count, " x ", per_record, " bytes, over the inline limit of ",
         options_.max_inline_bytes,
         " (--max_message_bytes); ask for fewer values (max_values) or one "
         "slot"));
   }
+  const int64_t reply_bytes = 1024 + count * per_record;
   RETURN_IF_ERROR(ReplyScope::Reserve(BudgetClientOf(caller), reply_bytes,
                                       "Inspect reply"));
   const int sb = ScaleBytes(f.sf_format);
