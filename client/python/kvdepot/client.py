@@ -701,7 +701,9 @@ class Client:
               tls_subjects: Any = ()) -> None:
         """Lets uids, gids, sessions (by session_number) or TLS client
         certificate subjects ("CN=worker-b", as tls_subject shows them) use
-        a pool or a buffer this session owns."""
+        a pool or a buffer this session owns. An object's access list holds
+        at most 256 uids, 256 gids, 256 sessions and 64 subjects; a grant
+        past that raises (RESOURCE_EXHAUSTED) and grants nothing."""
         r = pb.GrantRequest(session_id=self.session_id, uids=list(uids),
                             gids=list(gids), sessions=list(sessions),
                             tls_subjects=list(tls_subjects))
