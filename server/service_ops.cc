@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
@@ -232,14 +233,17 @@ absl::Status KVCacheService::DoVerify(Ctx* ctx, const Caller& caller,
                    verify_slots_.Acquire(BudgetClientOf(caller), "Verify"));
   const PoolLayout& l = (*pool)->layout;
   std::vector<int64_t> layers;
+  // Where each layer was first named: linear in the request (the old
+  // pairwise check was quadratic in a pool's layer count).
+  absl::flat_hash_map<int64_t, int> first;
   for (int i = 0; i < r.layers_size(); ++i) {
     RETURN_IF_ERROR(
         CheckRange(absl::StrCat("layers[", i, "]"), r.layers(i), l.num_layers));
-    for (int j = 0; j < i; ++j) {
-      if (r.layers(j) == r.layers(i)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "layers[", i, "] = ", r.layers(i), " repeats layers[", j, "]"));
-      }
+    auto [it, fresh] = first.emplace(r.layers(i), i);
+    if (!fresh) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layers[", i, "] = ", r.layers(i), " repeats layers[",
+                       it->second, "]"));
     }
     layers.push_back(r.layers(i));
   }
