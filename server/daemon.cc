@@ -332,6 +332,26 @@ absl::Status Daemon::Init() {
     sessions_->set_admin_policy(std::move(admin));
   }
   RETURN_IF_ERROR(ApplyConfig());
+  // Replies of both services (KVCache inline data, Step's PlanStep) are
+  // admitted against one budget.
+  if (options_.max_reply_bytes <= 0 ||
+      options_.max_reply_bytes_per_client < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_reply_bytes = ", options_.max_reply_bytes,
+                     " must be > 0 and max_reply_bytes_per_client = ",
+                     options_.max_reply_bytes_per_client, " >= 0"));
+  }
+  reply_budget_ = std::make_unique<MemoryBudget>(
+      options_.max_reply_bytes, options_.max_reply_bytes_per_client,
+      "--max_reply_bytes", ReplyBudgetNames());
+  spdlog::info(
+      "replies waiting to be sent: at most {} ({} per client); requests "
+      "still arriving: gRPC's quota {}",
+      HumanBytes(options_.max_reply_bytes),
+      options_.max_reply_bytes_per_client > 0
+          ? HumanBytes(options_.max_reply_bytes_per_client)
+          : std::string("no cap"),
+      HumanBytes(options_.grpc_memory_bytes));
   {
     step::StepServerOptions so;
     so.graphs = options_.step_graphs;
@@ -339,6 +359,7 @@ absl::Status Daemon::Init() {
     so.timing_every = options_.step_timing_every;
     so.service.max_streams = options_.max_step_streams;
     so.service.max_streams_per_session = options_.max_step_streams_per_session;
+    so.service.replies = reply_budget_.get();
     so.worker_threads = options_.serving.worker_threads;
     so.max_queued_calls = options_.serving.max_queued_calls;
     ASSIGN_OR_RETURN(step_, step::MakeStepServer(*backend_, pools_.get(),
@@ -461,24 +482,6 @@ absl::Status Daemon::Init() {
         "service.scan_chunk_bytes = ", options_.service.scan_chunk_bytes,
         " must be > 0"));
   }
-  if (options_.max_reply_bytes <= 0 ||
-      options_.max_reply_bytes_per_client < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_reply_bytes = ", options_.max_reply_bytes,
-                     " must be > 0 and max_reply_bytes_per_client = ",
-                     options_.max_reply_bytes_per_client, " >= 0"));
-  }
-  reply_budget_ = std::make_unique<MemoryBudget>(
-      options_.max_reply_bytes, options_.max_reply_bytes_per_client,
-      "--max_reply_bytes", ReplyBudgetNames());
-  spdlog::info(
-      "replies waiting to be sent: at most {} ({} per client); requests "
-      "still arriving: gRPC's quota {}",
-      HumanBytes(options_.max_reply_bytes),
-      options_.max_reply_bytes_per_client > 0
-          ? HumanBytes(options_.max_reply_bytes_per_client)
-          : std::string("no cap"),
-      HumanBytes(options_.grpc_memory_bytes));
   ServingOptions serving = options_.serving;
   serving.replies = reply_budget_.get();
   ASSIGN_OR_RETURN(serving_, MakeServing(service_.get(), serving));

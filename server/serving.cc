@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "google/protobuf/message.h"
 #include "server/backend/inline_call.h"
+#include "server/reply_reactor.h"
 #include "server/reply_scope.h"
 #include "server/worker_pool.h"
 
@@ -79,18 +80,6 @@ struct Policy {
     }
     return !ProductAtMost(r.num_queries(), r.window(), rows * 16);
   }
-};
-
-// A unary call's reactor that holds the call's reply reservations until
-// gRPC is done with it (the reply sent, or the call failed or cancelled).
-class ReplyReactor final : public grpc::ServerUnaryReactor {
- public:
-  // Before Finish: the handler's reservations.
-  void Hold(std::vector<MemoryReservation> held) { held_ = std::move(held); }
-  void OnDone() override { delete this; }  // the reservations go with it
-
- private:
-  std::vector<MemoryReservation> held_;
 };
 
 // The callback API: inline or offloaded unary calls, Verify as a write

@@ -3,15 +3,19 @@
 // Unix socket. A decode step's plan (built on the gRPC thread) and one
 // large enough to be built on a step worker come back whole; the caller
 // must be authenticated and own or be granted the registration; PlanStep
-// consumes no step id.
+// consumes no step id; replies are admitted against the reply budget and
+// held until each call is done.
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kvdepot/v1/step.grpc.pb.h"
 #include "proto/wire.h"
+#include "server/memory_budget.h"
+#include "server/reply_scope.h"
 #include "server/step/step_service.h"
 #include "server/step/step_test_rig.h"
 
@@ -102,6 +106,49 @@ TEST_F(PlanStepServiceTest, StrangersAndMissingSessionsAreRefused) {
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
     EXPECT_THAT(s.error_message(), HasSubstr("top_k"));
   }
+}
+
+// A client that stops reading could otherwise pile plans of up to 64 MiB
+// up in the daemon: each reply is admitted against the reply budget (here
+// 64 KiB per client) and given back when the call is done.
+TEST(PlanStepBudgetTest, RepliesAreAdmittedAgainstTheReplyBudget) {
+  MemoryBudget replies(int64_t{1} << 20, int64_t{64} << 10, "--max_reply_bytes",
+                       ReplyBudgetNames());
+  StepTestRigOptions o;
+  o.max_batch = 512;
+  o.top_k = 16;
+  o.service.replies = &replies;
+  absl::StatusOr<std::unique_ptr<StepTestRig>> rig = StepTestRig::Start(o);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  std::unique_ptr<v1::Step::Stub> stub =
+      v1::Step::NewStub((*rig)->NewChannel());
+  absl::StatusOr<StepTestRig::Parties> parties = (*rig)->OpenParties();
+  ASSERT_TRUE(parties.ok()) << parties.status();
+  // 512 rows of 64 table entries: > 128 KiB of metadata, built on a step
+  // worker; refused, and nothing is held.
+  for (int batch : {512, 200}) {
+    SCOPED_TRACE(batch);
+    grpc::ClientContext ctx;
+    v1::PlanStepResponse p;
+    const grpc::Status s = stub->PlanStep(
+        &ctx, (*rig)->Step(parties->worker.id, parties->registration, 1, batch),
+        &p);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_THAT(s.error_message(), HasSubstr("PlanStep reply"));
+    EXPECT_TRUE(p.metadata().empty());
+  }
+  // A decode step of 3 rows fits; its bytes come back once it is done.
+  grpc::ClientContext ctx;
+  v1::PlanStepResponse p;
+  const grpc::Status s = stub->PlanStep(
+      &ctx, (*rig)->Step(parties->worker.id, parties->registration, 1, 3), &p);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_FALSE(p.metadata().empty());
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (replies.used() != 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(replies.used(), 0);
 }
 
 }  // namespace

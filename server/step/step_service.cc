@@ -5,6 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/error_details.h"
+#include "server/reply_reactor.h"
+#include "server/reply_scope.h"
 #include "server/step/step_stream.h"
 
 namespace kvdepot::step {
@@ -43,6 +45,7 @@ StepService::StepService(StepRegistry* registry, SessionManager* sessions,
     : registry_(registry),
       sessions_(sessions),
       pool_(pool),
+      replies_(options.replies),
       slots_(options.max_streams, options.max_streams_per_session) {}
 
 template <typename Call>
@@ -82,24 +85,46 @@ grpc::ServerUnaryReactor* StepService::Step(Ctx* ctx, const v1::StepRequest* r,
   });
 }
 
-grpc::ServerUnaryReactor* StepService::PlanStep(Ctx* ctx,
+grpc::ServerUnaryReactor* StepService::PlanStep(Ctx* /*ctx*/,
                                                 const v1::StepRequest* r,
                                                 v1::PlanStepResponse* out) {
-  auto call = [this, r, out]() -> grpc::Status {
-    KV_AUTH_OR_RETURN(caller, r->session_id());
-    absl::StatusOr<v1::PlanStepResponse> res = registry_->PlanStep(caller, *r);
-    if (!res.ok()) return ToGrpcStatusWithDetails(res.status());
-    *out = *std::move(res);
-    return grpc::Status::OK;
+  // The reply is admitted against the reply budget once built (its size
+  // is known then) and held until the call is done: a client that stops
+  // reading cannot pile plans up in the daemon. A plan that does not fit
+  // is dropped at once.
+  auto* reactor = new ReplyReactor;  // deletes itself in OnDone
+  auto call = [this, r, out, reactor] {
+    ReplyScope scope(replies_);
+    grpc::Status status = [&]() -> grpc::Status {
+      KV_AUTH_OR_RETURN(caller, r->session_id());
+      absl::StatusOr<v1::PlanStepResponse> res =
+          registry_->PlanStep(caller, *r);
+      if (!res.ok()) return ToGrpcStatusWithDetails(res.status());
+      if (absl::Status s = ReplyScope::Reserve(
+              BudgetClientOf(caller), static_cast<int64_t>(res->ByteSizeLong()),
+              "PlanStep reply");
+          !s.ok()) {
+        return ToGrpcStatusWithDetails(s);
+      }
+      *out = *std::move(res);
+      return grpc::Status::OK;
+    }();
+    reactor->Hold(scope.Take());
+    reactor->Finish(status);
   };
   // A decode step's plan is built on the gRPC thread, as Step's; one whose
   // row tables are large (a long prefill chunk: milliseconds of copying)
   // on a step worker, so the callback threads stay free.
-  if (int64_t{r->num_tokens()} * r->block_table_cols() >=
+  if (int64_t{r->num_tokens()} * r->block_table_cols() <
       kPlanStepInlineEntries) {
-    return Offload(ctx, call);
+    call();
+  } else if (!pool_->TrySubmit(call)) {
+    reactor->Finish(grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat("kvdepot: ", pool_->threads(),
+                     " step workers are busy and the queue is full; retry")));
   }
-  return Inline(ctx, call);
+  return reactor;
 }
 
 grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>*

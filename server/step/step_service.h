@@ -22,6 +22,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "kvdepot/v1/step.grpc.pb.h"
+#include "server/memory_budget.h"
 #include "server/sessions.h"
 #include "server/step/step_registry.h"
 #include "server/step/stream_slots.h"
@@ -47,6 +48,10 @@ struct StepServiceOptions {
   // --max_step_streams, --max_step_streams_per_session); each >= 1.
   int max_streams = 64;
   int max_streams_per_session = 4;
+  // PlanStep replies (up to 64 MiB each) are admitted against the daemon's
+  // reply budget (server/reply_scope.h) and held until each call is done;
+  // null admits everything. Not owned.
+  MemoryBudget* replies = nullptr;
 };
 
 class StepService final : public v1::Step::CallbackService {
@@ -113,6 +118,7 @@ class StepService final : public v1::Step::CallbackService {
   StepRegistry* const registry_;
   SessionManager* const sessions_;
   WorkerPool* const pool_;
+  MemoryBudget* const replies_;
   StreamSlots slots_;
   absl::Mutex mu_;
   absl::flat_hash_set<StepStreamReactor*> streams_ ABSL_GUARDED_BY(mu_);
