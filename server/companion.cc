@@ -5,6 +5,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string_view>
@@ -12,6 +13,8 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/fd_passing.h"
 #include "common/status_macros.h"
 #include "common/step_ring.h"
@@ -24,6 +27,19 @@ namespace {
 // Untrusted strings in log lines: escaped (no newlines) and truncated.
 std::string ForLog(absl::string_view s) {
   return absl::CHexEscape(s.substr(0, 64));
+}
+
+// SO_RCVTIMEO of `fd`: `left` (rounded up to a microsecond), or none for
+// an infinite duration. False when `left` has run out (or the call fails).
+bool SetReceiveTimeout(int fd, absl::Duration left) {
+  timeval tv{};
+  if (left != absl::InfiniteDuration()) {
+    if (left <= absl::ZeroDuration()) return false;
+    const int64_t us = std::max<int64_t>(1, absl::ToInt64Microseconds(left));
+    tv.tv_sec = us / 1000000;
+    tv.tv_usec = us % 1000000;
+  }
+  return setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == 0;
 }
 
 }  // namespace
@@ -111,6 +127,20 @@ void CompanionServer::AcceptLoop() {
     if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
       continue;
     }
+    if (options_.max_connections_per_uid > 0) {
+      int of_uid = 0;
+      for (const auto& [id, c] : conns_) of_uid += c->creds.uid == cred.uid;
+      if (of_uid >= options_.max_connections_per_uid) {
+        spdlog::warn(
+            "rpc=companion status=RESOURCE_EXHAUSTED uid={} connections={} "
+            "reason=limit_companion_connections_per_uid",
+            cred.uid, of_uid);
+        if (options_.metrics != nullptr) {
+          options_.metrics->RecordLimit(Limit::kCompanionConnectionsPerUid);
+        }
+        continue;  // closed by `fd`
+      }
+    }
     conn->creds = PeerCredentials{cred.pid, cred.uid, cred.gid};
     conn->fd = std::move(fd);
     Connection* c = conn.get();
@@ -120,12 +150,21 @@ void CompanionServer::AcceptLoop() {
 }
 
 void CompanionServer::Serve(Connection* conn) {
+  // Until its session is open, the connection's messages must come before
+  // hello_deadline (SO_RCVTIMEO: a receive past it fails, and the
+  // connection is closed).
+  const absl::Time hello_deadline = absl::Now() + options_.hello_timeout;
+  bool waiting_for_hello = true;
   while (true) {
+    if (waiting_for_hello &&
+        !SetReceiveTimeout(conn->fd.get(), hello_deadline - absl::Now())) {
+      break;
+    }
     absl::StatusOr<ReceivedMessage> msg =
         ReceiveMessage(conn->fd.get(), kMaxCompanionMessageBytes, 1);
     if (!msg.ok() &&
         msg.status().code() != absl::StatusCode::kInvalidArgument) {
-      break;  // closed or broken
+      break;  // closed, broken, or no Hello in time
     }
     v1::CompanionReply reply;
     UniqueFd out_fd;
@@ -145,6 +184,17 @@ void CompanionServer::Serve(Connection* conn) {
     std::vector<int> fds;
     if (out_fd.valid()) fds.push_back(out_fd.get());
     if (!SendMessage(conn->fd.get(), bytes, fds).ok()) break;
+    if (waiting_for_hello && conn->session != 0) {
+      waiting_for_hello = false;
+      if (!SetReceiveTimeout(conn->fd.get(), absl::InfiniteDuration())) break;
+    }
+  }
+  if (waiting_for_hello && absl::Now() >= hello_deadline) {
+    spdlog::info(
+        "rpc=companion status=DEADLINE_EXCEEDED pid={} uid={} reason=no "
+        "Hello within {} ms",
+        conn->creds.pid, conn->creds.uid,
+        absl::ToInt64Milliseconds(options_.hello_timeout));
   }
   if (conn->session != 0) {
     // The rings first: their threads stop before the session they serve
@@ -157,6 +207,9 @@ void CompanionServer::Serve(Connection* conn) {
                  conn->session, n);
   }
   conn->session_id.clear();
+  // The peer sees the end now (the descriptor itself is closed when the
+  // connection is reaped, at the next accept or at shutdown).
+  shutdown(conn->fd.get(), SHUT_RDWR);
   absl::MutexLock lock(&mu_);
   conn->done = true;
 }

@@ -2,8 +2,11 @@
 // gRPC one where clients open their session and receive memory as
 // descriptors.
 //
-// Each connection is served by its own thread (at most max_connections;
-// more are closed at once). Its first message is a Hello: the daemon
+// Each connection is served by its own thread (at most max_connections,
+// and max_connections_per_uid of one peer uid, so no uid can take every
+// connection from the others; more are closed at once). Its first message,
+// within hello_timeout (else the connection is closed: idle connections
+// hold no slot for long), is a Hello: the daemon
 // records the peer's SO_PEERCRED credentials and opens a session that ends
 // when the connection closes, releasing its buffers. Later messages map a
 // pool (access checked), allocate a buffer or import the client's memfd
@@ -45,6 +48,8 @@ struct CompanionOptions {
   std::string path;  // the socket file (claimed by the caller)
   gid_t group = -1;  // chown the socket to this group; -1 = keep
   int max_connections = 256;
+  int max_connections_per_uid = 64;  // 0 = no per-uid cap
+  absl::Duration hello_timeout = absl::Seconds(10);
   // Descriptors the daemon holds for one connection: one memfd (or VMM
   // export) per buffer its session holds, allocated or imported.
   int64_t max_descriptors_per_connection = 256;

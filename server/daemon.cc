@@ -408,6 +408,8 @@ absl::Status Daemon::Init() {
     co.max_buffer_bytes = options_.service.max_buffer_bytes;
     co.budget = memory_budget_.get();
     co.max_descriptors_per_connection = options_.max_descriptors_per_connection;
+    co.max_connections_per_uid = options_.max_companion_connections_per_uid;
+    co.hello_timeout = options_.companion_hello_timeout;
     co.metrics = metrics_.get();
     KVCacheService* service = service_.get();
     co.accepting = [service] { return !service->draining(); };
@@ -476,6 +478,14 @@ absl::Status Daemon::Init() {
         "grpc_memory_bytes = ", options_.grpc_memory_bytes,
         " must be at least max_message_bytes = ", options_.max_message_bytes,
         " (a request that size could never arrive)"));
+  }
+  if (options_.max_companion_connections_per_uid < 0 ||
+      options_.companion_hello_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_companion_connections_per_uid = ",
+        options_.max_companion_connections_per_uid,
+        " must be >= 0 and companion_hello_timeout = ",
+        absl::FormatDuration(options_.companion_hello_timeout), " > 0"));
   }
   if (options_.service.scan_chunk_bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -88,6 +88,10 @@ struct DaemonOptions {
   // companion connection (its buffers' memfds) (docs/DAEMON.md "Limits").
   int64_t max_pools = 1024;
   int64_t max_descriptors_per_connection = 256;
+  // Companion connections of one peer uid (0 = no cap), and how long a new
+  // one may take to send its Hello (docs/DAEMON.md "Limits").
+  int max_companion_connections_per_uid = 64;
+  absl::Duration companion_hello_timeout = absl::Seconds(10);
   // Descriptors the CPU backend's pools and buffers may hold together
   // (server/descriptors.h); 0 = DefaultDescriptorBudget of the soft
   // RLIMIT_NOFILE, which Init first raises to the hard limit.

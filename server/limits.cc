@@ -13,6 +13,7 @@ constexpr absl::string_view kNames[] = {
     "buffers_per_session",
     "descriptors_per_connection",
     "companion_connections",
+    "companion_connections_per_uid",
     "verify_streams_per_client",
     "pools",
     "memory_budget",

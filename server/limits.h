@@ -15,20 +15,21 @@
 namespace kvdepot {
 
 enum class Limit : int {
-  kSessions,                  // all sessions together
-  kSessionsPerClient,         // sessions of one uid / TLS subject
-  kBuffersPerSession,         // buffers one session holds
-  kDescriptorsPerConnection,  // descriptors held for one companion connection
-  kCompanionConnections,      // companion connections together
-  kVerifyStreamsPerClient,    // concurrent Verify streams of one client
-  kPools,                     // pools together
-  kMemoryBudget,              // bytes of the memory budget
-  kMemoryPerClient,           // bytes one client may hold of it
-  kDescriptors,               // descriptors held for pools and buffers
-  kConnections,               // gRPC connections past the descriptor headroom
-  kReplyBytes,                // inline reply bytes not yet sent, together
-  kReplyBytesPerClient,       // inline reply bytes not yet sent, one client
-  kAclEntries,                // entries of one kind in an object's access list
+  kSessions,                    // all sessions together
+  kSessionsPerClient,           // sessions of one uid / TLS subject
+  kBuffersPerSession,           // buffers one session holds
+  kDescriptorsPerConnection,    // descriptors held for one companion connection
+  kCompanionConnections,        // companion connections together
+  kCompanionConnectionsPerUid,  // companion connections of one uid
+  kVerifyStreamsPerClient,      // concurrent Verify streams of one client
+  kPools,                       // pools together
+  kMemoryBudget,                // bytes of the memory budget
+  kMemoryPerClient,             // bytes one client may hold of it
+  kDescriptors,                 // descriptors held for pools and buffers
+  kConnections,                 // gRPC connections past the descriptor headroom
+  kReplyBytes,                  // inline reply bytes not yet sent, together
+  kReplyBytesPerClient,         // inline reply bytes not yet sent, one client
+  kAclEntries,  // entries of one kind in an object's access list
   kCount,
 };
 

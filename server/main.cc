@@ -112,6 +112,12 @@ ABSL_FLAG(int64_t, max_pools, 1024, "Pools at once, all clients together.");
 ABSL_FLAG(int64_t, max_descriptors_per_connection, 256,
           "Descriptors the daemon holds for one companion connection (one "
           "per buffer of its session, allocated or imported).");
+ABSL_FLAG(int, max_companion_connections_per_uid, 64,
+          "Companion connections one peer uid may hold (of the daemon's 256); "
+          "0 = no per-uid cap.");
+ABSL_FLAG(int, companion_hello_timeout_ms, 10000,
+          "How long a new companion connection may take to send its Hello "
+          "before it is closed (> 0).");
 ABSL_FLAG(int64_t, max_descriptors, 0,
           "Descriptors the CPU backend's pools and buffers (allocated or "
           "imported) may hold together; 0 = the soft RLIMIT_NOFILE, raised "
@@ -270,6 +276,16 @@ int main(int argc, char** argv) {
   options.max_descriptors_per_connection =
       absl::GetFlag(FLAGS_max_descriptors_per_connection);
   options.max_descriptors = absl::GetFlag(FLAGS_max_descriptors);
+  options.max_companion_connections_per_uid =
+      absl::GetFlag(FLAGS_max_companion_connections_per_uid);
+  options.companion_hello_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_companion_hello_timeout_ms));
+  if (options.max_companion_connections_per_uid < 0 ||
+      options.companion_hello_timeout <= absl::ZeroDuration()) {
+    return UsageError(
+        "--max_companion_connections_per_uid must be >= 0 and "
+        "--companion_hello_timeout_ms > 0");
+  }
   options.service.max_verify_streams_per_client =
       absl::GetFlag(FLAGS_max_verify_streams_per_client);
   options.tls.cert_path = absl::GetFlag(FLAGS_tls_cert);

@@ -396,6 +396,59 @@ TEST(AccessTest, DaemonMemoryAndDoubleImportsAreRefused) {
   EXPECT_EQ(buffers(), 2);
 }
 
+// A raw companion connection to the daemon of `daemon_socket`, waiting at most
+// 10 s in each receive (a test never hangs on a daemon that keeps it).
+UniqueFd RawCompanion(const std::string& daemon_socket) {
+  UniqueFd s(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  struct sockaddr_un addr;
+  std::memset(&addr, 0, sizeof(addr));
+  addr.sun_family = AF_UNIX;
+  const std::string path = CompanionOf(daemon_socket);
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  EXPECT_EQ(connect(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)),
+            0);
+  timeval tv{10, 0};
+  setsockopt(s.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return s;
+}
+
+// One uid could take all 256 companion connections with connections that
+// never say Hello, locking every other worker out. Now each uid holds at
+// most --max_companion_connections_per_uid, and a connection without a
+// Hello is closed after --companion_hello_timeout_ms.
+TEST(AccessTest, OneUidCannotHoldEveryCompanionConnection) {
+  LoggedDaemon d({"--max_companion_connections_per_uid=4",
+                  "--companion_hello_timeout_ms=1500"});
+  std::vector<UniqueFd> idle;
+  for (int i = 0; i < 4; ++i) idle.push_back(RawCompanion(d.socket()));
+  // The fifth is closed at once (the daemon accepts in order).
+  UniqueFd fifth = RawCompanion(d.socket());
+  absl::StatusOr<ReceivedMessage> m = ReceiveMessage(fifth.get(), 1 << 16, 1);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kOutOfRange) << m.status();
+  // The idle four are closed after the Hello deadline, not before.
+  const absl::Time start = absl::Now();
+  for (UniqueFd& c : idle) {
+    m = ReceiveMessage(c.get(), 1 << 16, 1);
+    ASSERT_FALSE(m.ok());
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kOutOfRange) << m.status();
+  }
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(1000));
+  // Their slots are free again: a client with its session connects, and
+  // the refusal was counted.
+  std::unique_ptr<KVCacheClient> c = ConnectOrDie(d.socket());
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(Rejections(*c, "limit_companion_connections_per_uid"), 1);
+  // A connection that did say Hello stays past the deadline.
+  absl::SleepFor(absl::Milliseconds(1700));
+  EXPECT_TRUE(c->Ping().ok());
+  EXPECT_TRUE(c->AllocateBuffer(4096).ok());  // needs the companion
+  c.reset();
+  const std::string log = d.Stop();
+  EXPECT_THAT(log, HasSubstr("reason=limit_companion_connections_per_uid"));
+  EXPECT_THAT(log, HasSubstr("reason=no Hello within 1500 ms"));
+}
+
 TEST(AccessTest, TooManyDescriptorsInOneMessageAreAllClosed) {
   LoggedDaemon d;
   std::unique_ptr<KVCacheClient> c = ConnectOrDie(d.socket());
