@@ -41,8 +41,8 @@ constexpr int kHeaderWords = db::kWordsPerLine;
 
 // What the step path may allocate for staging on one device, device
 // memory and pinned host memory each (server/step/staging_pool.h): a
-// registration of the largest maxima takes about 2 x 2 x 21 MiB, so 64 of
-// them fit.
+// registration of the largest maxima takes two areas of about 21 MiB of
+// each kind, 32 MiB once rounded up, so about 60 of them fit.
 constexpr int64_t kStagingCapBytes = int64_t{4} << 30;
 
 // The process's staging pools, one per device and kind (they outlive the
