@@ -120,6 +120,23 @@ absl::StatusOr<OpenedSession> SessionManager::OpenLocked(Session session) {
                        "\" already has ", of_subject, " sessions (at most ",
                        limits_.max_sessions_per_uid, " per client)"));
     }
+  } else {
+    // Anonymous sessions (OpenSession, plain loopback TCP) name nobody: all
+    // of them together are one client, so whoever can reach the socket
+    // cannot take every session from the workers.
+    int64_t anonymous = 0;
+    for (const auto& [number, other] : sessions_) {
+      if (!other.peer && other.tls_subject.empty()) ++anonymous;
+    }
+    if (anonymous >= limits_.max_sessions_per_uid) {
+      return LimitExceeded(
+          Limit::kSessionsPerClient,
+          absl::StrCat("there are already ", anonymous,
+                       " anonymous sessions (at most ",
+                       limits_.max_sessions_per_uid,
+                       " together); open a session on the Unix socket or "
+                       "with a TLS client certificate"));
+    }
   }
   OpenedSession opened;
   opened.number = next_session_++;

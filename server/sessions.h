@@ -53,7 +53,7 @@ struct SessionLimits {
   absl::Duration max_lease = absl::Minutes(10);
   int64_t max_sessions = 4096;  // all sessions together
   // Sessions of one client: peer sessions of one uid, stream sessions of
-  // one TLS subject.
+  // one TLS subject, and all anonymous sessions together.
   int64_t max_sessions_per_uid = 256;
   int64_t max_client_name_bytes = 256;  // Hello / OpenSession client_name
   int64_t max_buffers_per_session = 1024;

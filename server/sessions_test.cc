@@ -285,6 +285,34 @@ TEST(SessionsTest, ClientNameAndSessionsPerUidAreBounded) {
   EXPECT_EQ(m.Stats().sessions, 4);
 }
 
+// Anonymous sessions (OpenSession; plain loopback TCP streams) name
+// nobody: together they are one client, so anyone who can reach the
+// socket cannot take every session (4096) from the workers.
+TEST(SessionsTest, AnonymousSessionsTogetherAreOneClient) {
+  SessionLimits limits;
+  limits.max_sessions_per_uid = 3;
+  SessionManager m(limits);
+  absl::Duration granted;
+  absl::StatusOr<std::string> first =
+      m.Open("a", absl::ZeroDuration(), kT0, &granted);
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(m.Open("b", absl::ZeroDuration(), kT0, &granted).ok());
+  ASSERT_TRUE(m.OpenStream("c", "").ok());  // plain loopback TCP
+  absl::StatusOr<std::string> s =
+      m.Open("d", absl::ZeroDuration(), kT0, &granted);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(s.status().message()),
+              HasSubstr("already 3 anonymous sessions (at most 3 together)"));
+  EXPECT_EQ(LimitOf(s.status()), Limit::kSessionsPerClient);
+  EXPECT_EQ(m.OpenStream("e", "").status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // Workers and TLS clients are not affected; closing frees a slot.
+  EXPECT_TRUE(m.OpenPeer("w", {.pid = 10, .uid = 1000, .gid = 1000}).ok());
+  EXPECT_TRUE(m.OpenStream("t", "CN=scheduler").ok());
+  ASSERT_TRUE(m.Close(*first).ok());
+  EXPECT_TRUE(m.Open("d", absl::ZeroDuration(), kT0, &granted).ok());
+}
+
 }  // namespace
 }  // namespace kvdepot
 
