@@ -1,7 +1,8 @@
 // The bytes of inline reply data (Load rows, cast-back rows, index
 // outputs returned in the reply, Inspect records, Step.PlanStep plans)
-// that the daemon holds until gRPC has sent them. A client that stops reading its replies would otherwise make the
-// daemon hold every reply it asked for: 32 calls per connection of up to
+// that the daemon holds until gRPC has sent them. A client that stops reading
+// its replies would otherwise make the daemon hold every reply it asked for: 32
+// calls per connection of up to
 // --max_message_bytes each, over as many connections as it opens, enough to
 // have the daemon OOM-killed. The bytes are admitted against a budget
 // (--max_reply_bytes, per client --max_reply_bytes_per_client) before they
