@@ -454,14 +454,7 @@ TEST(AccessTest, TooManyDescriptorsInOneMessageAreAllClosed) {
   std::unique_ptr<KVCacheClient> c = ConnectOrDie(d.socket());
   ASSERT_NE(c, nullptr);
   // A raw companion connection of our own.
-  UniqueFd s(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-  struct sockaddr_un addr;
-  std::memset(&addr, 0, sizeof(addr));
-  addr.sun_family = AF_UNIX;
-  const std::string path = CompanionOf(d.socket());
-  std::memcpy(addr.sun_path, path.data(), path.size());
-  ASSERT_EQ(connect(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)),
-            0);
+  UniqueFd s = RawCompanion(d.socket());
   v1::CompanionRequest hello;
   hello.mutable_hello()->set_client_name("raw\nforged log line");
   ASSERT_TRUE(SendMessage(s.get(), hello.SerializeAsString(), {}).ok());
