@@ -84,6 +84,11 @@ class BlockLoadPlanBuilder {
   int32_t source_block_size() const { return block_size_; }
   int32_t num_blocks() const { return num_blocks_; }
   bool finished() const { return finished_; }
+  // The bytes the segment vector holds allocated (it keeps them across
+  // Reset()).
+  int64_t capacity_bytes() const {
+    return static_cast<int64_t>(segments_.capacity() * sizeof(int32_t));
+  }
 
  private:
   // Appends one segment; the caller has validated it.

@@ -79,6 +79,23 @@ absl::Status DecodeSequencePlan(absl::string_view field,
   out->params.ratio = *ratio;
   out->params.block_size = static_cast<int32_t>(layout.block_size * *ratio);
   out->params.num_blocks = static_cast<int32_t>(layout.num_blocks);
+  // The plan gets a segment per compressed block read and one per empty
+  // sequence (BuildCompressedPlan): bounded before anything is built, as
+  // Load bounds the segments it is given, so the plan of a table of
+  // --max_array_elements entries cannot take 4x that.
+  const int64_t bs = out->params.source_block_size();
+  int64_t segments = 0;
+  for (const int32_t k : out->seqlen_k) {
+    const int64_t tokens = k > 0 ? k / *ratio : 0;  // k < 0: refused later
+    segments += tokens == 0 ? 1 : (tokens + bs - 1) / bs;
+  }
+  if (segments > max_elements / 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(f, ": the plan would have ", segments,
+                     " segments, more than the ", max_elements / 4,
+                     " a plan may have (--max_array_elements / 4, as "
+                     "for Load's segments); split the batch"));
+  }
   out->batch = SequenceBatch{};
   out->batch.seqlen_k = out->seqlen_k;
   out->batch.block_table =

@@ -16,29 +16,25 @@
 #include "server/reply_scope.h"
 #include "server/request_checks.h"
 #include "server/service.h"
+#include "server/thread_scratch.h"
 
 namespace kvdepot {
 namespace {
 
-// Per-thread scratch: decoded arrays and plan builders keep their capacity
-// across requests, so steady-state requests do not allocate for them.
+// Per-thread scratch (server/thread_scratch.h): decoded arrays and the plan
+// builder keep their capacity across calls, within the kept-scratch bounds.
 struct Scratch {
   std::vector<int32_t> slots;
   std::vector<int32_t> segments;
   std::vector<int32_t> cu_rows;
-  std::vector<int32_t> seqlen_q;
-  std::vector<int32_t> state_ids;
-  std::vector<int32_t> valid_start;
-  std::vector<float> token;
-  std::vector<uint8_t> record;
   DecodedSequences seqs;
   BlockLoadPlanBuilder builder{1, 1};
-  BlockLoadPlanBuilder swa_builder{1, 1};
 };
 
-Scratch& ThreadScratch() {
-  thread_local Scratch scratch;
-  return scratch;
+int64_t HeldBytes(const Scratch& s) {
+  return CapacityBytes(s.slots, s.segments, s.cu_rows, s.seqs.seqlen_k,
+                       s.seqs.block_table) +
+         s.builder.capacity_bytes();
 }
 
 // A pool's lock for one data call, shared (Load) or exclusive (Store). A
@@ -129,7 +125,8 @@ absl::Status KVCacheService::DoStore(Ctx* ctx, const Caller& caller,
     RETURN_IF_ERROR(CheckFusedStore(
         *dtype, !r.wait_event_ipc_handle().empty() || r.record_event()));
   }
-  Scratch& sc = ThreadScratch();
+  ThreadScratch<Scratch> scratch;
+  Scratch& sc = *scratch;
   RETURN_IF_ERROR(DecodeInt32s("slot_mapping", r.slot_mapping(), "num_tokens",
                                r.num_tokens(), options_.max_array_elements,
                                &sc.slots));
@@ -178,7 +175,8 @@ absl::Status KVCacheService::DoLoad(Ctx* ctx, const Caller& caller,
       caller, r.pool(), r.layer(), r.wait_event_ipc_handle(), r.record_event());
   if (!pool.ok()) return pool.status();
   const PoolLayout& layout = (*pool)->layout;
-  Scratch& sc = ThreadScratch();
+  ThreadScratch<Scratch> scratch;
+  Scratch& sc = *scratch;
   absl::Span<const int32_t> segments;
   int64_t total_k = 0;
   switch (r.plan_case()) {
@@ -251,16 +249,23 @@ absl::Status KVCacheService::DoBuildPlan(const Caller& caller,
   absl::StatusOr<std::shared_ptr<Pool>> pool =
       UsablePool(caller, "pool", r.pool());
   if (!pool.ok()) return pool.status();
-  Scratch& sc = ThreadScratch();
+  ThreadScratch<Scratch> scratch;
+  Scratch& sc = *scratch;
   RETURN_IF_ERROR(DecodeSequencePlan("sequences", r.sequences(),
                                      (*pool)->layout,
                                      options_.max_array_elements, &sc.seqs));
   RETURN_IF_ERROR(BuildSequenceLoadPlan(sc.seqs, &sc.builder, &sc.cu_rows));
   absl::Span<const int32_t> segments = sc.builder.Finish();
-  RETURN_IF_ERROR(ReplyScope::Reserve(
-      BudgetClientOf(caller),
-      4 * static_cast<int64_t>(segments.size() + sc.cu_rows.size()),
-      "plan (inline reply)"));
+  const int64_t reply_bytes =
+      4 * static_cast<int64_t>(segments.size() + sc.cu_rows.size());
+  if (reply_bytes > options_.max_inline_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sequences: the plan and cu_rows take ", reply_bytes,
+        " bytes, more than max_inline_bytes = ", options_.max_inline_bytes,
+        " (a reply must fit one message); split the batch"));
+  }
+  RETURN_IF_ERROR(ReplyScope::Reserve(BudgetClientOf(caller), reply_bytes,
+                                      "plan (inline reply)"));
   v1::Segments* plan = out->mutable_plan();
   plan->set_num_segments(static_cast<int64_t>(segments.size()) / 4);
   plan->set_total_k(sc.builder.total_k());

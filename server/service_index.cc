@@ -16,17 +16,18 @@
 #include "server/reply_scope.h"
 #include "server/request_checks.h"
 #include "server/service.h"
+#include "server/thread_scratch.h"
 
 namespace kvdepot {
 namespace {
 
+// Per-thread scratch (server/thread_scratch.h).
 struct IndexScratch {
   std::vector<int32_t> a, b, c, d, e, f;
 };
 
-IndexScratch& ThreadIndexScratch() {
-  thread_local IndexScratch scratch;
-  return scratch;
+int64_t HeldBytes(const IndexScratch& s) {
+  return CapacityBytes(s.a, s.b, s.c, s.d, s.e, s.f);
 }
 
 absl::Status CheckDim(absl::string_view field, int64_t v, int64_t lo) {
@@ -131,7 +132,8 @@ absl::Status KVCacheService::DoConvertTopk(Ctx* ctx, const Caller& caller,
       UsablePool(caller, "pool", r.pool());
   if (!pool.ok()) return pool.status();
   const PoolLayout& l = (*pool)->layout;
-  IndexScratch& sc = ThreadIndexScratch();
+  ThreadScratch<IndexScratch> scratch;
+  IndexScratch& sc = *scratch;
   const int64_t max = options_.max_array_elements;
   RETURN_IF_ERROR(CheckDim("batch", r.batch(), 1));
   RETURN_IF_ERROR(CheckDim("k", r.k(), 0));
@@ -259,7 +261,8 @@ absl::Status KVCacheService::DoSwaDecodeIndex(
       UsablePool(caller, "pool", r.pool());
   if (!pool.ok()) return pool.status();
   const PoolLayout& l = (*pool)->layout;
-  IndexScratch& sc = ThreadIndexScratch();
+  ThreadScratch<IndexScratch> scratch;
+  IndexScratch& sc = *scratch;
   const int64_t max = options_.max_array_elements;
   // Bounded on both sides before 3 * num_queries (a negative count wrapped
   // to a small positive one, then resize() threw: UNKNOWN).
@@ -327,7 +330,8 @@ absl::Status KVCacheService::DoPrefillIndex(Ctx* ctx, const Caller& caller,
   RETURN_IF_ERROR(CheckIndexOrdering(*backend_, r.wait_event_ipc_handle(),
                                      r.record_event(), r.has_index_buffer(),
                                      "index_buffer"));
-  IndexScratch& sc = ThreadIndexScratch();
+  ThreadScratch<IndexScratch> scratch;
+  IndexScratch& sc = *scratch;
   const int64_t max = options_.max_array_elements;
   const int64_t n = r.num_seqs();
   RETURN_IF_ERROR(CheckDim("num_seqs", n, 1));

@@ -16,10 +16,12 @@
 #include "server/prefill_sources.h"
 #include "server/request_checks.h"
 #include "server/service.h"
+#include "server/thread_scratch.h"
 
 namespace kvdepot {
 namespace {
 
+// Per-thread scratch (server/thread_scratch.h).
 struct PrefillScratch {
   std::vector<int32_t> seqlen_k, seqlen_q, state_ids, valid_start;
   std::vector<int32_t> block_table;
@@ -27,9 +29,14 @@ struct PrefillScratch {
   PrefillHostScratch host;
 };
 
-PrefillScratch& ThreadPrefillScratch() {
-  thread_local PrefillScratch scratch;
-  return scratch;
+int64_t HeldBytes(const PrefillScratch& s) {
+  const PrefillLoadPlan& p = s.plan;
+  const PrefillHostScratch& h = s.host;
+  return CapacityBytes(s.seqlen_k, s.seqlen_q, s.state_ids, s.valid_start,
+                       s.block_table, p.swa_segments, p.main_segments,
+                       p.store_slots, p.cu_compressed, h.chunk_in, h.chunk_out,
+                       h.record, h.token, h.decoded) +
+         p.builder.capacity_bytes();
 }
 
 }  // namespace
@@ -79,7 +86,8 @@ absl::Status KVCacheService::DoPrefillLoad(Ctx* ctx, const Caller& caller,
   if (!dtype.ok()) return dtype.status();
   RETURN_IF_ERROR(ValidateInputDtype(sl.format, *dtype));
   RETURN_IF_ERROR(ValidateInputDtype(ml.format, *dtype));
-  PrefillScratch& sc = ThreadPrefillScratch();
+  ThreadScratch<PrefillScratch> scratch;
+  PrefillScratch& sc = *scratch;
   const int64_t n = r.num_seqs();
   const int64_t max = options_.max_array_elements;
   if (n < 1) {

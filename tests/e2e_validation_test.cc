@@ -240,6 +240,42 @@ TEST_F(ValidationTest, LoadRejectsEveryInvalidPlan) {
   EXPECT_REJECTED(c_->Load(s), kInvalidArgument, "sequences.num_seqs = 0");
 }
 
+// A plan is bounded like the segments Load accepts (--max_array_elements
+// / 4 = 4194304 at the default), before it is built: a block table within
+// its own bound could otherwise make a plan of 4x its size (BuildPlan's of
+// a 60 MB table took 240 MB per call, kept by the handler thread). A plan
+// within that bound whose reply cannot fit one message is refused clearly.
+TEST_F(ValidationTest, PlansAreBoundedBeforeTheyAreBuilt) {
+  constexpr int64_t kMaxSegments = (int64_t{1} << 24) / 4;
+  auto plan = [](int64_t blocks) {
+    v1::BuildPlanRequest r;
+    r.set_pool("v");  // blocks of 7 tokens
+    v1::SequencePlan* sp = r.mutable_sequences();
+    sp->set_num_seqs(1);
+    sp->set_seqlen_k(Pack({static_cast<int32_t>(7 * blocks)}));
+    sp->set_max_blocks_per_seq(blocks);
+    sp->set_block_table(Pack(std::vector<int32_t>(blocks, 0)));  // valid
+    return r;
+  };
+  EXPECT_REJECTED(c_->BuildPlan(plan(kMaxSegments + 1)), kInvalidArgument,
+                  "sequences: the plan would have 4194305 segments, more "
+                  "than the 4194304");
+  v1::LoadRequest load;
+  load.set_pool("v");
+  *load.mutable_sequences() = plan(kMaxSegments + 1).sequences();
+  *load.mutable_data() = InlineOutput();
+  EXPECT_REJECTED(c_->Load(load), kInvalidArgument,
+                  "the plan would have 4194305 segments");
+  // At the bound the plan is built; its 64 MiB of segments and the
+  // cu_rows do not fit a reply.
+  EXPECT_REJECTED(c_->BuildPlan(plan(kMaxSegments)), kInvalidArgument,
+                  "sequences: the plan and cu_rows take 67108872 bytes, more "
+                  "than max_inline_bytes = 67108864");
+  absl::StatusOr<v1::BuildPlanResponse> ok = c_->BuildPlan(plan(1000));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->plan().num_segments(), 1000);
+}
+
 TEST_F(ValidationTest, PrefillLoadRejectsEveryInvalidField) {
   v1::PrefillLoadRequest r = GoodPrefill();
   r.set_window(9);
