@@ -13,74 +13,13 @@
 #include "server/backend/inline_call.h"
 #include "server/reply_reactor.h"
 #include "server/reply_scope.h"
+#include "server/serving_policy.h"
 #include "server/worker_pool.h"
 
 namespace kvdepot {
 namespace {
 
 using CallbackCtx = grpc::CallbackServerContext;
-
-// a * b <= limit for untrusted a, b (negative values are small: the
-// handler rejects them at once).
-bool ProductAtMost(int64_t a, int64_t b, int64_t limit) {
-  if (a <= 0 || b <= 0) return true;
-  return a <= limit / b;
-}
-
-// Which calls leave the gRPC thread (serving.h). `device` = the backend's
-// calls may wait for the GPU.
-struct Policy {
-  int64_t rows;  // inline_max_rows
-  bool device;   // backend_waits_for_device()
-
-  // A Store/Load that can return without waiting for the GPU: ordered by a
-  // recorded event, no client event to await, no inline (host) data.
-  bool DeviceAsync(const v1::DataRef& a, const v1::DataRef* b,
-                   absl::string_view wait, bool record) const {
-    auto host = [](const v1::DataRef& d) {
-      return d.kind_case() == v1::DataRef::kInlineData ||
-             d.kind_case() == v1::DataRef::kInlineOutput;
-    };
-    return record && wait.empty() && !host(a) && (b == nullptr || !host(*b));
-  }
-  bool Offload(const v1::StoreRequest& r) const {
-    if (device) {
-      return !DeviceAsync(r.kv(), nullptr, r.wait_event_ipc_handle(),
-                          r.record_event());
-    }
-    return r.num_tokens() > rows;
-  }
-  bool Offload(const v1::LoadRequest& r) const {
-    if (device) {
-      return !DeviceAsync(r.data(), &r.scales(), r.wait_event_ipc_handle(),
-                          r.record_event());
-    }
-    if (r.has_segments()) return r.segments().total_k() > rows;
-    // 4 bytes per block table entry; a block holds up to 64 tokens or more.
-    return static_cast<int64_t>(r.sequences().block_table().size()) / 4 >
-           rows / 16;
-  }
-  bool Offload(const v1::BuildPlanRequest& r) const {
-    return static_cast<int64_t>(r.sequences().block_table().size()) / 4 >
-           rows * 4;
-  }
-  // The index calls: on a device, only those answered before the GPU
-  // finishes (record_event, output in a buffer, no event to await) stay.
-  bool Offload(const v1::ConvertTopkRequest& r) const {
-    if (device) {
-      return !(r.record_event() && r.wait_event_ipc_handle().empty() &&
-               r.has_slots_buffer());
-    }
-    return !ProductAtMost(r.batch(), r.k(), rows * 16);
-  }
-  bool Offload(const v1::SwaDecodeIndexRequest& r) const {
-    if (device) {
-      return !(r.record_event() && r.wait_event_ipc_handle().empty() &&
-               r.has_slots_buffer());
-    }
-    return !ProductAtMost(r.num_queries(), r.window(), rows * 16);
-  }
-};
 
 // The callback API: inline or offloaded unary calls, Verify as a write
 // reactor fed by an ops-pool thread.
@@ -216,7 +155,7 @@ class CallbackServing final : public Serving,
 
   KVCacheService* const impl_;
   MemoryBudget* const replies_;
-  const Policy policy_;
+  const OffloadPolicy policy_;
   WorkerPool data_pool_;
   WorkerPool wait_pool_;  // calls that await a client's event first
   WorkerPool ops_pool_;
