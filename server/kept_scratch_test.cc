@@ -3,18 +3,16 @@
 // it past a thread's share leave nothing behind. In process, so the test
 // reads the daemon's count.
 #include <grpc/grpc.h>
-#include <stdlib.h>
 
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "client/kvdepot_client.h"
 #include "gtest/gtest.h"
 #include "proto/wire.h"
-#include "server/daemon.h"
+#include "server/in_process_daemon.h"
 #include "server/thread_scratch.h"
 #include "tests/e2e_util.h"
 
@@ -30,19 +28,12 @@ class KeptScratchTest : public ::testing::Test {
   static void SetUpTestSuite() { grpc_init(); }
 
   void SetUp() override {
-    char dir[] = "/tmp/kvdepot-scratch-XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    DaemonOptions o;
-    o.listen = absl::StrCat(dir, "/kv.sock");
-    o.backend = "cpu";
-    o.drain_grace = absl::ZeroDuration();
-    absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(o);
+    absl::StatusOr<std::unique_ptr<Daemon>> d =
+        Daemon::Start(InProcessDaemonOptions("scratch"));
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = *std::move(d);
-    ClientOptions co;
-    co.address = daemon_->target();
     absl::StatusOr<std::unique_ptr<KVCacheClient>> c =
-        KVCacheClient::Connect(co);
+        ConnectInProcess(*daemon_);
     ASSERT_TRUE(c.ok()) << c.status();
     client_ = *std::move(c);
     // Blocks of 4 tokens, 6 of them.

@@ -2,7 +2,6 @@
 // Verify (code and message), Verify's streamed progress and checksums on
 // awkward block sizes, Drain refusing new work while reads go on, and
 // --metrics_address validation.
-#include <stdlib.h>
 
 #include <chrono>
 #include <random>
@@ -13,7 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/wire.h"
-#include "server/daemon.h"
+#include "server/in_process_daemon.h"
 
 namespace kvdepot {
 namespace {
@@ -25,19 +24,12 @@ class OpsRpcTest : public ::testing::Test {
   void SetUp() override {
     // A Unix socket in a private directory: the client's companion session
     // carries its uid, the daemon's own (admin: Drain is allowed).
-    char dir[] = "/tmp/kvdepot-ops-XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    DaemonOptions o;
-    o.listen = absl::StrCat(dir, "/kv.sock");
-    o.backend = "cpu";
-    o.drain_grace = absl::ZeroDuration();
-    absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(o);
+    absl::StatusOr<std::unique_ptr<Daemon>> d =
+        Daemon::Start(InProcessDaemonOptions("ops"));
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = *std::move(d);
-    ClientOptions co;
-    co.address = daemon_->target();
     absl::StatusOr<std::unique_ptr<KVCacheClient>> c =
-        KVCacheClient::Connect(co);
+        ConnectInProcess(*daemon_);
     ASSERT_TRUE(c.ok()) << c.status();
     client_ = *std::move(c);
     v1::CreatePoolRequest r;

@@ -8,7 +8,6 @@
 // reply's bounds: the inline limit (INVALID_ARGUMENT before any work) and
 // the reply budget (RESOURCE_EXHAUSTED, counted).
 #include <grpc/grpc.h>
-#include <stdlib.h>
 #include <xxhash.h>
 
 #include <cstring>
@@ -22,7 +21,7 @@
 #include "client/kvdepot_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/daemon.h"
+#include "server/in_process_daemon.h"
 #include "server/record_check.h"
 #include "tests/e2e_util.h"
 
@@ -60,22 +59,15 @@ class OpsScanTest : public ::testing::TestWithParam<int64_t> {
   static void SetUpTestSuite() { grpc_init(); }
 
   void SetUp() override {
-    char dir[] = "/tmp/kvdepot-scan-XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    DaemonOptions o;
-    o.listen = absl::StrCat(dir, "/kv.sock");
-    o.backend = "cpu";
-    o.drain_grace = absl::ZeroDuration();
+    DaemonOptions o = InProcessDaemonOptions("scan");
     o.service.scan_chunk_bytes = GetParam();
     o.service.max_inline_bytes = kInlineLimit;
     o.max_reply_bytes_per_client = kReplyPerClient;
     absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(o);
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = *std::move(d);
-    ClientOptions co;
-    co.address = daemon_->target();
     absl::StatusOr<std::unique_ptr<KVCacheClient>> c =
-        KVCacheClient::Connect(co);
+        ConnectInProcess(*daemon_);
     ASSERT_TRUE(c.ok()) << c.status();
     client_ = *std::move(c);
   }

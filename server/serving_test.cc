@@ -4,20 +4,16 @@
 // serving options are refused.
 #include "server/serving.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/kvdepot_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/daemon.h"
+#include "server/in_process_daemon.h"
 
 namespace kvdepot {
 namespace {
@@ -26,12 +22,7 @@ using ::testing::HasSubstr;
 
 std::unique_ptr<Daemon> StartDaemon(const ServingOptions& serving,
                                     absl::Duration verify_block_delay) {
-  char dir[] = "/tmp/kvdepot-serving-XXXXXX";
-  if (mkdtemp(dir) == nullptr) return nullptr;
-  DaemonOptions o;
-  o.listen = absl::StrCat(dir, "/kv.sock");
-  o.backend = "cpu";
-  o.drain_grace = absl::ZeroDuration();
+  DaemonOptions o = InProcessDaemonOptions("serving");
   o.serving = serving;
   o.service.verify_block_delay = verify_block_delay;
   // These tests bound the scan pool itself: one client fills it, so the
@@ -43,9 +34,7 @@ std::unique_ptr<Daemon> StartDaemon(const ServingOptions& serving,
 }
 
 std::unique_ptr<KVCacheClient> Connect(const Daemon& d) {
-  ClientOptions co;
-  co.address = d.target();
-  absl::StatusOr<std::unique_ptr<KVCacheClient>> c = KVCacheClient::Connect(co);
+  absl::StatusOr<std::unique_ptr<KVCacheClient>> c = ConnectInProcess(d);
   EXPECT_TRUE(c.ok()) << c.status();
   return c.ok() ? *std::move(c) : nullptr;
 }
