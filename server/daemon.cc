@@ -479,6 +479,11 @@ absl::Status Daemon::Init() {
         " must be at least max_message_bytes = ", options_.max_message_bytes,
         " (a request that size could never arrive)"));
   }
+  if (options_.max_connections_per_uid < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_connections_per_uid = ", options_.max_connections_per_uid,
+        " must be >= 0"));
+  }
   if (options_.max_companion_connections_per_uid < 0 ||
       options_.companion_hello_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -507,6 +512,10 @@ absl::Status Daemon::Init() {
     UnixListenerOptions lo;
     lo.on_refused = [metrics = metrics_.get()] {
       metrics->RecordLimit(Limit::kConnections);
+    };
+    lo.max_connections_per_uid = options_.max_connections_per_uid;
+    lo.on_refused_per_uid = [metrics = metrics_.get()] {
+      metrics->RecordLimit(Limit::kConnectionsPerUid);
     };
     ASSIGN_OR_RETURN(unix_listener_,
                      UnixListener::Start(socket_path_, server_.get(), lo));

@@ -92,6 +92,9 @@ struct DaemonOptions {
   // one may take to send its Hello (docs/DAEMON.md "Limits").
   int max_companion_connections_per_uid = 64;
   absl::Duration companion_hello_timeout = absl::Seconds(10);
+  // gRPC connections one peer uid may hold on the Unix socket (0 = no
+  // cap; server/unix_listener.h).
+  int max_connections_per_uid = 256;
   // Descriptors the CPU backend's pools and buffers may hold together
   // (server/descriptors.h); 0 = DefaultDescriptorBudget of the soft
   // RLIMIT_NOFILE, which Init first raises to the hard limit.

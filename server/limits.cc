@@ -20,6 +20,7 @@ constexpr absl::string_view kNames[] = {
     "memory_per_client",
     "descriptors",
     "connections",
+    "connections_per_uid",
     "reply_bytes",
     "reply_bytes_per_client",
     "acl_entries",

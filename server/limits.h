@@ -27,6 +27,7 @@ enum class Limit : int {
   kMemoryPerClient,             // bytes one client may hold of it
   kDescriptors,                 // descriptors held for pools and buffers
   kConnections,                 // gRPC connections past the descriptor headroom
+  kConnectionsPerUid,           // gRPC connections of one uid (Unix socket)
   kReplyBytes,                  // inline reply bytes not yet sent, together
   kReplyBytesPerClient,         // inline reply bytes not yet sent, one client
   kAclEntries,  // entries of one kind in an object's access list

@@ -115,6 +115,9 @@ ABSL_FLAG(int64_t, max_descriptors_per_connection, 256,
 ABSL_FLAG(int, max_companion_connections_per_uid, 64,
           "Companion connections one peer uid may hold (of the daemon's 256); "
           "0 = no per-uid cap.");
+ABSL_FLAG(int, max_connections_per_uid, 256,
+          "gRPC connections one peer uid may hold on the Unix socket at "
+          "once; the next is closed at once. 0 = no per-uid cap.");
 ABSL_FLAG(int, companion_hello_timeout_ms, 10000,
           "How long a new companion connection may take to send its Hello "
           "before it is closed (> 0).");
@@ -285,6 +288,11 @@ int main(int argc, char** argv) {
     return UsageError(
         "--max_companion_connections_per_uid must be >= 0 and "
         "--companion_hello_timeout_ms > 0");
+  }
+  options.max_connections_per_uid =
+      absl::GetFlag(FLAGS_max_connections_per_uid);
+  if (options.max_connections_per_uid < 0) {
+    return UsageError("--max_connections_per_uid must be >= 0");
   }
   options.service.max_verify_streams_per_client =
       absl::GetFlag(FLAGS_max_verify_streams_per_client);

@@ -7,9 +7,11 @@
 #include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -91,17 +93,79 @@ void UnixListener::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void UnixListener::Refuse(const char* why, int64_t fd_number) {
+void UnixListener::Refuse(bool per_uid, const std::string& why,
+                          int64_t fd_number) {
   refused_.fetch_add(1);
-  if (options_.on_refused) options_.on_refused();
+  const char* reason =
+      per_uid ? "limit_connections_per_uid" : "limit_connections";
+  const std::function<void()>& count =
+      per_uid ? options_.on_refused_per_uid : options_.on_refused;
+  if (count) count();
   const int64_t now = absl::GetCurrentTimeNanos();
   if (now - last_log_ns_ >= 1'000'000'000) {
     last_log_ns_ = now;
     spdlog::warn(
-        "rpc=connect status=RESOURCE_EXHAUSTED reason=limit_connections "
-        "why=\"{}\" descriptor={} soft_limit={} headroom={} refused_total={}",
-        why, fd_number, soft_limit_, options_.headroom, refused_.load());
+        "rpc=connect status=RESOURCE_EXHAUSTED reason={} why=\"{}\" "
+        "descriptor={} soft_limit={} headroom={} refused_total={}",
+        reason, why, fd_number, soft_limit_, options_.headroom,
+        refused_.load());
   }
+}
+
+namespace {
+
+// Accepts between two sweeps of every uid's connections: a uid that stops
+// connecting would otherwise keep its closed ones listed.
+constexpr int64_t kSweepEvery = 1024;
+
+bool StillOpen(int fd, dev_t dev, ino_t ino) {
+  struct stat st {};
+  return fstat(fd, &st) == 0 && st.st_dev == dev && st.st_ino == ino;
+}
+
+}  // namespace
+
+void UnixListener::Sweep() {
+  for (auto it = held_.begin(); it != held_.end();) {
+    std::vector<Held>& v = it->second;
+    v.erase(std::remove_if(
+                v.begin(), v.end(),
+                [](const Held& h) { return !StillOpen(h.fd, h.dev, h.ino); }),
+            v.end());
+    if (v.empty()) {
+      held_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
+bool UnixListener::AdmitPeer(int fd, uid_t* uid) {
+  if (options_.max_connections_per_uid <= 0) return true;
+  if (++accepts_since_sweep_ >= kSweepEvery) {
+    accepts_since_sweep_ = 0;
+    Sweep();
+  }
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  struct stat st {};
+  // A Unix socket always has both; without them the peer is not counted
+  // (nothing to count it by), as for the descriptor checks above.
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
+      fstat(fd, &st) != 0) {
+    return true;
+  }
+  *uid = cred.uid;
+  std::vector<Held>& mine = held_[cred.uid];
+  mine.erase(std::remove_if(
+                 mine.begin(), mine.end(),
+                 [](const Held& h) { return !StillOpen(h.fd, h.dev, h.ino); }),
+             mine.end());
+  if (static_cast<int64_t>(mine.size()) >= options_.max_connections_per_uid) {
+    return false;
+  }
+  mine.push_back(Held{fd, st.st_dev, st.st_ino});
+  return true;
 }
 
 void UnixListener::AcceptLoop() {
@@ -122,9 +186,22 @@ void UnixListener::AcceptLoop() {
       if (fd >= 0) {
         // Read per connection: an operator may change it (prlimit).
         soft_limit_ = SoftDescriptorLimit();
+        // Counted before it is closed: a client that sees the close finds
+        // the refusal in the metrics.
         if (fd >= soft_limit_ - options_.headroom) {
+          Refuse(/*per_uid=*/false,
+                 "the daemon's descriptors are nearly used up", fd);
           close(fd);
-          Refuse("the daemon's descriptors are nearly used up", fd);
+          continue;
+        }
+        uid_t uid = 0;
+        if (!AdmitPeer(fd, &uid)) {
+          Refuse(/*per_uid=*/true,
+                 absl::StrCat("uid ", uid, " holds ",
+                              options_.max_connections_per_uid,
+                              " connections (--max_connections_per_uid)"),
+                 fd);
+          close(fd);
           continue;
         }
         // The server owns it from here (it closes it with the connection).
@@ -143,7 +220,7 @@ void UnixListener::AcceptLoop() {
         if (taken >= 0) close(taken);
         spare_ = OpenSpare();
         if (taken >= 0) {
-          Refuse("no descriptor left", -1);
+          Refuse(/*per_uid=*/false, "no descriptor left", -1);
         } else {  // even the spare's was taken meanwhile: let some go
           absl::SleepFor(absl::Milliseconds(10));
         }

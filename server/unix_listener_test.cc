@@ -142,6 +142,70 @@ TEST_F(UnixListenerTest, OutOfDescriptorsRefusesAndKeepsListening) {
   (*l)->Stop();
 }
 
+// True when the listener closed `fd` (the client reads end-of-file), false
+// when the server took it (it sends its HTTP/2 settings at once).
+bool ClosedByListener(int fd) {
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  char buf[256];
+  const ssize_t n = read(fd, buf, sizeof(buf));
+  EXPECT_GE(n, 0) << "neither closed nor served within 10 s";
+  return n == 0;
+}
+
+// One uid holds at most max_connections_per_uid connections at once; one
+// that gRPC has closed no longer counts.
+TEST_F(UnixListenerTest, OneUidHoldsAtMostItsConnections) {
+  const std::string path = SocketPath();
+  UnixListenerOptions o;
+  o.max_connections_per_uid = 3;
+  int counted = 0, other = 0;
+  o.on_refused_per_uid = [&counted] { ++counted; };
+  o.on_refused = [&other] { ++other; };
+  absl::StatusOr<std::unique_ptr<UnixListener>> l =
+      UnixListener::Start(path, server_.get(), o);
+  ASSERT_TRUE(l.ok()) << l.status();
+  std::vector<int> held;
+  for (int i = 0; i < 3; ++i) {
+    held.push_back(ConnectTo(path));
+    ASSERT_GE(held.back(), 0);
+    EXPECT_FALSE(ClosedByListener(held.back())) << i;
+  }
+  for (int i = 0; i < 2; ++i) {
+    const int extra = ConnectTo(path);
+    ASSERT_GE(extra, 0);
+    EXPECT_TRUE(ClosedByListener(extra)) << i;
+    close(extra);
+  }
+  EXPECT_EQ(counted, 2);
+  EXPECT_EQ(other, 0);
+  EXPECT_EQ((*l)->refused(), 2);
+
+  // The client closes one: once gRPC has closed its end, a new one fits.
+  close(held.back());
+  held.pop_back();
+  bool admitted = false;
+  for (int attempt = 0; attempt < 50 && !admitted; ++attempt) {
+    const int again = ConnectTo(path);
+    ASSERT_GE(again, 0);
+    if (ClosedByListener(again)) {
+      close(again);
+      absl::SleepFor(absl::Milliseconds(100));
+      continue;
+    }
+    admitted = true;
+    held.push_back(again);
+  }
+  EXPECT_TRUE(admitted);
+  // Still three at most.
+  const int extra = ConnectTo(path);
+  ASSERT_GE(extra, 0);
+  EXPECT_TRUE(ClosedByListener(extra));
+  close(extra);
+  for (int fd : held) close(fd);
+  (*l)->Stop();
+}
+
 TEST_F(UnixListenerTest, APathThatIsTooLongOrTakenIsRefused) {
   EXPECT_EQ(UnixListener::Start(std::string(200, 'x'), server_.get(), {})
                 .status()

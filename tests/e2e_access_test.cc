@@ -17,14 +17,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <map>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -557,10 +561,14 @@ TEST(AccessTest, ClosedCompanionConnectionReleasesTheSession) {
 
 // A second uid (created with useradd; needs root, as CI runs) against the
 // pools of another uid and the admin calls.
-TEST(AccessTest, SecondUidCannotUseOrDeleteOthersPoolsNorDrain) {
+// A second local user for the tests that need one: created when missing
+// (root only). Empty when that cannot be done; `why` says why.
+std::optional<std::pair<uid_t, gid_t>> SecondUser(std::string* why) {
   if (geteuid() != 0) {
-    GTEST_SKIP() << "needs root to create a second user (useradd) and run "
-                    "a process as it; CI runs as root";
+    *why =
+        "needs root to create a second user (useradd) and run a process as "
+        "it; CI runs as root";
+    return std::nullopt;
   }
   const char* kUser = "kvdepot-attack";
   if (getpwnam(kUser) == nullptr) {
@@ -569,12 +577,20 @@ TEST(AccessTest, SecondUidCannotUseOrDeleteOthersPoolsNorDrain) {
         "/bin/false "
         "kvdepot-attack >/dev/null 2>&1");
     if (rc != 0 || getpwnam(kUser) == nullptr) {
-      GTEST_SKIP() << "useradd kvdepot-attack failed (rc " << rc << ")";
+      *why = absl::StrCat("useradd kvdepot-attack failed (rc ", rc, ")");
+      return std::nullopt;
     }
   }
   const struct passwd* pw = getpwnam(kUser);
-  const uid_t uid = pw->pw_uid;
-  const gid_t gid = pw->pw_gid;
+  return std::make_pair(pw->pw_uid, pw->pw_gid);
+}
+
+TEST(AccessTest, SecondUidCannotUseOrDeleteOthersPoolsNorDrain) {
+  std::string why;
+  const std::optional<std::pair<uid_t, gid_t>> user = SecondUser(&why);
+  if (!user.has_value()) GTEST_SKIP() << why;
+  const uid_t uid = user->first;
+  const gid_t gid = user->second;
   // The socket directory: 0750 with the attacker's group, so it can reach
   // the sockets (chowned to that group by --socket_group).
   const std::string socket = FreshSocketPath();
@@ -651,6 +667,106 @@ TEST(AccessTest, SecondUidCannotUseOrDeleteOthersPoolsNorDrain) {
   EXPECT_FALSE(st->draining());
   unlink(probe.c_str());
   rmdir(bindir);
+}
+
+// A raw connection to the gRPC socket that says what an HTTP/2 client says
+// first (the preface and empty SETTINGS) and then nothing.
+UniqueFd IdleGrpcConnection(const std::string& socket) {
+  UniqueFd s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, socket.data(), socket.size());
+  EXPECT_EQ(connect(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)),
+            0);
+  static constexpr char kPreface[] =
+      "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0";
+  EXPECT_EQ(write(s.get(), kPreface, sizeof(kPreface) - 1),
+            static_cast<ssize_t>(sizeof(kPreface) - 1));
+  timeval tv{10, 0};
+  setsockopt(s.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return s;
+}
+
+// > 0: the daemon served the connection (its SETTINGS arrived); 0: it
+// closed it (end-of-file, or a reset: the preface was never read); < 0:
+// neither within 10 s.
+ssize_t FirstRead(int fd) {
+  char buf[256];
+  const ssize_t n = read(fd, buf, sizeof(buf));
+  return n < 0 && errno == ECONNRESET ? 0 : n;
+}
+
+// One uid could open idle HTTP/2 connections until the daemon's descriptor
+// headroom refused everybody's (measured: ~19,700 of them, then no other
+// client could connect). Now each uid holds at most
+// --max_connections_per_uid; another uid still connects.
+TEST(AccessTest, OneUidCannotHoldEveryGrpcConnection) {
+  std::string why;
+  const std::optional<std::pair<uid_t, gid_t>> user = SecondUser(&why);
+  const std::string socket = FreshSocketPath();
+  if (user.has_value()) {  // the second uid may reach the socket
+    const std::string dir = socket.substr(0, socket.rfind('/'));
+    ASSERT_EQ(chown(dir.c_str(), 0, user->second), 0);
+    ASSERT_EQ(chmod(dir.c_str(), 0750), 0);
+  }
+  std::vector<std::string> flags = {"--max_connections_per_uid=4"};
+  if (user.has_value()) {
+    flags.push_back(absl::StrCat("--socket_group=", user->second));
+  }
+  LoggedDaemon d(flags, socket);
+  std::vector<UniqueFd> idle;
+  for (int i = 0; i < 4; ++i) {
+    idle.push_back(IdleGrpcConnection(socket));
+    EXPECT_GT(FirstRead(idle.back().get()), 0) << i;
+  }
+  UniqueFd fifth = IdleGrpcConnection(socket);
+  EXPECT_EQ(FirstRead(fifth.get()), 0);  // closed at once
+  if (user.has_value()) {
+    // Another uid is served while this one is at its limit.
+    const pid_t child = fork();
+    if (child == 0) {
+      if (setgroups(0, nullptr) != 0 || setgid(user->second) != 0 ||
+          setuid(user->first) != 0) {
+        _exit(97);
+      }
+      const int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_un addr{};
+      addr.sun_family = AF_UNIX;
+      std::memcpy(addr.sun_path, socket.data(), socket.size());
+      if (connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+        _exit(96);
+      }
+      timeval tv{10, 0};
+      setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+      _exit(FirstRead(s) > 0 ? 0 : 1);
+    }
+    absl::StatusOr<int> code = WaitForExit(child, absl::Seconds(30));
+    ASSERT_TRUE(code.ok()) << code.status();
+    EXPECT_EQ(*code, 0) << "the second uid was not served";
+  } else {
+    std::cerr << "second uid not tried: " << why << "\n";
+  }
+  // Two closed by their client: two connections fit again (a client with
+  // its session, and then one more idle).
+  idle.pop_back();
+  idle.pop_back();
+  std::unique_ptr<KVCacheClient> c;
+  for (int attempt = 0; attempt < 50 && c == nullptr; ++attempt) {
+    absl::SleepFor(absl::Milliseconds(100));  // until the daemon has closed
+    ClientOptions co;
+    co.address = socket;
+    absl::StatusOr<std::unique_ptr<KVCacheClient>> got =
+        KVCacheClient::Connect(co);
+    if (got.ok() && (*got)->Ping().ok()) c = *std::move(got);
+  }
+  ASSERT_NE(c, nullptr);
+  EXPECT_GE(Rejections(*c, "limit_connections_per_uid"), 1);
+  c.reset();
+  idle.clear();  // else the daemon's shutdown waits for them
+  const std::string log = d.Stop();
+  EXPECT_THAT(log, HasSubstr("reason=limit_connections_per_uid"));
+  EXPECT_THAT(log,
+              HasSubstr("holds 4 connections (--max_connections_per_uid)"));
 }
 
 }  // namespace
