@@ -17,15 +17,17 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/default_address.h"
 #include "common/status_macros.h"
 #include "server/backend/factory.h"
+#include "server/grpc_listener.h"
 #include "server/instrumented_backend.h"
 #include "server/limits.h"
 #include "server/reply_scope.h"
-#include "server/unix_listener.h"
+#include "server/tls.h"
 #include "spdlog/spdlog.h"
 
 namespace kvdepot {
@@ -273,8 +275,8 @@ absl::Status Daemon::MakeDescriptorBudget() {
   if (budget >= limit.soft) {
     spdlog::warn(
         "descriptors: --max_descriptors = {} is not below RLIMIT_NOFILE ({}): "
-        "clients can use up the daemon's descriptors (a TCP listener, "
-        "gRPC's own, then stops accepting for good)",
+        "clients can use up the daemon's descriptors (a mutual-TLS TCP "
+        "listener, gRPC's own, then stops accepting for good)",
         budget, limit.soft);
   }
   spdlog::info(
@@ -282,6 +284,17 @@ absl::Status Daemon::MakeDescriptorBudget() {
       "{} the daemon may open ({}); the rest is kept for connections",
       budget, limit.soft,
       options_.max_descriptors > 0 ? "--max_descriptors" : "default");
+  // A mutual-TLS TCP listener is gRPC's own (server/grpc_listener.h): a
+  // flood of connections past the limit within the handshake timeout stops
+  // it for good. Tell the operator when the limit makes that cheap.
+  if (options_.tls.any() && limit.soft < kTlsDescriptorWarning) {
+    spdlog::warn(
+        "descriptors: RLIMIT_NOFILE is {}: a client that reaches the TLS "
+        "port could open that many connections within the {} ms handshake "
+        "timeout, and gRPC then stops accepting on it for good; raise the "
+        "hard limit (at least {}; Kubernetes' default is 1048576)",
+        limit.soft, kServerHandshakeTimeoutMs, kTlsDescriptorWarning);
+  }
   descriptors_ = DescriptorBudget::Create(budget);
   return absl::OkStatus();
 }
@@ -426,9 +439,10 @@ absl::Status Daemon::Init() {
   grpc::ServerBuilder builder;
   if (!options_.grpc_reflection) builder.SetOption(WithoutReflection());
   int port = 0;
-  // A Unix socket is the daemon's own listener (server/unix_listener.h says
-  // why); TCP (TLS) stays gRPC's.
-  if (socket_path_.empty()) {
+  // A Unix socket and plain loopback TCP are the daemon's own listeners
+  // (server/grpc_listener.h says why); mutual-TLS TCP stays gRPC's.
+  const bool plain_tcp = socket_path_.empty() && !options_.tls.any();
+  if (socket_path_.empty() && !plain_tcp) {
     builder.AddListeningPort(target_, credentials, &port);
   }
   // A TCP port is this daemon's alone: no SO_REUSEPORT, so a second daemon
@@ -508,17 +522,17 @@ absl::Status Daemon::Init() {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on \"", target_, "\""));
   }
+  GrpcListenerOptions lo;
+  lo.on_refused = [metrics = metrics_.get()] {
+    metrics->RecordLimit(Limit::kConnections);
+  };
+  lo.max_connections_per_uid = options_.max_connections_per_uid;
+  lo.on_refused_per_uid = [metrics = metrics_.get()] {
+    metrics->RecordLimit(Limit::kConnectionsPerUid);
+  };
   if (!socket_path_.empty()) {
-    UnixListenerOptions lo;
-    lo.on_refused = [metrics = metrics_.get()] {
-      metrics->RecordLimit(Limit::kConnections);
-    };
-    lo.max_connections_per_uid = options_.max_connections_per_uid;
-    lo.on_refused_per_uid = [metrics = metrics_.get()] {
-      metrics->RecordLimit(Limit::kConnectionsPerUid);
-    };
-    ASSIGN_OR_RETURN(unix_listener_,
-                     UnixListener::Start(socket_path_, server_.get(), lo));
+    ASSIGN_OR_RETURN(grpc_listener_,
+                     GrpcListener::Start(socket_path_, server_.get(), lo));
     if (chmod(socket_path_.c_str(), 0660) != 0) {
       spdlog::warn("chmod 0660 {}: {}", socket_path_, std::strerror(errno));
     }
@@ -529,6 +543,20 @@ absl::Status Daemon::Init() {
                        options_.socket_group, ": ", std::strerror(errno)));
     }
 
+  } else if (plain_tcp) {
+    const size_t colon = target_.rfind(':');
+    int want = -1;
+    if (colon == std::string::npos ||
+        !absl::SimpleAtoi(absl::string_view(target_).substr(colon + 1),
+                          &want)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--listen=", target_, ": not host:port"));
+    }
+    ASSIGN_OR_RETURN(grpc_listener_,
+                     GrpcListener::StartTcp(std::string(HostOf(target_)), want,
+                                            server_.get(), lo));
+    target_ =
+        absl::StrCat(target_.substr(0, colon), ":", grpc_listener_->port());
   } else {
     const size_t colon = target_.rfind(':');
     if (colon != std::string::npos) {
@@ -587,7 +615,7 @@ void Daemon::Shutdown() {
     }
     absl::SleepFor(std::min(options_.drain_grace, deadline - absl::Now()));
     // No connection may be handed to the server once it shuts down.
-    if (unix_listener_ != nullptr) unix_listener_->Stop();
+    if (grpc_listener_ != nullptr) grpc_listener_->Stop();
     server_->Shutdown(absl::ToChronoTime(deadline));
     server_->Wait();
   }

@@ -20,6 +20,7 @@
 #include "server/backend/backend.h"
 #include "server/companion.h"
 #include "server/descriptors.h"
+#include "server/grpc_listener.h"
 #include "server/memory_budget.h"
 #include "server/metrics.h"
 #include "server/metrics_http.h"
@@ -30,13 +31,15 @@
 #include "server/sessions.h"
 #include "server/step/step_server.h"
 #include "server/tls.h"
-#include "server/unix_listener.h"
 
 namespace kvdepot {
 
 // How long a new connection may take to finish its handshake (TLS) before
 // gRPC closes it (docs/DAEMON.md "Limits").
 inline constexpr int kServerHandshakeTimeoutMs = 10000;
+// Below this RLIMIT_NOFILE a daemon with a mutual-TLS TCP listener warns at
+// start (its listener is gRPC's own; server/grpc_listener.h).
+inline constexpr int64_t kTlsDescriptorWarning = 65536;
 
 struct DaemonOptions {
   // "" = the default Unix socket (common/default_address.h); "/path" or
@@ -93,7 +96,7 @@ struct DaemonOptions {
   int max_companion_connections_per_uid = 64;
   absl::Duration companion_hello_timeout = absl::Seconds(10);
   // gRPC connections one peer uid may hold on the Unix socket (0 = no
-  // cap; server/unix_listener.h).
+  // cap; server/grpc_listener.h).
   int max_connections_per_uid = 256;
   // Descriptors the CPU backend's pools and buffers may hold together
   // (server/descriptors.h); 0 = DefaultDescriptorBudget of the soft
@@ -186,7 +189,7 @@ class Daemon {
   std::unique_ptr<grpc::Server> server_;
   // The Unix socket's acceptor (null: TCP); after server_, so it stops
   // before the server goes.
-  std::unique_ptr<UnixListener> unix_listener_;
+  std::unique_ptr<GrpcListener> grpc_listener_;
   std::unique_ptr<MetricsServer> metrics_server_;
   std::unique_ptr<CompanionServer> companion_;
   std::string companion_path_;  // "" for TCP

@@ -15,20 +15,6 @@
 namespace kvdepot {
 namespace {
 
-// The host part of "host:port", "[v6]:port" or a bare host.
-absl::string_view HostOf(absl::string_view target) {
-  if (absl::StartsWith(target, "[")) {
-    const size_t end = target.find(']');
-    return end == absl::string_view::npos ? target : target.substr(1, end - 1);
-  }
-  const size_t colon = target.rfind(':');
-  if (colon != absl::string_view::npos &&
-      target.find(':') == colon) {  // one colon: host:port
-    return target.substr(0, colon);
-  }
-  return target;
-}
-
 absl::Status CheckReadable(absl::string_view flag, const std::string& path) {
   std::ifstream f(path);
   std::string first;
@@ -44,6 +30,19 @@ absl::Status CheckReadable(absl::string_view flag, const std::string& path) {
 }
 
 }  // namespace
+
+absl::string_view HostOf(absl::string_view target) {
+  if (absl::StartsWith(target, "[")) {
+    const size_t end = target.find(']');
+    return end == absl::string_view::npos ? target : target.substr(1, end - 1);
+  }
+  const size_t colon = target.rfind(':');
+  if (colon != absl::string_view::npos &&
+      target.find(':') == colon) {  // one colon: host:port
+    return target.substr(0, colon);
+  }
+  return target;
+}
 
 bool IsLoopbackTarget(absl::string_view target) {
   absl::string_view host = HostOf(target);

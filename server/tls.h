@@ -37,6 +37,9 @@ struct TlsOptions {
 // True for "localhost", 127.0.0.0/8 and ::1 ("host:port" or "[v6]:port").
 bool IsLoopbackTarget(absl::string_view target);
 
+// The host part of "host:port", "[v6]:port" or a bare host.
+absl::string_view HostOf(absl::string_view target);
+
 // The credentials for listening on `target` ("unix:..." or "host:port").
 // INVALID_ARGUMENT when only some TLS files are given, when TLS is asked for
 // on a Unix socket, or when the files are unreadable; FAILED_PRECONDITION

@@ -1,13 +1,18 @@
-// The daemon's gRPC Unix socket, accepted by the daemon itself.
+// The daemon's gRPC listeners that need no TLS, accepted by the daemon
+// itself: the Unix socket, and plain TCP on a loopback address.
 //
 // gRPC 1.51's own listener (tcp_server_posix) gives up for good when one
 // accept4() fails for want of a descriptor: a client that opens enough
 // connections, or anything else that fills the table for a moment, would
-// leave the daemon unreachable until it is restarted (server/descriptors.h).
-// So the daemon binds the socket, accepts on a thread of its own and hands
-// every connection to the running grpc::Server as a channel
-// (AddInsecureChannelFromFd: the same HTTP/2 transport, the server's own
-// channel arguments). This loop never stops on an error:
+// leave the daemon unreachable until it is restarted (server/descriptors.h;
+// seen with ~20,000 idle loopback TCP connections: after they closed,
+// nobody could connect again). So the daemon binds the socket, accepts on
+// a thread of its own and hands every connection to the running
+// grpc::Server as a channel (AddInsecureChannelFromFd: the same HTTP/2
+// transport, the server's own channel arguments). gRPC can take over only
+// insecure connections this way: a mutual-TLS TCP listener stays gRPC's own
+// (docs/SPEC.md §11 says what bounds it). This loop never stops on an
+// error:
 // - out of descriptors (EMFILE, ENFILE): it closes a spare descriptor kept
 //   for this, takes the waiting connection and closes it at once, reopens
 //   the spare, and goes on;
@@ -16,18 +21,20 @@
 //   (descriptors are numbered lowest free first, so the daemon then holds
 //   at least that many descriptors; the rest are kept for its own work), so
 //   connections alone cannot fill the table either.
-// - a peer uid (SO_PEERCRED) that holds `max_connections_per_uid`
-//   connections already has its next one closed at once, so one local
-//   user cannot take every connection the descriptor headroom leaves and
-//   lock everybody else out (measured before this: ~19,700 idle HTTP/2
-//   connections from one uid, and nobody else could connect). A
-//   connection counts from its accept until gRPC closes it: the listener
-//   remembers each one's descriptor and inode and, before it admits a
-//   peer, forgets those whose descriptor no longer names that socket.
+// - a peer that holds `max_connections_per_uid` connections already has its
+//   next one closed at once, so one client cannot take every connection the
+//   descriptor headroom leaves and lock everybody else out (measured before
+//   this: ~19,700 idle HTTP/2 connections from one uid, and nobody else
+//   could connect). On the Unix socket a peer is its uid (SO_PEERCRED);
+//   plain TCP clients are anonymous, so they all count as one peer, as
+//   their sessions do. A connection counts from its accept until gRPC
+//   closes it: the listener remembers each one's descriptor and inode and,
+//   before it admits a peer, forgets those whose descriptor no longer names
+//   that socket.
 // Each refusal is counted (limit "connections" or "connections_per_uid")
 // and logged at most once a second.
-#ifndef KVDEPOT_SERVER_UNIX_LISTENER_H_
-#define KVDEPOT_SERVER_UNIX_LISTENER_H_
+#ifndef KVDEPOT_SERVER_GRPC_LISTENER_H_
+#define KVDEPOT_SERVER_GRPC_LISTENER_H_
 
 #include <sys/types.h>
 
@@ -49,7 +56,7 @@ class Server;
 
 namespace kvdepot {
 
-struct UnixListenerOptions {
+struct GrpcListenerOptions {
   // Descriptors kept free of connections below the soft RLIMIT_NOFILE.
   int64_t headroom = 256;
   int backlog = 1024;
@@ -61,18 +68,29 @@ struct UnixListenerOptions {
   std::function<void()> on_refused_per_uid;
 };
 
-class UnixListener {
+class GrpcListener {
  public:
-  // Binds and listens on `path` (which must not exist) and starts accepting
-  // into `server`, which must be started and outlive the listener.
-  static absl::StatusOr<std::unique_ptr<UnixListener>> Start(
+  // Binds and listens on the Unix socket `path` (which must not exist) and
+  // starts accepting into `server`, which must be started and outlive the
+  // listener.
+  static absl::StatusOr<std::unique_ptr<GrpcListener>> Start(
       const std::string& path, grpc::Server* server,
-      UnixListenerOptions options);
+      GrpcListenerOptions options);
 
-  UnixListener(const UnixListener&) = delete;
-  UnixListener& operator=(const UnixListener&) = delete;
+  // The same for plain TCP on `host` (an address or "localhost": every
+  // address it resolves to) and `port` (0 = one the kernel picks, the same
+  // for all of them; see port()). Connections get TCP_NODELAY.
+  static absl::StatusOr<std::unique_ptr<GrpcListener>> StartTcp(
+      const std::string& host, int port, grpc::Server* server,
+      GrpcListenerOptions options);
+
+  // The TCP port listened on (0 for a Unix socket).
+  int port() const { return port_; }
+
+  GrpcListener(const GrpcListener&) = delete;
+  GrpcListener& operator=(const GrpcListener&) = delete;
   // Stop()s.
-  ~UnixListener();
+  ~GrpcListener();
 
   // Stops accepting (connections already handed over are the server's)
   // and joins the thread. Idempotent.
@@ -81,8 +99,12 @@ class UnixListener {
   int64_t refused() const { return refused_.load(); }
 
  private:
-  UnixListener(UniqueFd listen_fd, UniqueFd wake_fd, grpc::Server* server,
-               UnixListenerOptions options);
+  GrpcListener(std::vector<UniqueFd> listen_fds, UniqueFd wake_fd,
+               grpc::Server* server, GrpcListenerOptions options);
+  // Starts the accept thread of a listener made by Start or StartTcp.
+  static absl::StatusOr<std::unique_ptr<GrpcListener>> Run(
+      std::vector<UniqueFd> listen_fds, grpc::Server* server,
+      GrpcListenerOptions options, int port);
   // A connection handed to the server, as the accept thread saw it.
   struct Held {
     int fd;
@@ -91,21 +113,24 @@ class UnixListener {
   };
 
   void AcceptLoop();
+  // Accepts what waits on `listen_fd` until it would block.
+  void Drain(int listen_fd);
   // Counts and logs a refused connection (per_uid: max_connections_per_uid,
   // else the descriptor limits).
   void Refuse(bool per_uid, const std::string& why, int64_t fd_number);
   // Whether the peer of `fd` may have one more connection (then it is
   // counted); forgets its connections gRPC has closed first. Sets *uid to
-  // the peer's uid when it is refused.
+  // the peer's uid (a key no uid has for plain TCP).
   bool AdmitPeer(int fd, uid_t* uid);
   // Forgets every closed connection (every kSweepEvery accepts).
   void Sweep();
 
-  UniqueFd listen_fd_;
+  std::vector<UniqueFd> listen_fds_;
+  int port_ = 0;
   UniqueFd wake_fd_;  // an eventfd: written by Stop()
   UniqueFd spare_;    // /dev/null, given up to take a connection on EMFILE
   grpc::Server* const server_;
-  const UnixListenerOptions options_;
+  const GrpcListenerOptions options_;
   int64_t soft_limit_ = 0;  // the accept thread's; re-read per connection
   std::atomic<int64_t> refused_{0};
   int64_t last_log_ns_ = 0;  // the accept thread's
@@ -118,4 +143,4 @@ class UnixListener {
 
 }  // namespace kvdepot
 
-#endif  // KVDEPOT_SERVER_UNIX_LISTENER_H_
+#endif  // KVDEPOT_SERVER_GRPC_LISTENER_H_

@@ -1,11 +1,12 @@
 // The daemon's Unix-socket acceptor: connections reach the gRPC server, and
 // when the process has no descriptor left the loop takes a waiting
 // connection with its spare descriptor, closes it and keeps the socket.
-#include "server/unix_listener.h"
+#include "server/grpc_listener.h"
 
 #include <fcntl.h>
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -19,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace kvdepot {
@@ -58,7 +60,7 @@ class Unimplemented final : public grpc::CallbackGenericService {
 };
 
 // The service must outlive its server, and serves one server only.
-class UnixListenerTest : public ::testing::Test {
+class GrpcListenerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     grpc::ServerBuilder builder;
@@ -75,10 +77,10 @@ class UnixListenerTest : public ::testing::Test {
   std::unique_ptr<grpc::Server> server_;
 };
 
-TEST_F(UnixListenerTest, ConnectionsReachTheServer) {
+TEST_F(GrpcListenerTest, ConnectionsReachTheServer) {
   const std::string path = SocketPath();
-  absl::StatusOr<std::unique_ptr<UnixListener>> l =
-      UnixListener::Start(path, server_.get(), {});
+  absl::StatusOr<std::unique_ptr<GrpcListener>> l =
+      GrpcListener::Start(path, server_.get(), {});
   ASSERT_TRUE(l.ok()) << l.status();
   // READY needs the server's HTTP/2 settings: only a server that took the
   // connection sends them.
@@ -90,14 +92,14 @@ TEST_F(UnixListenerTest, ConnectionsReachTheServer) {
   (*l)->Stop();
 }
 
-TEST_F(UnixListenerTest, OutOfDescriptorsRefusesAndKeepsListening) {
+TEST_F(GrpcListenerTest, OutOfDescriptorsRefusesAndKeepsListening) {
   const std::string path = SocketPath();
-  UnixListenerOptions o;
+  GrpcListenerOptions o;
   o.headroom = 0;  // only EMFILE refuses here
   int counted = 0;
   o.on_refused = [&counted] { ++counted; };
-  absl::StatusOr<std::unique_ptr<UnixListener>> l =
-      UnixListener::Start(path, server_.get(), o);
+  absl::StatusOr<std::unique_ptr<GrpcListener>> l =
+      GrpcListener::Start(path, server_.get(), o);
   ASSERT_TRUE(l.ok()) << l.status();
 
   rlimit own{};
@@ -155,15 +157,15 @@ bool ClosedByListener(int fd) {
 
 // One uid holds at most max_connections_per_uid connections at once; one
 // that gRPC has closed no longer counts.
-TEST_F(UnixListenerTest, OneUidHoldsAtMostItsConnections) {
+TEST_F(GrpcListenerTest, OneUidHoldsAtMostItsConnections) {
   const std::string path = SocketPath();
-  UnixListenerOptions o;
+  GrpcListenerOptions o;
   o.max_connections_per_uid = 3;
   int counted = 0, other = 0;
   o.on_refused_per_uid = [&counted] { ++counted; };
   o.on_refused = [&other] { ++other; };
-  absl::StatusOr<std::unique_ptr<UnixListener>> l =
-      UnixListener::Start(path, server_.get(), o);
+  absl::StatusOr<std::unique_ptr<GrpcListener>> l =
+      GrpcListener::Start(path, server_.get(), o);
   ASSERT_TRUE(l.ok()) << l.status();
   std::vector<int> held;
   for (int i = 0; i < 3; ++i) {
@@ -206,16 +208,69 @@ TEST_F(UnixListenerTest, OneUidHoldsAtMostItsConnections) {
   (*l)->Stop();
 }
 
-TEST_F(UnixListenerTest, APathThatIsTooLongOrTakenIsRefused) {
-  EXPECT_EQ(UnixListener::Start(std::string(200, 'x'), server_.get(), {})
+int ConnectTcp(int port) {
+  const int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(s, reinterpret_cast<const sockaddr*>(&a), sizeof(a)) != 0) {
+    close(s);
+    return -1;
+  }
+  return s;
+}
+
+// Plain TCP: the daemon's own listener too; its clients are anonymous, so
+// all of them together hold at most max_connections_per_uid.
+TEST_F(GrpcListenerTest, PlainTcpIsServedAndItsClientsTogetherAreBounded) {
+  GrpcListenerOptions o;
+  o.max_connections_per_uid = 2;
+  int counted = 0;
+  o.on_refused_per_uid = [&counted] { ++counted; };
+  absl::StatusOr<std::unique_ptr<GrpcListener>> l =
+      GrpcListener::StartTcp("127.0.0.1", 0, server_.get(), o);
+  ASSERT_TRUE(l.ok()) << l.status();
+  const int port = (*l)->port();
+  ASSERT_GT(port, 0);
+  std::shared_ptr<grpc::Channel> ch = grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+  EXPECT_TRUE(ch->WaitForConnected(std::chrono::system_clock::now() +
+                                   std::chrono::seconds(10)));
+  const int second = ConnectTcp(port);
+  ASSERT_GE(second, 0);
+  EXPECT_FALSE(ClosedByListener(second));
+  const int third = ConnectTcp(port);  // the channel and `second` hold two
+  ASSERT_GE(third, 0);
+  EXPECT_TRUE(ClosedByListener(third));
+  EXPECT_EQ(counted, 1);
+  // The port is taken while the listener runs: a second one fails.
+  absl::StatusOr<std::unique_ptr<GrpcListener>> again =
+      GrpcListener::StartTcp("127.0.0.1", port, server_.get(), {});
+  ASSERT_FALSE(again.ok());
+  EXPECT_THAT(std::string(again.status().message()),
+              ::testing::HasSubstr("(another daemon?)"));
+  EXPECT_FALSE(
+      GrpcListener::StartTcp("127.0.0.1", 70000, server_.get(), {}).ok());
+  EXPECT_FALSE(
+      GrpcListener::StartTcp("no-such-host.invalid", 0, server_.get(), {})
+          .ok());
+  close(second);
+  close(third);
+  (*l)->Stop();
+}
+
+TEST_F(GrpcListenerTest, APathThatIsTooLongOrTakenIsRefused) {
+  EXPECT_EQ(GrpcListener::Start(std::string(200, 'x'), server_.get(), {})
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
   const std::string path = SocketPath();
-  absl::StatusOr<std::unique_ptr<UnixListener>> first =
-      UnixListener::Start(path, server_.get(), {});
+  absl::StatusOr<std::unique_ptr<GrpcListener>> first =
+      GrpcListener::Start(path, server_.get(), {});
   ASSERT_TRUE(first.ok());
-  EXPECT_EQ(UnixListener::Start(path, server_.get(), {}).status().code(),
+  EXPECT_EQ(GrpcListener::Start(path, server_.get(), {}).status().code(),
             absl::StatusCode::kUnavailable);
   (*first)->Stop();
 }
