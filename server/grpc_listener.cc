@@ -331,13 +331,15 @@ void GrpcListener::Drain(int listen_fd) {
       spare_.reset();
       const int taken =
           accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (taken >= 0) close(taken);
-      spare_ = OpenSpare();
       if (taken >= 0) {
+        // Counted before the client sees the close, as above (an assert
+        // right after the close found the count still 0 under ASan).
         Refuse(/*per_uid=*/false, "no descriptor left", -1);
+        close(taken);
       } else {  // even the spare's was taken meanwhile: let some go
         absl::SleepFor(absl::Milliseconds(10));
       }
+      spare_ = OpenSpare();
       continue;
     }
     // ENOBUFS, ENOMEM, EPROTO...: transient; never give up the socket.
