@@ -234,15 +234,10 @@ bool GrpcListener::AdmitPeer(int fd, uid_t* uid) {
     Sweep();
   }
   struct stat st {};
-  sockaddr_storage local{};
-  socklen_t local_len = sizeof(local);
   // A connected socket always has these; without them the peer is not
   // counted (nothing to count it by), as for the descriptor checks above.
-  if (fstat(fd, &st) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0) {
-    return true;
-  }
-  if (local.ss_family == AF_UNIX) {
+  if (fstat(fd, &st) != 0) return true;
+  if (port_ == 0) {  // the Unix socket
     ucred cred{};
     socklen_t len = sizeof(cred);
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return true;
@@ -310,10 +305,7 @@ void GrpcListener::Drain(int listen_fd) {
         close(fd);
         continue;
       }
-      sockaddr_storage local{};
-      socklen_t len = sizeof(local);
-      if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
-          local.ss_family != AF_UNIX) {
+      if (port_ != 0) {
         // gRPC sets this on the connections it accepts itself.
         const int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));

@@ -126,7 +126,7 @@ class GrpcListener {
   void Sweep();
 
   std::vector<UniqueFd> listen_fds_;
-  int port_ = 0;
+  int port_ = 0;      // 0: the Unix socket
   UniqueFd wake_fd_;  // an eventfd: written by Stop()
   UniqueFd spare_;    // /dev/null, given up to take a connection on EMFILE
   grpc::Server* const server_;
