@@ -320,6 +320,23 @@ TEST(LimitsTest, ReplyAndRequestMemoryFlagsAreChecked) {
       << small.output;
 }
 
+TEST(LimitsTest, ConnectionAndCompanionFlagsAreChecked) {
+  const Exit conns =
+      RunDaemon({"--backend=cpu", "--max_connections_per_uid=-1"});
+  EXPECT_EQ(conns.code, 2) << conns.output;
+  EXPECT_TRUE(
+      absl::StrContains(conns.output, "--max_connections_per_uid must be >= 0"))
+      << conns.output;
+  for (const char* flag : {"--max_companion_connections_per_uid=-1",
+                           "--companion_hello_timeout_ms=0"}) {
+    const Exit e = RunDaemon({"--backend=cpu", flag});
+    EXPECT_EQ(e.code, 2) << flag << ": " << e.output;
+    EXPECT_TRUE(absl::StrContains(
+        e.output, "--max_companion_connections_per_uid must be >= 0"))
+        << flag << ": " << e.output;
+  }
+}
+
 int OpenDescriptors(pid_t pid) {
   int n = 0;
   for (const auto& e : std::filesystem::directory_iterator(
