@@ -19,6 +19,7 @@
 #include "common/status_macros.h"
 #include "common/step_ring.h"
 #include "server/limits.h"
+#include "server/log_limiter.h"
 #include "spdlog/spdlog.h"
 
 namespace kvdepot {
@@ -112,10 +113,12 @@ void CompanionServer::AcceptLoop() {
     }
     ReapFinishedLocked();
     if (static_cast<int>(conns_.size()) >= options_.max_connections) {
-      spdlog::warn(
-          "rpc=companion status=RESOURCE_EXHAUSTED connections={} "
-          "reason=limit_companion_connections",
-          conns_.size());
+      if (AdmitClientLog(ClientLog::kRefusedConnection)) {
+        spdlog::warn(
+            "rpc=companion status=RESOURCE_EXHAUSTED connections={} "
+            "reason=limit_companion_connections",
+            conns_.size());
+      }
       if (options_.metrics != nullptr) {
         options_.metrics->RecordLimit(Limit::kCompanionConnections);
       }
@@ -131,10 +134,12 @@ void CompanionServer::AcceptLoop() {
       int of_uid = 0;
       for (const auto& [id, c] : conns_) of_uid += c->creds.uid == cred.uid;
       if (of_uid >= options_.max_connections_per_uid) {
-        spdlog::warn(
-            "rpc=companion status=RESOURCE_EXHAUSTED uid={} connections={} "
-            "reason=limit_companion_connections_per_uid",
-            cred.uid, of_uid);
+        if (AdmitClientLog(ClientLog::kRefusedConnection)) {
+          spdlog::warn(
+              "rpc=companion status=RESOURCE_EXHAUSTED uid={} connections={} "
+              "reason=limit_companion_connections_per_uid",
+              cred.uid, of_uid);
+        }
         if (options_.metrics != nullptr) {
           options_.metrics->RecordLimit(Limit::kCompanionConnectionsPerUid);
         }
@@ -190,11 +195,13 @@ void CompanionServer::Serve(Connection* conn) {
     }
   }
   if (waiting_for_hello && absl::Now() >= hello_deadline) {
-    spdlog::info(
-        "rpc=companion status=DEADLINE_EXCEEDED pid={} uid={} reason=no "
-        "Hello within {} ms",
-        conn->creds.pid, conn->creds.uid,
-        absl::ToInt64Milliseconds(options_.hello_timeout));
+    if (AdmitClientLog(ClientLog::kFailedCall)) {
+      spdlog::info(
+          "rpc=companion status=DEADLINE_EXCEEDED pid={} uid={} reason=no "
+          "Hello within {} ms",
+          conn->creds.pid, conn->creds.uid,
+          absl::ToInt64Milliseconds(options_.hello_timeout));
+    }
   }
   if (conn->session != 0) {
     // The rings first: their threads stop before the session they serve
@@ -203,8 +210,11 @@ void CompanionServer::Serve(Connection* conn) {
       options_.step_rings->CloseRingsOf(conn->session);
     }
     const int64_t n = sessions_->CloseNumber(conn->session);
-    spdlog::info("rpc=companion_close session={} status=OK buffers_released={}",
-                 conn->session, n);
+    if (AdmitClientLog(ClientLog::kClientEvent)) {
+      spdlog::info(
+          "rpc=companion_close session={} status=OK buffers_released={}",
+          conn->session, n);
+    }
   }
   conn->session_id.clear();
   // The peer sees the end now (the descriptor itself is closed when the
@@ -294,10 +304,12 @@ v1::CompanionReply CompanionServer::Handle(Connection* conn,
         limit.has_value() && options_.metrics != nullptr) {
       options_.metrics->RecordLimit(*limit);
     }
-    spdlog::info("rpc={} session={} status={} error=\"{}\"", rpc, conn->session,
-                 absl::StatusCodeToString(status.code()),
-                 ForLog(status.message()));
-  } else {
+    if (AdmitClientLog(ClientLog::kFailedCall)) {
+      spdlog::info("rpc={} session={} status={} error=\"{}\"", rpc,
+                   conn->session, absl::StatusCodeToString(status.code()),
+                   ForLog(status.message()));
+    }
+  } else if (AdmitClientLog(ClientLog::kClientEvent)) {
     spdlog::info("rpc={} session={} status=OK", rpc, conn->session);
   }
   return reply;
@@ -318,9 +330,11 @@ absl::Status CompanionServer::Hello(Connection* conn, const v1::Hello& hello,
   out->set_uid(conn->creds.uid);
   out->set_gid(conn->creds.gid);
   out->set_pid(conn->creds.pid);
-  spdlog::info("rpc=Hello session={} uid={} gid={} pid={} client=\"{}\"",
-               opened.number, conn->creds.uid, conn->creds.gid, conn->creds.pid,
-               ForLog(hello.client_name()));
+  if (AdmitClientLog(ClientLog::kClientEvent)) {
+    spdlog::info("rpc=Hello session={} uid={} gid={} pid={} client=\"{}\"",
+                 opened.number, conn->creds.uid, conn->creds.gid,
+                 conn->creds.pid, ForLog(hello.client_name()));
+  }
   return absl::OkStatus();
 }
 

@@ -16,6 +16,7 @@
 #include "server/backend/cuda_env.h"
 #include "server/command_line.h"
 #include "server/daemon.h"
+#include "server/log_limiter.h"
 #include "server/logging.h"
 #include "spdlog/spdlog.h"
 
@@ -118,6 +119,12 @@ ABSL_FLAG(int, max_companion_connections_per_uid, 64,
 ABSL_FLAG(int, max_connections_per_uid, 256,
           "gRPC connections one peer uid may hold on the Unix socket at "
           "once; the next is closed at once. 0 = no per-uid cap.");
+ABSL_FLAG(int64_t, client_log_lines_per_second,
+          kvdepot::kDefaultClientLogLinesPerSecond,
+          "Log lines clients may cause per second, for each kind (failed "
+          "calls; sessions and other client events; refused connections), "
+          "bursts of one second's worth; the rest are dropped and counted "
+          "(kvdepot_log_lines_dropped_total). 0 = no limit.");
 ABSL_FLAG(int, companion_hello_timeout_ms, 10000,
           "How long a new companion connection may take to send its Hello "
           "before it is closed (> 0).");
@@ -236,6 +243,12 @@ int main(int argc, char** argv) {
                                         absl::GetFlag(FLAGS_metrics_address),
                                         /*unix_allowed=*/false)}) {
     if (!s.ok()) return UsageError(s.message());
+  }
+  if (const int64_t rate = absl::GetFlag(FLAGS_client_log_lines_per_second);
+      rate < 0) {
+    return UsageError("--client_log_lines_per_second must be >= 0");
+  } else {
+    kvdepot::SetClientLogRate(rate);
   }
   if (const int32_t mb = absl::GetFlag(FLAGS_malloc_keep_freed_mb); mb != 0) {
     if (mb < 0 || mb > 2047) {

@@ -239,6 +239,14 @@ std::string RenderPrometheus(const v1::StatsResponse& s) {
     absl::StrAppend(&out, "kvdepot_rejections_total{reason=\"",
                     Escape(r.reason()), "\"} ", r.count(), "\n");
   }
+
+  Family(&out, "kvdepot_log_lines_dropped_total", "counter",
+         "Log lines clients caused that the log rate limit dropped, by kind "
+         "(--client_log_lines_per_second).");
+  for (const v1::LogLinesDropped& d : s.log_lines_dropped()) {
+    absl::StrAppend(&out, "kvdepot_log_lines_dropped_total{kind=\"",
+                    Escape(d.kind()), "\"} ", d.lines(), "\n");
+  }
   return out;
 }
 

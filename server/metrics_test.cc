@@ -107,5 +107,23 @@ TEST(RenderPrometheus, HistogramIsCumulativeWithInfAndCounters) {
       text, "kvdepot_info{version=\"0.1.0\",backend=\"cpu\"} 1\n"));
 }
 
+TEST(RenderPrometheus, LogLinesDroppedByKind) {
+  v1::StatsResponse s;
+  v1::LogLinesDropped* d = s.add_log_lines_dropped();
+  d->set_kind("failed_call");
+  d->set_lines(7);
+  d = s.add_log_lines_dropped();
+  d->set_kind("client_event");
+  d->set_lines(0);
+  const std::string text = RenderPrometheus(s);
+  EXPECT_TRUE(absl::StrContains(
+      text, "# TYPE kvdepot_log_lines_dropped_total counter\n"));
+  EXPECT_TRUE(absl::StrContains(
+      text, "kvdepot_log_lines_dropped_total{kind=\"failed_call\"} 7\n"))
+      << text;
+  EXPECT_TRUE(absl::StrContains(
+      text, "kvdepot_log_lines_dropped_total{kind=\"client_event\"} 0\n"));
+}
+
 }  // namespace
 }  // namespace kvdepot

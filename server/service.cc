@@ -12,6 +12,7 @@
 #include "server/backend/inline_call.h"
 #include "server/error_details.h"
 #include "server/limits.h"
+#include "server/log_limiter.h"
 #include "server/logging.h"
 #include "server/version.h"
 #include "spdlog/spdlog.h"
@@ -144,10 +145,14 @@ grpc::Status KVCacheService::Run(Rpc rpc, Ctx* ctx, absl::string_view pool,
   // The pool name and the message (which may quote a client's value) are
   // the client's: escaped and cut so they cannot forge or flood a line.
   if (!status.ok()) {
-    spdlog::info("rpc={} pool=\"{}\" status={} latency_us={} error=\"{}\"",
-                 name, EscapeForLog(pool),
-                 absl::StatusCodeToString(status.code()), latency_us,
-                 EscapeForLog(status.message()));
+    // Rate-limited per kind of line (server/log_limiter.h): a client failing
+    // calls in a loop must not flood the log; the metrics count every one.
+    if (AdmitClientLog(ClientLog::kFailedCall)) {
+      spdlog::info("rpc={} pool=\"{}\" status={} latency_us={} error=\"{}\"",
+                   name, EscapeForLog(pool),
+                   absl::StatusCodeToString(status.code()), latency_us,
+                   EscapeForLog(status.message()));
+    }
   } else if (IsAdmin(rpc)) {
     spdlog::info("rpc={} pool=\"{}\" status=OK latency_us={}", name,
                  EscapeForLog(pool), latency_us);
@@ -479,6 +484,11 @@ void KVCacheService::FillStats(v1::StatsResponse* out) const {
   if (options_.descriptors != nullptr && backend_->name() == "cpu") {
     out->set_descriptors_held(options_.descriptors->held());
     out->set_descriptors_limit(options_.descriptors->limit());
+  }
+  for (int k = 0; k < kNumClientLogKinds; ++k) {
+    v1::LogLinesDropped* d = out->add_log_lines_dropped();
+    d->set_kind(ClientLogName(static_cast<ClientLog>(k)));
+    d->set_lines(ClientLogLinesDropped(static_cast<ClientLog>(k)));
   }
   metrics_->Fill(out);
 }

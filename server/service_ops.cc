@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "server/log_limiter.h"
 #include "server/record_check.h"
 #include "server/reply_scope.h"
 #include "server/service.h"
@@ -330,8 +331,10 @@ absl::Status KVCacheService::DoVerify(Ctx* ctx, const Caller& caller,
   if (!write(progress)) {
     return absl::CancelledError("the client went away");
   }
-  spdlog::info("rpc=Verify pool={} blocks={} blocks_with_issues={}",
-               (*pool)->name, done, totals.blocks_with_issues());
+  if (AdmitClientLog(ClientLog::kClientEvent)) {
+    spdlog::info("rpc=Verify pool={} blocks={} blocks_with_issues={}",
+                 (*pool)->name, done, totals.blocks_with_issues());
+  }
   return absl::OkStatus();
 }
 

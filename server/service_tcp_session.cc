@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/limits.h"
+#include "server/log_limiter.h"
 #include "server/logging.h"
 #include "server/tls.h"
 #include "spdlog/spdlog.h"
@@ -42,18 +43,22 @@ class TcpSessionService::Stream final
           limit.has_value() && service_->metrics_ != nullptr) {
         service_->metrics_->RecordLimit(*limit);
       }
-      spdlog::info(
-          "rpc=TcpSessions.Open tls_subject=\"{}\" status={} error=\"{}\"",
-          EscapeForLog(subject), absl::StatusCodeToString(status.code()),
-          EscapeForLog(status.message()));
+      if (AdmitClientLog(ClientLog::kFailedCall)) {
+        spdlog::info(
+            "rpc=TcpSessions.Open tls_subject=\"{}\" status={} error=\"{}\"",
+            EscapeForLog(subject), absl::StatusCodeToString(status.code()),
+            EscapeForLog(status.message()));
+      }
       End(grpc::Status(static_cast<grpc::StatusCode>(status.code()),
                        std::string(status.message())));
       return;
     }
-    spdlog::info(
-        "rpc=TcpSessions.Open session={} tls_subject=\"{}\" client=\"{}\" "
-        "status=OK",
-        number_, EscapeForLog(subject), EscapeForLog(request.client_name()));
+    if (AdmitClientLog(ClientLog::kClientEvent)) {
+      spdlog::info(
+          "rpc=TcpSessions.Open session={} tls_subject=\"{}\" client=\"{}\" "
+          "status=OK",
+          number_, EscapeForLog(subject), EscapeForLog(request.client_name()));
+    }
     absl::MutexLock lock(&mu_);
     if (finish_wanted_) return;  // EndAll came first: no event
     writing_ = true;
@@ -104,10 +109,12 @@ class TcpSessionService::Stream final
     }
     if (number == 0) return;
     const int64_t n = service_->sessions_->CloseNumber(number);
-    spdlog::info(
-        "rpc=TcpSessions.close session={} reason={} status=OK "
-        "buffers_released={}",
-        number, why, n);
+    if (AdmitClientLog(ClientLog::kClientEvent)) {
+      spdlog::info(
+          "rpc=TcpSessions.close session={} reason={} status=OK "
+          "buffers_released={}",
+          number, why, n);
+    }
   }
 
   TcpSessionService* const service_;

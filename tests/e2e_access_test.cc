@@ -769,5 +769,56 @@ TEST(AccessTest, OneUidCannotHoldEveryGrpcConnection) {
               HasSubstr("holds 4 connections (--max_connections_per_uid)"));
 }
 
+// A client failing calls in a loop gets a few log lines a second, not one
+// per call: the rest are dropped, counted in Stats (and /metrics), and the
+// next line written says how many. Other kinds of lines (a session opened)
+// are not crowded out.
+TEST(AccessTest, AFloodOfFailedCallsCannotFloodTheLog) {
+  constexpr int kRate = 5;
+  constexpr int kCalls = 400;
+  LoggedDaemon d(
+      {"--backend=cpu", absl::StrCat("--client_log_lines_per_second=", kRate)});
+  std::unique_ptr<KVCacheClient> c = ConnectOrDie(d.socket());
+  ASSERT_TRUE(c);
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < kCalls; ++i) {
+    ASSERT_EQ(c->DeletePool(absl::StrCat("flood-", i)).code(),
+              absl::StatusCode::kNotFound);
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  // Another client's session is still logged.
+  std::unique_ptr<KVCacheClient> other = ConnectOrDie(d.socket());
+  ASSERT_TRUE(other);
+  // One more failure once the bucket has a token again: it is written, after
+  // the count of the lines dropped before it.
+  absl::SleepFor(absl::Milliseconds(1000 / kRate + 50));
+  ASSERT_EQ(c->DeletePool("after-the-flood").code(),
+            absl::StatusCode::kNotFound);
+  absl::StatusOr<v1::StatsResponse> st = c->Stats();
+  ASSERT_TRUE(st.ok()) << st.status();
+  int64_t dropped = -1;
+  for (const v1::LogLinesDropped& l : st->log_lines_dropped()) {
+    if (l.kind() == "failed_call") dropped = l.lines();
+  }
+  const std::string log = d.Stop();
+  const std::string head = log.substr(0, 3000);  // for failure messages
+
+  int written = 0;
+  for (absl::string_view line : absl::StrSplit(log, '\n')) {
+    written += absl::StrContains(line, "rpc=DeletePool") &&
+               absl::StrContains(line, "status=NOT_FOUND");
+  }
+  // Every failure was either written or counted as dropped.
+  EXPECT_EQ(written + dropped, kCalls + 1) << head;
+  EXPECT_GE(written, kRate + 1);  // the first second's burst, and the last
+  // At most a second's burst plus the rate over the flood, plus the last.
+  EXPECT_LE(written, kRate * (seconds + 1) + 2) << seconds << " s\n" << head;
+  EXPECT_GT(dropped, 0);
+  EXPECT_THAT(log, HasSubstr(absl::StrCat("failed_call lines dropped since ")));
+  EXPECT_THAT(log, HasSubstr("rpc=DeletePool pool=\"after-the-flood\""));
+  EXPECT_THAT(log, HasSubstr(absl::StrCat("rpc=Hello session=",
+                                          other->session_number())));
+}
+
 }  // namespace
 }  // namespace kvdepot::testing

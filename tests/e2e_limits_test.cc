@@ -327,6 +327,12 @@ TEST(LimitsTest, ConnectionAndCompanionFlagsAreChecked) {
   EXPECT_TRUE(
       absl::StrContains(conns.output, "--max_connections_per_uid must be >= 0"))
       << conns.output;
+  const Exit logs =
+      RunDaemon({"--backend=cpu", "--client_log_lines_per_second=-1"});
+  EXPECT_EQ(logs.code, 2) << logs.output;
+  EXPECT_TRUE(absl::StrContains(logs.output,
+                                "--client_log_lines_per_second must be >= 0"))
+      << logs.output;
   for (const char* flag : {"--max_companion_connections_per_uid=-1",
                            "--companion_hello_timeout_ms=0"}) {
     const Exit e = RunDaemon({"--backend=cpu", flag});

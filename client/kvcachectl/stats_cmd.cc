@@ -78,6 +78,11 @@ int RunStatsCommand(const Args& args, std::ostream& out, std::ostream& err) {
   for (const v1::Rejection& r : s->rejections()) {
     rejections.push_back(absl::StrCat(r.reason(), ":", r.count()));
   }
+  std::vector<std::string> dropped;
+  for (const v1::LogLinesDropped& d : s->log_lines_dropped()) {
+    if (d.lines() > 0)
+      dropped.push_back(absl::StrCat(d.kind(), ":", d.lines()));
+  }
   PrintTable({{"stored:", absl::StrCat(s->tokens_stored(), " tokens, ",
                                        HumanBytes(s->bytes_stored()))},
               {"loaded:", absl::StrCat(s->tokens_loaded(), " rows, ",
@@ -88,6 +93,8 @@ int RunStatsCommand(const Args& args, std::ostream& out, std::ostream& err) {
                                static_cast<double>(s->load_kernel_us()) / 1e3)},
               {"rejections:",
                rejections.empty() ? "none" : absl::StrJoin(rejections, " ")},
+              {"log lines dropped:",
+               dropped.empty() ? "none" : absl::StrJoin(dropped, " ")},
               {"pools:", absl::StrCat(s->pools(), " (",
                                       HumanBytes(s->pool_bytes()), ")")},
               {"sessions:",

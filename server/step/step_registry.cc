@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "proto/step_doorbell.h"
+#include "server/log_limiter.h"
 #include "server/step/plan_export.h"
 #include "spdlog/spdlog.h"
 
@@ -126,8 +127,10 @@ absl::StatusOr<v1::RegisterWorkerResponse> StepRegistry::Register(
   out.set_doorbell_bytes(reg->config.doorbell_bytes);
   out.set_num_phases(static_cast<int32_t>(
       doorbell::NumPhases(static_cast<int64_t>(reg->config.layers.size()))));
-  spdlog::info("step: registration {} ({} layers) by session {}", reg->id,
-               reg->config.layers.size(), caller.session);
+  if (AdmitClientLog(ClientLog::kClientEvent)) {
+    spdlog::info("step: registration {} ({} layers) by session {}", reg->id,
+                 reg->config.layers.size(), caller.session);
+  }
   return out;
 }
 
@@ -245,8 +248,10 @@ void StepRegistry::CancelLocked(Registration* reg, std::string reason) {
   reg->cancelled = true;
   reg->cancelled_at = absl::Now();
   reg->cancel_reason = std::move(reason);
-  spdlog::warn("step: registration {} cancelled: {}", reg->id,
-               reg->cancel_reason);
+  if (AdmitClientLog(ClientLog::kFailedCall)) {
+    spdlog::warn("step: registration {} cancelled: {}", reg->id,
+                 reg->cancel_reason);
+  }
   reg->engine->Cancel();
 }
 

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "server/log_limiter.h"
 #include "server/step/step_service.h"
 #include "spdlog/spdlog.h"
 
@@ -102,10 +103,12 @@ absl::StatusOr<UniqueFd> StepRings::OpenRing(const Caller& caller,
     rings_.emplace(ring->id, std::move(ring));
     raw->thread = std::thread([this, raw] { Serve(raw); });
   }
-  spdlog::info(
-      "rpc=OpenStepRing session={} ring={} slots={} request_bytes={} "
-      "status=OK",
-      caller.session, raw->id, slots, request_bytes);
+  if (AdmitClientLog(ClientLog::kClientEvent)) {
+    spdlog::info(
+        "rpc=OpenStepRing session={} ring={} slots={} request_bytes={} "
+        "status=OK",
+        caller.session, raw->id, slots, request_bytes);
+  }
   return fd;
 }
 
@@ -145,8 +148,11 @@ void StepRings::Serve(Ring* ring) {
           "step_ring.submitted: ", submitted, " is ", pending,
           " requests ahead of done = ", done, ", more than the ring's ",
           v.slots(), " slots: the ring is closed");
-      spdlog::warn("rpc=StepRing session={} ring={} status=FAILED error=\"{}\"",
-                   ring->session, ring->id, why);
+      if (AdmitClientLog(ClientLog::kFailedCall)) {
+        spdlog::warn(
+            "rpc=StepRing session={} ring={} status=FAILED error=\"{}\"",
+            ring->session, ring->id, why);
+      }
       CloseRing(*ring, kStepRingFailed, why);
       return;
     }
@@ -218,8 +224,10 @@ void StepRings::Retire(std::unique_ptr<Ring> ring) {
   ring->thread.join();
   CloseRing(*ring, kStepRingClosed, "the daemon closed the step ring");
   slots_->Close(ring->session);
-  spdlog::info("rpc=CloseStepRing session={} ring={} status=OK", ring->session,
-               ring->id);
+  if (AdmitClientLog(ClientLog::kClientEvent)) {
+    spdlog::info("rpc=CloseStepRing session={} ring={} status=OK",
+                 ring->session, ring->id);
+  }
 }
 
 absl::Status StepRings::CloseRing(const Caller& caller, uint64_t ring_id) {

@@ -1,0 +1,91 @@
+// Rate limits on the log lines clients can cause. Every client is untrusted:
+// one that sends bad requests, or opens and closes sessions, in a tight loop
+// would otherwise write a line per request (hundreds of bytes, tens of
+// thousands a second) and fill the node's disk or the log pipeline, and bury
+// everyone else's lines. Each kind of line has its own token bucket, so a
+// flood of failed calls cannot hide sessions being opened, and the other way
+// round. Lines over the rate are dropped and counted; the next line written
+// of that kind is preceded by one warn line saying how many were dropped.
+// The metrics still count every call (kvdepot_requests_total by code,
+// kvdepot_rejections_total) and the drops (kvdepot_log_lines_dropped_total).
+//
+// The limit is per kind, not per client: a client flooding one kind thins
+// out everyone's lines of that kind (the metrics keep them apart by code).
+#ifndef KVDEPOT_SERVER_LOG_LIMITER_H_
+#define KVDEPOT_SERVER_LOG_LIMITER_H_
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace kvdepot {
+
+// A token bucket of `per_second` lines a second, holding at most one
+// second's worth (a burst of `per_second` lines after a quiet second).
+// `per_second` 0 = no limit. Thread-safe.
+class LogRateLimiter {
+ public:
+  explicit LogRateLimiter(int64_t per_second = 0);
+
+  struct Decision {
+    bool write = false;
+    // When `write`: lines dropped since the last line written (to report
+    // before this one), and the time the first of them was dropped.
+    int64_t dropped_before = 0;
+    absl::Time first_dropped = absl::InfinitePast();
+  };
+  Decision Admit(absl::Time now);
+
+  // Changes the rate (the bucket starts full).
+  void SetRate(int64_t per_second);
+  int64_t rate() const { return per_second_.load(std::memory_order_relaxed); }
+  // Lines dropped since construction.
+  int64_t dropped_total() const {
+    return dropped_total_.load(std::memory_order_relaxed);
+  }
+
+ private:
+  std::atomic<int64_t> per_second_;
+  std::atomic<int64_t> dropped_total_{0};
+  absl::Mutex mu_;
+  double tokens_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  int64_t dropped_since_written_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time first_dropped_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+};
+
+// The kinds of lines a client can cause, each limited on its own.
+enum class ClientLog {
+  kFailedCall,         // an RPC or companion request that failed
+  kClientEvent,        // sessions, companion requests, step rings and
+                       // registrations opened or closed, Verify runs
+  kRefusedConnection,  // a connection refused by a limit
+  kCount,
+};
+inline constexpr int kNumClientLogKinds = static_cast<int>(ClientLog::kCount);
+// "failed_call", "client_event", "refused_connection".
+const char* ClientLogName(ClientLog kind);
+
+// The default of kvdepotd's --client_log_lines_per_second.
+inline constexpr int64_t kDefaultClientLogLinesPerSecond = 20;
+
+// Sets every kind's rate (lines a second; 0 = no limit). The process starts
+// with kDefaultClientLogLinesPerSecond.
+void SetClientLogRate(int64_t lines_per_second);
+
+// True when a line of `kind` may be written now; the caller then writes it.
+// When lines of `kind` were dropped since the last one written, first
+// writes a warn line: "log: N <kind> lines dropped since <time>
+// (--client_log_lines_per_second=R)".
+bool AdmitClientLog(ClientLog kind);
+
+// Lines of `kind` dropped since the process started.
+int64_t ClientLogLinesDropped(ClientLog kind);
+
+}  // namespace kvdepot
+
+#endif  // KVDEPOT_SERVER_LOG_LIMITER_H_
