@@ -25,6 +25,12 @@
 namespace kvdepot {
 namespace {
 
+// Requests whose success is logged by their handler with more detail (the
+// peer's credentials, the ring's size): one line each, not two.
+bool LogsItsOwnSuccess(std::string_view rpc) {
+  return rpc == "Hello" || rpc == "OpenStepRing" || rpc == "CloseStepRing";
+}
+
 // Untrusted strings in log lines: escaped (no newlines) and truncated.
 std::string ForLog(absl::string_view s) {
   return absl::CHexEscape(s.substr(0, 64));
@@ -309,7 +315,8 @@ v1::CompanionReply CompanionServer::Handle(Connection* conn,
                    conn->session, absl::StatusCodeToString(status.code()),
                    ForLog(status.message()));
     }
-  } else if (AdmitClientLog(ClientLog::kClientEvent)) {
+  } else if (!LogsItsOwnSuccess(rpc) &&
+             AdmitClientLog(ClientLog::kClientEvent)) {
     spdlog::info("rpc={} session={} status=OK", rpc, conn->session);
   }
   return reply;
