@@ -26,6 +26,7 @@
 #include "server/grpc_listener.h"
 #include "server/instrumented_backend.h"
 #include "server/limits.h"
+#include "server/log_limiter.h"
 #include "server/reply_scope.h"
 #include "server/tls.h"
 #include "spdlog/spdlog.h"
@@ -584,6 +585,7 @@ void Daemon::ReapLoop() {
     mu_.Unlock();
     const int64_t n = sessions_->Reap(absl::Now());
     if (n > 0) spdlog::info("rpc=reap status=OK sessions_released={}", n);
+    ReportDroppedClientLogLines();
     mu_.Lock();
   }
 }
@@ -627,7 +629,10 @@ void Daemon::Shutdown() {
   if (sessions_ != nullptr) sessions_->Clear();
   if (pools_ != nullptr) pools_->Clear();
   if (!socket_path_.empty() && server_ != nullptr) unlink(socket_path_.c_str());
-  if (served) spdlog::info("kvdepot stopped");
+  if (served) {
+    ReportDroppedClientLogLines(absl::ZeroDuration());  // every drop told
+    spdlog::info("kvdepot stopped");
+  }
   absl::MutexLock lock(&mu_);
   stopped_ = true;
 }

@@ -16,29 +16,35 @@ void LogRateLimiter::SetRate(int64_t per_second) {
   last_ = absl::InfinitePast();
 }
 
-LogRateLimiter::Decision LogRateLimiter::Admit(absl::Time now) {
+bool LogRateLimiter::Admit(absl::Time now) {
   const int64_t rate = per_second_.load(std::memory_order_relaxed);
-  Decision d;
+  if (rate == 0) return true;
+  const double capacity = static_cast<double>(rate);
   absl::MutexLock lock(&mu_);
-  if (rate > 0) {
-    const double capacity = static_cast<double>(rate);
-    if (last_ != absl::InfinitePast() && now > last_) {
-      tokens_ = std::min(
-          capacity, tokens_ + absl::ToDoubleSeconds(now - last_) * capacity);
-    }
-    if (now > last_) last_ = now;
-    if (tokens_ < 1.0) {
-      if (dropped_since_written_ == 0) first_dropped_ = now;
-      ++dropped_since_written_;
-      dropped_total_.fetch_add(1, std::memory_order_relaxed);
-      return d;
-    }
-    tokens_ -= 1.0;
+  if (last_ != absl::InfinitePast() && now > last_) {
+    tokens_ = std::min(capacity,
+                       tokens_ + absl::ToDoubleSeconds(now - last_) * capacity);
   }
-  d.write = true;
-  d.dropped_before = dropped_since_written_;
-  d.first_dropped = first_dropped_;
-  dropped_since_written_ = 0;
+  if (now > last_) last_ = now;
+  if (tokens_ >= 1.0) {
+    tokens_ -= 1.0;
+    return true;
+  }
+  if (unreported_ == 0) first_unreported_ = now;
+  ++unreported_;
+  dropped_total_.fetch_add(1, std::memory_order_relaxed);
+  return false;
+}
+
+LogRateLimiter::Dropped LogRateLimiter::TakeDropped(
+    absl::Time now, absl::Duration min_interval) {
+  absl::MutexLock lock(&mu_);
+  Dropped d;
+  if (unreported_ == 0 || now - last_report_ < min_interval) return d;
+  d.lines = unreported_;
+  d.first = first_unreported_;
+  unreported_ = 0;
+  last_report_ = now;
   return d;
 }
 
@@ -76,17 +82,21 @@ void SetClientLogRate(int64_t lines_per_second) {
 }
 
 bool AdmitClientLog(ClientLog kind) {
-  LogRateLimiter& limiter = Limiters()[static_cast<int>(kind)];
-  const LogRateLimiter::Decision d = limiter.Admit(absl::Now());
-  if (d.write && d.dropped_before > 0) {
+  return Limiters()[static_cast<int>(kind)].Admit(absl::Now());
+}
+
+void ReportDroppedClientLogLines(absl::Duration min_interval) {
+  const absl::Time now = absl::Now();
+  for (int k = 0; k < kNumClientLogKinds; ++k) {
+    LogRateLimiter& limiter = Limiters()[k];
+    const LogRateLimiter::Dropped d = limiter.TakeDropped(now, min_interval);
+    if (d.lines == 0) continue;
     spdlog::warn(
         "log: {} {} lines dropped since {} (--client_log_lines_per_second={})",
-        d.dropped_before, ClientLogName(kind),
-        absl::FormatTime(absl::RFC3339_sec, d.first_dropped,
-                         absl::UTCTimeZone()),
+        d.lines, ClientLogName(static_cast<ClientLog>(k)),
+        absl::FormatTime(absl::RFC3339_sec, d.first, absl::UTCTimeZone()),
         limiter.rate());
   }
-  return d.write;
 }
 
 int64_t ClientLogLinesDropped(ClientLog kind) {

@@ -4,8 +4,8 @@
 // thousands a second) and fill the node's disk or the log pipeline, and bury
 // everyone else's lines. Each kind of line has its own token bucket, so a
 // flood of failed calls cannot hide sessions being opened, and the other way
-// round. Lines over the rate are dropped and counted; the next line written
-// of that kind is preceded by one warn line saying how many were dropped.
+// round. Lines over the rate are dropped and counted, and reported as a
+// count every 10 s at most while they go on (ReportDroppedClientLogLines).
 // The metrics still count every call (kvdepot_requests_total by code,
 // kvdepot_rejections_total) and the drops (kvdepot_log_lines_dropped_total).
 //
@@ -31,14 +31,17 @@ class LogRateLimiter {
  public:
   explicit LogRateLimiter(int64_t per_second = 0);
 
-  struct Decision {
-    bool write = false;
-    // When `write`: lines dropped since the last line written (to report
-    // before this one), and the time the first of them was dropped.
-    int64_t dropped_before = 0;
-    absl::Time first_dropped = absl::InfinitePast();
+  // True when a line may be written at `now`; false counts it as dropped.
+  bool Admit(absl::Time now);
+
+  struct Dropped {
+    int64_t lines = 0;                        // 0 = nothing to report
+    absl::Time first = absl::InfinitePast();  // when the first was dropped
   };
-  Decision Admit(absl::Time now);
+  // The lines dropped since the last report, and starts counting afresh;
+  // nothing (lines 0) when none were, or when the last report is less than
+  // `min_interval` before `now`.
+  Dropped TakeDropped(absl::Time now, absl::Duration min_interval);
 
   // Changes the rate (the bucket starts full).
   void SetRate(int64_t per_second);
@@ -54,8 +57,9 @@ class LogRateLimiter {
   absl::Mutex mu_;
   double tokens_ ABSL_GUARDED_BY(mu_);
   absl::Time last_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  int64_t dropped_since_written_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Time first_dropped_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  int64_t unreported_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time first_unreported_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time last_report_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 // The kinds of lines a client can cause, each limited on its own.
@@ -78,10 +82,19 @@ inline constexpr int64_t kDefaultClientLogLinesPerSecond = 20;
 void SetClientLogRate(int64_t lines_per_second);
 
 // True when a line of `kind` may be written now; the caller then writes it.
-// When lines of `kind` were dropped since the last one written, first
-// writes a warn line: "log: N <kind> lines dropped since <time>
-// (--client_log_lines_per_second=R)".
 bool AdmitClientLog(ClientLog kind);
+
+// How often at most the drops of one kind are reported while they go on.
+inline constexpr absl::Duration kClientLogDropReportInterval =
+    absl::Seconds(10);
+
+// For each kind with lines dropped since its last report, at most once per
+// `min_interval` per kind, writes one warn line: "log: N <kind> lines
+// dropped since <time> (--client_log_lines_per_second=R)". The daemon calls
+// it from its reaper (kClientLogDropReportInterval) and, with no interval,
+// as it stops, so every drop is reported.
+void ReportDroppedClientLogLines(
+    absl::Duration min_interval = kClientLogDropReportInterval);
 
 // Lines of `kind` dropped since the process started.
 int64_t ClientLogLinesDropped(ClientLog kind);

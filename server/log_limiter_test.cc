@@ -13,12 +13,13 @@ namespace kvdepot {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 const absl::Time kT0 = absl::FromUnixSeconds(1'800'000'000);
 
 int Written(LogRateLimiter& l, absl::Time at, int calls) {
   int n = 0;
-  for (int i = 0; i < calls; ++i) n += l.Admit(at).write;
+  for (int i = 0; i < calls; ++i) n += l.Admit(at);
   return n;
 }
 
@@ -33,19 +34,29 @@ TEST(LogRateLimiterTest, ABurstOfOneSecondThenTheRate) {
   EXPECT_EQ(l.dropped_total(), 95 + 9 + 95);
 }
 
-TEST(LogRateLimiterTest, TheFirstLineWrittenAfterDropsCarriesTheirCount) {
+TEST(LogRateLimiterTest, DropsAreTakenOncePerIntervalAndAllCounted) {
   LogRateLimiter l(2);
-  EXPECT_EQ(l.Admit(kT0).dropped_before, 0);
-  EXPECT_TRUE(l.Admit(kT0).write);
+  const absl::Duration every = absl::Seconds(10);
+  EXPECT_EQ(l.TakeDropped(kT0, every).lines, 0);  // nothing dropped yet
+  EXPECT_EQ(Written(l, kT0, 2), 2);
   const absl::Time first_drop = kT0 + absl::Milliseconds(10);
-  EXPECT_FALSE(l.Admit(first_drop).write);
-  for (int i = 0; i < 6; ++i) EXPECT_FALSE(l.Admit(first_drop).write);
-  const LogRateLimiter::Decision d = l.Admit(kT0 + absl::Seconds(1));
-  ASSERT_TRUE(d.write);
-  EXPECT_EQ(d.dropped_before, 7);
-  EXPECT_EQ(d.first_dropped, first_drop);
-  // Reported once.
-  EXPECT_EQ(l.Admit(kT0 + absl::Seconds(1)).dropped_before, 0);
+  EXPECT_EQ(Written(l, first_drop, 7), 0);
+  LogRateLimiter::Dropped d = l.TakeDropped(kT0 + absl::Seconds(1), every);
+  EXPECT_EQ(d.lines, 7);
+  EXPECT_EQ(d.first, first_drop);
+  // More drops, but the last report is under `every` ago: kept for later.
+  EXPECT_EQ(Written(l, kT0 + absl::Seconds(1), 10), 2);
+  EXPECT_EQ(l.TakeDropped(kT0 + absl::Seconds(5), every).lines, 0);
+  d = l.TakeDropped(kT0 + absl::Seconds(11), every);
+  EXPECT_EQ(d.lines, 8);
+  EXPECT_EQ(d.first, kT0 + absl::Seconds(1));
+  // Forced (no interval): whatever is left; then nothing.
+  EXPECT_EQ(Written(l, kT0 + absl::Seconds(11), 5), 2);
+  EXPECT_EQ(l.TakeDropped(kT0 + absl::Seconds(12), absl::ZeroDuration()).lines,
+            3);
+  EXPECT_EQ(l.TakeDropped(kT0 + absl::Seconds(30), absl::ZeroDuration()).lines,
+            0);
+  EXPECT_EQ(l.dropped_total(), 7 + 8 + 3);
 }
 
 TEST(LogRateLimiterTest, AClockGoingBackAddsNoLines) {
@@ -82,6 +93,8 @@ class ClientLogTest : public ::testing::Test {
 };
 
 TEST_F(ClientLogTest, EachKindHasItsOwnBucketAndDropsAreReported) {
+  ReportDroppedClientLogLines(absl::ZeroDuration());  // earlier tests' drops
+  out_.str("");
   // A rate no burst of calls a few microseconds apart can refill.
   SetClientLogRate(3);
   const int64_t dropped_before = ClientLogLinesDropped(ClientLog::kFailedCall);
@@ -94,13 +107,15 @@ TEST_F(ClientLogTest, EachKindHasItsOwnBucketAndDropsAreReported) {
   EXPECT_TRUE(AdmitClientLog(ClientLog::kClientEvent));
   EXPECT_TRUE(AdmitClientLog(ClientLog::kRefusedConnection));
   EXPECT_EQ(out_.str(), "");
-  // The next line written of the flooded kind (the bucket refilled here by
-  // setting the rate) is preceded by the count of those dropped.
-  SetClientLogRate(3);
-  EXPECT_TRUE(AdmitClientLog(ClientLog::kFailedCall));
+  // The report: one line for the flooded kind only.
+  ReportDroppedClientLogLines(absl::ZeroDuration());
   EXPECT_THAT(out_.str(),
               HasSubstr("warning log: 47 failed_call lines dropped since "));
   EXPECT_THAT(out_.str(), HasSubstr("(--client_log_lines_per_second=3)"));
+  EXPECT_THAT(out_.str(), Not(HasSubstr("client_event")));
+  out_.str("");
+  ReportDroppedClientLogLines(absl::ZeroDuration());
+  EXPECT_EQ(out_.str(), "");
 }
 
 TEST_F(ClientLogTest, NoLimitWritesEveryLine) {
