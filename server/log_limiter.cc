@@ -1,6 +1,7 @@
 #include "server/log_limiter.h"
 
 #include <algorithm>
+#include <array>
 
 #include "spdlog/spdlog.h"
 

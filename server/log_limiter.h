@@ -14,7 +14,6 @@
 #ifndef KVDEPOT_SERVER_LOG_LIMITER_H_
 #define KVDEPOT_SERVER_LOG_LIMITER_H_
 
-#include <array>
 #include <atomic>
 #include <cstdint>
 

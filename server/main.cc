@@ -244,12 +244,11 @@ int main(int argc, char** argv) {
                                         /*unix_allowed=*/false)}) {
     if (!s.ok()) return UsageError(s.message());
   }
-  if (const int64_t rate = absl::GetFlag(FLAGS_client_log_lines_per_second);
-      rate < 0) {
+  const int64_t log_rate = absl::GetFlag(FLAGS_client_log_lines_per_second);
+  if (log_rate < 0) {
     return UsageError("--client_log_lines_per_second must be >= 0");
-  } else {
-    kvdepot::SetClientLogRate(rate);
   }
+  kvdepot::SetClientLogRate(log_rate);
   if (const int32_t mb = absl::GetFlag(FLAGS_malloc_keep_freed_mb); mb != 0) {
     if (mb < 0 || mb > 2047) {
       return UsageError("--malloc_keep_freed_mb must be in [0, 2047]");
