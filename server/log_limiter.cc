@@ -65,17 +65,10 @@ std::array<LogRateLimiter, kNumClientLogKinds>& Limiters() {
 }  // namespace
 
 const char* ClientLogName(ClientLog kind) {
-  switch (kind) {
-    case ClientLog::kFailedCall:
-      return "failed_call";
-    case ClientLog::kClientEvent:
-      return "client_event";
-    case ClientLog::kRefusedConnection:
-      return "refused_connection";
-    case ClientLog::kCount:
-      break;
-  }
-  return "unknown";
+  static constexpr const char* kNames[kNumClientLogKinds] = {
+      "failed_call", "client_event", "refused_connection"};
+  const int k = static_cast<int>(kind);
+  return k >= 0 && k < kNumClientLogKinds ? kNames[k] : "unknown";
 }
 
 void SetClientLogRate(int64_t lines_per_second) {
