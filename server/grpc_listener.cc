@@ -21,7 +21,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "server/log_limiter.h"
 #include "spdlog/spdlog.h"
 
 namespace kvdepot {
@@ -186,8 +185,9 @@ void GrpcListener::Refuse(bool per_uid, const std::string& why,
   const std::function<void()>& count =
       per_uid ? options_.on_refused_per_uid : options_.on_refused;
   if (count) count();
-  // The limit every refused connection's line goes through (log_limiter.h).
-  if (AdmitClientLog(ClientLog::kRefusedConnection)) {
+  const int64_t now = absl::GetCurrentTimeNanos();
+  if (now - last_log_ns_ >= 1'000'000'000) {
+    last_log_ns_ = now;
     spdlog::warn(
         "rpc=connect status=RESOURCE_EXHAUSTED reason={} why=\"{}\" "
         "descriptor={} soft_limit={} headroom={} refused_total={}",

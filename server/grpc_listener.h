@@ -32,8 +32,7 @@
 //   before it admits a peer, forgets those whose descriptor no longer names
 //   that socket.
 // Each refusal is counted (limit "connections" or "connections_per_uid")
-// and logged within the limit on refused-connection lines
-// (server/log_limiter.h, --client_log_lines_per_second).
+// and logged at most once a second.
 #ifndef KVDEPOT_SERVER_GRPC_LISTENER_H_
 #define KVDEPOT_SERVER_GRPC_LISTENER_H_
 
@@ -134,6 +133,7 @@ class GrpcListener {
   const GrpcListenerOptions options_;
   int64_t soft_limit_ = 0;  // the accept thread's; re-read per connection
   std::atomic<int64_t> refused_{0};
+  int64_t last_log_ns_ = 0;  // the accept thread's
   // The accept thread's: connections by peer uid (max_connections_per_uid).
   absl::flat_hash_map<uid_t, std::vector<Held>> held_;
   int64_t accepts_since_sweep_ = 0;
