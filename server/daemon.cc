@@ -531,6 +531,11 @@ absl::Status Daemon::Init() {
   lo.on_refused_per_uid = [metrics = metrics_.get()] {
     metrics->RecordLimit(Limit::kConnectionsPerUid);
   };
+  // The listener keeps its own once-a-second refusal line (it may log with
+  // the descriptor table full); what it leaves out is counted here.
+  lo.on_log_line_dropped = [] {
+    CountDroppedClientLog(ClientLog::kRefusedConnection);
+  };
   if (!socket_path_.empty()) {
     ASSIGN_OR_RETURN(grpc_listener_,
                      GrpcListener::Start(socket_path_, server_.get(), lo));

@@ -186,7 +186,9 @@ void GrpcListener::Refuse(bool per_uid, const std::string& why,
       per_uid ? options_.on_refused_per_uid : options_.on_refused;
   if (count) count();
   const int64_t now = absl::GetCurrentTimeNanos();
-  if (now - last_log_ns_ >= 1'000'000'000) {
+  if (now - last_log_ns_ < 1'000'000'000) {
+    if (options_.on_log_line_dropped) options_.on_log_line_dropped();
+  } else {
     last_log_ns_ = now;
     spdlog::warn(
         "rpc=connect status=RESOURCE_EXHAUSTED reason={} why=\"{}\" "

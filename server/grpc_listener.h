@@ -66,6 +66,10 @@ struct GrpcListenerOptions {
   int64_t max_connections_per_uid = 0;
   // Called once per connection refused for that limit; may be empty.
   std::function<void()> on_refused_per_uid;
+  // The refusal line is written at most once a second; called once per
+  // refusal whose line was left out (the daemon counts it as a dropped
+  // client log line); may be empty.
+  std::function<void()> on_log_line_dropped;
 };
 
 class GrpcListener {

@@ -14,6 +14,7 @@
 
 #include <cstring>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,8 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "spdlog/sinks/ostream_sink.h"
+#include "spdlog/spdlog.h"
 
 namespace kvdepot {
 namespace {
@@ -206,6 +209,46 @@ TEST_F(GrpcListenerTest, OneUidHoldsAtMostItsConnections) {
   close(extra);
   for (int fd : held) close(fd);
   (*l)->Stop();
+}
+
+// The refusal line is written at most once a second; each refusal it
+// leaves out is reported to on_log_line_dropped (the daemon counts it as a
+// dropped client log line), so lines written plus lines reported is every
+// refusal.
+TEST_F(GrpcListenerTest, RefusalLinesLeftOutAreCountedAsDropped) {
+  std::ostringstream log;
+  const std::shared_ptr<spdlog::logger> saved = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>(
+      "test", std::make_shared<spdlog::sinks::ostream_sink_mt>(log)));
+  const std::string path = SocketPath();
+  GrpcListenerOptions o;
+  o.max_connections_per_uid = 1;
+  int64_t dropped = 0;  // the accept thread's, read after Stop
+  o.on_log_line_dropped = [&dropped] { ++dropped; };
+  absl::StatusOr<std::unique_ptr<GrpcListener>> l =
+      GrpcListener::Start(path, server_.get(), o);
+  ASSERT_TRUE(l.ok()) << l.status();
+  const int held = ConnectTo(path);
+  ASSERT_GE(held, 0);
+  EXPECT_FALSE(ClosedByListener(held));
+  for (int i = 0; i < 5; ++i) {
+    const int extra = ConnectTo(path);
+    ASSERT_GE(extra, 0);
+    EXPECT_TRUE(ClosedByListener(extra)) << i;
+    close(extra);
+  }
+  close(held);
+  (*l)->Stop();
+  spdlog::set_default_logger(saved);
+  const std::string text = log.str();
+  int64_t lines = 0;
+  for (size_t at = text.find("rpc=connect"); at != std::string::npos;
+       at = text.find("rpc=connect", at + 1)) {
+    ++lines;
+  }
+  EXPECT_EQ((*l)->refused(), 5);
+  EXPECT_GE(lines, 1);
+  EXPECT_EQ(lines + dropped, (*l)->refused());
 }
 
 int ConnectTcp(int port) {

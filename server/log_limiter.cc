@@ -31,10 +31,19 @@ bool LogRateLimiter::Admit(absl::Time now) {
     tokens_ -= 1.0;
     return true;
   }
+  CountDroppedLocked(now);
+  return false;
+}
+
+void LogRateLimiter::CountDropped(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  CountDroppedLocked(now);
+}
+
+void LogRateLimiter::CountDroppedLocked(absl::Time now) {
   if (unreported_ == 0) first_unreported_ = now;
   ++unreported_;
   dropped_total_.fetch_add(1, std::memory_order_relaxed);
-  return false;
 }
 
 LogRateLimiter::Dropped LogRateLimiter::TakeDropped(
@@ -77,6 +86,10 @@ void SetClientLogRate(int64_t lines_per_second) {
 
 bool AdmitClientLog(ClientLog kind) {
   return Limiters()[static_cast<int>(kind)].Admit(absl::Now());
+}
+
+void CountDroppedClientLog(ClientLog kind) {
+  Limiters()[static_cast<int>(kind)].CountDropped(absl::Now());
 }
 
 void ReportDroppedClientLogLines(absl::Duration min_interval) {

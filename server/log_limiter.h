@@ -32,6 +32,9 @@ class LogRateLimiter {
 
   // True when a line may be written at `now`; false counts it as dropped.
   bool Admit(absl::Time now);
+  // Counts a line its writer dropped by a throttle of its own, as Admit
+  // counts the ones it refuses.
+  void CountDropped(absl::Time now);
 
   struct Dropped {
     int64_t lines = 0;                        // 0 = nothing to report
@@ -51,6 +54,8 @@ class LogRateLimiter {
   }
 
  private:
+  void CountDroppedLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   std::atomic<int64_t> per_second_;
   std::atomic<int64_t> dropped_total_{0};
   absl::Mutex mu_;
@@ -94,6 +99,12 @@ inline constexpr absl::Duration kClientLogDropReportInterval =
 // as it stops, so every drop is reported.
 void ReportDroppedClientLogLines(
     absl::Duration min_interval = kClientLogDropReportInterval);
+
+// Counts a line of `kind` that its writer dropped by a throttle of its own
+// (GrpcListener's once-a-second refusal line, which keeps its own because
+// it logs while the descriptor table may be full): reported and counted
+// with the limiter's own drops.
+void CountDroppedClientLog(ClientLog kind);
 
 // Lines of `kind` dropped since the process started.
 int64_t ClientLogLinesDropped(ClientLog kind);

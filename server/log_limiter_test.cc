@@ -59,6 +59,22 @@ TEST(LogRateLimiterTest, DropsAreTakenOncePerIntervalAndAllCounted) {
   EXPECT_EQ(l.dropped_total(), 7 + 8 + 3);
 }
 
+// Lines a writer dropped by its own throttle count and are reported with
+// the limiter's own drops, and take none of its lines.
+TEST(LogRateLimiterTest, LinesDroppedElsewhereAreCountedAndReported) {
+  LogRateLimiter l(2);
+  const absl::Time first_drop = kT0 + absl::Milliseconds(3);
+  l.CountDropped(first_drop);
+  l.CountDropped(kT0 + absl::Milliseconds(4));
+  EXPECT_EQ(l.dropped_total(), 2);
+  EXPECT_EQ(Written(l, kT0 + absl::Milliseconds(5), 4), 2);
+  const LogRateLimiter::Dropped d =
+      l.TakeDropped(kT0 + absl::Seconds(1), absl::ZeroDuration());
+  EXPECT_EQ(d.lines, 2 + 2);
+  EXPECT_EQ(d.first, first_drop);
+  EXPECT_EQ(l.dropped_total(), 4);
+}
+
 TEST(LogRateLimiterTest, AClockGoingBackAddsNoLines) {
   LogRateLimiter l(3);
   EXPECT_EQ(Written(l, kT0, 3), 3);
@@ -116,6 +132,20 @@ TEST_F(ClientLogTest, EachKindHasItsOwnBucketAndDropsAreReported) {
   out_.str("");
   ReportDroppedClientLogLines(absl::ZeroDuration());
   EXPECT_EQ(out_.str(), "");
+}
+
+TEST_F(ClientLogTest, LinesDroppedByTheirWriterAreReported) {
+  ReportDroppedClientLogLines(absl::ZeroDuration());  // earlier tests' drops
+  out_.str("");
+  const int64_t before = ClientLogLinesDropped(ClientLog::kRefusedConnection);
+  for (int i = 0; i < 4; ++i) {
+    CountDroppedClientLog(ClientLog::kRefusedConnection);
+  }
+  EXPECT_EQ(ClientLogLinesDropped(ClientLog::kRefusedConnection) - before, 4);
+  EXPECT_TRUE(AdmitClientLog(ClientLog::kRefusedConnection));
+  ReportDroppedClientLogLines(absl::ZeroDuration());
+  EXPECT_THAT(out_.str(),
+              HasSubstr("log: 4 refused_connection lines dropped since "));
 }
 
 TEST_F(ClientLogTest, NoLimitWritesEveryLine) {

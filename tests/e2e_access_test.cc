@@ -721,6 +721,13 @@ TEST(AccessTest, OneUidCannotHoldEveryGrpcConnection) {
   }
   UniqueFd fifth = IdleGrpcConnection(socket);
   EXPECT_EQ(FirstRead(fifth.get()), 0);  // closed at once
+  // A burst of refusals gets one line a second; the lines left out are
+  // counted as dropped refused_connection lines (reported at the latest
+  // when the daemon stops).
+  for (int i = 0; i < 5; ++i) {
+    UniqueFd more = IdleGrpcConnection(socket);
+    EXPECT_EQ(FirstRead(more.get()), 0) << i;
+  }
   if (user.has_value()) {
     // Another uid is served while this one is at its limit.
     const pid_t child = fork();
@@ -767,6 +774,7 @@ TEST(AccessTest, OneUidCannotHoldEveryGrpcConnection) {
   EXPECT_THAT(log, HasSubstr("reason=limit_connections_per_uid"));
   EXPECT_THAT(log,
               HasSubstr("holds 4 connections (--max_connections_per_uid)"));
+  EXPECT_THAT(log, HasSubstr(" refused_connection lines dropped since "));
 }
 
 // A client failing calls in a loop gets a few log lines a second, not one
