@@ -21,6 +21,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "server/log_limiter.h"
 
 namespace kvdepot {
 
@@ -36,6 +37,14 @@ struct Caller {
 
   bool authenticated() const { return session != 0; }
   bool anonymous() const { return !peer && tls_subject.empty(); }
+  // Whose share of the client log lines its lines take (log_limiter.h):
+  // its uid, its TLS subject, or the unidentified share (anonymous
+  // sessions, no session).
+  LogClient log_client() const {
+    if (peer) return LogClient::Uid(uid);
+    if (!tls_subject.empty()) return LogClient::TlsSubject(tls_subject);
+    return LogClient::Unidentified();
+  }
 };
 
 // Longest TLS subject accepted (a session's identity, a grant), and the

@@ -118,8 +118,14 @@ void CompanionServer::AcceptLoop() {
       return;
     }
     ReapFinishedLocked();
+    struct ucred cred;
+    socklen_t len = sizeof(cred);
+    if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      continue;
+    }
     if (static_cast<int>(conns_.size()) >= options_.max_connections) {
-      if (AdmitClientLog(ClientLog::kRefusedConnection)) {
+      if (AdmitClientLog(ClientLog::kRefusedConnection,
+                         LogClient::Uid(cred.uid))) {
         spdlog::warn(
             "rpc=companion status=RESOURCE_EXHAUSTED connections={} "
             "reason=limit_companion_connections",
@@ -130,17 +136,12 @@ void CompanionServer::AcceptLoop() {
       }
       continue;  // closed by `fd`
     }
-    auto conn = std::make_unique<Connection>();
-    struct ucred cred;
-    socklen_t len = sizeof(cred);
-    if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-      continue;
-    }
     if (options_.max_connections_per_uid > 0) {
       int of_uid = 0;
       for (const auto& [id, c] : conns_) of_uid += c->creds.uid == cred.uid;
       if (of_uid >= options_.max_connections_per_uid) {
-        if (AdmitClientLog(ClientLog::kRefusedConnection)) {
+        if (AdmitClientLog(ClientLog::kRefusedConnection,
+                           LogClient::Uid(cred.uid))) {
           spdlog::warn(
               "rpc=companion status=RESOURCE_EXHAUSTED uid={} connections={} "
               "reason=limit_companion_connections_per_uid",
@@ -152,6 +153,7 @@ void CompanionServer::AcceptLoop() {
         continue;  // closed by `fd`
       }
     }
+    auto conn = std::make_unique<Connection>();
     conn->creds = PeerCredentials{cred.pid, cred.uid, cred.gid};
     conn->fd = std::move(fd);
     Connection* c = conn.get();
@@ -201,7 +203,8 @@ void CompanionServer::Serve(Connection* conn) {
     }
   }
   if (waiting_for_hello && absl::Now() >= hello_deadline) {
-    if (AdmitClientLog(ClientLog::kFailedCall)) {
+    if (AdmitClientLog(ClientLog::kFailedCall,
+                       LogClient::Uid(conn->creds.uid))) {
       spdlog::info(
           "rpc=companion status=DEADLINE_EXCEEDED pid={} uid={} reason=no "
           "Hello within {} ms",
@@ -216,7 +219,8 @@ void CompanionServer::Serve(Connection* conn) {
       options_.step_rings->CloseRingsOf(conn->session);
     }
     const int64_t n = sessions_->CloseNumber(conn->session);
-    if (AdmitClientLog(ClientLog::kClientEvent)) {
+    if (AdmitClientLog(ClientLog::kClientEvent,
+                       LogClient::Uid(conn->creds.uid))) {
       spdlog::info(
           "rpc=companion_close session={} status=OK buffers_released={}",
           conn->session, n);
@@ -310,13 +314,15 @@ v1::CompanionReply CompanionServer::Handle(Connection* conn,
         limit.has_value() && options_.metrics != nullptr) {
       options_.metrics->RecordLimit(*limit);
     }
-    if (AdmitClientLog(ClientLog::kFailedCall)) {
+    if (AdmitClientLog(ClientLog::kFailedCall,
+                       LogClient::Uid(conn->creds.uid))) {
       spdlog::info("rpc={} session={} status={} error=\"{}\"", rpc,
                    conn->session, absl::StatusCodeToString(status.code()),
                    ForLog(status.message()));
     }
   } else if (!LogsItsOwnSuccess(rpc) &&
-             AdmitClientLog(ClientLog::kClientEvent)) {
+             AdmitClientLog(ClientLog::kClientEvent,
+                            LogClient::Uid(conn->creds.uid))) {
     spdlog::info("rpc={} session={} status=OK", rpc, conn->session);
   }
   return reply;
@@ -337,7 +343,8 @@ absl::Status CompanionServer::Hello(Connection* conn, const v1::Hello& hello,
   out->set_uid(conn->creds.uid);
   out->set_gid(conn->creds.gid);
   out->set_pid(conn->creds.pid);
-  if (AdmitClientLog(ClientLog::kClientEvent)) {
+  if (AdmitClientLog(ClientLog::kClientEvent,
+                     LogClient::Uid(conn->creds.uid))) {
     spdlog::info("rpc=Hello session={} uid={} gid={} pid={} client=\"{}\"",
                  opened.number, conn->creds.uid, conn->creds.gid,
                  conn->creds.pid, ForLog(hello.client_name()));

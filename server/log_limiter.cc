@@ -3,36 +3,74 @@
 #include <algorithm>
 #include <array>
 
+#include "absl/hash/hash.h"
 #include "spdlog/spdlog.h"
 
 namespace kvdepot {
 
-LogRateLimiter::LogRateLimiter(int64_t per_second)
-    : per_second_(per_second), tokens_(static_cast<double>(per_second)) {}
+LogClient LogClient::TlsSubject(absl::string_view subject) {
+  return LogClient(absl::HashOf(subject) | (uint64_t{1} << 63));
+}
+
+LogRateLimiter::LogRateLimiter(int64_t per_second) : per_second_(per_second) {
+  all_.tokens = static_cast<double>(per_second);
+}
+
+int64_t LogRateLimiter::ClientShare(int64_t per_second) {
+  return std::max<int64_t>(1, per_second / 2);
+}
 
 void LogRateLimiter::SetRate(int64_t per_second) {
   absl::MutexLock lock(&mu_);
   per_second_.store(per_second, std::memory_order_relaxed);
-  tokens_ = static_cast<double>(per_second);
-  last_ = absl::InfinitePast();
+  all_ = Bucket{static_cast<double>(per_second)};
+  clients_.clear();
 }
 
-bool LogRateLimiter::Admit(absl::Time now) {
+void LogRateLimiter::Refill(Bucket& b, absl::Time now, double capacity) {
+  if (b.last != absl::InfinitePast() && now > b.last) {
+    b.tokens = std::min(
+        capacity, b.tokens + absl::ToDoubleSeconds(now - b.last) * capacity);
+  }
+  if (now > b.last) b.last = now;
+}
+
+LogRateLimiter::Bucket& LogRateLimiter::ClientBucketLocked(absl::Time now,
+                                                           LogClient client) {
+  const double share = static_cast<double>(
+      ClientShare(per_second_.load(std::memory_order_relaxed)));
+  uint64_t key = client.key();
+  if (!clients_.contains(key) && key != 0 &&
+      static_cast<int>(clients_.size()) >= kMaxClients) {
+    // A bucket idle for a second is full again: the same as a new one.
+    absl::erase_if(clients_, [&](const auto& entry) {
+      return entry.first != 0 && now - entry.second.last >= absl::Seconds(1);
+    });
+    if (static_cast<int>(clients_.size()) >= kMaxClients) key = 0;
+  }
+  const auto [it, added] = clients_.try_emplace(key, Bucket{share, now});
+  if (!added) Refill(it->second, now, share);
+  return it->second;
+}
+
+bool LogRateLimiter::Admit(absl::Time now, LogClient client) {
   const int64_t rate = per_second_.load(std::memory_order_relaxed);
   if (rate == 0) return true;
-  const double capacity = static_cast<double>(rate);
   absl::MutexLock lock(&mu_);
-  if (last_ != absl::InfinitePast() && now > last_) {
-    tokens_ = std::min(capacity,
-                       tokens_ + absl::ToDoubleSeconds(now - last_) * capacity);
-  }
-  if (now > last_) last_ = now;
-  if (tokens_ >= 1.0) {
-    tokens_ -= 1.0;
+  Refill(all_, now, static_cast<double>(rate));
+  Bucket& mine = ClientBucketLocked(now, client);
+  if (all_.tokens >= 1.0 && mine.tokens >= 1.0) {
+    all_.tokens -= 1.0;
+    mine.tokens -= 1.0;
     return true;
   }
   CountDroppedLocked(now);
   return false;
+}
+
+int LogRateLimiter::tracked_clients() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(clients_.size());
 }
 
 void LogRateLimiter::CountDropped(absl::Time now) {
@@ -84,8 +122,8 @@ void SetClientLogRate(int64_t lines_per_second) {
   for (LogRateLimiter& l : Limiters()) l.SetRate(lines_per_second);
 }
 
-bool AdmitClientLog(ClientLog kind) {
-  return Limiters()[static_cast<int>(kind)].Admit(absl::Now());
+bool AdmitClientLog(ClientLog kind, LogClient client) {
+  return Limiters()[static_cast<int>(kind)].Admit(absl::Now(), client);
 }
 
 void CountDroppedClientLog(ClientLog kind) {

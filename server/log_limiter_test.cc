@@ -17,9 +17,19 @@ using ::testing::Not;
 
 const absl::Time kT0 = absl::FromUnixSeconds(1'800'000'000);
 
+// Lines from `calls` clients never seen before (so only the limiter's own
+// bucket holds them back).
 int Written(LogRateLimiter& l, absl::Time at, int calls) {
+  static uint32_t next_uid = 100'000;
   int n = 0;
-  for (int i = 0; i < calls; ++i) n += l.Admit(at);
+  for (int i = 0; i < calls; ++i) n += l.Admit(at, LogClient::Uid(next_uid++));
+  return n;
+}
+
+// Lines from one client.
+int WrittenBy(LogRateLimiter& l, absl::Time at, LogClient client, int calls) {
+  int n = 0;
+  for (int i = 0; i < calls; ++i) n += l.Admit(at, client);
   return n;
 }
 
@@ -85,10 +95,77 @@ TEST(LogRateLimiterTest, AClockGoingBackAddsNoLines) {
 
 TEST(LogRateLimiterTest, RateZeroIsNoLimit) {
   LogRateLimiter l(0);
-  EXPECT_EQ(Written(l, kT0, 10'000), 10'000);
+  EXPECT_EQ(WrittenBy(l, kT0, LogClient::Uid(1), 10'000), 10'000);
   EXPECT_EQ(l.dropped_total(), 0);
+  EXPECT_EQ(l.tracked_clients(), 0);
   l.SetRate(1);
   EXPECT_EQ(Written(l, kT0, 10), 1);
+}
+
+TEST(LogRateLimiterTest, AFloodingClientTakesItsShareAndOthersStillWrite) {
+  LogRateLimiter l(10);
+  EXPECT_EQ(LogRateLimiter::ClientShare(10), 5);
+  const LogClient a = LogClient::Uid(1000), b = LogClient::Uid(1001);
+  EXPECT_EQ(WrittenBy(l, kT0, a, 100), 5);
+  EXPECT_EQ(WrittenBy(l, kT0, b, 100), 5);
+  // The limiter's bucket is empty now: a third client waits for it too.
+  EXPECT_EQ(WrittenBy(l, kT0, LogClient::Uid(1002), 10), 0);
+  EXPECT_EQ(l.dropped_total(), 95 + 95 + 10);
+  // A client's share refills at half the rate: 0.2 s gives it one line.
+  EXPECT_EQ(WrittenBy(l, kT0 + absl::Milliseconds(200), a, 10), 1);
+  // A second later every bucket is full again.
+  EXPECT_EQ(WrittenBy(l, kT0 + absl::Seconds(2), a, 100), 5);
+  EXPECT_EQ(WrittenBy(l, kT0 + absl::Seconds(2), b, 100), 5);
+}
+
+// A refused line takes nothing: a client over its share leaves the limiter's
+// bucket to the others.
+TEST(LogRateLimiterTest, ALineRefusedByItsShareTakesNothingElse) {
+  LogRateLimiter l(4);
+  const LogClient a = LogClient::Uid(7);
+  EXPECT_EQ(WrittenBy(l, kT0, a, 1000), 2);
+  EXPECT_EQ(Written(l, kT0, 10), 2);  // 4 - a's 2, however much a tried
+}
+
+TEST(LogRateLimiterTest, IdentitiesAreSharesOfTheirOwnTheRestShareOne) {
+  LogRateLimiter l(100);  // shares of 50
+  EXPECT_EQ(WrittenBy(l, kT0, LogClient::Unidentified(), 60), 50);
+  // uid 0 (root) is not "unidentified"; uids and subjects are apart.
+  EXPECT_EQ(WrittenBy(l, kT0, LogClient::Uid(0), 1), 1);
+  EXPECT_EQ(WrittenBy(l, kT0, LogClient::TlsSubject("CN=a"), 10), 10);
+  EXPECT_EQ(WrittenBy(l, kT0, LogClient::TlsSubject("CN=b"), 10), 10);
+  EXPECT_EQ(l.tracked_clients(), 4);
+  EXPECT_NE(LogClient::Uid(0).key(), LogClient::Unidentified().key());
+  EXPECT_NE(LogClient::TlsSubject("").key(), LogClient::Unidentified().key());
+  EXPECT_EQ(LogClient::TlsSubject("CN=a").key(),
+            LogClient::TlsSubject("CN=a").key());
+}
+
+TEST(LogRateLimiterTest, TheClientTableIsBounded) {
+  LogRateLimiter l(100'000);  // shares of 50'000: only the table limits
+  const int max = LogRateLimiter::kMaxClients;
+  for (int i = 0; i < max; ++i) {
+    ASSERT_TRUE(l.Admit(kT0, LogClient::Uid(i)));
+  }
+  EXPECT_EQ(l.tracked_clients(), max);
+  // The unidentified share, used up...
+  EXPECT_EQ(WrittenBy(l, kT0, LogClient::Unidentified(), 60'000), 50'000);
+  EXPECT_EQ(l.tracked_clients(), max + 1);
+  // ...is what a new client gets while every tracked one is recent.
+  EXPECT_EQ(WrittenBy(l, kT0, LogClient::Uid(max), 3), 0);
+  EXPECT_EQ(l.tracked_clients(), max + 1);
+  // A second later the idle ones are dropped and it has a share again.
+  EXPECT_EQ(WrittenBy(l, kT0 + absl::Seconds(1), LogClient::Uid(max), 3), 3);
+  EXPECT_EQ(l.tracked_clients(), 2);  // it and the unidentified share
+}
+
+TEST(LogRateLimiterTest, SetRateStartsEveryBucketFull) {
+  LogRateLimiter l(4);
+  const LogClient a = LogClient::Uid(7);
+  EXPECT_EQ(WrittenBy(l, kT0, a, 10), 2);
+  l.SetRate(8);
+  EXPECT_EQ(l.tracked_clients(), 0);
+  EXPECT_EQ(WrittenBy(l, kT0, a, 10), 4);
 }
 
 class ClientLogTest : public ::testing::Test {
@@ -112,22 +189,25 @@ TEST_F(ClientLogTest, EachKindHasItsOwnBucketAndDropsAreReported) {
   ReportDroppedClientLogLines(absl::ZeroDuration());  // earlier tests' drops
   out_.str("");
   // A rate no burst of calls a few microseconds apart can refill.
-  SetClientLogRate(3);
+  SetClientLogRate(4);
   const int64_t dropped_before = ClientLogLinesDropped(ClientLog::kFailedCall);
+  const LogClient a = LogClient::Uid(1), b = LogClient::Uid(2);
   int written = 0;
-  for (int i = 0; i < 50; ++i)
-    written += AdmitClientLog(ClientLog::kFailedCall);
-  EXPECT_EQ(written, 3);
-  EXPECT_EQ(ClientLogLinesDropped(ClientLog::kFailedCall) - dropped_before, 47);
+  for (int i = 0; i < 50; ++i) {
+    written += AdmitClientLog(ClientLog::kFailedCall, a);
+    written += AdmitClientLog(ClientLog::kFailedCall, b);
+  }
+  EXPECT_EQ(written, 4);
+  EXPECT_EQ(ClientLogLinesDropped(ClientLog::kFailedCall) - dropped_before, 96);
   // A flood of failed calls leaves the other kinds their lines.
-  EXPECT_TRUE(AdmitClientLog(ClientLog::kClientEvent));
-  EXPECT_TRUE(AdmitClientLog(ClientLog::kRefusedConnection));
+  EXPECT_TRUE(AdmitClientLog(ClientLog::kClientEvent, a));
+  EXPECT_TRUE(AdmitClientLog(ClientLog::kRefusedConnection, a));
   EXPECT_EQ(out_.str(), "");
   // The report: one line for the flooded kind only.
   ReportDroppedClientLogLines(absl::ZeroDuration());
   EXPECT_THAT(out_.str(),
-              HasSubstr("warning log: 47 failed_call lines dropped since "));
-  EXPECT_THAT(out_.str(), HasSubstr("(--client_log_lines_per_second=3)"));
+              HasSubstr("warning log: 96 failed_call lines dropped since "));
+  EXPECT_THAT(out_.str(), HasSubstr("(--client_log_lines_per_second=4)"));
   EXPECT_THAT(out_.str(), Not(HasSubstr("client_event")));
   out_.str("");
   ReportDroppedClientLogLines(absl::ZeroDuration());
@@ -142,7 +222,8 @@ TEST_F(ClientLogTest, LinesDroppedByTheirWriterAreReported) {
     CountDroppedClientLog(ClientLog::kRefusedConnection);
   }
   EXPECT_EQ(ClientLogLinesDropped(ClientLog::kRefusedConnection) - before, 4);
-  EXPECT_TRUE(AdmitClientLog(ClientLog::kRefusedConnection));
+  EXPECT_TRUE(
+      AdmitClientLog(ClientLog::kRefusedConnection, LogClient::Unidentified()));
   ReportDroppedClientLogLines(absl::ZeroDuration());
   EXPECT_THAT(out_.str(),
               HasSubstr("log: 4 refused_connection lines dropped since "));
@@ -151,7 +232,7 @@ TEST_F(ClientLogTest, LinesDroppedByTheirWriterAreReported) {
 TEST_F(ClientLogTest, NoLimitWritesEveryLine) {
   SetClientLogRate(0);
   for (int i = 0; i < 1000; ++i) {
-    ASSERT_TRUE(AdmitClientLog(ClientLog::kClientEvent));
+    ASSERT_TRUE(AdmitClientLog(ClientLog::kClientEvent, LogClient::Uid(1)));
   }
   EXPECT_EQ(out_.str(), "");
 }

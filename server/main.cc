@@ -123,7 +123,9 @@ ABSL_FLAG(int64_t, client_log_lines_per_second,
           kvdepot::kDefaultClientLogLinesPerSecond,
           "Log lines clients may cause per second, for each kind (failed "
           "calls; sessions and other client events; refused connections), "
-          "bursts of one second's worth; the rest are dropped and counted "
+          "one client (uid or TLS subject; all unauthenticated callers "
+          "together) at most half of them, bursts of one second's worth; "
+          "the rest are dropped and counted "
           "(kvdepot_log_lines_dropped_total). 0 = no limit.");
 ABSL_FLAG(int, companion_hello_timeout_ms, 10000,
           "How long a new companion connection may take to send its Hello "

@@ -119,6 +119,9 @@ grpc::Status KVCacheService::Run(Rpc rpc, Ctx* ctx, absl::string_view pool,
   } in_flight(in_flight_);
   absl::Status status;
   bool refused_by_drain = false;
+  // A call whose session did not authenticate takes the unidentified share
+  // of the log lines: a made-up session names no share of its own.
+  LogClient log_client = LogClient::Unidentified();
   if (draining_.load(std::memory_order_relaxed)) {
     refused_by_drain = true;
     status = absl::UnavailableError(
@@ -132,6 +135,7 @@ grpc::Status KVCacheService::Run(Rpc rpc, Ctx* ctx, absl::string_view pool,
     status = CheckAlive(ctx);
     if (status.ok()) {
       absl::StatusOr<Caller> caller = ResolveCaller(ctx, session_id);
+      if (caller.ok()) log_client = caller->log_client();
       status = caller.ok() ? body(*caller) : caller.status();
     }
   }
@@ -145,9 +149,10 @@ grpc::Status KVCacheService::Run(Rpc rpc, Ctx* ctx, absl::string_view pool,
   // The pool name and the message (which may quote a client's value) are
   // the client's: escaped and cut so they cannot forge or flood a line.
   if (!status.ok()) {
-    // Rate-limited per kind of line (server/log_limiter.h): a client failing
-    // calls in a loop must not flood the log; the metrics count every one.
-    if (AdmitClientLog(ClientLog::kFailedCall)) {
+    // Rate-limited per kind of line and client (server/log_limiter.h): a
+    // client failing calls in a loop must not flood the log or bury other
+    // clients' lines; the metrics count every one.
+    if (AdmitClientLog(ClientLog::kFailedCall, log_client)) {
       spdlog::info("rpc={} pool=\"{}\" status={} latency_us={} error=\"{}\"",
                    name, EscapeForLog(pool),
                    absl::StatusCodeToString(status.code()), latency_us,

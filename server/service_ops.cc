@@ -331,7 +331,7 @@ absl::Status KVCacheService::DoVerify(Ctx* ctx, const Caller& caller,
   if (!write(progress)) {
     return absl::CancelledError("the client went away");
   }
-  if (AdmitClientLog(ClientLog::kClientEvent)) {
+  if (AdmitClientLog(ClientLog::kClientEvent, caller.log_client())) {
     spdlog::info("rpc=Verify pool={} blocks={} blocks_with_issues={}",
                  (*pool)->name, done, totals.blocks_with_issues());
   }

@@ -19,8 +19,10 @@ class TcpSessionService::Stream final
  public:
   Stream(TcpSessionService* service, grpc::CallbackServerContext* ctx,
          const v1::OpenSessionRequest& request)
-      : service_(service) {
+      : service_(service), log_client_(LogClient::Unidentified()) {
     const std::string subject = TlsPeerSubject(*ctx);
+    // Plain loopback TCP has no subject: anonymous, the unidentified share.
+    if (!subject.empty()) log_client_ = LogClient::TlsSubject(subject);
     absl::Status status;
     if (!service_->Add(this)) {
       status = absl::UnavailableError(
@@ -43,7 +45,7 @@ class TcpSessionService::Stream final
           limit.has_value() && service_->metrics_ != nullptr) {
         service_->metrics_->RecordLimit(*limit);
       }
-      if (AdmitClientLog(ClientLog::kFailedCall)) {
+      if (AdmitClientLog(ClientLog::kFailedCall, log_client_)) {
         spdlog::info(
             "rpc=TcpSessions.Open tls_subject=\"{}\" status={} error=\"{}\"",
             EscapeForLog(subject), absl::StatusCodeToString(status.code()),
@@ -53,7 +55,7 @@ class TcpSessionService::Stream final
                        std::string(status.message())));
       return;
     }
-    if (AdmitClientLog(ClientLog::kClientEvent)) {
+    if (AdmitClientLog(ClientLog::kClientEvent, log_client_)) {
       spdlog::info(
           "rpc=TcpSessions.Open session={} tls_subject=\"{}\" client=\"{}\" "
           "status=OK",
@@ -109,7 +111,7 @@ class TcpSessionService::Stream final
     }
     if (number == 0) return;
     const int64_t n = service_->sessions_->CloseNumber(number);
-    if (AdmitClientLog(ClientLog::kClientEvent)) {
+    if (AdmitClientLog(ClientLog::kClientEvent, log_client_)) {
       spdlog::info(
           "rpc=TcpSessions.close session={} reason={} status=OK "
           "buffers_released={}",
@@ -118,7 +120,8 @@ class TcpSessionService::Stream final
   }
 
   TcpSessionService* const service_;
-  bool added_ = false;  // in service_->streams_
+  LogClient log_client_;  // whose share of the log lines this stream's take
+  bool added_ = false;    // in service_->streams_
   absl::Mutex mu_;
   uint64_t number_ ABSL_GUARDED_BY(mu_) = 0;  // 0 = no session (any more)
   v1::SessionEvent event_;

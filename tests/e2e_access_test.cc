@@ -787,7 +787,8 @@ TEST(AccessTest, OneUidCannotHoldEveryGrpcConnection) {
 // reported as counts (at the latest when the daemon stops). Other kinds of
 // lines (a session opened) are not crowded out.
 TEST(AccessTest, AFloodOfFailedCallsCannotFloodTheLog) {
-  constexpr int kRate = 5;
+  constexpr int kRate = 6;
+  constexpr int kShare = kRate / 2;  // one client's (server/log_limiter.h)
   constexpr int kCalls = 400;
   LoggedDaemon d(
       {"--backend=cpu", absl::StrCat("--client_log_lines_per_second=", kRate)});
@@ -802,8 +803,8 @@ TEST(AccessTest, AFloodOfFailedCallsCannotFloodTheLog) {
   // Another client's session is still logged.
   std::unique_ptr<KVCacheClient> other = ConnectOrDie(d.socket());
   ASSERT_TRUE(other);
-  // One more failure once the bucket has a token again: it is written.
-  absl::SleepFor(absl::Milliseconds(1000 / kRate + 50));
+  // One more failure once the client's share has a token again: written.
+  absl::SleepFor(absl::Milliseconds(1000 / kShare + 50));
   ASSERT_EQ(c->DeletePool("after-the-flood").code(),
             absl::StatusCode::kNotFound);
   absl::StatusOr<v1::StatsResponse> st = c->Stats();
@@ -833,15 +834,58 @@ TEST(AccessTest, AFloodOfFailedCallsCannotFloodTheLog) {
   }
   // Every failure was either written or counted as dropped.
   EXPECT_EQ(written + dropped, kCalls + 1) << head;
-  EXPECT_GE(written, kRate + 1);  // the first second's burst, and the last
-  // At most a second's burst plus the rate over the flood, plus the last.
-  EXPECT_LE(written, kRate * (seconds + 1) + 2) << seconds << " s\n" << head;
+  EXPECT_GE(written, kShare + 1);  // the first second's burst, and the last
+  // At most a second's burst plus the share over the flood, plus the last.
+  EXPECT_LE(written, kShare * (seconds + 1) + 2) << seconds << " s\n" << head;
   EXPECT_GT(dropped, 0);
   // Every drop was reported, as counts.
   EXPECT_EQ(reported, dropped) << head;
   EXPECT_THAT(log, HasSubstr("rpc=DeletePool pool=\"after-the-flood\""));
   EXPECT_THAT(log, HasSubstr(absl::StrCat("rpc=Hello session=",
                                           other->session_number())));
+}
+
+// A caller that never authenticates (no session, or a made-up one) flooding
+// failed calls takes only the unidentified share of the failed-call lines:
+// an identified client's failures right after the flood are all written.
+// (With one bucket per kind the flood took every line, and the victim's
+// were dropped.)
+TEST(AccessTest, AnUnauthenticatedFloodCannotHideAClientsFailures) {
+  constexpr int kRate = 6;  // a client's share: 3 lines a second
+  constexpr int kVictimCalls = 3;
+  LoggedDaemon d(
+      {"--backend=cpu", absl::StrCat("--client_log_lines_per_second=", kRate)});
+  std::unique_ptr<KVCacheClient> victim = ConnectOrDie(d.socket());
+  ASSERT_TRUE(victim);
+  ClientOptions o;
+  o.address = d.socket();
+  o.open_session = false;
+  absl::StatusOr<std::unique_ptr<KVCacheClient>> flooder =
+      KVCacheClient::Connect(o);
+  ASSERT_TRUE(flooder.ok()) << flooder.status();
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < 300; ++i) {
+    ASSERT_FALSE((*flooder)->DeletePool(absl::StrCat("flood-", i)).ok());
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  for (int i = 0; i < kVictimCalls; ++i) {
+    ASSERT_EQ(victim->DeletePool(absl::StrCat("victim-", i)).code(),
+              absl::StatusCode::kNotFound);
+  }
+  const std::string log = d.Stop();
+  int flood_lines = 0;
+  for (absl::string_view line : absl::StrSplit(log, '\n')) {
+    flood_lines += absl::StrContains(line, "pool=\"flood-");
+  }
+  for (int i = 0; i < kVictimCalls; ++i) {
+    EXPECT_THAT(log, HasSubstr(absl::StrCat("rpc=DeletePool pool=\"victim-", i,
+                                            "\" status=NOT_FOUND")))
+        << log.substr(0, 3000);
+  }
+  // The unidentified share: a second's burst, then half the rate.
+  EXPECT_GE(flood_lines, 1);
+  EXPECT_LE(flood_lines, kRate / 2 * (seconds + 1) + 1) << seconds << " s";
+  EXPECT_THAT(log, HasSubstr(" failed_call lines dropped since "));
 }
 
 }  // namespace

@@ -127,7 +127,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> StepRegistry::Register(
   out.set_doorbell_bytes(reg->config.doorbell_bytes);
   out.set_num_phases(static_cast<int32_t>(
       doorbell::NumPhases(static_cast<int64_t>(reg->config.layers.size()))));
-  if (AdmitClientLog(ClientLog::kClientEvent)) {
+  if (AdmitClientLog(ClientLog::kClientEvent, caller.log_client())) {
     spdlog::info("step: registration {} ({} layers) by session {}", reg->id,
                  reg->config.layers.size(), caller.session);
   }
@@ -248,7 +248,7 @@ void StepRegistry::CancelLocked(Registration* reg, std::string reason) {
   reg->cancelled = true;
   reg->cancelled_at = absl::Now();
   reg->cancel_reason = std::move(reason);
-  if (AdmitClientLog(ClientLog::kFailedCall)) {
+  if (AdmitClientLog(ClientLog::kFailedCall, reg->owner.log_client())) {
     spdlog::warn("step: registration {} cancelled: {}", reg->id,
                  reg->cancel_reason);
   }

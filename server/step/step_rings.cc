@@ -67,6 +67,7 @@ absl::StatusOr<UniqueFd> StepRings::OpenRing(const Caller& caller,
   }
   auto ring = std::make_unique<Ring>();
   ring->session = caller.session;
+  ring->log_client = caller.log_client();
   ring->session_id = session_id;
   ring->reservation = std::move(reservation);
   absl::StatusOr<MemfdRegion> region = MemfdRegion::Create(
@@ -103,7 +104,7 @@ absl::StatusOr<UniqueFd> StepRings::OpenRing(const Caller& caller,
     rings_.emplace(ring->id, std::move(ring));
     raw->thread = std::thread([this, raw] { Serve(raw); });
   }
-  if (AdmitClientLog(ClientLog::kClientEvent)) {
+  if (AdmitClientLog(ClientLog::kClientEvent, caller.log_client())) {
     spdlog::info(
         "rpc=OpenStepRing session={} ring={} slots={} request_bytes={} "
         "status=OK",
@@ -148,7 +149,7 @@ void StepRings::Serve(Ring* ring) {
           "step_ring.submitted: ", submitted, " is ", pending,
           " requests ahead of done = ", done, ", more than the ring's ",
           v.slots(), " slots: the ring is closed");
-      if (AdmitClientLog(ClientLog::kFailedCall)) {
+      if (AdmitClientLog(ClientLog::kFailedCall, ring->log_client)) {
         spdlog::warn(
             "rpc=StepRing session={} ring={} status=FAILED error=\"{}\"",
             ring->session, ring->id, why);
@@ -224,7 +225,7 @@ void StepRings::Retire(std::unique_ptr<Ring> ring) {
   ring->thread.join();
   CloseRing(*ring, kStepRingClosed, "the daemon closed the step ring");
   slots_->Close(ring->session);
-  if (AdmitClientLog(ClientLog::kClientEvent)) {
+  if (AdmitClientLog(ClientLog::kClientEvent, ring->log_client)) {
     spdlog::info("rpc=CloseStepRing session={} ring={} status=OK",
                  ring->session, ring->id);
   }

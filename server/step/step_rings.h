@@ -27,6 +27,7 @@
 #include "absl/time/time.h"
 #include "common/memfd.h"
 #include "common/step_ring.h"
+#include "server/log_limiter.h"
 #include "server/sessions.h"
 #include "server/step/step_registry.h"
 #include "server/step/stream_slots.h"
@@ -68,7 +69,8 @@ class StepRings final : public StepRingHost {
   struct Ring {
     uint64_t id = 0;
     uint64_t session = 0;
-    std::string session_id;  // secret
+    std::string session_id;                            // secret
+    LogClient log_client = LogClient::Unidentified();  // its owner's
     MemfdRegion region;
     StepRingView view;
     MemoryReservation reservation;
