@@ -47,6 +47,12 @@ __device__ __forceinline__ uint2 LoadStream8(const void* p) {
   return v;
 }
 
+__device__ __forceinline__ uint32_t LoadStream4(const void* p) {
+  uint32_t v;
+  asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+
 // Streaming (evict-first) stores for outputs nobody reads back soon.
 __device__ __forceinline__ void StoreStream16(void* p, uint4 v) {
   __stcs(reinterpret_cast<uint4*>(p), v);

@@ -242,16 +242,40 @@ DsMlaEncodeChunksBf16(const float (&x)[16], const uint32_t (&w)[8]) {
                                 DsMlaBf16MaxBits(w + 4));
 }
 
+// The BF16 tail (64 elements, 128 bytes) at `at`, from registers in either
+// of two layouts: a uint4 on each of lanes 0-7 (elements [8l, 8l + 8)) or
+// a uint32_t on every lane (elements 2l, 2l + 1: the fused store's, whose
+// RoPE pairs then lie one per lane). kStreaming: evict-first stores.
+template <bool kStreaming>
+__device__ __forceinline__ void DsMlaPutTail(uint8_t* at, uint4 tail,
+                                             int lane) {
+  if (lane >= 8) return;
+  if constexpr (kStreaming) {
+    StoreStream16(at + 16 * lane, tail);
+  } else {
+    Store16(at + 16 * lane, tail);
+  }
+}
+template <bool kStreaming>
+__device__ __forceinline__ void DsMlaPutTail(uint8_t* at, uint32_t tail,
+                                             int lane) {
+  if constexpr (kStreaming) {
+    StoreStream4(at + 4 * lane, tail);
+  } else {
+    *reinterpret_cast<uint32_t*>(at + 4 * lane) = tail;
+  }
+}
+
 // Writes one lane's part of a record in the chunk layout: its two code
-// chunks, the four scales (lane 0) and the BF16 tail words (lanes 0-7).
-// Every lane of the warp calls it, whatever the slot. kStreaming: evict-
-// first stores; else the default policy, which keeps a record's 32-byte
-// sectors that it shares with its neighbours (records are 656 bytes) in L2
-// until both halves are written.
-template <bool kStreaming = true>
+// chunks, the four scales (lane 0) and its part of the BF16 tail (Tail:
+// DsMlaPutTail's layouts). Every lane of the warp calls it, whatever the
+// slot. kStreaming: evict-first stores; else the default policy, which
+// keeps a record's 32-byte sectors that it shares with its neighbours
+// (records are 656 bytes) in L2 until both halves are written.
+template <bool kStreaming = true, class Tail>
 __device__ __forceinline__ void DsMlaPutRecordChunks(
     uint8_t* layer, int64_t block_stride, const FastDiv& div, int32_t slot,
-    const DsMlaChunks& c, uint4 tail, int lane) {
+    const DsMlaChunks& c, Tail tail, int lane) {
   // Tiles 0, 1 are chunks 0-15, 16-31 (first chunks of lanes 0-15, 16-31);
   // tiles 2, 3 the second chunks of the same lanes: lane 0 has tiles 0 and
   // 2, lane 16 tiles 1 and 3.
@@ -263,26 +287,24 @@ __device__ __forceinline__ void DsMlaPutRecordChunks(
     StoreStream8(rec + 8 * lane, c.q0);
     StoreStream8(rec + 256 + 8 * lane, c.q1);
     if (lane == 0) StoreStream16(rec + 512, make_uint4(c.sb0, s1, c.sb1, s3));
-    if (lane < 8) StoreStream16(rec + kDsMlaTailOffset + 16 * lane, tail);
   } else {
     *reinterpret_cast<uint2*>(rec + 8 * lane) = c.q0;
     *reinterpret_cast<uint2*>(rec + 256 + 8 * lane) = c.q1;
     if (lane == 0) {
       *reinterpret_cast<uint4*>(rec + 512) = make_uint4(c.sb0, s1, c.sb1, s3);
     }
-    if (lane < 8) {
-      *reinterpret_cast<uint4*>(rec + kDsMlaTailOffset + 16 * lane) = tail;
-    }
   }
+  DsMlaPutTail<kStreaming>(rec + kDsMlaTailOffset, tail, lane);
 }
 
 // A BF16 row [576] of a record's lane part in the chunk layout (the load's
 // output with evict-first stores, or with kStreaming = false the fused
-// store's cast-back, which the prefill attention reads next).
-template <bool kStreaming = true>
+// store's cast-back, which the prefill attention reads next). Tail:
+// DsMlaPutTail's layouts.
+template <bool kStreaming = true, class Tail>
 __device__ __forceinline__ void DsMlaPutRowChunks(uint16_t* row,
                                                   const DsMlaChunks& c,
-                                                  uint4 tail, int lane) {
+                                                  Tail tail, int lane) {
   const uint32_t q0[2] = {c.q0.x, c.q0.y}, q1[2] = {c.q1.x, c.q1.y};
   uint32_t w0[4], w1[4];
   DsMlaDecode<2>(q0, c.sb0, w0);
@@ -292,12 +314,11 @@ __device__ __forceinline__ void DsMlaPutRowChunks(uint16_t* row,
   if constexpr (kStreaming) {
     StoreStream16(row + 8 * lane, a);
     StoreStream16(row + 256 + 8 * lane, b);
-    if (lane < 8) StoreStream16(row + 512 + 8 * lane, tail);
   } else {
     Store16(row + 8 * lane, a);
     Store16(row + 256 + 8 * lane, b);
-    if (lane < 8) Store16(row + 512 + 8 * lane, tail);
   }
+  DsMlaPutTail<kStreaming>(reinterpret_cast<uint8_t*>(row + 512), tail, lane);
 }
 
 }  // namespace kvdepot::gpu::internal

@@ -5,7 +5,8 @@
 //  1. bandwidth at 64K and 1M tokens (--bandwidth_tokens), L2 flushed
 //     before every timed launch and before the copy (--l2_flush: rewritten
 //     or read, bench_ceiling.h); for DS_MLA_FP8 in the MLA configuration
-//     also fused_mla.cu's two kernels by name (f_warps, f_bulk);
+//     also fused_mla.cu's kernels by name (f_warps, f_ahead, f_ahead5,
+//     f_bulk);
 //  2. GPU time at 1..1024 tokens in CUDA-graph replay (goal: <= 3 us),
 //     also with PDL on (fused+pdl), as the step path chains its launches,
 //     next to the plain store of the same tokens and an empty kernel (the
@@ -419,6 +420,8 @@ void BandwidthTable(const cudaDeviceProp& prop,
             {"f_warps", FusedMlaOf(w, internal::FusedMlaPath::kWarps)});
         ks.push_back(
             {"f_ahead", FusedMlaOf(w, internal::FusedMlaPath::kAhead)});
+        ks.push_back(
+            {"f_ahead5", FusedMlaOf(w, internal::FusedMlaPath::kAhead5)});
         ks.push_back({"f_bulk", FusedMlaOf(w, internal::FusedMlaPath::kBulk)});
       }
       for (const auto& [kernel, f] : ks) {

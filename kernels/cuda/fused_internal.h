@@ -28,40 +28,43 @@ cudaError_t LaunchFusedStore(FormatId id, const PoolLayout& layout,
 // DS_MLA_FP8 in the MLA configuration (norm [0, 512) or none, RoPE on
 // [512, 576) or none, no Hadamard): fused_mla.cu's kernels, the same bytes
 // as LaunchFusedStore's general one. FusedMlaApplies says whether params
-// are that configuration (LaunchFusedMla refuses others). Three kernels:
-// kWarps, one warp per token with its values in registers; kAhead, the
-// same with the next token's loads in flight (5 CTAs per SM instead of
-// 8); kBulk, the token rows brought into shared memory by bulk copies two
-// tiles ahead and each record written by one bulk store (ds_mla_bulk.cuh),
-// for RoPE none or interleaved with a 16-byte aligned layer and block
-// stride. Tests and benchmarks name one (kBulk where it cannot run:
-// cudaErrorNotSupported, nothing launched). The bulk kernel's crossover on
-// an H100 (% of copy, warps / bulk, 2026-12-06 ~04:31, BENCHMARKS.md):
+// are that configuration (LaunchFusedMla refuses others). The kernels:
+// kWarps, one warp per token with its values in registers; kAhead and
+// kAhead5, the same with the next token's loads in flight, built for at
+// least 7 and 5 CTAs per SM (more warps, or more registers: 6 resident
+// with the norm and interleaved RoPE); kBulk, the token rows
+// brought into shared memory by bulk copies two tiles ahead and each
+// record written by one bulk store (ds_mla_bulk.cuh), for RoPE none or
+// interleaved with a 16-byte aligned layer and block stride. Tests and
+// benchmarks name one (kBulk where it cannot run: cudaErrorNotSupported,
+// nothing launched). The bulk kernel's crossover on an H100 (% of copy,
+// warps / bulk, 2026-12-06 ~04:31, BENCHMARKS.md):
 //   tokens        16K        32K        64K        128K       1M
 //   mla           71.1/65.6  80.0/74.0  85.9/82.8  88.5/88.9  89.5/94.5
 //   + cast_back   79.9/77.4  85.6/82.6  87.9/87.2  88.8/89.9  87.3/91.9
 // the same as the plain store's kDsMlaBulkMinTokens.
-enum class FusedMlaPath { kAuto, kWarps, kAhead, kBulk };
+enum class FusedMlaPath { kAuto, kWarps, kAhead, kAhead5, kBulk };
 inline constexpr int64_t kFusedMlaBulkMinTokens = int64_t{1} << 17;
-// kAuto takes kAhead (the warp kernel with the next token's loads in
-// flight while it processes one) from kFusedMlaAheadMinTokens tokens, for
-// RoPE none or interleaved, and kBulk from kFusedMlaBulkMinTokens only on
-// a device whose peak memory bandwidth per SM is at most
-// kFusedMlaBulkMaxBytesPerSmSecond: the bulk pipeline's bytes in flight
-// per SM are fixed, and where each SM must carry more (an H200: 4.8 TB/s
-// over 132 SMs, 36 GB/s each; an H100 SXM: 3.35 TB/s, 25 GB/s) it falls
-// behind. % of copy, warps / ahead / bulk, mla (2026-12-06, an H100,
-// BENCHMARKS.md; "70 % SMs": MPS active thread percentage 70, the H200's
-// bandwidth per SM, where the warp kernels' ratios measured within 2
-// points of the H200's own and the plain store's bulk kernel 7 points
-// below it; the fused bulk kernel has not run on an H200):
-//   tokens          16K             32K             64K
-//   all SMs   72.6/70.9/63.8  79.8/79.7/73.9  85.4/85.8/83.3
-//   70 % SMs  68.7/67.2/54.9  73.5/74.7/64.1  77.7/79.8/69.0
-//   tokens          128K            1M
-//   all SMs   87.7/88.7/88.3  88.1/89.2/93.9
-//   70 % SMs  80.1/82.1/71.2  81.7/84.1/73.8
+// kAuto takes the load-ahead kernels from kFusedMlaAheadMinTokens tokens,
+// for RoPE none or interleaved: kAhead5 with cast_back or from
+// kFusedMlaAhead5MinTokens tokens, else kAhead; and kBulk from
+// kFusedMlaBulkMinTokens only on a device whose peak memory bandwidth per
+// SM is at most kFusedMlaBulkMaxBytesPerSmSecond: the bulk pipeline's
+// bytes in flight per SM are fixed, and where each SM must carry more (an
+// H200: 4.8 TB/s over 132 SMs, 36 GB/s each; an H100 SXM: 3.35 TB/s, 25
+// GB/s) it falls behind (on the H200 of 2026-12-07: 64.5 % at 64K against
+// the load-ahead kernel's 77.6 %). % of copy on an H100 under MPS at 70 %
+// of its SMs, the H200's bandwidth per SM (2026-12-07 ~08:05,
+// BENCHMARKS.md; the same stand-in put the earlier load-ahead kernel at
+// 79.8-80.3 % at 64K, which measured 77.6 % on the H200):
+//   tokens              32K   64K   128K  1M
+//   mla, kAhead         81.8  86.1  89.0  88.0
+//   mla, kAhead5        81.4  85.5  88.7  90.0
+//   + cast_back, kAhead       79.6        77.3
+//   + cast_back, kAhead5      82.9        79.6
+// On all 132 SMs of the H100 the two are within 0.7 points.
 inline constexpr int64_t kFusedMlaAheadMinTokens = int64_t{1} << 15;
+inline constexpr int64_t kFusedMlaAhead5MinTokens = int64_t{1} << 20;
 inline constexpr double kFusedMlaBulkMaxBytesPerSmSecond = 30e9;
 bool FusedMlaApplies(const FusedParams& params);
 cudaError_t LaunchFusedMla(const PoolLayout& layout, uint8_t* layer,

@@ -1,20 +1,23 @@
 // The fused store for DS_MLA_FP8 in its MLA configuration (SPEC §8):
 // RMSNorm over [0, 512) or none, RoPE on [512, 576) (either style) or none,
-// no Hadamard. Three kernels with the same bytes: the warp kernel below;
-// the same loading the next token ahead, from kFusedMlaAheadMinTokens
-// tokens; and, as the plain DS_MLA_FP8 store has (ds_mla.cu), from
-// kFusedMlaBulkMinTokens tokens on devices with few enough bytes per SM
-// (fused_internal.h) the bulk kernel further down (rows into shared
-// memory by bulk copies, records out by bulk stores). In all the
-// math stays in registers in the plain store's coalesced chunk layout
-// (ds_mla.cuh), so the kernels move the bytes that store moves plus the
-// cos/sin rows:
+// no Hadamard. Kernels with the same bytes: the warp kernel below; the
+// same loading the next token ahead, from kFusedMlaAheadMinTokens tokens
+// (built for 7 or 5 CTAs per SM); and, as the plain DS_MLA_FP8 store has
+// (ds_mla.cu), from kFusedMlaBulkMinTokens tokens on devices with few enough
+// bytes per SM (fused_internal.h) the bulk kernel further down (rows into
+// shared memory by bulk copies, records out by bulk stores). In all the math
+// stays in registers in the plain store's coalesced chunk layout (ds_mla.cuh),
+// so the kernels move the bytes that store moves plus the cos/sin rows:
 //
 //   lane l: chunks l and 32 + l of 8 elements ([8l, +8), [256 + 8l, +8))
-//   lanes 0-7: tail elements [512 + 8l, +8): the RoPE part, with its
-//              cos/sin values (interleaved: pairs 4l ... 4l + 3; NeoX:
-//              lane l holds the first halves of pairs 8(l mod 4) ... +8
-//              for l < 4 and the second halves for 4 <= l < 8).
+//           and tail elements 512 + 2l, 513 + 2l: the RoPE part spread
+//           over the whole warp, one 4-byte word per lane, with its
+//           cos/sin values (interleaved: pair l; NeoX: the first halves
+//           of pairs 2l, 2l + 1 for l < 16, the second halves of pairs
+//           2l - 32, 2l - 31 for l >= 16, their partners 16 lanes apart).
+//           On lanes 0-7 (16 bytes each) the RoPE math and the tail's
+//           NaN canonicalization took a quarter of the warp's issue slots
+//           for the whole token's tail; spread, every lane does one pair.
 //
 // Bit-exactness with kernels/reference/fused.cc: SPEC §8's reduction tree
 // puts chunk c's sum of squares (left to right) into slot c mod 32, the
@@ -54,8 +57,9 @@ constexpr int kRopeDim = kDsMlaElems - kNormEnd;  // 64
 constexpr int kHalf = kRopeDim / 2;
 
 struct MlaIn {
-  uint4 a, b, tail;
-  float4 c0, c1, s0, s1;  // cos/sin of the lane's pairs (lanes 0-7)
+  uint4 a, b;
+  uint32_t tail;  // elements 512 + 2l, 513 + 2l
+  float2 c, s;    // their cos/sin (interleaved: .x, pair l)
   int32_t slot;
 };
 
@@ -75,17 +79,6 @@ __device__ __forceinline__ void Unpack8(uint4 v, float* x) {
   }
 }
 
-// Rounds n values to BF16 by the hardware (RNE like FloatToBf16 for every
-// number), packed; NaN halves canonical (0x7FC0), as FloatToBf16 gives and
-// the record's tail stores.
-template <int kN>
-__device__ __forceinline__ void RoundCanonical(const float* x, uint32_t* w) {
-#pragma unroll
-  for (int i = 0; i < kN / 2; ++i) {
-    w[i] = HwBf16x2Canonical(x[2 * i], x[2 * i + 1]);
-  }
-}
-
 // Rounds 16 values that are only quantized afterwards to BF16 by the
 // hardware, in place, and returns them packed: any NaN stays a NaN (its
 // payload is never stored), every number rounds alike (RNE).
@@ -98,28 +91,19 @@ __device__ __forceinline__ void RoundHw16(float (&x)[16], uint32_t (&w)[8]) {
   }
 }
 
-// The lane's cos/sin values of position pos (the RoPE lanes 0-7; zeros
-// elsewhere and without RoPE).
+// The lane's cos/sin values of position pos (zeros without RoPE).
 template <RopeStyle kRope>
 __device__ __forceinline__ void LoadCosSin(const FusedParams& p, int64_t pos,
                                            int lane, MlaIn& in) {
-  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  in.c0 = in.c1 = in.s0 = in.s1 = zero;
-  if constexpr (kRope != RopeStyle::kNone) {
-    if (lane < 8) {
-      const float4* cs =
-          reinterpret_cast<const float4*>(p.cos_sin + pos * kRopeDim);
-      if constexpr (kRope == RopeStyle::kInterleaved) {
-        in.c0 = __ldg(cs + lane);              // cos[4l, 4l + 4)
-        in.s0 = __ldg(cs + kHalf / 4 + lane);  // sin[4l, 4l + 4)
-      } else {
-        const int q = 2 * (lane % 4);  // pairs [8(l mod 4), +8)
-        in.c0 = __ldg(cs + q);
-        in.c1 = __ldg(cs + q + 1);
-        in.s0 = __ldg(cs + kHalf / 4 + q);
-        in.s1 = __ldg(cs + kHalf / 4 + q + 1);
-      }
-    }
+  in.c = in.s = make_float2(0.0f, 0.0f);
+  const float* cs = p.cos_sin + pos * kRopeDim;
+  if constexpr (kRope == RopeStyle::kInterleaved) {
+    in.c.x = __ldg(cs + lane);          // cos[l]
+    in.s.x = __ldg(cs + kHalf + lane);  // sin[l]
+  } else if constexpr (kRope == RopeStyle::kNeox) {
+    const int j = 2 * (lane % 16);  // pairs j, j + 1
+    in.c = __ldg(reinterpret_cast<const float2*>(cs + j));
+    in.s = __ldg(reinterpret_cast<const float2*>(cs + kHalf + j));
   }
 }
 
@@ -141,11 +125,10 @@ __device__ __forceinline__ void LoadMla(const uint16_t* kv, int64_t token,
                                         const FusedParams& p, int lane,
                                         MlaIn& in) {
   const uint16_t* row = kv + token * kDsMlaElems;
-  in.tail = make_uint4(0, 0, 0, 0);  // lanes 8-31 shuffle zeros
   in.slot = __ldg(slots + token);
   in.a = LoadStream16(row + 8 * lane);
   in.b = LoadStream16(row + 256 + 8 * lane);
-  if (lane < 8) in.tail = LoadStream16(row + kNormEnd + 8 * lane);
+  in.tail = LoadStream4(row + kNormEnd + 2 * lane);
   LoadCosSin<kRope>(p, pos, lane, in);
 }
 
@@ -176,56 +159,48 @@ __device__ __forceinline__ void ProcessMla(int64_t block_stride,
 #pragma unroll
     for (int i = 0; i < 16; ++i) x[i] = __fmul_rn(__fmul_rn(x[i], r), w[i]);
   }
-  float t[8];
-  Unpack8(in.tail, t);
+  float t0 = BitsToFloat(in.tail << 16),
+        t1 = BitsToFloat(in.tail & 0xFFFF0000u);
   if constexpr (kRope == RopeStyle::kInterleaved) {
-    const float c[4] = {in.c0.x, in.c0.y, in.c0.z, in.c0.w};
-    const float s[4] = {in.s0.x, in.s0.y, in.s0.z, in.s0.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float a = t[2 * i], b = t[2 * i + 1];
-      t[2 * i] = __fsub_rn(__fmul_rn(a, c[i]), __fmul_rn(b, s[i]));
-      t[2 * i + 1] = __fadd_rn(__fmul_rn(b, c[i]), __fmul_rn(a, s[i]));
-    }
+    const float a = t0, b = t1;
+    t0 = __fsub_rn(__fmul_rn(a, in.c.x), __fmul_rn(b, in.s.x));
+    t1 = __fadd_rn(__fmul_rn(b, in.c.x), __fmul_rn(a, in.s.x));
   } else if constexpr (kRope == RopeStyle::kNeox) {
-    // Pair i = (element 512 + i, element 544 + i): lanes l and l + 4.
-    const float c[8] = {in.c0.x, in.c0.y, in.c0.z, in.c0.w,
-                        in.c1.x, in.c1.y, in.c1.z, in.c1.w};
-    const float s[8] = {in.s0.x, in.s0.y, in.s0.z, in.s0.w,
-                        in.s1.x, in.s1.y, in.s1.z, in.s1.w};
+    // Pair i = (element 512 + i, element 544 + i): lanes l and l ^ 16.
     // a c - b s (first half) and b c + a s (second) are both t c + o s'
     // with the partner's o and s' = -s on the first half: the same bits,
     // as fused_h512.cu's Rope says.
-    const bool second = (lane & 4) != 0;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float o = __shfl_xor_sync(kFullMask, t[i], 4);
-      t[i] =
-          __fadd_rn(__fmul_rn(t[i], c[i]), __fmul_rn(o, second ? s[i] : -s[i]));
-    }
+    const bool second = lane >= 16;
+    const float o0 = __shfl_xor_sync(kFullMask, t0, 16);
+    const float o1 = __shfl_xor_sync(kFullMask, t1, 16);
+    t0 = __fadd_rn(__fmul_rn(t0, in.c.x),
+                   __fmul_rn(o0, second ? in.s.x : -in.s.x));
+    t1 = __fadd_rn(__fmul_rn(t1, in.c.y),
+                   __fmul_rn(o1, second ? in.s.y : -in.s.y));
   }
-  uint32_t tw[4],
-      xw[8] = {in.a.x, in.a.y, in.a.z, in.a.w, in.b.x, in.b.y, in.b.z, in.b.w};
+  uint32_t xw[8] = {in.a.x, in.a.y, in.a.z, in.a.w,
+                    in.b.x, in.b.y, in.b.z, in.b.w};
   if constexpr (kNorm) RoundHw16(x, xw);  // else x is the BF16 input
-  RoundCanonical<8>(t, tw);
+  const uint32_t tw = HwBf16x2Canonical(t0, t1);
   const DsMlaChunks c = DsMlaEncodeChunksBf16<true>(x, xw);
-  const uint4 t4 = make_uint4(tw[0], tw[1], tw[2], tw[3]);
   DsMlaPutRecordChunks</*kStreaming=*/false>(layer, block_stride, div, in.slot,
-                                             c, t4, lane);
+                                             c, tw, lane);
   if (cast_row != nullptr) {
-    DsMlaPutRowChunks</*kStreaming=*/false>(cast_row, c, t4, lane);
+    DsMlaPutRowChunks</*kStreaming=*/false>(cast_row, c, tw, lane);
   }
 }
 
 // The warp kernel loading ahead: token t + warps's row, slot and cos/sin
 // go out before token t is processed, so each warp has two tokens' loads
-// in flight (two MlaIn in registers: 5 CTAs per SM instead of 8). For the
-// mid-size batches where the math's latency, not the bytes, holds the
-// one-token kernel back; the same bytes.
-constexpr int kAheadMinCtas = 5;
-
-template <bool kNorm, RopeStyle kRope>
-__global__ void __launch_bounds__(kThreads, kAheadMinCtas)
+// in flight (two MlaIn in registers). For the batches where the math's
+// latency, not the bytes, holds the one-token kernel back; the same bytes.
+// Built for at least kCtas CTAs per SM: 7 (<= 72 registers with the norm;
+// the most warps) or 5 (<= 102: with the norm the compiler takes 75-84, so
+// 5 or 6 are resident; 6 with interleaved RoPE), which kAuto takes with
+// cast_back and from kFusedMlaAhead5MinTokens tokens (fused_internal.h has
+// the figures). Without the norm both need <= 56 registers (9 CTAs).
+template <bool kNorm, RopeStyle kRope, int kCtas>
+__global__ void __launch_bounds__(kThreads, kCtas)
     FusedMlaAheadKernel(PoolLayout layout, FastDiv div, uint8_t* layer,
                         const uint16_t* kv,  // [n][576] BF16
                         FusedParams p,
@@ -240,9 +215,9 @@ __global__ void __launch_bounds__(kThreads, kAheadMinCtas)
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerCta;
   uint4 w0, w1;
   LoadNormWeights<kNorm>(p, lane, w0, w1);
-  const bool rope_lane = kRope != RopeStyle::kNone && lane < 8;
   const auto position = [&](int64_t token) -> int64_t {
-    return rope_lane && token < n ? __ldg(p.positions + token) : 0;
+    return kRope != RopeStyle::kNone && token < n ? __ldg(p.positions + token)
+                                                  : 0;
   };
   MlaIn cur;
   if (warp < n) {
@@ -282,13 +257,13 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
   LoadNormWeights<kNorm>(p, lane, w0, w1);
   // The positions of the next round are read one round ahead, so a
   // token's cos/sin loads go out with its row instead of after a
-  // dependent load of its position (lanes 0-7: the RoPE lanes).
-  const bool rope_lane = kRope != RopeStyle::kNone && lane < 8;
+  // dependent load of its position.
+  constexpr bool kRopeOn = kRope != RopeStyle::kNone;
   int64_t pos[kSteps];
 #pragma unroll
   for (int u = 0; u < kSteps; ++u) {
     const int64_t token = warp + u * warps;
-    pos[u] = rope_lane && token < n ? __ldg(p.positions + token) : 0;
+    pos[u] = kRopeOn && token < n ? __ldg(p.positions + token) : 0;
   }
   for (int64_t base = warp; base < n; base += kSteps * warps) {
     MlaIn in[kSteps];
@@ -302,7 +277,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
 #pragma unroll
     for (int u = 0; u < kSteps; ++u) {
       const int64_t next = base + (kSteps + u) * warps;
-      pos[u] = rope_lane && next < n ? __ldg(p.positions + next) : 0;
+      pos[u] = kRopeOn && next < n ? __ldg(p.positions + next) : 0;
     }
 #pragma unroll
     for (int u = 0; u < kSteps; ++u) {
@@ -321,8 +296,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
 // ds_mla_bulk.cuh's CTAs of 16 warps over tiles of 16 consecutive tokens,
 // whose rows arrive in shared memory by one bulk copy two tiles ahead; warp
 // w encodes token 16 tile + w from there with ProcessMla into a shared
-// record, written to the slot by one bulk store (the same bytes). The RoPE
-// lanes' cos/sin values are loaded one tile ahead of their use, from a
+// record, written to the slot by one bulk store (the same bytes). The
+// cos/sin values are loaded one tile ahead of their use, from a
 // position loaded two tiles ahead. cast_back rows (every token, -1 slots
 // included) are written from registers.
 template <bool kNorm, RopeStyle kRope>
@@ -335,15 +310,15 @@ __global__ void __launch_bounds__(kDsMlaBulkThreads, 2)
                        uint16_t* cast_back) {  // [n][576] BF16 or null
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   uint4 w0 = make_uint4(0, 0, 0, 0), w1 = w0;  // loaded by prime (PDL)
-  const bool rope_lane = kRope != RopeStyle::kNone && lane < 8;
   const int64_t grid_tokens = int64_t{gridDim.x} * kDsMlaBulkTile;
-  // This warp's token of a tile and its position (0 past n or off the
-  // RoPE lanes).
+  // This warp's token of a tile and its position (0 past n or without
+  // RoPE).
   const auto token_of = [&](int64_t tile) {
     return tile * kDsMlaBulkTile + warp;
   };
   const auto position = [&](int64_t token) -> int64_t {
-    return rope_lane && token < n ? __ldg(p.positions + token) : 0;
+    return kRope != RopeStyle::kNone && token < n ? __ldg(p.positions + token)
+                                                  : 0;
   };
   MlaIn cur, next;       // cos/sin of this tile's token and of the next tile's
   int64_t pos_next = 0;  // of the next tile's token
@@ -353,7 +328,7 @@ __global__ void __launch_bounds__(kDsMlaBulkThreads, 2)
     pos_next = position(token_of(tile) + grid_tokens);
   };
   const auto ahead = [&](int64_t tile) {
-    cur.c0 = next.c0, cur.c1 = next.c1, cur.s0 = next.s0, cur.s1 = next.s1;
+    cur.c = next.c, cur.s = next.s;
     LoadCosSin<kRope>(p, pos_next, lane, next);
     pos_next = position(token_of(tile) + 2 * grid_tokens);
   };
@@ -364,9 +339,8 @@ __global__ void __launch_bounds__(kDsMlaBulkThreads, 2)
         MlaIn in = cur;
         in.a = *reinterpret_cast<const uint4*>(row + 16 * lane);
         in.b = *reinterpret_cast<const uint4*>(row + 512 + 16 * lane);
-        in.tail = lane < 8 ? *reinterpret_cast<const uint4*>(
-                                 row + 2 * kNormEnd + 16 * lane)
-                           : make_uint4(0, 0, 0, 0);
+        in.tail =
+            *reinterpret_cast<const uint32_t*>(row + 2 * kNormEnd + 4 * lane);
         in.slot = slot >= 0 ? 0 : -1;  // rec: slot 0 of a one-record layer
         uint16_t* cast_row =
             cast_back == nullptr ? nullptr : cast_back + token * kDsMlaElems;
@@ -433,13 +407,21 @@ cudaError_t Go(const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
     return cudaErrorNotSupported;
   }
   const FastDiv div = FastDiv::Of(static_cast<int32_t>(layout.block_size));
-  if (path == FusedMlaPath::kAhead ||
-      (path == FusedMlaPath::kAuto && kRope != RopeStyle::kNeox &&
-       n >= kFusedMlaAheadMinTokens)) {
-    constexpr auto kAhead = FusedMlaAheadKernel<kNorm, kRope>;
+  const bool ahead = kRope != RopeStyle::kNeox && n >= kFusedMlaAheadMinTokens;
+  const bool five = cast_back != nullptr || n >= kFusedMlaAhead5MinTokens;
+  if (path == FusedMlaPath::kAhead5 ||
+      (path == FusedMlaPath::kAuto && ahead && five)) {
+    constexpr auto kKernel = FusedMlaAheadKernel<kNorm, kRope, 5>;
     const dim3 grid(
-        PersistentGrid(n, kWarpsPerCta, ResidentCtas<kAhead, kThreads>()));
-    return LaunchKernel(kAhead, grid, dim3(kThreads), launch, layout, div,
+        PersistentGrid(n, kWarpsPerCta, ResidentCtas<kKernel, kThreads>()));
+    return LaunchKernel(kKernel, grid, dim3(kThreads), launch, layout, div,
+                        layer, kv, p, slots, n, cast_back);
+  }
+  if (path == FusedMlaPath::kAhead || (path == FusedMlaPath::kAuto && ahead)) {
+    constexpr auto kKernel = FusedMlaAheadKernel<kNorm, kRope, 7>;
+    const dim3 grid(
+        PersistentGrid(n, kWarpsPerCta, ResidentCtas<kKernel, kThreads>()));
+    return LaunchKernel(kKernel, grid, dim3(kThreads), launch, layout, div,
                         layer, kv, p, slots, n, cast_back);
   }
   constexpr auto kKernel = FusedMlaKernel<kNorm, kRope>;

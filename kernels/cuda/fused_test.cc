@@ -386,11 +386,12 @@ TEST_P(FusedCudaTest, MlaKernelsByName) {
   std::mt19937 rng(1404);
   const PoolLayout layout = Layout(name, block_size, 24000);
   using gpu::internal::FusedMlaPath;
-  for (const FusedMlaPath path :
-       {FusedMlaPath::kWarps, FusedMlaPath::kAhead, FusedMlaPath::kBulk}) {
-    SCOPED_TRACE(path == FusedMlaPath::kBulk    ? "bulk"
-                 : path == FusedMlaPath::kAhead ? "ahead"
-                                                : "warps");
+  for (const FusedMlaPath path : {FusedMlaPath::kWarps, FusedMlaPath::kAhead,
+                                  FusedMlaPath::kAhead5, FusedMlaPath::kBulk}) {
+    SCOPED_TRACE(path == FusedMlaPath::kBulk     ? "bulk"
+                 : path == FusedMlaPath::kAhead  ? "ahead"
+                 : path == FusedMlaPath::kAhead5 ? "ahead5"
+                                                 : "warps");
     const FusedRun run = [path](const PoolLayout& l, uint8_t* layer,
                                 const uint16_t* kv, const FusedParams& p,
                                 const int32_t* slots, int64_t n,
