@@ -36,9 +36,9 @@ void LogRateLimiter::Refill(Bucket& b, absl::Time now, double capacity) {
 }
 
 LogRateLimiter::Bucket& LogRateLimiter::ClientBucketLocked(absl::Time now,
+                                                           int64_t rate,
                                                            LogClient client) {
-  const double share = static_cast<double>(
-      ClientShare(per_second_.load(std::memory_order_relaxed)));
+  const double share = static_cast<double>(ClientShare(rate));
   uint64_t key = client.key();
   if (!clients_.contains(key) && key != 0 &&
       static_cast<int>(clients_.size()) >= kMaxClients) {
@@ -58,7 +58,7 @@ bool LogRateLimiter::Admit(absl::Time now, LogClient client) {
   if (rate == 0) return true;
   absl::MutexLock lock(&mu_);
   Refill(all_, now, static_cast<double>(rate));
-  Bucket& mine = ClientBucketLocked(now, client);
+  Bucket& mine = ClientBucketLocked(now, rate, client);
   if (all_.tokens >= 1.0 && mine.tokens >= 1.0) {
     all_.tokens -= 1.0;
     mine.tokens -= 1.0;

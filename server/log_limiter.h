@@ -99,9 +99,10 @@ class LogRateLimiter {
   // Adds what the time since the bucket's last use earned (none when the
   // clock went back), at most `capacity`.
   static void Refill(Bucket& b, absl::Time now, double capacity);
-  // The client's bucket, created full; past kMaxClients, after dropping the
-  // ones full again, the unidentified share's.
-  Bucket& ClientBucketLocked(absl::Time now, LogClient client)
+  // The client's bucket (of ClientShare(rate)), created full; past
+  // kMaxClients, after dropping the ones full again, the unidentified
+  // share's.
+  Bucket& ClientBucketLocked(absl::Time now, int64_t rate, LogClient client)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CountDroppedLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -408,9 +408,10 @@ cudaError_t Go(const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
   }
   const FastDiv div = FastDiv::Of(static_cast<int32_t>(layout.block_size));
   const bool ahead = kRope != RopeStyle::kNeox && n >= kFusedMlaAheadMinTokens;
-  const bool five = cast_back != nullptr || n >= kFusedMlaAhead5MinTokens;
+  const bool more_registers =
+      cast_back != nullptr || n >= kFusedMlaAhead5MinTokens;
   if (path == FusedMlaPath::kAhead5 ||
-      (path == FusedMlaPath::kAuto && ahead && five)) {
+      (path == FusedMlaPath::kAuto && ahead && more_registers)) {
     constexpr auto kKernel = FusedMlaAheadKernel<kNorm, kRope, 5>;
     const dim3 grid(
         PersistentGrid(n, kWarpsPerCta, ResidentCtas<kKernel, kThreads>()));
