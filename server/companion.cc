@@ -203,8 +203,7 @@ void CompanionServer::Serve(Connection* conn) {
     }
   }
   if (waiting_for_hello && absl::Now() >= hello_deadline) {
-    if (AdmitClientLog(ClientLog::kFailedCall,
-                       LogClient::Uid(conn->creds.uid))) {
+    if (AdmitClientLog(ClientLog::kFailedCall, conn->log_client())) {
       spdlog::info(
           "rpc=companion status=DEADLINE_EXCEEDED pid={} uid={} reason=no "
           "Hello within {} ms",
@@ -219,8 +218,7 @@ void CompanionServer::Serve(Connection* conn) {
       options_.step_rings->CloseRingsOf(conn->session);
     }
     const int64_t n = sessions_->CloseNumber(conn->session);
-    if (AdmitClientLog(ClientLog::kClientEvent,
-                       LogClient::Uid(conn->creds.uid))) {
+    if (AdmitClientLog(ClientLog::kClientEvent, conn->log_client())) {
       spdlog::info(
           "rpc=companion_close session={} status=OK buffers_released={}",
           conn->session, n);
@@ -314,15 +312,13 @@ v1::CompanionReply CompanionServer::Handle(Connection* conn,
         limit.has_value() && options_.metrics != nullptr) {
       options_.metrics->RecordLimit(*limit);
     }
-    if (AdmitClientLog(ClientLog::kFailedCall,
-                       LogClient::Uid(conn->creds.uid))) {
+    if (AdmitClientLog(ClientLog::kFailedCall, conn->log_client())) {
       spdlog::info("rpc={} session={} status={} error=\"{}\"", rpc,
                    conn->session, absl::StatusCodeToString(status.code()),
                    ForLog(status.message()));
     }
   } else if (!LogsItsOwnSuccess(rpc) &&
-             AdmitClientLog(ClientLog::kClientEvent,
-                            LogClient::Uid(conn->creds.uid))) {
+             AdmitClientLog(ClientLog::kClientEvent, conn->log_client())) {
     spdlog::info("rpc={} session={} status=OK", rpc, conn->session);
   }
   return reply;
@@ -343,8 +339,7 @@ absl::Status CompanionServer::Hello(Connection* conn, const v1::Hello& hello,
   out->set_uid(conn->creds.uid);
   out->set_gid(conn->creds.gid);
   out->set_pid(conn->creds.pid);
-  if (AdmitClientLog(ClientLog::kClientEvent,
-                     LogClient::Uid(conn->creds.uid))) {
+  if (AdmitClientLog(ClientLog::kClientEvent, conn->log_client())) {
     spdlog::info("rpc=Hello session={} uid={} gid={} pid={} client=\"{}\"",
                  opened.number, conn->creds.uid, conn->creds.gid,
                  conn->creds.pid, ForLog(hello.client_name()));

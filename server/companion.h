@@ -33,6 +33,7 @@
 #include "common/unique_fd.h"
 #include "kvdepot/v1/kvdepot.pb.h"
 #include "server/backend/backend.h"
+#include "server/log_limiter.h"
 #include "server/memory_budget.h"
 #include "server/metrics.h"
 #include "server/pools.h"
@@ -91,6 +92,9 @@ class CompanionServer {
     PeerCredentials creds;
     uint64_t session = 0;    // 0 until Hello
     std::string session_id;  // secret; never logged
+
+    // The client whose share of log lines this connection's lines take.
+    LogClient log_client() const { return LogClient::Uid(creds.uid); }
   };
 
   CompanionServer(const CompanionOptions& options, Backend* backend,
