@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -276,8 +277,8 @@ absl::Status Daemon::MakeDescriptorBudget() {
   if (budget >= limit.soft) {
     spdlog::warn(
         "descriptors: --max_descriptors = {} is not below RLIMIT_NOFILE ({}): "
-        "clients can use up the daemon's descriptors (a mutual-TLS TCP "
-        "listener, gRPC's own, then stops accepting for good)",
+        "clients can use up the daemon's descriptors (gRPC's TLS listener "
+        "behind the TCP port then stops accepting for good)",
         budget, limit.soft);
   }
   spdlog::info(
@@ -285,17 +286,6 @@ absl::Status Daemon::MakeDescriptorBudget() {
       "{} the daemon may open ({}); the rest is kept for connections",
       budget, limit.soft,
       options_.max_descriptors > 0 ? "--max_descriptors" : "default");
-  // A mutual-TLS TCP listener is gRPC's own (server/grpc_listener.h): a
-  // flood of connections past the limit within the handshake timeout stops
-  // it for good. Tell the operator when the limit makes that cheap.
-  if (options_.tls.any() && limit.soft < kTlsDescriptorWarning) {
-    spdlog::warn(
-        "descriptors: RLIMIT_NOFILE is {}: a client that reaches the TLS "
-        "port could open that many connections within the {} ms handshake "
-        "timeout, and gRPC then stops accepting on it for good; raise the "
-        "hard limit (at least {}; Kubernetes' default is 1048576)",
-        limit.soft, kServerHandshakeTimeoutMs, kTlsDescriptorWarning);
-  }
   descriptors_ = DescriptorBudget::Create(budget);
   return absl::OkStatus();
 }
@@ -439,12 +429,16 @@ absl::Status Daemon::Init() {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   if (!options_.grpc_reflection) builder.SetOption(WithoutReflection());
-  int port = 0;
-  // A Unix socket and plain loopback TCP are the daemon's own listeners
-  // (server/grpc_listener.h says why); mutual-TLS TCP stays gRPC's.
-  const bool plain_tcp = socket_path_.empty() && !options_.tls.any();
-  if (socket_path_.empty() && !plain_tcp) {
-    builder.AddListeningPort(target_, credentials, &port);
+  // Every listener is the daemon's own (server/grpc_listener.h says why):
+  // the Unix socket and plain loopback TCP hand their connections to gRPC;
+  // a mutual-TLS TCP port relays them, bytes unchanged, to gRPC's TLS
+  // listener on a Unix socket in a private directory
+  // (server/socket_relay.h).
+  const bool tls_tcp = socket_path_.empty() && options_.tls.any();
+  if (tls_tcp) {
+    RETURN_IF_ERROR(MakeTlsSocketDir());
+    builder.AddListeningPort(absl::StrCat("unix:", tls_socket_path_),
+                             credentials);
   }
   // A TCP port is this daemon's alone: no SO_REUSEPORT, so a second daemon
   // on the same port fails to start instead of sharing its connections.
@@ -549,7 +543,7 @@ absl::Status Daemon::Init() {
                        options_.socket_group, ": ", std::strerror(errno)));
     }
 
-  } else if (plain_tcp) {
+  } else {
     const size_t colon = target_.rfind(':');
     int want = -1;
     if (colon == std::string::npos ||
@@ -558,16 +552,15 @@ absl::Status Daemon::Init() {
       return absl::InvalidArgumentError(
           absl::StrCat("--listen=", target_, ": not host:port"));
     }
+    if (tls_tcp) {
+      ASSIGN_OR_RETURN(tls_relay_, SocketRelay::Start(tls_socket_path_));
+      lo.hand_off = [relay = tls_relay_.get()](int fd) { relay->Add(fd); };
+    }
     ASSIGN_OR_RETURN(grpc_listener_,
                      GrpcListener::StartTcp(std::string(HostOf(target_)), want,
                                             server_.get(), lo));
     target_ =
         absl::StrCat(target_.substr(0, colon), ":", grpc_listener_->port());
-  } else {
-    const size_t colon = target_.rfind(':');
-    if (colon != std::string::npos) {
-      target_ = absl::StrCat(target_.substr(0, colon), ":", port);
-    }
   }
   // grpc.health.v1 answers for "" (the whole server) and for the service's
   // own name; SetServingStatus(bool) below and on drain covers both.
@@ -580,6 +573,34 @@ absl::Status Daemon::Init() {
                companion_path_.empty() ? "none (TCP)" : companion_path_,
                std::string(backend_->name()), options_.serving.model);
   return absl::OkStatus();
+}
+
+absl::Status Daemon::MakeTlsSocketDir() {
+  // $TMPDIR (an absolute path) or /tmp: writable in the manifests' pods,
+  // whose root file system is read-only. mkdtemp makes it 0700.
+  const char* tmp = std::getenv("TMPDIR");
+  std::string dir = absl::StrCat(tmp != nullptr && tmp[0] == '/' ? tmp : "/tmp",
+                                 "/kvdepotd-tls-XXXXXX");
+  if (mkdtemp(dir.data()) == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create the TLS listener's private directory \"",
+                     dir, "\": ", std::strerror(errno)));
+  }
+  tls_dir_ = dir;
+  tls_socket_path_ = absl::StrCat(dir, "/grpc-tls.sock");
+  if (tls_socket_path_.size() >= sizeof(sockaddr_un{}.sun_path)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the TLS listener's socket path \"", tls_socket_path_,
+                     "\" is too long for a Unix socket (shorten $TMPDIR)"));
+  }
+  return absl::OkStatus();
+}
+
+void Daemon::RemoveTlsSocketDir() {
+  if (tls_dir_.empty()) return;
+  unlink(tls_socket_path_.c_str());
+  rmdir(tls_dir_.c_str());
+  tls_dir_.clear();
 }
 
 void Daemon::ReapLoop() {
@@ -626,6 +647,9 @@ void Daemon::Shutdown() {
     server_->Shutdown(absl::ToChronoTime(deadline));
     server_->Wait();
   }
+  // After the server: its last frames (GOAWAY) still pass.
+  if (tls_relay_ != nullptr) tls_relay_->Stop();
+  RemoveTlsSocketDir();
   if (serving_ != nullptr) serving_->Shutdown();
   if (step_ != nullptr) step_->Shutdown();
   if (reaper_.joinable()) reaper_.join();

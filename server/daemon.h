@@ -29,6 +29,7 @@
 #include "server/service_tcp_session.h"
 #include "server/serving.h"
 #include "server/sessions.h"
+#include "server/socket_relay.h"
 #include "server/step/step_server.h"
 #include "server/tls.h"
 
@@ -37,9 +38,6 @@ namespace kvdepot {
 // How long a new connection may take to finish its handshake (TLS) before
 // gRPC closes it (docs/DAEMON.md "Limits").
 inline constexpr int kServerHandshakeTimeoutMs = 10000;
-// Below this RLIMIT_NOFILE a daemon with a mutual-TLS TCP listener warns at
-// start (its listener is gRPC's own; server/grpc_listener.h).
-inline constexpr int64_t kTlsDescriptorWarning = 65536;
 
 struct DaemonOptions {
   // "" = the default Unix socket (common/default_address.h); "/path" or
@@ -172,6 +170,9 @@ class Daemon {
   // Raises the soft RLIMIT_NOFILE and sizes descriptors_.
   absl::Status MakeDescriptorBudget();
   void ReapLoop();
+  // The private directory of the TLS listener's socket, and its removal.
+  absl::Status MakeTlsSocketDir();
+  void RemoveTlsSocketDir();
 
   const DaemonOptions options_;
   std::unique_ptr<ServerMetrics> metrics_;
@@ -190,6 +191,11 @@ class Daemon {
   // The Unix socket's acceptor (null: TCP); after server_, so it stops
   // before the server goes.
   std::unique_ptr<GrpcListener> grpc_listener_;
+  // Mutual TLS over TCP: the relay to gRPC's TLS listener, its Unix socket
+  // and that socket's private directory ("" otherwise).
+  std::unique_ptr<SocketRelay> tls_relay_;
+  std::string tls_dir_;
+  std::string tls_socket_path_;
   std::unique_ptr<MetricsServer> metrics_server_;
   std::unique_ptr<CompanionServer> companion_;
   std::string companion_path_;  // "" for TCP

@@ -87,6 +87,13 @@ absl::StatusOr<std::unique_ptr<GrpcListener>> GrpcListener::StartTcp(
   }
   std::unique_ptr<addrinfo, void (*)(addrinfo*)> owned(found, freeaddrinfo);
   std::vector<UniqueFd> fds;
+  // An IPv6 socket takes IPv4 too (as gRPC's own listener did for "[::]")
+  // unless an IPv4 address is bound beside it ("localhost": 127.0.0.1 and
+  // ::1 each on their own).
+  bool has_v4 = false;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    has_v4 |= a->ai_family == AF_INET;
+  }
   // Port 0: the first address's port, then the same for the others.
   int bound = port;
   for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
@@ -110,7 +117,8 @@ absl::StatusOr<std::unique_ptr<GrpcListener>> GrpcListener::StartTcp(
     const int one = 1;
     setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (a->ai_family == AF_INET6) {
-      setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+      const int v6only = has_v4 ? 1 : 0;
+      setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &v6only, sizeof(v6only));
     }
     if (bind(fd.get(), reinterpret_cast<const sockaddr*>(&addr),
              a->ai_addrlen) != 0 ||
@@ -312,8 +320,12 @@ void GrpcListener::Drain(int listen_fd) {
         const int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       }
-      // The server owns it from here (it closes it with the connection).
-      grpc::AddInsecureChannelFromFd(server_, fd);
+      if (options_.hand_off) {
+        options_.hand_off(fd);  // the relay owns it from here
+      } else {
+        // The server owns it from here (it closes it with the connection).
+        grpc::AddInsecureChannelFromFd(server_, fd);
+      }
       continue;
     }
     if (errno == EAGAIN || errno == EWOULDBLOCK) return;

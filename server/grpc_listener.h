@@ -10,9 +10,10 @@
 // a thread of its own and hands every connection to the running
 // grpc::Server as a channel (AddInsecureChannelFromFd: the same HTTP/2
 // transport, the server's own channel arguments). gRPC can take over only
-// insecure connections this way: a mutual-TLS TCP listener stays gRPC's own
-// (docs/SPEC.md §11 says what bounds it). This loop never stops on an
-// error:
+// insecure connections this way, so on a mutual-TLS TCP port each
+// connection goes to a byte relay instead (`hand_off`), which carries it to
+// gRPC's TLS listener on a private Unix socket (server/socket_relay.h).
+// This loop never stops on an error:
 // - out of descriptors (EMFILE, ENFILE): it closes a spare descriptor kept
 //   for this, takes the waiting connection and closes it at once, reopens
 //   the spare, and goes on;
@@ -70,6 +71,10 @@ struct GrpcListenerOptions {
   // refusal whose line was left out (the daemon counts it as a dropped
   // client log line); may be empty.
   std::function<void()> on_log_line_dropped;
+  // Takes each admitted connection (and its descriptor) instead of the
+  // server: the mutual-TLS port's relay (server/socket_relay.h). Empty:
+  // AddInsecureChannelFromFd.
+  std::function<void(int fd)> hand_off;
 };
 
 class GrpcListener {

@@ -12,6 +12,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <sstream>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -301,6 +303,52 @@ TEST_F(GrpcListenerTest, PlainTcpIsServedAndItsClientsTogetherAreBounded) {
           .ok());
   close(second);
   close(third);
+  (*l)->Stop();
+}
+
+// The mutual-TLS port: admitted connections go to `hand_off` (the relay),
+// not to the server; the listener's bounds apply to them as to any.
+TEST_F(GrpcListenerTest, HandOffTakesAdmittedConnections) {
+  GrpcListenerOptions o;
+  o.max_connections_per_uid = 1;
+  std::atomic<int> handed{0};
+  std::vector<int> held;
+  absl::Mutex mu;
+  o.hand_off = [&](int fd) {
+    absl::MutexLock lock(&mu);
+    held.push_back(fd);
+    handed.fetch_add(1);
+  };
+  absl::StatusOr<std::unique_ptr<GrpcListener>> l =
+      GrpcListener::StartTcp("127.0.0.1", 0, nullptr, o);
+  ASSERT_TRUE(l.ok()) << l.status();
+  const int first = ConnectTcp((*l)->port());
+  ASSERT_GE(first, 0);
+  for (int i = 0; i < 1000 && handed.load() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(handed.load(), 1);
+  const int second = ConnectTcp((*l)->port());  // over the bound of one
+  ASSERT_GE(second, 0);
+  EXPECT_TRUE(ClosedByListener(second));
+  EXPECT_EQ(handed.load(), 1);
+  (*l)->Stop();
+  close(first);
+  close(second);
+  absl::MutexLock lock(&mu);
+  for (int fd : held) close(fd);
+}
+
+// "::" takes IPv4 clients too, as gRPC's own listener did.
+TEST_F(GrpcListenerTest, TheIpv6WildcardServesIpv4Too) {
+  absl::StatusOr<std::unique_ptr<GrpcListener>> l =
+      GrpcListener::StartTcp("::", 0, server_.get(), {});
+  if (!l.ok()) GTEST_SKIP() << "no IPv6 here: " << l.status();
+  std::shared_ptr<grpc::Channel> ch =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*l)->port()),
+                          grpc::InsecureChannelCredentials());
+  EXPECT_TRUE(ch->WaitForConnected(std::chrono::system_clock::now() +
+                                   std::chrono::seconds(10)));
   (*l)->Stop();
 }
 

@@ -118,7 +118,8 @@ ABSL_FLAG(int, max_companion_connections_per_uid, 64,
           "0 = no per-uid cap.");
 ABSL_FLAG(int, max_connections_per_uid, 256,
           "gRPC connections one peer uid may hold on the Unix socket at "
-          "once; the next is closed at once. 0 = no per-uid cap.");
+          "once, and TCP clients (plain loopback or mutual TLS) together; "
+          "the next is closed at once. 0 = no cap.");
 ABSL_FLAG(int64_t, client_log_lines_per_second,
           kvdepot::kDefaultClientLogLinesPerSecond,
           "Log lines clients may cause per second, for each kind (failed "

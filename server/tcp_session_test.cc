@@ -5,8 +5,15 @@
 // another's pools; a config grant (or the owner's) to a subject lets it in;
 // cancelling the stream ends the session; plain loopback TCP is anonymous;
 // shutdown ends open streams.
+#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <csignal>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -380,6 +387,80 @@ TEST_F(TcpSessionTest, ConfigSubjectsAreChecked) {
     EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << field;
     EXPECT_THAT(std::string(d.status().message()), HasSubstr(field));
   }
+}
+
+// docs/SPEC.md §11: anyone who reaches the TLS port may open connections
+// until the daemon has no descriptor left. gRPC 1.51's own TCP listener then
+// stopped accepting for good (one EMFILE), and the port stayed dead after
+// the flood; the daemon's listener refuses what would eat into its
+// headroom, and its relay lets go of every connection the flood closes.
+// The flood comes from another process, as an attacker's would: only the
+// daemon's side of each connection is in this process's table.
+TEST_F(TcpSessionTest, AConnectionFloodCannotStopTheTlsPort) {
+  std::unique_ptr<Daemon> d = StartTls("");
+  ASSERT_NE(d, nullptr);
+  const std::string target = d->target();
+  const int port = std::stoi(target.substr(target.rfind(':') + 1));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  int ready[2];
+  ASSERT_EQ(pipe2(ready, O_CLOEXEC), 0);
+  constexpr int kFlood = 3000;
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // only system calls from here: no allocation
+    close(ready[0]);
+    rlimit more{};
+    getrlimit(RLIMIT_NOFILE, &more);
+    more.rlim_cur = more.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &more);
+    for (int i = 0; i < kFlood; ++i) {
+      const int s = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+      if (s < 0) break;
+      connect(s, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+    }
+    const char b = 1;
+    (void)!write(ready[1], &b, 1);
+    pause();  // holds them until killed
+    _exit(0);
+  }
+  close(ready[1]);
+  // The daemon's table: a little over its 256 descriptors of headroom.
+  rlimit own{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &own), 0);
+  {
+    const int probe = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(probe, 0);
+    close(probe);
+    rlimit low = own;
+    low.rlim_cur = static_cast<rlim_t>(probe) + 600;
+    ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  }
+  char b = 0;
+  EXPECT_EQ(read(ready[0], &b, 1), 1);
+  close(ready[0]);
+  // The table fills while the daemon takes what is waiting.
+  absl::SleepFor(absl::Seconds(1));
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &own), 0);
+
+  // A client with a certificate is served after the flood.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 200);
+  auto channel =
+      grpc::CreateCustomChannel(target, ClientCreds("ca", "worker-a"), args);
+  ASSERT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() +
+                                        std::chrono::seconds(15)))
+      << "the TLS port stopped accepting";
+  Client a(target, ClientCreds("ca", "worker-a"));
+  v1::SessionEvent e;
+  ASSERT_TRUE(a.Open(&e).ok());
+  EXPECT_EQ(e.tls_subject(), "CN=worker-a");
+  d->Shutdown();
 }
 
 }  // namespace
