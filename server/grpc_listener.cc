@@ -79,8 +79,11 @@ absl::StatusOr<std::unique_ptr<GrpcListener>> GrpcListener::StartTcp(
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV;
+  // No host (":port"): every address, as gRPC's own listener took it.
+  if (host.empty()) hints.ai_flags |= AI_PASSIVE;
   addrinfo* found = nullptr;
-  const int rc = getaddrinfo(host.c_str(), "0", &hints, &found);
+  const int rc =
+      getaddrinfo(host.empty() ? nullptr : host.c_str(), "0", &hints, &found);
   if (rc != 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on \"", where, "\": ", gai_strerror(rc)));
@@ -96,6 +99,7 @@ absl::StatusOr<std::unique_ptr<GrpcListener>> GrpcListener::StartTcp(
   }
   // Port 0: the first address's port, then the same for the others.
   int bound = port;
+  std::string skipped;  // why the last address left out was
   for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
     if (a->ai_family != AF_INET && a->ai_family != AF_INET6) continue;
     sockaddr_storage addr{};
@@ -108,6 +112,10 @@ absl::StatusOr<std::unique_ptr<GrpcListener>> GrpcListener::StartTcp(
     }
     UniqueFd fd(
         socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!fd.valid() && errno == EAFNOSUPPORT) {  // e.g. IPv6 disabled
+      skipped = std::strerror(errno);
+      continue;
+    }
     if (!fd.valid()) {
       return absl::InternalError(
           absl::StrCat("socket(", where, "): ", std::strerror(errno)));
@@ -120,9 +128,16 @@ absl::StatusOr<std::unique_ptr<GrpcListener>> GrpcListener::StartTcp(
       const int v6only = has_v4 ? 1 : 0;
       setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &v6only, sizeof(v6only));
     }
-    if (bind(fd.get(), reinterpret_cast<const sockaddr*>(&addr),
-             a->ai_addrlen) != 0 ||
-        listen(fd.get(), options.backlog) != 0) {
+    const bool bound_here =
+        bind(fd.get(), reinterpret_cast<const sockaddr*>(&addr),
+             a->ai_addrlen) == 0;
+    if (!bound_here && errno == EADDRNOTAVAIL && a->ai_family == AF_INET6) {
+      // A name's IPv6 address on a host without IPv6 ("localhost"'s ::1):
+      // the others may do.
+      skipped = std::strerror(errno);
+      continue;
+    }
+    if (!bound_here || listen(fd.get(), options.backlog) != 0) {
       return absl::UnavailableError(absl::StrCat(
           "cannot listen on \"", where, "\": ", std::strerror(errno),
           errno == EADDRINUSE ? " (another daemon?)" : ""));
@@ -141,8 +156,9 @@ absl::StatusOr<std::unique_ptr<GrpcListener>> GrpcListener::StartTcp(
     fds.push_back(std::move(fd));
   }
   if (fds.empty()) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on \"", where,
-                                               "\": no IPv4 or IPv6 address"));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on \"", where, "\": no IPv4 or IPv6 address",
+        skipped.empty() ? "" : absl::StrCat(" (", skipped, ")")));
   }
   return Run(std::move(fds), server, std::move(options), bound);
 }

@@ -86,9 +86,9 @@ class GrpcListener {
       const std::string& path, grpc::Server* server,
       GrpcListenerOptions options);
 
-  // The same for plain TCP on `host` (an address or "localhost": every
-  // address it resolves to) and `port` (0 = one the kernel picks, the same
-  // for all of them; see port()). Connections get TCP_NODELAY.
+  // The same for TCP on `host` (an address or a name: every address it
+  // resolves to; "": every address of the host) and `port` (0 = one the kernel
+  // picks, the same for all of them; see port()). Connections get TCP_NODELAY.
   static absl::StatusOr<std::unique_ptr<GrpcListener>> StartTcp(
       const std::string& host, int port, grpc::Server* server,
       GrpcListenerOptions options);

@@ -339,6 +339,19 @@ TEST_F(GrpcListenerTest, HandOffTakesAdmittedConnections) {
   for (int fd : held) close(fd);
 }
 
+// No host (":port") listens on every address, as gRPC's own listener did.
+TEST_F(GrpcListenerTest, NoHostListensEverywhere) {
+  absl::StatusOr<std::unique_ptr<GrpcListener>> l =
+      GrpcListener::StartTcp("", 0, server_.get(), {});
+  ASSERT_TRUE(l.ok()) << l.status();
+  std::shared_ptr<grpc::Channel> ch =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*l)->port()),
+                          grpc::InsecureChannelCredentials());
+  EXPECT_TRUE(ch->WaitForConnected(std::chrono::system_clock::now() +
+                                   std::chrono::seconds(10)));
+  (*l)->Stop();
+}
+
 // "::" takes IPv4 clients too, as gRPC's own listener did.
 TEST_F(GrpcListenerTest, TheIpv6WildcardServesIpv4Too) {
   absl::StatusOr<std::unique_ptr<GrpcListener>> l =
