@@ -228,7 +228,7 @@ namespace {
 // connecting would otherwise keep its closed ones listed.
 constexpr int64_t kSweepEvery = 1024;
 
-// The key plain TCP connections are counted under (no uid is this).
+// The key TCP connections (plain or TLS) are counted under (no uid is this).
 constexpr uid_t kAnonymousTcpPeer = static_cast<uid_t>(-1);
 
 bool StillOpen(int fd, dev_t dev, ino_t ino) {
@@ -269,7 +269,7 @@ bool GrpcListener::AdmitPeer(int fd, uid_t* uid) {
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return true;
     *uid = cred.uid;
   } else {
-    *uid = kAnonymousTcpPeer;  // plain TCP: anonymous, one peer together
+    *uid = kAnonymousTcpPeer;  // TCP: no uid (TLS is gRPC's), one peer together
   }
   std::vector<Held>& mine = held_[*uid];
   mine.erase(std::remove_if(
@@ -323,7 +323,7 @@ void GrpcListener::Drain(int listen_fd) {
         Refuse(
             /*per_uid=*/true,
             absl::StrCat(uid == kAnonymousTcpPeer
-                             ? std::string("plain TCP clients together hold ")
+                             ? std::string("TCP clients together hold ")
                              : absl::StrCat("uid ", uid, " holds "),
                          options_.max_connections_per_uid,
                          " connections (--max_connections_per_uid)"),

@@ -1,5 +1,5 @@
-// The daemon's gRPC listeners that need no TLS, accepted by the daemon
-// itself: the Unix socket, and plain TCP on a loopback address.
+// The daemon's gRPC listeners, accepted by the daemon itself: the Unix
+// socket, plain TCP on a loopback address, and mutual-TLS TCP (relayed).
 //
 // gRPC 1.51's own listener (tcp_server_posix) gives up for good when one
 // accept4() fails for want of a descriptor: a client that opens enough
@@ -27,11 +27,11 @@
 //   descriptor headroom leaves and lock everybody else out (measured before
 //   this: ~19,700 idle HTTP/2 connections from one uid, and nobody else
 //   could connect). On the Unix socket a peer is its uid (SO_PEERCRED);
-//   plain TCP clients are anonymous, so they all count as one peer, as
-//   their sessions do. A connection counts from its accept until gRPC
-//   closes it: the listener remembers each one's descriptor and inode and,
-//   before it admits a peer, forgets those whose descriptor no longer names
-//   that socket.
+//   TCP clients have no uid here (a TLS subject is known only to gRPC,
+//   after the handshake), so they all count as one peer. A connection
+//   counts from its accept until gRPC (or the relay) closes it: the listener
+//   remembers each one's descriptor and inode and, before it admits a peer,
+//   forgets those whose descriptor no longer names that socket.
 // Each refusal is counted (limit "connections" or "connections_per_uid")
 // and logged at most once a second.
 #ifndef KVDEPOT_SERVER_GRPC_LISTENER_H_
@@ -89,6 +89,7 @@ class GrpcListener {
   // The same for TCP on `host` (an address or a name: every address it
   // resolves to; "": every address of the host) and `port` (0 = one the kernel
   // picks, the same for all of them; see port()). Connections get TCP_NODELAY.
+  // With `options.hand_off`, `server` is not used (it may be null).
   static absl::StatusOr<std::unique_ptr<GrpcListener>> StartTcp(
       const std::string& host, int port, grpc::Server* server,
       GrpcListenerOptions options);
@@ -129,7 +130,7 @@ class GrpcListener {
   void Refuse(bool per_uid, const std::string& why, int64_t fd_number);
   // Whether the peer of `fd` may have one more connection (then it is
   // counted); forgets its connections gRPC has closed first. Sets *uid to
-  // the peer's uid (a key no uid has for plain TCP).
+  // the peer's uid (a key no uid has for TCP).
   bool AdmitPeer(int fd, uid_t* uid);
   // Forgets every closed connection (every kSweepEvery accepts).
   void Sweep();
