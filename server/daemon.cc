@@ -310,7 +310,16 @@ absl::Status Daemon::Init() {
       backend_.get(), options_.max_pool_bytes, memory_budget_.get());
   pools_->set_max_pools(options_.max_pools);
   sessions_ = std::make_unique<SessionManager>(options_.sessions);
+  // The mutual-TLS TCP port's relay (server/socket_relay.h) comes before the
+  // service, whose Stats report its connections; it connects to gRPC's
+  // listener only once the port accepts.
+  if (options_.tls.any() &&
+      UnixSocketPathOf(ResolveTarget(options_.listen)).empty()) {
+    RETURN_IF_ERROR(MakeTlsSocketDir());
+    ASSIGN_OR_RETURN(tls_relay_, SocketRelay::Start(tls_socket_path_));
+  }
   ServiceOptions service_options = options_.service;
+  service_options.tls_relay = tls_relay_.get();
   service_options.metrics = metrics_.get();
   service_options.memory_budget = memory_budget_.get();
   service_options.descriptors = descriptors_.get();
@@ -434,9 +443,8 @@ absl::Status Daemon::Init() {
   // a mutual-TLS TCP port relays them, bytes unchanged, to gRPC's TLS
   // listener on a Unix socket in a private directory
   // (server/socket_relay.h).
-  const bool tls_tcp = socket_path_.empty() && options_.tls.any();
+  const bool tls_tcp = tls_relay_ != nullptr;
   if (tls_tcp) {
-    RETURN_IF_ERROR(MakeTlsSocketDir());
     builder.AddListeningPort(absl::StrCat("unix:", tls_socket_path_),
                              credentials);
   }
@@ -553,7 +561,6 @@ absl::Status Daemon::Init() {
           absl::StrCat("--listen=", target_, ": not host:port"));
     }
     if (tls_tcp) {
-      ASSIGN_OR_RETURN(tls_relay_, SocketRelay::Start(tls_socket_path_));
       lo.hand_off = [relay = tls_relay_.get()](int fd) { relay->Add(fd); };
     }
     ASSIGN_OR_RETURN(grpc_listener_,

@@ -174,6 +174,10 @@ std::string RenderPrometheus(const v1::StatsResponse& s) {
        "Descriptors pools and buffers may hold (--max_descriptors; 0 = "
        "none held by memory: the CUDA backend).",
        s.descriptors_limit()},
+      {"kvdepot_tls_connections",
+       "Connections the mutual-TLS TCP port's relay carries now (0 without "
+       "such a port).",
+       s.tls_connections()},
   };
   for (const auto& g : gauges) {
     Family(&out, g.name, "gauge", g.help);

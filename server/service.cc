@@ -490,6 +490,9 @@ void KVCacheService::FillStats(v1::StatsResponse* out) const {
     out->set_descriptors_held(options_.descriptors->held());
     out->set_descriptors_limit(options_.descriptors->limit());
   }
+  if (options_.tls_relay != nullptr) {
+    out->set_tls_connections(options_.tls_relay->active());
+  }
   for (int k = 0; k < kNumClientLogKinds; ++k) {
     v1::LogLinesDropped* d = out->add_log_lines_dropped();
     d->set_kind(ClientLogName(static_cast<ClientLog>(k)));

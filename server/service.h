@@ -26,6 +26,7 @@
 #include "server/pools.h"
 #include "server/prefill_sources.h"
 #include "server/sessions.h"
+#include "server/socket_relay.h"
 
 namespace kvdepot {
 
@@ -43,6 +44,9 @@ struct ServiceOptions {
   const MemoryBudget* memory_budget = nullptr;
   // The descriptors pools and buffers hold, reported by Stats; null = none.
   const DescriptorBudget* descriptors = nullptr;
+  // The mutual-TLS TCP port's relay, whose connections Stats reports; null
+  // = no such port.
+  const SocketRelay* tls_relay = nullptr;
   // Inspect and Verify copy at most this many bytes of a pool at a time
   // (one record at least); > 0.
   int64_t scan_chunk_bytes = int64_t{4} << 20;
