@@ -339,16 +339,20 @@ TEST_F(GrpcListenerTest, HandOffTakesAdmittedConnections) {
   for (int fd : held) close(fd);
 }
 
+// Whether a gRPC client reaches `l` at 127.0.0.1 within 10 s.
+bool ReachedOverIpv4(GrpcListener& l) {
+  std::shared_ptr<grpc::Channel> ch = grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", l.port()), grpc::InsecureChannelCredentials());
+  return ch->WaitForConnected(std::chrono::system_clock::now() +
+                              std::chrono::seconds(10));
+}
+
 // No host (":port") listens on every address, as gRPC's own listener did.
 TEST_F(GrpcListenerTest, NoHostListensEverywhere) {
   absl::StatusOr<std::unique_ptr<GrpcListener>> l =
       GrpcListener::StartTcp("", 0, server_.get(), {});
   ASSERT_TRUE(l.ok()) << l.status();
-  std::shared_ptr<grpc::Channel> ch =
-      grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*l)->port()),
-                          grpc::InsecureChannelCredentials());
-  EXPECT_TRUE(ch->WaitForConnected(std::chrono::system_clock::now() +
-                                   std::chrono::seconds(10)));
+  EXPECT_TRUE(ReachedOverIpv4(**l));
   (*l)->Stop();
 }
 
@@ -357,11 +361,7 @@ TEST_F(GrpcListenerTest, TheIpv6WildcardServesIpv4Too) {
   absl::StatusOr<std::unique_ptr<GrpcListener>> l =
       GrpcListener::StartTcp("::", 0, server_.get(), {});
   if (!l.ok()) GTEST_SKIP() << "no IPv6 here: " << l.status();
-  std::shared_ptr<grpc::Channel> ch =
-      grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*l)->port()),
-                          grpc::InsecureChannelCredentials());
-  EXPECT_TRUE(ch->WaitForConnected(std::chrono::system_clock::now() +
-                                   std::chrono::seconds(10)));
+  EXPECT_TRUE(ReachedOverIpv4(**l));
   (*l)->Stop();
 }
 
