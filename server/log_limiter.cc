@@ -113,7 +113,7 @@ std::array<LogRateLimiter, kNumClientLogKinds>& Limiters() {
 
 const char* ClientLogName(ClientLog kind) {
   static constexpr const char* kNames[kNumClientLogKinds] = {
-      "failed_call", "client_event", "refused_connection"};
+      "failed_call", "client_event", "refused_connection", "grpc"};
   const int k = static_cast<int>(kind);
   return k >= 0 && k < kNumClientLogKinds ? kNames[k] : "unknown";
 }

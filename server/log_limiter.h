@@ -122,10 +122,12 @@ enum class ClientLog {
   kClientEvent,        // sessions, companion requests, step rings and
                        // registrations opened or closed, Verify runs
   kRefusedConnection,  // a connection refused by a limit
+  kGrpc,               // gRPC's own lines (a failed TLS handshake, bytes
+                       // that are not HTTP/2): they name no client
   kCount,
 };
 inline constexpr int kNumClientLogKinds = static_cast<int>(ClientLog::kCount);
-// "failed_call", "client_event", "refused_connection".
+// "failed_call", "client_event", "refused_connection", "grpc".
 const char* ClientLogName(ClientLog kind);
 
 // The default of kvdepotd's --client_log_lines_per_second.

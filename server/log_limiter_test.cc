@@ -242,6 +242,7 @@ TEST(ClientLogNameTest, NamesAreTheMetricLabels) {
   EXPECT_STREQ(ClientLogName(ClientLog::kClientEvent), "client_event");
   EXPECT_STREQ(ClientLogName(ClientLog::kRefusedConnection),
                "refused_connection");
+  EXPECT_STREQ(ClientLogName(ClientLog::kGrpc), "grpc");
 }
 
 }  // namespace

@@ -1,11 +1,19 @@
 #include "server/logging.h"
 
+#include <grpc/support/log.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "google/protobuf/stubs/logging.h"
+#include "server/log_limiter.h"
 #include "spdlog/pattern_formatter.h"
 #include "spdlog/sinks/stdout_sinks.h"
 #include "spdlog/spdlog.h"
@@ -104,6 +112,63 @@ void ProtobufLog(google::protobuf::LogLevel level, const char* filename,
   }
 }
 
+// gRPC's own lines, which a client can cause too: every connection to the
+// mutual-TLS port whose handshake fails ("Handshake failed with fatal
+// error ...", also for bytes that are not TLS at all) is one ERROR line, as
+// are other protocol errors. gRPC writes them to stderr itself, unescaped,
+// in its own format and without a limit. Here they go to the log like
+// every other line (text or JSON, the message escaped and cut at 2000
+// bytes) at gRPC's severity, through the rate limit of their own kind
+// (ClientLog::kGrpc; they name no client, so all of them take the kind's
+// shared half). gRPC's GRPC_VERBOSITY still chooses which severities
+// arrive (ERROR by default). Two exceptions pass always: "assertion failed" (gRPC
+// aborts right after it; there is at most one) and lines that arrive once
+// the log is gone at exit, which go to stderr as gRPC would write them.
+std::atomic<bool> g_grpc_routed{false};
+
+void GrpcLog(gpr_log_func_args* args) {
+  const char* file = args->file != nullptr ? args->file : "?";
+  const char* slash = std::strrchr(file, '/');
+  const char* base = slash != nullptr ? slash + 1 : file;
+  const absl::string_view message =
+      args->message != nullptr ? args->message : "";
+  if (!g_grpc_routed.load(std::memory_order_acquire)) {
+    std::fprintf(stderr, "%s %s:%d] %s\n",
+                 gpr_log_severity_string(args->severity), base, args->line,
+                 std::string(message).c_str());
+    return;
+  }
+  if (!absl::StartsWith(message, "assertion failed") &&
+      !AdmitClientLog(ClientLog::kGrpc, LogClient::Unidentified())) {
+    return;
+  }
+  const std::string text = absl::StrCat("grpc ", base, ":", args->line, " ",
+                                        EscapeForLog(message, 2000));
+  switch (args->severity) {
+    case GPR_LOG_SEVERITY_ERROR:
+      spdlog::error("{}", text);
+      break;
+    case GPR_LOG_SEVERITY_INFO:
+      spdlog::info("{}", text);
+      break;
+    default:
+      spdlog::debug("{}", text);
+      break;
+  }
+}
+
+void RouteGrpcLogs() {
+  static const bool once = [] {
+    gpr_set_log_function(&GrpcLog);
+    // Static destructors (spdlog's registry among them) run after this:
+    // a gRPC thread that logs during exit writes to stderr instead.
+    std::atexit([] { g_grpc_routed.store(false, std::memory_order_release); });
+    return true;
+  }();
+  (void)once;
+  g_grpc_routed.store(true, std::memory_order_release);
+}
+
 }  // namespace
 
 absl::Status InitLogging(absl::string_view level, absl::string_view format) {
@@ -124,6 +189,7 @@ absl::Status InitLogging(absl::string_view level, absl::string_view format) {
   logger->flush_on(spdlog::level::trace);
   spdlog::set_default_logger(std::move(logger));
   google::protobuf::SetLogHandler(&ProtobufLog);
+  RouteGrpcLogs();
   return absl::OkStatus();
 }
 

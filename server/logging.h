@@ -36,7 +36,9 @@ std::string JsonEscape(absl::string_view text);
 absl::Status CheckLogFlags(absl::string_view level, absl::string_view format);
 
 // Makes the default spdlog logger write to stderr in `format` at `level`
-// (both as CheckLogFlags accepts).
+// (both as CheckLogFlags accepts). Also takes over libprotobuf's messages
+// (debug level: they quote clients' bytes) and gRPC's own lines (at gRPC's
+// severity, escaped, limited as lines clients cause: ClientLog::kGrpc).
 absl::Status InitLogging(absl::string_view level, absl::string_view format);
 
 }  // namespace kvdepot

@@ -1,11 +1,15 @@
 #include "server/logging.h"
 
+#include <grpc/grpc.h>
+#include <grpc/support/log.h>
+
 #include <algorithm>
 #include <string>
 
 #include "gmock/gmock.h"
 #include "google/protobuf/wrappers.pb.h"
 #include "gtest/gtest.h"
+#include "server/log_limiter.h"
 
 namespace kvdepot {
 namespace {
@@ -72,6 +76,65 @@ TEST(InitLoggingTest, ProtobufParseComplaintsAreDebugOnly) {
   EXPECT_THAT(out, HasSubstr("UTF-8")) << out;
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
   ASSERT_TRUE(InitLogging("info", "text").ok());
+}
+
+int Lines(const std::string& out) {
+  return static_cast<int>(std::count(out.begin(), out.end(), '\n'));
+}
+
+// gRPC reads GRPC_VERBOSITY in grpc_init; before, gpr_log writes nothing.
+class GrpcLogTest : public ::testing::Test {
+ protected:
+  void SetUp() override { grpc_init(); }
+  void TearDown() override {
+    SetClientLogRate(kDefaultClientLogLinesPerSecond);
+    ASSERT_TRUE(InitLogging("info", "text").ok());
+    grpc_shutdown();
+  }
+};
+
+// gRPC's own lines (a client's failed TLS handshake is one per connection)
+// come out as log lines, escaped, and a flood of them is cut to the rate
+// limit of their kind, counted and reported as dropped.
+TEST_F(GrpcLogTest, LinesAreLogLinesAndRateLimited) {
+  ASSERT_TRUE(InitLogging("info", "text").ok());
+  SetClientLogRate(4);  // gRPC's lines share the unidentified half: 2
+  const int64_t dropped = ClientLogLinesDropped(ClientLog::kGrpc);
+  ::testing::internal::CaptureStderr();
+  gpr_log(GPR_ERROR, "Handshake failed: %s", "bad\nline");
+  for (int i = 0; i < 50; ++i) gpr_log(GPR_ERROR, "flood %d", i);
+  ReportDroppedClientLogLines(absl::ZeroDuration());
+  const std::string out = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(out, HasSubstr(" error kvdepotd grpc logging_test.cc:")) << out;
+  EXPECT_THAT(out, HasSubstr("Handshake failed: bad\\x0aline\n")) << out;
+  // One second's share at most, and the drop report.
+  EXPECT_LE(Lines(out), 3 + 1) << out;
+  EXPECT_THAT(out, HasSubstr(" grpc lines dropped since ")) << out;
+  EXPECT_GE(ClientLogLinesDropped(ClientLog::kGrpc) - dropped, 47);
+}
+
+// gRPC aborts right after "assertion failed": that line is never dropped.
+TEST_F(GrpcLogTest, AssertionLinesAreNeverDropped) {
+  ASSERT_TRUE(InitLogging("info", "text").ok());
+  SetClientLogRate(2);
+  ::testing::internal::CaptureStderr();
+  for (int i = 0; i < 20; ++i) gpr_log(GPR_ERROR, "flood %d", i);
+  gpr_log(GPR_ERROR, "assertion failed: %s", "x != nullptr");
+  const std::string out = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(out, HasSubstr("grpc logging_test.cc:")) << out;
+  EXPECT_THAT(out, HasSubstr("assertion failed: x != nullptr")) << out;
+  EXPECT_EQ(out.find("flood 19"), std::string::npos) << out;
+}
+
+TEST_F(GrpcLogTest, LinesFollowTheLogFormat) {
+  ASSERT_TRUE(InitLogging("info", "json").ok());
+  ::testing::internal::CaptureStderr();
+  gpr_log(GPR_ERROR, "peer said \"%s\"", "hi");
+  const std::string out = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(out, HasSubstr("\"level\":\"error\"")) << out;
+  EXPECT_THAT(out, HasSubstr("\"msg\":\"grpc logging_test.cc:")) << out;
+  EXPECT_THAT(out, HasSubstr("peer said \\\\x22hi\\\\x22\"}")) << out;
+  EXPECT_EQ(Lines(out), 1) << out;
 }
 
 }  // namespace

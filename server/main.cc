@@ -123,7 +123,8 @@ ABSL_FLAG(int, max_connections_per_uid, 256,
 ABSL_FLAG(int64_t, client_log_lines_per_second,
           kvdepot::kDefaultClientLogLinesPerSecond,
           "Log lines clients may cause per second, for each kind (failed "
-          "calls; sessions and other client events; refused connections), "
+          "calls; sessions and other client events; refused connections; "
+          "gRPC's own lines, such as a failed TLS handshake), "
           "one client (uid or TLS subject; all unauthenticated callers "
           "together) at most half of them, bursts of one second's worth; "
           "the rest are dropped and counted "

@@ -29,6 +29,8 @@
 #include "gtest/gtest.h"
 #include "kvdepot/v1/kvdepot.grpc.pb.h"
 #include "server/daemon.h"
+#include "server/log_limiter.h"
+#include "server/logging.h"
 #include "server/tls_test_certs.h"
 
 namespace kvdepot {
@@ -42,6 +44,16 @@ using testing::MakeCert;
 
 constexpr char kPool[] =
     "format: \"BF16\" elements: 8 block_size: 4 num_blocks: 2 num_layers: 1";
+
+// The IPv4 loopback address of a daemon's "127.0.0.1:<port>" target.
+sockaddr_in LoopbackAddressOf(const std::string& target) {
+  const int port = std::stoi(target.substr(target.rfind(':') + 1));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  return addr;
+}
 
 // One client: a channel, its session stream and the session id.
 class Client {
@@ -401,11 +413,7 @@ TEST_F(TcpSessionTest, AConnectionFloodCannotStopTheTlsPort) {
   std::unique_ptr<Daemon> d = StartTls("");
   ASSERT_NE(d, nullptr);
   const std::string target = d->target();
-  const int port = std::stoi(target.substr(target.rfind(':') + 1));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const sockaddr_in addr = LoopbackAddressOf(target);
   int ready[2];
   ASSERT_EQ(pipe2(ready, O_CLOEXEC), 0);
   constexpr int kFlood = 3000;
@@ -470,6 +478,58 @@ TEST_F(TcpSessionTest, AConnectionFloodCannotStopTheTlsPort) {
   }
   EXPECT_EQ(relayed, 2);
   d->Shutdown();
+}
+
+// Every connection to the TLS port whose handshake fails makes gRPC write
+// an ERROR line ("Handshake failed with fatal error ..."), whatever the
+// bytes: anyone who can reach the port could write lines to the daemon's
+// log as fast as they connect. Those lines now pass the rate limit of
+// their kind (kvdepotd's InitLogging routes gRPC's lines): a flood of
+// failed handshakes gets the share of one second, and the rest are
+// counted and reported as dropped.
+TEST_F(TcpSessionTest, AFloodOfFailedHandshakesCannotFloodTheLog) {
+  ASSERT_TRUE(InitLogging("info", "text").ok());
+  constexpr int kRate = 6;  // gRPC's lines get the unidentified half: 3/s
+  SetClientLogRate(kRate);
+  std::unique_ptr<Daemon> d = StartTls("");
+  ASSERT_NE(d, nullptr);
+  const sockaddr_in addr = LoopbackAddressOf(d->target());
+  constexpr int kConnections = 60;
+  ::testing::internal::CaptureStderr();
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < kConnections; ++i) {
+    const int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(s, 0);
+    ASSERT_EQ(
+        connect(s, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0);
+    const char kHttp[] = "GET / HTTP/1.1\r\n\r\n";  // not TLS
+    ASSERT_EQ(send(s, kHttp, sizeof(kHttp) - 1, MSG_NOSIGNAL),
+              static_cast<ssize_t>(sizeof(kHttp) - 1));
+    timeval tv{10, 0};
+    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    char buf[256];
+    while (recv(s, buf, sizeof(buf), 0) > 0) {
+    }
+    close(s);  // gRPC has closed it: the handshake failed and was logged
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  d->Shutdown();  // reports the dropped lines
+  d.reset();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  SetClientLogRate(kDefaultClientLogLinesPerSecond);
+  int handshake_lines = 0;
+  for (size_t at = log.find("Handshake failed"); at != std::string::npos;
+       at = log.find("Handshake failed", at + 1)) {
+    ++handshake_lines;
+  }
+  // gRPC's lines are in the log, as log lines.
+  EXPECT_THAT(log, HasSubstr(" error kvdepotd grpc ")) << log;
+  EXPECT_GE(handshake_lines, 1) << log;
+  // A burst of one second's share, then the share per second.
+  EXPECT_LE(handshake_lines, (kRate / 2) * (1 + static_cast<int>(seconds) + 1))
+      << seconds << " s\n"
+      << log;
+  EXPECT_THAT(log, HasSubstr(" grpc lines dropped since ")) << log;
 }
 
 }  // namespace
