@@ -45,9 +45,9 @@ absl::StatusOr<RawHttp2> RawHttp2::Connect(const std::string& path,
     return absl::UnavailableError(Errno("connect"));
   }
   static constexpr char kPreface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-  if (write(fd, kPreface, sizeof(kPreface) - 1) !=
+  if (send(fd, kPreface, sizeof(kPreface) - 1, MSG_NOSIGNAL) !=
       static_cast<ssize_t>(sizeof(kPreface) - 1)) {
-    return absl::UnavailableError(Errno("write"));
+    return absl::UnavailableError(Errno("send"));
   }
   std::string settings;
   if (initial_window >= 0) {
@@ -91,9 +91,11 @@ absl::Status RawHttp2::Frame(uint8_t type, uint8_t flags, uint32_t stream,
   f.append(payload.data(), payload.size());
   size_t done = 0;
   while (done < f.size()) {
-    const ssize_t w = write(fd_, f.data() + done, f.size() - done);
+    // No SIGPIPE when the daemon has closed the connection: the caller
+    // gets UNAVAILABLE instead of the test process dying without a word.
+    const ssize_t w = send(fd_, f.data() + done, f.size() - done, MSG_NOSIGNAL);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return absl::UnavailableError(Errno("write"));
+    if (w <= 0) return absl::UnavailableError(Errno("send"));
     done += static_cast<size_t>(w);
   }
   return absl::OkStatus();

@@ -42,7 +42,7 @@ class RawHttp2 {
   absl::StatusOr<int64_t> SendBody(uint32_t stream, int64_t message_bytes,
                                    int64_t bytes);
   // Reads what the daemon sent, updating the windows. UNAVAILABLE when the
-  // daemon closed the connection.
+  // daemon closed the connection (every call here: never SIGPIPE).
   absl::Status Pump();
 
  private:
