@@ -121,8 +121,8 @@ void ProtobufLog(google::protobuf::LogLevel level, const char* filename,
 // bytes) at gRPC's severity, through the rate limit of their own kind
 // (ClientLog::kGrpc; they name no client, so all of them take the kind's
 // shared half). gRPC's GRPC_VERBOSITY still chooses which severities
-// arrive (ERROR by default). Two exceptions pass always: "assertion failed" (gRPC
-// aborts right after it; there is at most one) and lines that arrive once
+// arrive (ERROR by default). Two exceptions pass always: "assertion failed"
+// (gRPC aborts right after it; there is at most one) and lines that arrive once
 // the log is gone at exit, which go to stderr as gRPC would write them.
 std::atomic<bool> g_grpc_routed{false};
 
@@ -138,23 +138,18 @@ void GrpcLog(gpr_log_func_args* args) {
                  std::string(message).c_str());
     return;
   }
+  const spdlog::level::level_enum level =
+      args->severity == GPR_LOG_SEVERITY_ERROR  ? spdlog::level::err
+      : args->severity == GPR_LOG_SEVERITY_INFO ? spdlog::level::info
+                                                : spdlog::level::debug;
+  // Lines --log_level hides take nothing from the limit.
+  if (!spdlog::should_log(level)) return;
   if (!absl::StartsWith(message, "assertion failed") &&
       !AdmitClientLog(ClientLog::kGrpc, LogClient::Unidentified())) {
     return;
   }
-  const std::string text = absl::StrCat("grpc ", base, ":", args->line, " ",
-                                        EscapeForLog(message, 2000));
-  switch (args->severity) {
-    case GPR_LOG_SEVERITY_ERROR:
-      spdlog::error("{}", text);
-      break;
-    case GPR_LOG_SEVERITY_INFO:
-      spdlog::info("{}", text);
-      break;
-    default:
-      spdlog::debug("{}", text);
-      break;
-  }
+  spdlog::log(level, "grpc {}:{} {}", base, args->line,
+              EscapeForLog(message, 2000));
 }
 
 void RouteGrpcLogs() {

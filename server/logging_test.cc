@@ -113,6 +113,23 @@ TEST_F(GrpcLogTest, LinesAreLogLinesAndRateLimited) {
   EXPECT_GE(ClientLogLinesDropped(ClientLog::kGrpc) - dropped, 47);
 }
 
+// With GRPC_VERBOSITY=debug gRPC sends many debug lines; at --log_level
+// info they are not written and take nothing from the limit.
+TEST_F(GrpcLogTest, HiddenLinesTakeNothingFromTheLimit) {
+  ASSERT_TRUE(InitLogging("info", "text").ok());
+  SetClientLogRate(4);
+  gpr_set_log_verbosity(GPR_LOG_SEVERITY_DEBUG);
+  const int64_t dropped = ClientLogLinesDropped(ClientLog::kGrpc);
+  ::testing::internal::CaptureStderr();
+  for (int i = 0; i < 50; ++i) gpr_log(GPR_DEBUG, "chatter %d", i);
+  gpr_log(GPR_ERROR, "the one that matters");
+  const std::string out = ::testing::internal::GetCapturedStderr();
+  gpr_set_log_verbosity(GPR_LOG_SEVERITY_ERROR);
+  EXPECT_EQ(out.find("chatter"), std::string::npos) << out;
+  EXPECT_THAT(out, HasSubstr("the one that matters")) << out;
+  EXPECT_EQ(ClientLogLinesDropped(ClientLog::kGrpc), dropped);
+}
+
 // gRPC aborts right after "assertion failed": that line is never dropped.
 TEST_F(GrpcLogTest, AssertionLinesAreNeverDropped) {
   ASSERT_TRUE(InitLogging("info", "text").ok());
