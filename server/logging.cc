@@ -121,10 +121,17 @@ void ProtobufLog(google::protobuf::LogLevel level, const char* filename,
 // bytes) at gRPC's severity, through the rate limit of their own kind
 // (ClientLog::kGrpc; they name no client, so all of them take the kind's
 // shared half). gRPC's GRPC_VERBOSITY still chooses which severities
-// arrive (ERROR by default). Two exceptions pass always: "assertion failed"
-// (gRPC aborts right after it; there is at most one) and lines that arrive once
-// the log is gone at exit, which go to stderr as gRPC would write them.
+// arrive (ERROR by default). Two exceptions pass always: the lines gRPC
+// writes right before it aborts (GPR_ASSERT's "assertion failed",
+// gpr_unreachable_code's "UNREACHABLE CODE"; there is at most one), and
+// lines that arrive once the log is gone at exit, which go to stderr as
+// gRPC would write them.
 std::atomic<bool> g_grpc_routed{false};
+
+bool PrecedesAbort(absl::string_view message) {
+  return absl::StartsWith(message, "assertion failed") ||
+         absl::StartsWith(message, "UNREACHABLE CODE");
+}
 
 void GrpcLog(gpr_log_func_args* args) {
   const char* file = args->file != nullptr ? args->file : "?";
@@ -144,7 +151,7 @@ void GrpcLog(gpr_log_func_args* args) {
                                                 : spdlog::level::debug;
   // Lines --log_level hides take nothing from the limit.
   if (!spdlog::should_log(level)) return;
-  if (!absl::StartsWith(message, "assertion failed") &&
+  if (!PrecedesAbort(message) &&
       !AdmitClientLog(ClientLog::kGrpc, LogClient::Unidentified())) {
     return;
   }

@@ -130,16 +130,19 @@ TEST_F(GrpcLogTest, HiddenLinesTakeNothingFromTheLimit) {
   EXPECT_EQ(ClientLogLinesDropped(ClientLog::kGrpc), dropped);
 }
 
-// gRPC aborts right after "assertion failed": that line is never dropped.
+// gRPC aborts right after "assertion failed" or "UNREACHABLE CODE": those
+// lines are never dropped.
 TEST_F(GrpcLogTest, AssertionLinesAreNeverDropped) {
   ASSERT_TRUE(InitLogging("info", "text").ok());
   SetClientLogRate(2);
   ::testing::internal::CaptureStderr();
   for (int i = 0; i < 20; ++i) gpr_log(GPR_ERROR, "flood %d", i);
   gpr_log(GPR_ERROR, "assertion failed: %s", "x != nullptr");
+  gpr_log(GPR_ERROR, "UNREACHABLE CODE: %s", "bad state");
   const std::string out = ::testing::internal::GetCapturedStderr();
   EXPECT_THAT(out, HasSubstr("grpc logging_test.cc:")) << out;
   EXPECT_THAT(out, HasSubstr("assertion failed: x != nullptr")) << out;
+  EXPECT_THAT(out, HasSubstr("UNREACHABLE CODE: bad state")) << out;
   EXPECT_EQ(out.find("flood 19"), std::string::npos) << out;
 }
 
