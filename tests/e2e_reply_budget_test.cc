@@ -258,7 +258,7 @@ TEST(RequestMemory, PartlySentRequestsAreBoundedByGrpcMemory) {
     bool closed = false;
     while (!closed && absl::Now() < end &&
            absl::Now() - progress < absl::Seconds(1)) {
-      for (int i = 0; i < kStreams && !closed; ++i) {
+      for (int i = 0; i < kStreams; ++i) {
         absl::StatusOr<int64_t> n = raw->SendBody(1 + 2 * i, kMessage, kMiB);
         if (absl::IsUnavailable(n.status())) {
           closed = true;
