@@ -9,8 +9,8 @@
 // protobuf decode, session, access and descriptor validation, budget.
 // Properties: every non-empty message gets exactly one reply within 10 s
 // that parses, never UNKNOWN or INTERNAL, a descriptor only with OK; once
-// the connection closes, its session, buffers, budget and descriptors are
-// all given back.
+// the client closes its side, the daemon ends the connection within 10 s
+// and its session, buffers, budget and descriptors are all given back.
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -26,6 +26,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -182,6 +183,28 @@ bool AwaitReadable(int fd, absl::Duration timeout) {
   }
 }
 
+// Closes the sending side and waits until the daemon ends the connection
+// (it shuts its side down when its thread leaves the message loop, after
+// every per-message allocation of that thread is freed). So an input's
+// daemon-side work ends within the input, and libFuzzer's leak check
+// after an input never runs while a connection thread is mid-allocation:
+// LeakSanitizer's check during concurrent work can report a live
+// allocation as leaked (google/sanitizers#757; seen once, a connection
+// thread's 64 KiB receive buffer, not reproducible alone, no leak at exit
+// after 3000 runs of that input).
+void CloseAndAwaitDaemonEnd(UniqueFd conn) {
+  FUZZ_CHECK(shutdown(conn.get(), SHUT_WR) == 0 || errno == ENOTCONN,
+             "shutdown: %s", std::strerror(errno));
+  while (true) {
+    FUZZ_CHECK(AwaitReadable(conn.get(), absl::Seconds(10)),
+               "the daemon did not end the connection within 10 s of its "
+               "close");
+    char byte;
+    const ssize_t n = recv(conn.get(), &byte, 1, MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) return;
+  }
+}
+
 // Waits until the connection's session is gone and everything it held is
 // given back.
 void CheckReleased(Harness& h) {
@@ -258,7 +281,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(reply.ok(), "no reply: %s", reply.status().ToString().c_str());
     CheckReply(*reply, &last_received);
   }
-  conn.reset();
+  CloseAndAwaitDaemonEnd(std::move(conn));
   last_received.reset();
   CheckReleased(h);
   CheckNoDescriptorLeak(h);
