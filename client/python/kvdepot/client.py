@@ -259,6 +259,14 @@ def _out_ref(value: Any, field: str) -> "pb.DataRef":
     raise invalid_argument(f"{field}: pass INLINE or a Buffer.slice()")
 
 
+def _count_ref(value: Any) -> "pb.BufferSlice":
+    """invalid_count_out of the index calls: a Buffer.slice() of 8 bytes."""
+    if not isinstance(value, Slice):
+        raise invalid_argument(
+            "invalid_count_out: pass None or a Buffer.slice() of 8 bytes")
+    return _data_ref(value, "invalid_count_out").slice
+
+
 def _dtype(value: Any, dtype: Optional[str], field: str) -> int:
     name = dtype if dtype is not None else (
         "bf16" if isinstance(value, Slice) else infer_dtype(value, field))
@@ -918,12 +926,7 @@ class Client:
         if slots.HasField("slice"):
             req.slots_buffer.CopyFrom(slots.slice)
         if invalid_count_out is not None:
-            if not isinstance(invalid_count_out, Slice):
-                raise invalid_argument(
-                    "invalid_count_out: pass None or a Buffer.slice() of "
-                    "8 bytes")
-            req.invalid_count_buffer.CopyFrom(
-                _data_ref(invalid_count_out, "invalid_count_out").slice)
+            req.invalid_count_buffer.CopyFrom(_count_ref(invalid_count_out))
         r = self._call("ConvertTopk", req)
         return IndexResult(
             slots=unpack_int32(r.slots) if out is INLINE else None,
@@ -997,12 +1000,7 @@ class Client:
         if index.HasField("slice"):
             req.index_buffer.CopyFrom(index.slice)
         if invalid_count_out is not None:
-            if not isinstance(invalid_count_out, Slice):
-                raise invalid_argument(
-                    "invalid_count_out: pass None or a Buffer.slice() of "
-                    "8 bytes")
-            req.invalid_count_buffer.CopyFrom(
-                _data_ref(invalid_count_out, "invalid_count_out").slice)
+            req.invalid_count_buffer.CopyFrom(_count_ref(invalid_count_out))
         r = self._call("PrefillIndex", req)
         return PrefillIndexResult(
             index=unpack_int32(r.index) if out is INLINE else None,
