@@ -28,8 +28,10 @@ absl::Status ValidateFused(const KVCacheFormat& f, const FusedParams& p,
         kFusedMaxElements, " (got ", d, ")"));
   }
   if (p.norm_end != p.norm_begin) {
-    if (absl::Status s =
-            Range("norm range", p.norm_begin, p.norm_end - p.norm_begin, d);
+    // The length in 64 bits: int32 ends as far apart as INT32_MIN and
+    // INT32_MAX overflow an int32 difference (step_fuzz, 2026-12-07).
+    if (absl::Status s = Range("norm range", p.norm_begin,
+                               int64_t{p.norm_end} - p.norm_begin, d);
         !s.ok()) {
       return s;
     }

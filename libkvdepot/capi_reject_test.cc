@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -279,6 +280,11 @@ TEST_F(CapiRejectDataTest, FusedStore) {
   p = in.params;
   p.norm_end = -8;
   EXPECT_REFUSED(fused(&p), KVDK_ERR_INVALID, "norm_end = -8");
+  p = in.params;  // ends whose int32 difference overflows (step_fuzz)
+  p.norm_begin = std::numeric_limits<int32_t>::min();
+  p.norm_end = std::numeric_limits<int32_t>::max();
+  EXPECT_REFUSED(fused(&p), KVDK_ERR_INVALID,
+                 "norm range [-2147483648, 2147483647) is not inside");
   p = in.params;
   p.norm_weight = nullptr;
   EXPECT_REFUSED(fused(&p), KVDK_ERR_INVALID, "norm_weight");

@@ -4,6 +4,7 @@
 // message naming the field, and a refused request leaves the pool unchanged.
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -210,6 +211,15 @@ TEST_F(FusedStoreTest, RefusalsNameTheFieldAndChangeNothing) {
   r = good;
   r.mutable_fused()->set_norm_begin(4);
   ExpectRefused(r, "must start and end on multiples of 8");
+  // Ends whose int32 difference overflows (found by step_fuzz).
+  r = good;
+  r.mutable_fused()->set_norm_begin(std::numeric_limits<int32_t>::min());
+  r.mutable_fused()->set_norm_end(std::numeric_limits<int32_t>::max());
+  ExpectRefused(r, "norm range [-2147483648, 2147483647) is not inside");
+  r = good;
+  r.mutable_fused()->set_norm_begin(56);
+  r.mutable_fused()->set_norm_end(std::numeric_limits<int32_t>::min());
+  ExpectRefused(r, "norm range [56, -2147483648) is not inside");
   r = good;
   r.mutable_fused()->set_rope_offset(480);
   ExpectRefused(r, "rope range [480, 544) is not inside");

@@ -5,6 +5,7 @@
 // section. The GPU side is //tests/gpu:step_fused_test.
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -191,6 +192,13 @@ TEST_F(StepFusedTest, RefusesEveryBadParameterNamingTheField) {
          f->set_norm_weight(std::string(1168, 'a'));
        },
        "norm range"},
+      {"norm ends an int32 overflow apart (step_fuzz)",
+       [](v1::StepFused* f) {
+         f->set_norm_begin(56);
+         f->set_norm_end(std::numeric_limits<int32_t>::min());
+         f->clear_norm_weight();
+       },
+       "norm range [56, -2147483648) is not inside"},
       {"eps negative", [](v1::StepFused* f) { f->set_eps(-1.0f); }, "eps = -1"},
       {"eps NaN", [](v1::StepFused* f) { f->set_eps(std::nanf("")); },
        "must be finite"},
