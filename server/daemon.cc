@@ -539,18 +539,10 @@ absl::Status Daemon::Init() {
     CountDroppedClientLog(ClientLog::kRefusedConnection);
   };
   if (!socket_path_.empty()) {
+    lo.unix_mode = 0660;
+    lo.unix_group = options_.socket_group;
     ASSIGN_OR_RETURN(grpc_listener_,
                      GrpcListener::Start(socket_path_, server_.get(), lo));
-    if (chmod(socket_path_.c_str(), 0660) != 0) {
-      spdlog::warn("chmod 0660 {}: {}", socket_path_, std::strerror(errno));
-    }
-    if (options_.socket_group != static_cast<gid_t>(-1) &&
-        chown(socket_path_.c_str(), -1, options_.socket_group) != 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cannot give \"", socket_path_, "\" group ",
-                       options_.socket_group, ": ", std::strerror(errno)));
-    }
-
   } else {
     const size_t colon = target_.rfind(':');
     int want = -1;

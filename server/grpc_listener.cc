@@ -38,6 +38,33 @@ UniqueFd OpenSpare() {
   return UniqueFd(open("/dev/null", O_RDONLY | O_CLOEXEC));
 }
 
+// ".<pid>.tmp" in the directory of `path`, or "" where that does not fit a
+// sockaddr_un.
+std::string TemporaryNameBeside(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  const std::string dir =
+      slash == std::string::npos ? "." : path.substr(0, slash);
+  std::string tmp = absl::StrCat(dir, "/.", getpid(), ".tmp");
+  return tmp.size() < sizeof(sockaddr_un{}.sun_path) ? tmp : "";
+}
+
+// The socket at `at` (to appear as `path`) gets options' mode and group. A
+// mode that cannot be set is logged; a group that cannot be given fails.
+absl::Status SetModeAndGroup(const std::string& at, const std::string& path,
+                             const GrpcListenerOptions& options) {
+  if (chmod(at.c_str(), options.unix_mode) != 0) {
+    spdlog::warn("chmod {:04o} {}: {}", options.unix_mode, path,
+                 std::strerror(errno));
+  }
+  if (options.unix_group != static_cast<gid_t>(-1) &&
+      chown(at.c_str(), -1, options.unix_group) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot give \"", path, "\" group ", options.unix_group,
+                     ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GrpcListener>> GrpcListener::Start(
@@ -54,14 +81,41 @@ absl::StatusOr<std::unique_ptr<GrpcListener>> GrpcListener::Start(
     return absl::InternalError(
         absl::StrCat("socket(AF_UNIX): ", std::strerror(errno)));
   }
+  // Bound, listening, given its mode and group under a temporary name in the
+  // same directory, then hard-linked to `path`: a client (or an operator's
+  // readiness check) that sees the path finds it accepting, never refused
+  // between bind and listen nor with the umask's mode. link, unlike rename,
+  // fails where `path` exists, as bind does: a second daemon cannot take
+  // the path over. Where the temporary name does not fit sun_path, the
+  // socket is bound at `path` itself.
+  const std::string tmp = TemporaryNameBeside(path);
+  const std::string& at = tmp.empty() ? path : tmp;
+  if (!tmp.empty()) unlink(tmp.c_str());  // a crashed daemon's, same pid
   addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.data(), path.size());
-  if (bind(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) !=
-          0 ||
-      listen(fd.get(), options.backlog) != 0) {
+  std::memcpy(addr.sun_path, at.data(), at.size());
+  const auto refused = [&path] {
     return absl::UnavailableError(absl::StrCat("cannot listen on \"", path,
                                                "\": ", std::strerror(errno)));
+  };
+  absl::Status placed = absl::OkStatus();
+  const bool bound = bind(fd.get(), reinterpret_cast<const sockaddr*>(&addr),
+                          sizeof(addr)) == 0;
+  if (!bound || listen(fd.get(), options.backlog) != 0) {
+    placed = refused();
+  } else {
+    placed = SetModeAndGroup(at, path, options);
   }
+  if (placed.ok() && !tmp.empty() && link(tmp.c_str(), path.c_str()) != 0) {
+    placed = refused();
+  }
+  // The temporary name always goes; `path` where this call bound it itself
+  // and then failed.
+  if (!tmp.empty()) {
+    unlink(tmp.c_str());
+  } else if (!placed.ok() && bound) {
+    unlink(path.c_str());
+  }
+  if (!placed.ok()) return placed;
   std::vector<UniqueFd> fds;
   fds.push_back(std::move(fd));
   return Run(std::move(fds), server, std::move(options), 0);

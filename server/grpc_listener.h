@@ -75,13 +75,19 @@ struct GrpcListenerOptions {
   // server: the mutual-TLS port's relay (server/socket_relay.h). Empty:
   // AddInsecureChannelFromFd.
   std::function<void(int fd)> hand_off;
+  // The Unix socket's mode and group (-1: the daemon's own), set before it
+  // appears at its path.
+  mode_t unix_mode = 0660;
+  gid_t unix_group = static_cast<gid_t>(-1);
 };
 
 class GrpcListener {
  public:
   // Binds and listens on the Unix socket `path` (which must not exist) and
   // starts accepting into `server`, which must be started and outlive the
-  // listener.
+  // listener. The socket appears at `path` only once it listens, with
+  // options.unix_mode and unix_group: a client that sees the path can
+  // connect.
   static absl::StatusOr<std::unique_ptr<GrpcListener>> Start(
       const std::string& path, grpc::Server* server,
       GrpcListenerOptions options);

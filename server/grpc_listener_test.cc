@@ -3,12 +3,14 @@
 // connection with its spare descriptor, closes it and keeps the socket.
 #include "server/grpc_listener.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -17,6 +19,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -365,6 +368,91 @@ TEST_F(GrpcListenerTest, TheIpv6WildcardServesIpv4Too) {
   (*l)->Stop();
 }
 
+// The names in `dir` other than "." and "..".
+std::vector<std::string> Entries(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return names;
+  while (const dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  closedir(d);
+  return names;
+}
+
+std::string DirOf(const std::string& path) {
+  return path.substr(0, path.rfind('/'));
+}
+
+// A client that sees the socket's path can connect to it and finds its
+// mode: a thread that watches for the path from before Start sees it
+// appear listening, with the mode Start was given (bound at the path
+// itself, the socket was there before listen() and had the umask's mode
+// until a chmod). Nothing else is left in the directory.
+void ExpectAppearsReady(grpc::Server* server, const std::string& path,
+                        int round) {
+  std::atomic<int> seen_mode{-1};
+  std::atomic<int> connected{-1};
+  std::thread watcher([&] {
+    struct stat st;
+    while (stat(path.c_str(), &st) != 0) {
+    }
+    seen_mode = static_cast<int>(st.st_mode & 07777);
+    const int s = ConnectTo(path);
+    connected = s >= 0 ? 1 : 0;
+    if (s >= 0) close(s);
+  });
+  GrpcListenerOptions o;
+  o.unix_mode = 0660;
+  o.unix_group = getgid();
+  absl::StatusOr<std::unique_ptr<GrpcListener>> l =
+      GrpcListener::Start(path, server, o);
+  ASSERT_TRUE(l.ok()) << l.status();
+  watcher.join();
+  EXPECT_EQ(seen_mode.load(), 0660) << "round " << round;
+  EXPECT_EQ(connected.load(), 1) << "round " << round;
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_gid, getgid());
+  EXPECT_THAT(Entries(DirOf(path)),
+              testing::ElementsAre(path.substr(path.rfind('/') + 1)));
+  (*l)->Stop();
+}
+
+TEST_F(GrpcListenerTest, TheSocketAppearsOnlyWhenItAccepts) {
+  for (int round = 0; round < 100; ++round) {
+    ExpectAppearsReady(server_.get(), SocketPath(), round);
+  }
+}
+
+// Where the temporary name beside the path would not fit a sockaddr_un
+// (a path of 107 bytes with a one-letter name), the socket is bound at the
+// path itself, and still has its mode and group when Start returns.
+TEST_F(GrpcListenerTest, APathTooLongForATemporaryNameStillWorks) {
+  char base[] = "/tmp/kvdepot-listener-XXXXXX";
+  ASSERT_NE(mkdtemp(base), nullptr);
+  constexpr size_t kLongest = sizeof(sockaddr_un{}.sun_path) - 1;
+  const std::string dir =
+      absl::StrCat(base, "/", std::string(kLongest - 2 - sizeof(base), 'd'));
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0) << dir;
+  const std::string path = dir + "/s";
+  ASSERT_EQ(path.size(), kLongest);
+  GrpcListenerOptions o;
+  o.unix_mode = 0660;
+  absl::StatusOr<std::unique_ptr<GrpcListener>> l =
+      GrpcListener::Start(path, server_.get(), o);
+  ASSERT_TRUE(l.ok()) << l.status();
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0660);
+  const int s = ConnectTo(path);
+  EXPECT_GE(s, 0);
+  if (s >= 0) close(s);
+  EXPECT_THAT(Entries(dir), testing::ElementsAre("s"));
+  (*l)->Stop();
+}
+
 TEST_F(GrpcListenerTest, APathThatIsTooLongOrTakenIsRefused) {
   EXPECT_EQ(GrpcListener::Start(std::string(200, 'x'), server_.get(), {})
                 .status()
@@ -376,6 +464,13 @@ TEST_F(GrpcListenerTest, APathThatIsTooLongOrTakenIsRefused) {
   ASSERT_TRUE(first.ok());
   EXPECT_EQ(GrpcListener::Start(path, server_.get(), {}).status().code(),
             absl::StatusCode::kUnavailable);
+  // The refused one left no temporary name behind, and the first still
+  // holds the path.
+  EXPECT_THAT(Entries(DirOf(path)),
+              testing::ElementsAre(path.substr(path.rfind('/') + 1)));
+  const int s = ConnectTo(path);
+  EXPECT_GE(s, 0);
+  if (s >= 0) close(s);
   (*first)->Stop();
 }
 
