@@ -10,9 +10,15 @@
 //             16 ... 1 give every lane the reference's sum (fused_mla.cu
 //             says why); any chunk range [8 c0, 8 c1).
 //   RoPE:     a range in the second half (rope_offset >= 256) starting on a
-//             chunk: interleaved pairs (2k, 2k + 1) lie in one lane; NeoX
-//             pairs (k, k + rope_dim / 2) lie rope_dim / 16 lanes apart
-//             (one shuffle per value; rope_dim a multiple of 16).
+//             chunk (rope_dim a multiple of 8; of 16 for NeoX), held by
+//             rope_dim / 8 lanes (8 for DeepSeek's 64). Without the
+//             Hadamard, those lanes rotate it in registers: interleaved
+//             pairs (2k, 2k + 1) lie in one lane; NeoX pairs
+//             (k, k + rope_dim / 2) lie rope_dim / 16 lanes apart (one
+//             shuffle per value). With it (kSpreadRope) they put it in the
+//             warp's slice of shared memory, where lane k rotates pairs
+//             k, k + 32, ...: the work spread over the whole warp, one
+//             cos/sin pair per lane loaded with the row.
 //   Hadamard: stages h = 1, 2, 4 inside each chunk (element bits 0-2),
 //             h = 8 ... 128 across lanes (lane bit log2(h / 8), xor
 //             shuffles), h = 256 between the lane's two chunks, in that
@@ -73,6 +79,21 @@ template <class Q, bool kHad>
 constexpr bool kLoadAhead = std::is_same_v<Q, Bf16Record> && !kHad;
 constexpr int kLoadAheadMinCtas = 5;
 
+// The RoPE spread over the warp (shared memory) with the Hadamard, in
+// registers on the RoPE lanes without it. The spread one issues fewer
+// instructions (no shuffles; one pair per lane instead of 4-8 on a quarter
+// of the lanes) but adds two shared-memory round trips to a token's chain.
+// On an H100 (2026-12-08, docs/BENCHMARKS.md) it took all stages, which is
+// bound by its instruction issue, from 62.9 to 65.8-65.9 % of copy at 64K
+// tokens and from 67.2-67.3 to 70.2 % at 1M; on 70 % of the SMs (MPS: about
+// an H200's bandwidth per SM) from 45.8-45.9 to 47.9 % and 48.0-48.1 to
+// 50.1-50.2 %. The load-ahead BF16 kernel (norm + rope) spread measured
+// the same on the whole H100 (86.7 against 87.0 % at 64K, at 7 CTAs per SM
+// and 72 registers) but 77.8 against 82.2-82.3 % on 70 % of the SMs, where
+// a token's latency counts.
+template <bool kHad>
+constexpr bool kSpreadRope = kHad;
+
 // 8 BF16 (a uint4) -> 8 fp32.
 __device__ __forceinline__ void Unpack8(uint4 v, float (&x)[8]) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
@@ -90,31 +111,42 @@ __device__ __forceinline__ float SumSquares8(const float (&x)[8]) {
   return s;
 }
 
-// Where the RoPE range lies for this lane (host-computed per launch):
-// lanes [first, first + lanes) hold its chunks of the second half.
+// Where the RoPE range lies (host-computed per launch): lanes
+// [first, first + lanes) hold its chunks of the second half; with
+// kSpreadRope lanes [0, pairs) rotate its pairs.
 struct RopeLanes {
   int32_t first = 0;  // (rope_offset - 256) / 8
   int32_t lanes = 0;  // rope_dim / 8
+  int32_t pairs = 0;  // rope_dim / 2
 };
 
-// One token's input: its two chunks, slot and (RoPE lanes) cos/sin.
+// One token's input: its two chunks, slot and (RoPE) cos/sin.
 struct In {
   uint4 a, b;
-  float4 c0, c1, s0, s1;  // cos/sin of the lane's pairs
+  // The cos/sin of the lane's pairs (kSpreadRope: pair `lane` in c0.x and
+  // s0.x, its row `pos` for pairs lane + 32, ... when rope_dim > 64).
+  float4 c0, c1, s0, s1;
+  int64_t pos;
   int32_t slot;
 };
 
-// The cos/sin of the lane's RoPE pairs (the RoPE lanes of the second
-// chunk set; zeros elsewhere).
-template <RopeStyle kRope>
+// The cos/sin of the lane's RoPE pairs (zeros on the other lanes).
+template <RopeStyle kRope, bool kSpread>
 __device__ __forceinline__ void LoadCosSin(int64_t pos, const FusedParams& p,
                                            RopeLanes r, int lane, In& in) {
   in.c0 = in.c1 = in.s0 = in.s1 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  if constexpr (kRope != RopeStyle::kNone) {
+  in.pos = pos;
+  if constexpr (kRope != RopeStyle::kNone && kSpread) {
+    if (lane < r.pairs) {
+      const float* cs = p.cos_sin + pos * (2 * r.pairs);
+      in.c0.x = __ldg(cs + lane);
+      in.s0.x = __ldg(cs + r.pairs + lane);
+    }
+  } else if constexpr (kRope != RopeStyle::kNone) {
     const int m = lane - r.first;  // the lane's chunk within the range
     if (m >= 0 && m < r.lanes) {
-      const int half = 4 * r.lanes;  // rope_dim / 2
-      const float* cs = p.cos_sin + pos * (8 * r.lanes);
+      const int half = r.pairs;
+      const float* cs = p.cos_sin + pos * (2 * half);
       if constexpr (kRope == RopeStyle::kInterleaved) {
         // Pairs (2k, 2k + 1), k in [4m, 4m + 4).
         in.c0 = __ldg(reinterpret_cast<const float4*>(cs + 4 * m));
@@ -133,7 +165,15 @@ __device__ __forceinline__ void LoadCosSin(int64_t pos, const FusedParams& p,
   }
 }
 
-template <RopeStyle kRope>
+// Whether the lane reads the token's position.
+template <RopeStyle kRope, bool kSpread>
+__device__ __forceinline__ bool ReadsPosition(RopeLanes r, int lane) {
+  if constexpr (kRope == RopeStyle::kNone) return false;
+  if constexpr (kSpread) return lane < r.pairs;
+  return lane - r.first >= 0 && lane - r.first < r.lanes;
+}
+
+template <RopeStyle kRope, bool kSpread>
 __device__ __forceinline__ void LoadToken(const uint16_t* kv, int64_t token,
                                           int64_t pos, const int32_t* slots,
                                           const FusedParams& p, RopeLanes r,
@@ -142,7 +182,7 @@ __device__ __forceinline__ void LoadToken(const uint16_t* kv, int64_t token,
   in.slot = __ldg(slots + token);
   in.a = LoadStream16(row + 8 * lane);
   in.b = LoadStream16(row + kHalf + 8 * lane);
-  LoadCosSin<kRope>(pos, p, r, lane, in);
+  LoadCosSin<kRope, kSpread>(pos, p, r, lane, in);
 }
 
 // 1 / sqrt(mean + eps) of the sum over the range, from the lanes' slots
@@ -185,10 +225,59 @@ __device__ __forceinline__ void Norm(const FusedParams& p, uint4 w0, uint4 w1,
   }
 }
 
-// Step 2 on the second-half chunk x1 of the RoPE lanes.
+// Pair k of the range in buf (interleaved (2k, 2k + 1), NeoX
+// (k, k + pairs)): a c - b s and b c + a s, the reference's operations.
 template <RopeStyle kRope>
-__device__ __forceinline__ void Rope(const In& in, RopeLanes r, int lane,
-                                     float (&x1)[8]) {
+__device__ __forceinline__ void RotatePair(float* buf, int k, int pairs,
+                                           float c, float s) {
+  const int i = kRope == RopeStyle::kInterleaved ? 2 * k : k;
+  const int j = kRope == RopeStyle::kInterleaved ? 2 * k + 1 : k + pairs;
+  const float a = buf[i], b = buf[j];
+  buf[i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+  buf[j] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
+
+// Step 2 (kSpreadRope) on the second-half chunk x1 of the RoPE lanes,
+// through the warp's buf (rope_dim floats; range element e at buf[e]).
+// Every lane of the warp calls it. Each lane writes and reads back only
+// its own chunk, so the two __syncwarp()s order every access: the next
+// token's writes come after this token's rotations (second barrier), its
+// rotations after this token's reads (the next call's first barrier).
+template <RopeStyle kRope>
+__device__ __forceinline__ void RopeSpread(const In& in, const FusedParams& p,
+                                           RopeLanes r, int lane, float* buf,
+                                           float (&x1)[8]) {
+  if constexpr (kRope != RopeStyle::kNone) {
+    const int m = lane - r.first;
+    const bool mine = m >= 0 && m < r.lanes;
+    float4* chunk = reinterpret_cast<float4*>(buf + 8 * (mine ? m : 0));
+    if (mine) {
+      chunk[0] = make_float4(x1[0], x1[1], x1[2], x1[3]);
+      chunk[1] = make_float4(x1[4], x1[5], x1[6], x1[7]);
+    }
+    __syncwarp();
+    if (lane < r.pairs) {
+      RotatePair<kRope>(buf, lane, r.pairs, in.c0.x, in.s0.x);
+    }
+    // Wider than DeepSeek's 64: the further pairs' cos/sin loaded here.
+    for (int k = lane + kWarp; k < r.pairs; k += kWarp) {
+      const float* cs = p.cos_sin + in.pos * (2 * r.pairs);
+      RotatePair<kRope>(buf, k, r.pairs, __ldg(cs + k),
+                        __ldg(cs + r.pairs + k));
+    }
+    __syncwarp();
+    if (mine) {
+      const float4 u = chunk[0], v = chunk[1];
+      x1[0] = u.x, x1[1] = u.y, x1[2] = u.z, x1[3] = u.w;
+      x1[4] = v.x, x1[5] = v.y, x1[6] = v.z, x1[7] = v.w;
+    }
+  }
+}
+
+// Step 2 in registers on the second-half chunk x1 of the RoPE lanes.
+template <RopeStyle kRope>
+__device__ __forceinline__ void RopeInLanes(const In& in, RopeLanes r, int lane,
+                                            float (&x1)[8]) {
   const int m = lane - r.first;
   const bool mine = m >= 0 && m < r.lanes;
   if constexpr (kRope == RopeStyle::kInterleaved) {
@@ -222,6 +311,18 @@ __device__ __forceinline__ void Rope(const In& in, RopeLanes r, int lane,
                                 __fmul_rn(o, second ? s[i] : -s[i]));
       x1[i] = mine ? y : x1[i];
     }
+  }
+}
+
+// Step 2 either way (buf: the warp's shared range, kSpread only).
+template <RopeStyle kRope, bool kSpread>
+__device__ __forceinline__ void Rope(const In& in, const FusedParams& p,
+                                     RopeLanes r, int lane, float* buf,
+                                     float (&x1)[8]) {
+  if constexpr (kSpread) {
+    RopeSpread<kRope>(in, p, r, lane, buf, x1);
+  } else {
+    RopeInLanes<kRope>(in, r, lane, x1);
   }
 }
 
@@ -493,6 +594,10 @@ __global__ void __launch_bounds__(kThreads, kLoadAhead<Q, kHad>
                     const int32_t* slots,  // [n]; -1 = skip (cast_back kept)
                     int64_t n,
                     uint16_t* cast_back) {  // [n][512] BF16 or null
+  constexpr bool kSpread = kSpreadRope<kHad>;
+  constexpr bool kBuf = kSpread && kRope != RopeStyle::kNone;
+  // Each warp's RoPE range (RopeSpread).
+  __shared__ float rope_buf[kBuf ? kWarpsPerCta : 1][kBuf ? kHalf : 1];
   PdlWait();
   PdlLaunchDependents();
   const int lane = threadIdx.x % kWarp;
@@ -516,15 +621,14 @@ __global__ void __launch_bounds__(kThreads, kLoadAhead<Q, kHad>
   // kLoadAhead the row itself one token ahead of its processing.
   if (warp >= n) return;  // warp-uniform
   constexpr bool kAhead = kLoadAhead<Q, kHad>;
-  const bool rope_lane = kRope != RopeStyle::kNone && lane - rope.first >= 0 &&
-                         lane - rope.first < rope.lanes;
+  const bool rope_lane = ReadsPosition<kRope, kSpread>(rope, lane);
   const auto position = [&](int64_t token) -> int64_t {
     return rope_lane && token < n ? __ldg(p.positions + token) : 0;
   };
   int64_t pos = position(warp);
   In ahead;  // kAhead: the next token's row
   if constexpr (kAhead) {
-    LoadToken<kRope>(kv, warp, pos, slots, p, rope, lane, ahead);
+    LoadToken<kRope, kSpread>(kv, warp, pos, slots, p, rope, lane, ahead);
     pos = position(warp + warps);
   }
   for (int64_t token = warp; token < n; token += warps) {
@@ -533,17 +637,17 @@ __global__ void __launch_bounds__(kThreads, kLoadAhead<Q, kHad>
     if constexpr (kAhead) {
       in = ahead;
       if (next < n)
-        LoadToken<kRope>(kv, next, pos, slots, p, rope, lane, ahead);
+        LoadToken<kRope, kSpread>(kv, next, pos, slots, p, rope, lane, ahead);
       pos = position(next + warps);
     } else {
-      LoadToken<kRope>(kv, token, pos, slots, p, rope, lane, in);
+      LoadToken<kRope, kSpread>(kv, token, pos, slots, p, rope, lane, in);
       pos = position(next);
     }
     float x0[8], x1[8];
     Unpack8(in.a, x0);
     Unpack8(in.b, x1);
     if constexpr (kNorm) Norm(p, w0, w1, lane, x0, x1);
-    Rope<kRope>(in, rope, lane, x1);
+    Rope<kRope, kSpread>(in, p, rope, lane, rope_buf[threadIdx.x / kWarp], x1);
     if constexpr (kHad) Hadamard512(lane, x0, x1);
     uint16_t* cast_row =
         cast_back == nullptr ? nullptr : cast_back + token * kD;
@@ -576,8 +680,10 @@ constexpr int kPairsPerCta = kWarpsPerCta / 2;
 
 struct PairShared {
   float sums[2][kWarp];       // [half][lane]: 0 + S_l, S_(32 + l)
-  float values[2][8][kWarp];  // [half][i][lane]: before h = 256
+  float values[2][8][kWarp];  // [half][i][lane]: before h = 256; values[1]
+                              // holds the RoPE range before (RopeSpread)
 };
+static_assert(sizeof(PairShared::values[1]) == kHalf * sizeof(float));
 
 __device__ __forceinline__ void PairBarrier(int pair) {
   asm volatile("bar.sync %0, %1;" ::"r"(1 + pair), "r"(2 * kWarp) : "memory");
@@ -648,15 +754,10 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
   in.slot = __ldg(slots + token);
   in.a = LoadStream16(kv + token * kD + kHalf * half + 8 * lane);
   in.b = make_uint4(0, 0, 0, 0);
-  const bool rope_lane = kRope != RopeStyle::kNone && half == 1 &&
-                         lane - rope.first >= 0 &&
-                         lane - rope.first < rope.lanes;
-  if (half == 1) {
-    LoadCosSin<kRope>(rope_lane ? __ldg(p.positions + token) : 0, p, rope, lane,
-                      in);
-  } else {
-    in.c0 = in.c1 = in.s0 = in.s1 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
+  constexpr bool kSpread = kSpreadRope<kHad>;
+  const bool rope_lane = half == 1 && ReadsPosition<kRope, kSpread>(rope, lane);
+  LoadCosSin<kRope, kSpread>(rope_lane ? __ldg(p.positions + token) : 0, p,
+                             half == 1 ? rope : RopeLanes{}, lane, in);
   uint4 w = make_uint4(0, 0, 0, 0);
   if constexpr (kNorm) {
     const int c = kWarp * half + lane;
@@ -668,7 +769,12 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
   float x[8];
   Unpack8(in.a, x);
   if constexpr (kNorm) NormPair(p, w, half, lane, shared[pair], pair, x);
-  if (half == 1) Rope<kRope>(in, rope, lane, x);  // warp-uniform
+  if (half == 1) {  // warp-uniform; kSpread: the range in values[1], free
+                    // till HadamardPair
+    Rope<kRope, kSpread>(in, p, rope, lane, &shared[pair].values[1][0][0], x);
+    // HadamardPair overwrites values[1] where other lanes read back.
+    if (kRope != RopeStyle::kNone && kSpread) __syncwarp();
+  }
   if constexpr (kHad) HadamardPair(half, lane, shared[pair], pair, x);
   uint16_t* cast_row = cast_back == nullptr ? nullptr : cast_back + token * kD;
   Finish<Q>(layout, div, layer, x, half, in.slot, lane, cast_row);
@@ -685,6 +791,7 @@ cudaError_t Go(const PoolLayout& layout, uint8_t* layer, const uint16_t* kv,
   if (kRope != RopeStyle::kNone) {
     rope.first = (p.rope_offset - kHalf) / 8;
     rope.lanes = p.rope_dim / 8;
+    rope.pairs = p.rope_dim / 2;
   }
   // Up to one wave of pairs, two warps per token (half the dependent
   // chain); beyond it one warp per token, which issues fewer instructions

@@ -60,13 +60,31 @@ enum class Stages {
   // formats, where RowKernelLoops also runs it through fused_row.cu's
   // kernel; at 8 elsewhere)
   kNormHadamard,
+  // RoPE wider than DeepSeek's 64 (NeoX over the last 256 elements,
+  // interleaved over the last 144; the whole token below 256): on the
+  // 512-element formats more pairs than a warp has lanes (fused_h512.cu's
+  // lanes rotate pairs k, k + 32, ...), 144 a number of them that is not a
+  // multiple of 32.
+  kWideNeox,
+  kWideInterleaved,
 };
-constexpr Stages kAllStages[] = {
-    Stages::kNone,        Stages::kNormAll,     Stages::kNormPart,
-    Stages::kNeox,        Stages::kInterleaved, Stages::kHadamard64,
-    Stages::kHadamard128, Stages::kHadamard256, Stages::kHadamard512,
-    Stages::kAll,         Stages::kMla,         Stages::kMlaNeox,
-    Stages::kHadamardOdd, Stages::kMlaHadamard, Stages::kNormHadamard};
+constexpr Stages kAllStages[] = {Stages::kNone,
+                                 Stages::kNormAll,
+                                 Stages::kNormPart,
+                                 Stages::kNeox,
+                                 Stages::kInterleaved,
+                                 Stages::kHadamard64,
+                                 Stages::kHadamard128,
+                                 Stages::kHadamard256,
+                                 Stages::kHadamard512,
+                                 Stages::kAll,
+                                 Stages::kMla,
+                                 Stages::kMlaNeox,
+                                 Stages::kHadamardOdd,
+                                 Stages::kMlaHadamard,
+                                 Stages::kNormHadamard,
+                                 Stages::kWideNeox,
+                                 Stages::kWideInterleaved};
 
 int HadamardOf(Stages s, int32_t d) {
   switch (s) {
@@ -176,6 +194,12 @@ Inputs MakeInputs(std::mt19937& rng, const PoolLayout& layout, int64_t n,
       stages == Stages::kMlaHadamard) {
     p.rope = RopeStyle::kInterleaved;
     p.rope_dim = d >= 64 ? 64 : d;
+    p.rope_offset = d - p.rope_dim;
+  }
+  if (stages == Stages::kWideNeox || stages == Stages::kWideInterleaved) {
+    const bool neox = stages == Stages::kWideNeox;
+    p.rope = neox ? RopeStyle::kNeox : RopeStyle::kInterleaved;
+    p.rope_dim = d >= 256 ? (neox ? 256 : 144) : d;
     p.rope_offset = d - p.rope_dim;
   }
   p.hadamard_len = HadamardOf(stages, d);
@@ -367,6 +391,8 @@ TEST_P(FusedCudaTest, ManyTokensLoop) {
   CheckFused(layout, 20000, Stages::kMlaNeox, rng);
   CheckFused(layout, 20000, Stages::kNormPart, rng);
   CheckFused(layout, 20000, Stages::kInterleaved, rng);
+  CheckFused(layout, 20000, Stages::kWideNeox, rng);
+  CheckFused(layout, 20000, Stages::kWideInterleaved, rng);
   if (Fits(Stages::kMlaHadamard, layout.format.elements())) {
     CheckFused(layout, 20000, Stages::kMlaHadamard, rng);
   }
