@@ -8,6 +8,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -19,6 +20,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
@@ -38,13 +40,20 @@ UniqueFd OpenSpare() {
   return UniqueFd(open("/dev/null", O_RDONLY | O_CLOEXEC));
 }
 
-// ".<pid>.tmp" in the directory of `path`, or "" where that does not fit a
-// sockaddr_un.
+// A fresh name in the directory of `path`: "." and 12 random hex digits
+// (as long as the default socket name, "kvdepotd.sock"), unique across
+// daemons in other PID namespaces sharing the directory; "" where it does
+// not fit a sockaddr_un or no random bytes came.
 std::string TemporaryNameBeside(const std::string& path) {
+  unsigned char r[6];
+  if (getrandom(r, sizeof(r), 0) != static_cast<ssize_t>(sizeof(r))) return "";
   const size_t slash = path.rfind('/');
   const std::string dir =
       slash == std::string::npos ? "." : path.substr(0, slash);
-  std::string tmp = absl::StrCat(dir, "/.", getpid(), ".tmp");
+  std::string tmp =
+      absl::StrCat(dir, "/.",
+                   absl::BytesToHexString(absl::string_view(
+                       reinterpret_cast<const char*>(r), sizeof(r))));
   return tmp.size() < sizeof(sockaddr_un{}.sun_path) ? tmp : "";
 }
 
@@ -90,7 +99,6 @@ absl::StatusOr<std::unique_ptr<GrpcListener>> GrpcListener::Start(
   // socket is bound at `path` itself.
   const std::string tmp = TemporaryNameBeside(path);
   const std::string& at = tmp.empty() ? path : tmp;
-  if (!tmp.empty()) unlink(tmp.c_str());  // a crashed daemon's, same pid
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, at.data(), at.size());
   const auto refused = [&path] {
@@ -108,11 +116,11 @@ absl::StatusOr<std::unique_ptr<GrpcListener>> GrpcListener::Start(
   if (placed.ok() && !tmp.empty() && link(tmp.c_str(), path.c_str()) != 0) {
     placed = refused();
   }
-  // The temporary name always goes; `path` where this call bound it itself
-  // and then failed.
-  if (!tmp.empty()) {
+  // The temporary name goes once bound; `path` where this call bound it
+  // itself and then failed.
+  if (bound && !tmp.empty()) {
     unlink(tmp.c_str());
-  } else if (!placed.ok() && bound) {
+  } else if (bound && !placed.ok()) {
     unlink(path.c_str());
   }
   if (!placed.ok()) return placed;
