@@ -3,7 +3,6 @@
 // connection with its spare descriptor, closes it and keeps the socket.
 #include "server/grpc_listener.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
@@ -16,6 +15,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -368,16 +368,13 @@ TEST_F(GrpcListenerTest, TheIpv6WildcardServesIpv4Too) {
   (*l)->Stop();
 }
 
-// The names in `dir` other than "." and "..".
+// The names in `dir`.
 std::vector<std::string> Entries(const std::string& dir) {
   std::vector<std::string> names;
-  DIR* d = opendir(dir.c_str());
-  if (d == nullptr) return names;
-  while (const dirent* e = readdir(d)) {
-    const std::string name = e->d_name;
-    if (name != "." && name != "..") names.push_back(name);
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    names.push_back(e.path().filename().string());
   }
-  closedir(d);
   return names;
 }
 
@@ -394,9 +391,11 @@ void ExpectAppearsReady(grpc::Server* server, const std::string& path,
                         int round) {
   std::atomic<int> seen_mode{-1};
   std::atomic<int> connected{-1};
+  std::atomic<bool> give_up{false};  // Start failed: no path will appear
   std::thread watcher([&] {
     struct stat st;
     while (stat(path.c_str(), &st) != 0) {
+      if (give_up.load()) return;
     }
     seen_mode = static_cast<int>(st.st_mode & 07777);
     const int s = ConnectTo(path);
@@ -408,8 +407,9 @@ void ExpectAppearsReady(grpc::Server* server, const std::string& path,
   o.unix_group = getgid();
   absl::StatusOr<std::unique_ptr<GrpcListener>> l =
       GrpcListener::Start(path, server, o);
-  ASSERT_TRUE(l.ok()) << l.status();
+  give_up = !l.ok();
   watcher.join();
+  ASSERT_TRUE(l.ok()) << l.status();
   EXPECT_EQ(seen_mode.load(), 0660) << "round " << round;
   EXPECT_EQ(connected.load(), 1) << "round " << round;
   struct stat st;
